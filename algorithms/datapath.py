@@ -1,0 +1,64 @@
+"""Where the real datasets live.
+
+The experiments read the datasets gathered in ``../shared/data`` (relative to
+the repository root).  ``FEDHET_DATA_DIR`` overrides that, and every loader
+also takes an explicit ``data_dir`` (the CLI's ``--data-dir``) for a user's
+own copy.  Nothing here downloads; loaders that can fetch from a public source
+do so themselves and cache under ``FEDHET_CACHE_DIR`` (default
+``~/.cache/fedhet``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_DATA_DIR = "FEDHET_DATA_DIR"
+ENV_CACHE_DIR = "FEDHET_CACHE_DIR"
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A dataset's files are not where we looked; the message lists where."""
+
+
+def _candidates() -> list[Path]:
+    out: list[Path] = []
+    env = os.environ.get(ENV_DATA_DIR)
+    if env:
+        out.append(Path(env).expanduser())
+    out.append(Path.cwd() / ".." / "shared" / "data")
+    # An editable install keeps the source tree: repo_root/algorithms/this file.
+    out.append(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
+    return out
+
+
+def data_root(data_dir: str | os.PathLike | None = None, required: bool = True) -> Path | None:
+    """The folder that holds the dataset folders (``fate/``, ``covtype_kaggle/`` ...)."""
+    if data_dir is not None:
+        p = Path(data_dir).expanduser()
+        if p.is_dir():
+            return p.resolve()
+        raise DatasetNotFound(f"--data-dir {str(p)!r} is not a directory")
+    for p in _candidates():
+        if p.is_dir():
+            return p.resolve()
+    if required:
+        tried = ", ".join(str(p) for p in _candidates())
+        raise DatasetNotFound(
+            f"no dataset folder found (tried {tried}); set {ENV_DATA_DIR} or pass --data-dir"
+        )
+    return None
+
+
+def dataset_path(*parts: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """Path of one dataset file or folder; a clear error if it is missing."""
+    root = data_root(data_dir)
+    p = root.joinpath(*parts)
+    if not p.exists():
+        raise DatasetNotFound(f"{'/'.join(parts)} not found under {root}")
+    return p
+
+
+def cache_dir() -> Path:
+    p = Path(os.environ.get(ENV_CACHE_DIR, Path.home() / ".cache" / "fedhet")).expanduser()
+    p.mkdir(parents=True, exist_ok=True)
+    return p
