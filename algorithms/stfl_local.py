@@ -1,0 +1,430 @@
+"""STFL and its plaintext baselines, trained in one process (the numerics the federated roles call).
+
+Self-taught federated learning (Chu & Zhang, arXiv 2102.05883, Algorithm 3):
+
+1. each guest trains a VAE on its unlabeled rows by minimising the negative ELBO, eq. (5)
+   (``train_vae``), then drops the decoder;
+2. IDs are aligned (PSI in the federated run); each guest sends the encoder's latent means of the
+   shared rows, eq. (7) (``encode``) — never gradients, never raw features;
+3. the host trains its master model on [own features || latents] with its labels, eq. (6)
+   (``train_host``) and predicts with it (``predict_host``).
+
+Baselines of Table I: ``centralized`` (one MLP on all features of the labeled rows) and
+``hierarchical`` (STFL's structure trained jointly by backprop, guest parts not self-taught); both
+with ``all_data=True`` for the "(all data)" rows, which add the self-taught rows with their labels.
+``stfl`` runs steps 1–3 in process.  Each returns accuracy and timings.
+
+Training (paper §V-A): Adam, batch 128, 100 epochs, binary cross-entropy for two classes
+(one logit) and cross-entropy for more.  What the paper leaves open (its multipliers and learning
+rate were lost from the text) is a ``STFLConfig`` field; defaults:
+
+=====================  =======  ===================================================
+field                  default  meaning
+=====================  =======  ===================================================
+epochs                 100      supervised epochs (paper)
+vae_epochs             100      self-taught VAE epochs (paper: "100 epochs")
+batch_size             128      (paper)
+lr / vae_lr            1e-3     Adam learning rate (paper's value lost; Adam default)
+weight_decay           0        Adam L2
+vae_hidden_mult        2.0      VAE hidden width = mult x guest input width
+latent_frac            0.5      latent width = frac x guest input width (paper: half)
+host_hidden_mult       2.0      host MLP hidden width = mult x (host + latent width)
+central_hidden_mult    2.0      centralized MLP hidden width = mult x all features
+hidden_layers          1        hidden layers in every MLP / encoder / decoder
+activation             relu
+kl_weight              1.0      weight of KL in eq. (5) (1 = the ELBO)
+device                 "cpu"    "cpu", "cuda", "cuda:N" or "auto"
+seed                   0        every model's init and batch order derive from it
+=====================  =======  ===================================================
+
+Determinism: each fit draws its weights, batch order and VAE noise from its own seed inside
+``torch.random.fork_rng``, so results repeat for a given seed (on one device) and the caller's
+global RNG state is untouched.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fedhet.algorithms.data_fate import Views
+from fedhet.algorithms.stfl_models import VAE, Encoder, HierarchicalNet, mlp, out_width, vae_loss
+
+
+@dataclass
+class STFLConfig:
+    epochs: int = 100
+    vae_epochs: int = 100
+    batch_size: int = 128
+    lr: float = 1e-3
+    vae_lr: float = 1e-3
+    weight_decay: float = 0.0
+    vae_hidden_mult: float = 2.0
+    latent_frac: float = 0.5
+    host_hidden_mult: float = 2.0
+    central_hidden_mult: float = 2.0
+    hidden_layers: int = 1
+    activation: str = "relu"
+    kl_weight: float = 1.0
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("epochs", "vae_epochs", "batch_size", "hidden_layers", "seed"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"STFL config {f} must be an int, got {v!r}")
+        for f in ("epochs", "vae_epochs", "batch_size"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"STFL config {f} must be >= 1, got {getattr(self, f)}")
+        for f in ("lr", "vae_lr", "vae_hidden_mult", "latent_frac", "host_hidden_mult",
+                  "central_hidden_mult"):
+            if not float(getattr(self, f)) > 0:
+                raise ValueError(f"STFL config {f} must be > 0, got {getattr(self, f)!r}")
+        if self.weight_decay < 0 or self.kl_weight < 0:
+            raise ValueError("STFL config weight_decay and kl_weight must be >= 0")
+
+    @classmethod
+    def from_dict(cls, cfg: "dict | STFLConfig | None" = None, strict: bool = True,
+                  **overrides) -> "STFLConfig":
+        """Build from a dict; ``strict`` rejects unknown keys (typos), else they are ignored."""
+        if isinstance(cfg, STFLConfig):
+            d = asdict(cfg)
+        else:
+            d = dict(cfg or {})
+        d.update(overrides)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown and strict:
+            raise ValueError(f"unknown STFL config key(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"STFL config device={self.device!r} but CUDA is not available")
+        return dev
+
+
+def derive_seed(seed: int, *tags) -> int:
+    """A 31-bit seed for one model from the run seed and tags (e.g. ("guest", 0))."""
+    return zlib.crc32(repr((int(seed), *tags)).encode()) & 0x7FFFFFFF
+
+
+# --------------------------------------------------------------------------------------------
+# shared machinery
+
+
+def _as_tensor(x, device, dtype=torch.float32) -> torch.Tensor:
+    t = torch.as_tensor(np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x, dtype=dtype)
+    return t.to(device)
+
+
+class _Seeded:
+    """fork_rng + manual_seed for CPU (and the CUDA device in use)."""
+
+    def __init__(self, seed: int, device: torch.device):
+        devs = [device.index or 0] if device.type == "cuda" else []
+        self._fork = torch.random.fork_rng(devices=devs)
+        self.seed = seed
+
+    def __enter__(self):
+        self._fork.__enter__()
+        torch.manual_seed(self.seed)
+        return self
+
+    def __exit__(self, *exc):
+        return self._fork.__exit__(*exc)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _train_loop(model: nn.Module, tensors: Sequence[torch.Tensor], step_loss: Callable,
+                epochs: int, batch_size: int, lr: float, weight_decay: float,
+                on_epoch: Callable | None = None) -> list[float]:
+    """Adam over shuffled mini-batches; returns the mean training loss of each epoch."""
+    n = tensors[0].shape[0]
+    if n == 0:
+        raise ValueError("no training rows")
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    device = tensors[0].device
+    history = []
+    model.train()
+    for ep in range(epochs):
+        perm = torch.randperm(n, device=device)
+        total = torch.zeros((), device=device)
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            loss = step_loss(model, *(t[idx] for t in tensors))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * len(idx)
+        history.append(float(total) / n)
+        if on_epoch is not None:
+            on_epoch(ep + 1, epochs, history[-1])
+    model.eval()
+    return history
+
+
+def _labels(y, n_classes: int, device) -> torch.Tensor:
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {y.shape}")
+    if len(y) and (y.min() < 0 or y.max() >= n_classes):
+        raise ValueError(f"labels must be in 0..{n_classes - 1}, got range {y.min()}..{y.max()}")
+    return _as_tensor(y, device, torch.float32 if n_classes == 2 else torch.long)
+
+
+def _cls_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if logits.shape[1] == 1:
+        return F.binary_cross_entropy_with_logits(logits.squeeze(1), y)
+    return F.cross_entropy(logits, y)
+
+
+def _decide(logits: torch.Tensor) -> np.ndarray:
+    if logits.shape[1] == 1:
+        return (logits.squeeze(1) > 0).long().cpu().numpy()
+    return logits.argmax(1).cpu().numpy()
+
+
+def _check_2d(name: str, x, n: int | None = None) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (rows, features), got shape {x.shape}")
+    if n is not None and x.shape[0] != n:
+        raise ValueError(f"{name} has {x.shape[0]} rows, expected {n}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return x
+
+
+def accuracy(pred: np.ndarray, y: np.ndarray) -> float:
+    return float((np.asarray(pred) == np.asarray(y)).mean())
+
+
+# --------------------------------------------------------------------------------------------
+# guest side: self-taught VAE
+
+
+@dataclass
+class VAEFit:
+    vae: VAE
+    encoder: Encoder
+    history: list[float]  # mean negative ELBO per epoch
+    seconds: float
+
+
+def fit_vae(x_unlabeled, cfg=None, seed: int | None = None,
+            on_epoch: Callable | None = None) -> VAEFit:
+    """Train a VAE on unlabeled rows (eq. (5)); ``seed`` defaults to cfg.seed."""
+    c = STFLConfig.from_dict(cfg)
+    x = _check_2d("x_unlabeled", x_unlabeled)
+    dev = c.torch_device()
+    t0 = time.perf_counter()
+    with _Seeded(c.seed if seed is None else seed, dev):
+        vae = VAE(x.shape[1], c.vae_hidden_mult, c.latent_frac, c.hidden_layers, c.activation).to(dev)
+        xt = _as_tensor(x, dev)
+
+        def step(model, xb):
+            x_hat, mu, logvar = model(xb)
+            return vae_loss(x_hat, xb, mu, logvar, c.kl_weight)[0]
+
+        hist = _train_loop(vae, [xt], step, c.vae_epochs, c.batch_size, c.vae_lr,
+                           c.weight_decay, on_epoch)
+    _sync(dev)
+    return VAEFit(vae, vae.encoder, hist, time.perf_counter() - t0)
+
+
+def train_vae(x_unlabeled, cfg=None, seed: int | None = None) -> Encoder:
+    """The guest's self-taught step: returns the encoder (the decoder is dropped)."""
+    return fit_vae(x_unlabeled, cfg, seed).encoder
+
+
+@torch.no_grad()
+def encode(encoder: Encoder, x, batch_size: int = 8192) -> np.ndarray:
+    """Latent means (float32 numpy, rows of ``x``): what a guest sends to the host."""
+    x = _check_2d("x", x)
+    if x.shape[1] != encoder.in_dim:
+        raise ValueError(f"encoder expects {encoder.in_dim} features, got {x.shape[1]}")
+    dev = next(encoder.parameters()).device
+    encoder.eval()
+    out = [encoder.mean(_as_tensor(x[s:s + batch_size], dev)).cpu()
+           for s in range(0, len(x), batch_size)]
+    if not out:
+        return np.zeros((0, encoder.latent_dim), dtype=np.float32)
+    return torch.cat(out).numpy().astype(np.float32)
+
+
+@torch.no_grad()
+def vae_eval_loss(vae: VAE, x, seed: int = 0) -> dict:
+    """Mean negative ELBO, reconstruction and KL of ``vae`` on ``x`` (fixed noise seed)."""
+    dev = next(vae.parameters()).device
+    vae.eval()
+    with _Seeded(seed, dev):
+        xt = _as_tensor(_check_2d("x", x), dev)
+        x_hat, mu, logvar = vae(xt)
+        tot, rec, kl = vae_loss(x_hat, xt, mu, logvar)
+        rec_mean = ((vae.decoder(mu) - xt) ** 2).sum(1).mean()
+    return {"neg_elbo": float(tot), "recon": float(rec), "kl": float(kl),
+            "recon_at_mean": float(rec_mean)}
+
+
+# --------------------------------------------------------------------------------------------
+# host side: master model on [own features || latents]
+
+
+@dataclass
+class HostFit:
+    model: nn.Module
+    history: list[float]
+    seconds: float
+    n_classes: int
+
+
+def _joint(x_host, latents, n: int | None = None) -> np.ndarray:
+    x_host = _check_2d("host features", x_host, n)
+    parts = [x_host] + [_check_2d(f"latents[{i}]", z, len(x_host)) for i, z in enumerate(latents)]
+    return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def train_host(x_host, latents: Sequence, y, n_classes: int, cfg=None, seed: int | None = None,
+               on_epoch: Callable | None = None) -> HostFit:
+    """Fit the host's MLP on [x_host || z_1 || ... || z_G] with its labels (eq. (6))."""
+    c = STFLConfig.from_dict(cfg)
+    x = _joint(x_host, latents)
+    dev = c.torch_device()
+    t0 = time.perf_counter()
+    with _Seeded(c.seed if seed is None else seed, dev):
+        model = mlp(x.shape[1], out_width(n_classes), c.host_hidden_mult, c.hidden_layers,
+                    c.activation).to(dev)
+        yt = _labels(y, n_classes, dev)
+        if len(yt) != len(x):
+            raise ValueError(f"{len(x)} host rows but {len(yt)} labels")
+        hist = _train_loop(model, [_as_tensor(x, dev), yt],
+                           lambda m, xb, yb: _cls_loss(m(xb), yb),
+                           c.epochs, c.batch_size, c.lr, c.weight_decay, on_epoch)
+    _sync(dev)
+    return HostFit(model, hist, time.perf_counter() - t0, n_classes)
+
+
+@torch.no_grad()
+def predict_host(fit: HostFit, x_host, latents: Sequence) -> np.ndarray:
+    dev = next(fit.model.parameters()).device
+    return _decide(fit.model(_as_tensor(_joint(x_host, latents), dev)))
+
+
+# --------------------------------------------------------------------------------------------
+# whole methods, in process
+
+
+def _check_aligned(v: Views) -> None:
+    for i, g in enumerate(v.guests):
+        if not (np.array_equal(g.ids_train, v.host.ids_train)
+                and np.array_equal(g.ids_test, v.host.ids_test)):
+            raise ValueError(f"guest {i}'s rows are not aligned with the host's")
+
+
+def stfl(v: Views, cfg=None) -> dict:
+    """Self-taught VAEs on the guests, latents to the host, host MLP; test accuracy + timings."""
+    c = STFLConfig.from_dict(cfg)
+    _check_aligned(v)
+    t0 = time.perf_counter()
+    vae_s, enc_s, z_tr, z_te, vae_hist = [], [], [], [], []
+    for i, g in enumerate(v.guests):
+        fit = fit_vae(g.x_unlabeled, c, seed=derive_seed(c.seed, "guest", i))
+        vae_s.append(fit.seconds)
+        vae_hist.append((fit.history[0], fit.history[-1]))
+        t1 = time.perf_counter()
+        z_tr.append(encode(fit.encoder, g.x_train))
+        z_te.append(encode(fit.encoder, g.x_test))
+        enc_s.append(time.perf_counter() - t1)
+    h = v.host
+    hf = train_host(h.x_train, z_tr, h.y_train, h.n_classes, c, seed=derive_seed(c.seed, "host"))
+    acc = accuracy(predict_host(hf, h.x_test, z_te), h.y_test)
+    return {"method": "stfl", "accuracy": acc, "total_s": time.perf_counter() - t0,
+            "vae_s": vae_s, "encode_s": enc_s, "host_s": hf.seconds,
+            "vae_neg_elbo_first_last": vae_hist,
+            "latent_dims": [int(z.shape[1]) for z in z_tr],
+            "n_selftaught": int(len(v.guests[0].x_unlabeled)) if v.guests else 0,
+            "n_train": int(len(h.y_train)), "n_test": int(len(h.y_test))}
+
+
+def _train_rows(v: Views, all_data: bool) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    h = v.host
+    xh, xg, y = h.x_train, [g.x_train for g in v.guests], h.y_train
+    if all_data:
+        for g in v.guests:
+            if not np.array_equal(g.ids_unlabeled, h.ids_selftaught):
+                raise ValueError("self-taught rows of host and guest are not aligned")
+        xh = np.concatenate([xh, h.x_selftaught])
+        xg = [np.concatenate([a, g.x_unlabeled]) for a, g in zip(xg, v.guests)]
+        y = np.concatenate([y, h.y_selftaught])
+    return xh, xg, y
+
+
+def centralized(v: Views, cfg=None, all_data: bool = False) -> dict:
+    """One MLP on all parties' features (data pooled; no privacy) — Table I's baseline."""
+    c = STFLConfig.from_dict(cfg)
+    _check_aligned(v)
+    xh, xg, y = _train_rows(v, all_data)
+    x = np.concatenate([xh, *xg], axis=1)
+    h = v.host
+    x_test = np.concatenate([h.x_test, *[g.x_test for g in v.guests]], axis=1)
+    dev = c.torch_device()
+    t0 = time.perf_counter()
+    with _Seeded(derive_seed(c.seed, "centralized"), dev):
+        model = mlp(x.shape[1], out_width(h.n_classes), c.central_hidden_mult, c.hidden_layers,
+                    c.activation).to(dev)
+        _train_loop(model, [_as_tensor(x, dev), _labels(y, h.n_classes, dev)],
+                    lambda m, xb, yb: _cls_loss(m(xb), yb),
+                    c.epochs, c.batch_size, c.lr, c.weight_decay)
+    with torch.no_grad():
+        pred = _decide(model(_as_tensor(x_test, dev)))
+    _sync(dev)
+    return {"method": "centralized" + ("_all" if all_data else ""),
+            "accuracy": accuracy(pred, h.y_test), "total_s": time.perf_counter() - t0,
+            "n_train": int(len(y)), "n_test": int(len(h.y_test))}
+
+
+def hierarchical(v: Views, cfg=None, all_data: bool = False) -> dict:
+    """STFL's network (guest encoders + host MLP) trained jointly by backprop, in plaintext."""
+    c = STFLConfig.from_dict(cfg)
+    _check_aligned(v)
+    xh, xg, y = _train_rows(v, all_data)
+    h = v.host
+    dev = c.torch_device()
+    t0 = time.perf_counter()
+    with _Seeded(derive_seed(c.seed, "hierarchical"), dev):
+        net = HierarchicalNet(xh.shape[1], [a.shape[1] for a in xg], h.n_classes,
+                              c.vae_hidden_mult, c.latent_frac, c.host_hidden_mult,
+                              c.hidden_layers, c.activation).to(dev)
+        tensors = [_as_tensor(xh, dev), _labels(y, h.n_classes, dev)] + [_as_tensor(a, dev) for a in xg]
+        _train_loop(net, tensors, lambda m, xb, yb, *gs: _cls_loss(m(xb, list(gs)), yb),
+                    c.epochs, c.batch_size, c.lr, c.weight_decay)
+    with torch.no_grad():
+        pred = _decide(net(_as_tensor(h.x_test, dev), [_as_tensor(g.x_test, dev) for g in v.guests]))
+    _sync(dev)
+    return {"method": "hierarchical" + ("_all" if all_data else ""),
+            "accuracy": accuracy(pred, h.y_test), "total_s": time.perf_counter() - t0,
+            "n_train": int(len(y)), "n_test": int(len(h.y_test))}
+
+
+METHODS = {
+    "centralized": lambda v, c: centralized(v, c),
+    "centralized_all": lambda v, c: centralized(v, c, all_data=True),
+    "hierarchical": lambda v, c: hierarchical(v, c),
+    "hierarchical_all": lambda v, c: hierarchical(v, c, all_data=True),
+    "stfl": stfl,
+}

@@ -1,0 +1,200 @@
+"""The ``fedhet`` command line.
+
+    fedhet presets                      list the federations that ship with fedhet
+    fedhet keys FILE [--name N]         make key pairs for the parties of FILE, print public keys
+    fedhet party FILE --name N          run one party (one per machine)
+    fedhet run FILE_OR_PRESET [--out D] run every party as a local process
+    fedhet audit RUN_DIR                verify transcripts and declared disclosures
+    fedhet demo [--out D]               the headline job, end to end
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console(stderr=False)
+
+
+def _load_federation(spec: str):
+    from . import presets
+    from .federation import load
+
+    p = Path(spec)
+    if p.exists():
+        return load(p)
+    if spec in presets.names():
+        return load(presets.path(spec))
+    raise SystemExit(f"fedhet: {spec!r} is neither a federation file nor a preset "
+                     f"(presets: {', '.join(presets.names())})")
+
+
+def _parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SystemExit(f"fedhet: --set expects KEY=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def cmd_presets(args) -> int:
+    from . import presets
+
+    for n in presets.names():
+        console.print(f"[bold]{n:<22}[/bold] {presets.describe(n)}")
+    return 0
+
+
+def cmd_keys(args) -> int:
+    from . import keys as keyfiles
+    from .atomic import write_atomic
+    from .federation import load
+
+    fed = load(args.file)
+    if fed.key_dir is None:
+        raise SystemExit(f"fedhet: {args.file}: set key_dir in [federation] (where secret keys are kept)")
+    names = [args.name] if args.name else [p.name for p in fed.parties]
+    for n in names:
+        fed.party(n)  # validates the name
+    console.print(f"# keys in {fed.key_dir} (secret files mode 0600)")
+    for n in names:
+        pub = keyfiles.generate(fed.key_dir, n, overwrite=args.force)
+        spec = fed.party(n)
+        spec.public_key, spec.sign_key = pub.curve, pub.sign
+        console.print(f"# party {n}\npublic_key = \"{pub.curve}\"\nsign_key = \"{pub.sign}\"", markup=False)
+    if args.update:
+        write_atomic(args.file, fed.to_toml())
+        console.print(f"# wrote the public keys into {args.file} (comments in it were not kept)")
+    return 0
+
+
+def cmd_party(args) -> int:
+    from .federation import load
+    from .runtime import run_party
+
+    fed = load(args.file)
+    out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
+    if args.insecure:
+        console.print("[bold red]WARNING[/bold red]: --insecure: CURVE encryption and sender authentication "
+                      "are OFF (only for measuring their cost)", highlight=False)
+    if not args.run_id and not fed.run_id:
+        console.print("note: no --run-id and no run_id in the file: using the file's hash; give each run a fresh "
+                      "--run-id so messages of an earlier run can never be replayed into this one", style="yellow")
+    code = run_party(fed, args.name, out, insecure=args.insecure, bind=args.bind, run_id=args.run_id or None,
+                     echo=not args.quiet)
+    if not args.quiet:
+        console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}")
+    return code
+
+
+def _print_summary(summary: dict, title: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("party", "role", "result", "sent", "received", "wall s"):
+        t.add_column(c)
+    for name, p in summary["parties"].items():
+        res = p.get("result") or {}
+        shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in res.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool))
+        tr = p.get("traffic", {})
+        t.add_row(name, p.get("role", "?"), shown or p.get("error", ""), f"{tr.get('bytes_sent_total', 0):,} B",
+                  f"{tr.get('bytes_received_total', 0):,} B", f"{p.get('wall_s', 0):.2f}")
+    console.print(t)
+
+
+def cmd_run(args) -> int:
+    from .launcher import RunFailed, launch
+
+    fed = _load_federation(args.federation)
+    if args.insecure:
+        console.print("[bold red]WARNING[/bold red]: --insecure: CURVE is OFF for every party", highlight=False)
+    try:
+        summary = launch(fed, args.out, insecure=args.insecure, timeout=args.timeout,
+                         progress=not args.no_progress, overrides=_parse_overrides(args.set))
+    except RunFailed as e:
+        console.print(f"[bold red]run failed[/bold red]: {e}", highlight=False)
+        return 1
+    _print_summary(summary, f"{fed.algorithm_name}: {len(fed.parties)} parties, {summary['wall_s']:.1f}s")
+    run_dir = Path(args.out) if args.out else None
+    console.print(f"run folder: {run_dir or '(see runs/)'}; check it with `fedhet audit <run folder>`")
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from .audit import audit, render
+
+    rep = audit(args.run_dir)
+    render(rep, console)
+    if args.json:
+        print(json.dumps({"ok": rep.ok, "problems": rep.problems, "table": rep.table}, indent=2))
+    return 0 if rep.ok else 1
+
+
+def cmd_demo(args) -> int:
+    from fedhet.algorithms import demo
+
+    return demo.main(out=args.out, progress=not args.no_progress, console=console)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedhet", description="secure multi-party federated learning "
+                                 "across parties that hold different features")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("presets", help="list the federation presets that ship with fedhet")
+    p.set_defaults(fn=cmd_presets)
+    p = sub.add_parser("keys", help="create CURVE and Ed25519 key pairs for the parties of a federation file")
+    p.add_argument("file")
+    p.add_argument("--name", help="only this party (on its own machine)")
+    p.add_argument("--force", action="store_true", help="replace existing keys")
+    p.add_argument("--update", action="store_true", help="write the public keys into FILE")
+    p.set_defaults(fn=cmd_keys)
+    p = sub.add_parser("party", help="run one party of a federation (one per machine)")
+    p.add_argument("file")
+    p.add_argument("--name", required=True)
+    p.add_argument("--out", help="run folder (default runs/ALGORITHM-RUNID)")
+    p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
+    p.add_argument("--bind", help="endpoint to listen on if it differs from the advertised one (tcp://*:5555)")
+    p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_party)
+    p = sub.add_parser("run", help="run every party of a federation as a local process")
+    p.add_argument("federation", help="federation file or preset name")
+    p.add_argument("--out", help="run folder (default runs/ALGORITHM-TIME-ID)")
+    p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
+    p.add_argument("--timeout", type=float, help="fail the run if it takes longer (seconds)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] parameter")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("audit", help="verify a run's transcripts against the declared disclosures")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true", help="also print the report as JSON")
+    p.set_defaults(fn=cmd_audit)
+    p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
+    p.add_argument("--out", help="run folder (default runs/demo-TIME)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError, PermissionError) as e:
+        console.print(f"[bold red]fedhet {args.cmd}[/bold red]: {e}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

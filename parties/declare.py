@@ -1,0 +1,70 @@
+"""Declared message kinds: what may cross which party boundary, in what shape.
+
+Every protocol and algorithm lists the kinds it sends as ``MessageDecl``s.
+``fedhet audit`` checks each transcript record against them: the kind must be
+declared, the sender's and receiver's roles must be the declared ones, and the
+record's array dtypes and shapes must pass the declaration's ``check``.  The
+check sees only what the transcript holds (dtypes and shapes, never values)
+plus the run's configuration, so it is exactly what an auditor can verify.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+ArraysCheck = Callable[[list, dict], "str | None"]
+
+
+@dataclass(frozen=True)
+class MessageDecl:
+    kind: str
+    sender: tuple[str, ...]          # roles allowed to send it
+    receiver: tuple[str, ...]        # roles allowed to receive it
+    what: str                        # plain words: what the payload is
+    check: ArraysCheck | None = field(default=None, compare=False)  # None: any arrays allowed
+
+    def __post_init__(self):
+        for attr in ("sender", "receiver"):
+            v = getattr(self, attr)
+            if isinstance(v, str):
+                object.__setattr__(self, attr, (v,))
+
+
+def declare(kind: str, sender, receiver, what: str, check: ArraysCheck | None = None) -> MessageDecl:
+    return MessageDecl(kind, sender, receiver, what, check)
+
+
+ANY_ROLE = "*"
+
+# The closing barrier every party sends once to every peer; it carries no data.
+BUILTIN = [
+    declare("_bye", ANY_ROLE, ANY_ROLE, "end-of-run barrier, empty payload", lambda arrays, cfg: (
+        None if not arrays else "closing message carries arrays")),
+]
+
+
+def no_arrays(arrays: list, cfg: dict) -> str | None:
+    return None if not arrays else f"expected no arrays, got {len(arrays)}"
+
+
+def arrays_where(pred: Callable[[str, tuple, dict], bool], describe: str) -> ArraysCheck:
+    """A check that every array (dtype, shape) satisfies ``pred``."""
+    def check(arrays: list, cfg: dict) -> str | None:
+        for dt, shape in arrays:
+            if not pred(dt, tuple(shape), cfg):
+                return f"array {dt}{list(shape)} is not {describe}"
+        return None
+    return check
+
+
+def index(decls: Iterable[MessageDecl]) -> dict[str, MessageDecl]:
+    out: dict[str, MessageDecl] = {}
+    for d in list(BUILTIN) + list(decls):
+        if d.kind in out and out[d.kind] != d:
+            raise ValueError(f"message kind {d.kind!r} declared twice, differently")
+        out[d.kind] = d
+    return out
+
+
+def role_ok(role: str, allowed: Sequence[str]) -> bool:
+    return ANY_ROLE in allowed or role in allowed

@@ -1,0 +1,244 @@
+"""The federation file: every party, its role, endpoint, device and public keys.
+
+A TOML file (example: ``fedhet presets``)::
+
+    [federation]
+    name = "demo"            # free text
+    key_dir = "keys"         # relative to this file; secret keys of the parties run here
+    timeout = 120            # seconds a party waits for any one message
+    seed = 0
+    max_message_mb = 1024    # ZMQ_MAXMSGSIZE and the decoder's limit
+    # run_id = "..."         # all parties of one run must agree; `fedhet run` makes a fresh one
+
+    [algorithm]
+    name = "fedavg_logreg"   # see `fedhet presets` / the registry
+    rounds = 20              # any further keys are the algorithm's parameters
+
+    [[party]]
+    name = "server"
+    role = "server"
+    endpoint = "tcp://10.0.0.1:5555"   # where this party listens; port 0 = any free port (local runs)
+    device = "cpu"                     # cpu | cuda | cuda:N | auto
+    public_key = "Z85 CURVE key"       # from `fedhet keys`
+    sign_key = "hex Ed25519 key"       # from `fedhet keys`
+
+Validation errors name the file, the party and the field.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_ENDPOINT = re.compile(r"^(tcp://[^:/\s]+:\d{1,5}|ipc://\S+)$")
+
+
+class FederationError(ValueError):
+    """The federation file is wrong; the message says where and how."""
+
+
+@dataclass
+class PartySpec:
+    name: str
+    role: str
+    endpoint: str
+    device: str = "cpu"
+    public_key: str = ""
+    sign_key: str = ""
+
+
+@dataclass
+class Federation:
+    name: str
+    parties: list[PartySpec]
+    algorithm: dict[str, Any]
+    key_dir: Path | None = None
+    timeout: float = 120.0
+    seed: int = 0
+    max_message_mb: int = 1024
+    run_id: str = ""
+    data_dir: str = ""
+    source: str = "<memory>"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------- queries
+    @property
+    def roles(self) -> dict[str, str]:
+        return {p.name: p.role for p in self.parties}
+
+    def party(self, name: str) -> PartySpec:
+        for p in self.parties:
+            if p.name == name:
+                return p
+        raise FederationError(f"{self.source}: no party named {name!r} (parties: {[p.name for p in self.parties]})")
+
+    def role_index(self, name: str) -> tuple[int, int]:
+        role = self.party(name).role
+        same = [p.name for p in self.parties if p.role == role]
+        return same.index(name), len(same)
+
+    @property
+    def algorithm_name(self) -> str:
+        return str(self.algorithm["name"])
+
+    def algorithm_cfg(self) -> dict[str, Any]:
+        cfg = {k: v for k, v in self.algorithm.items() if k != "name"}
+        cfg.setdefault("seed", self.seed)
+        return cfg
+
+    def derived_run_id(self) -> str:
+        """Run id all parties agree on without talking: the file's own hash."""
+        if self.run_id:
+            return self.run_id
+        return hashlib.sha256(repr(self.to_dict(public_only=True)).encode()).hexdigest()[:16]
+
+    # ---------------------------------------------------------- conversion
+    def to_dict(self, public_only: bool = True) -> dict[str, Any]:
+        fed = {"name": self.name, "timeout": self.timeout, "seed": self.seed,
+               "max_message_mb": self.max_message_mb}
+        if self.run_id:
+            fed["run_id"] = self.run_id
+        if self.data_dir:
+            fed["data_dir"] = self.data_dir
+        if self.key_dir is not None and not public_only:
+            fed["key_dir"] = str(self.key_dir)
+        fed.update(self.extra)
+        return {
+            "federation": fed,
+            "algorithm": copy.deepcopy(self.algorithm),
+            "party": [
+                {k: v for k, v in vars(p).items() if v != "" or k in ("name", "role", "endpoint")}
+                for p in self.parties
+            ],
+        }
+
+    def to_toml(self) -> str:
+        d = self.to_dict(public_only=False)
+        if self.key_dir is not None and self.source not in ("<memory>", ""):
+            try:
+                d["federation"]["key_dir"] = os.path.relpath(self.key_dir, Path(self.source).parent)
+            except ValueError:
+                pass
+        out = ["[federation]"] + [f"{k} = {_toml_value(v)}" for k, v in d["federation"].items()]
+        out += ["", "[algorithm]"] + [f"{k} = {_toml_value(v)}" for k, v in d["algorithm"].items()]
+        for p in d["party"]:
+            out += ["", "[[party]]"] + [f"{k} = {_toml_value(v)}" for k, v in p.items()]
+        return "\n".join(out) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise FederationError(f"cannot write {type(v).__name__} value {v!r} to TOML")
+
+
+def load(path: str | os.PathLike) -> Federation:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise FederationError(f"cannot read federation file {path}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise FederationError(f"{path}: not valid TOML: {e}") from None
+    return from_dict(data, source=str(path), base_dir=path.parent)
+
+
+def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os.PathLike | None = None) -> Federation:
+    def err(msg: str) -> FederationError:
+        return FederationError(f"{source}: {msg}")
+
+    unknown = set(data) - {"federation", "algorithm", "party"}
+    if unknown:
+        raise err(f"unknown top-level tables {sorted(unknown)} (expected [federation], [algorithm], [[party]])")
+    fed = dict(data.get("federation", {}))
+    algo = dict(data.get("algorithm", {}))
+    plist = data.get("party")
+    if not isinstance(plist, list) or len(plist) < 2:
+        raise err("needs at least two [[party]] entries")
+    if "name" not in algo or not isinstance(algo["name"], str):
+        raise err("[algorithm] needs a name (e.g. name = \"fedavg_logreg\")")
+    parties: list[PartySpec] = []
+    seen: set[str] = set()
+    endpoints: set[str] = set()
+    for i, p in enumerate(plist):
+        where = f"[[party]] #{i + 1}" + (f" ({p.get('name')!r})" if isinstance(p, dict) and "name" in p else "")
+        if not isinstance(p, dict):
+            raise err(f"{where} is not a table")
+        extra = set(p) - {"name", "role", "endpoint", "device", "public_key", "sign_key"}
+        if extra:
+            raise err(f"{where}: unknown fields {sorted(extra)}")
+        for f in ("name", "role", "endpoint"):
+            if not isinstance(p.get(f), str) or not p.get(f):
+                raise err(f"{where}: missing or empty field {f!r}")
+        if not _NAME.match(p["name"]):
+            raise err(f"{where}: name {p['name']!r} must start with a letter and use letters, digits, _ . -")
+        if p["name"] in seen:
+            raise err(f"{where}: duplicate party name {p['name']!r}")
+        seen.add(p["name"])
+        if not _ENDPOINT.match(p["endpoint"]):
+            raise err(f"{where}: endpoint {p['endpoint']!r} is not tcp://HOST:PORT or ipc://PATH")
+        if not p["endpoint"].endswith(":0"):
+            if p["endpoint"] in endpoints:
+                raise err(f"{where}: endpoint {p['endpoint']!r} is used by another party")
+            endpoints.add(p["endpoint"])
+        dev = p.get("device", "cpu")
+        if not isinstance(dev, str) or not re.match(r"^(cpu|auto|cuda(:\d+)?)$", dev):
+            raise err(f"{where}: device {dev!r} must be cpu, auto, cuda or cuda:N")
+        for k in ("public_key", "sign_key"):
+            if k in p and not isinstance(p[k], str):
+                raise err(f"{where}: {k} must be a string")
+        parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""), p.get("sign_key", "")))
+    key_dir = fed.pop("key_dir", None)
+    if key_dir is not None:
+        key_dir = Path(key_dir)
+        if not key_dir.is_absolute() and base_dir is not None:
+            key_dir = Path(base_dir) / key_dir
+    try:
+        timeout = float(fed.pop("timeout", 120.0))
+        seed = int(fed.pop("seed", 0))
+        max_mb = int(fed.pop("max_message_mb", 1024))
+    except (TypeError, ValueError) as e:
+        raise err(f"[federation]: {e}") from None
+    if timeout <= 0 or max_mb <= 0:
+        raise err("[federation]: timeout and max_message_mb must be positive")
+    return Federation(
+        name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
+        timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
+        data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed,
+    )
+
+
+def check_keys_present(fed: Federation) -> None:
+    """Every party must carry valid public keys (for CURVE pinning and transcript checks)."""
+    from .keys import curve_public_ok, verify_key
+
+    for p in fed.parties:
+        if not p.public_key or not curve_public_ok(p.public_key):
+            raise FederationError(
+                f"{fed.source}: party {p.name!r} has no valid public_key; run `fedhet keys {fed.source}`")
+        if not p.sign_key:
+            raise FederationError(f"{fed.source}: party {p.name!r} has no sign_key; run `fedhet keys {fed.source}`")
+        try:
+            verify_key(p.sign_key)
+        except ValueError as e:
+            raise FederationError(f"{fed.source}: party {p.name!r}: {e}") from None

@@ -1,0 +1,138 @@
+"""One party process: load keys and data, run the role function, write the run folder.
+
+This is what ``fedhet party FILE --name N`` runs, on its own machine or as a
+child of ``fedhet run``.  Its part of the run directory::
+
+    RUN_DIR/config.json                    the resolved federation (public keys only)
+    RUN_DIR/parties/N/log.txt              the party's log
+    RUN_DIR/parties/N/transcript.jsonl     hash-chained, head signed (Ed25519)
+    RUN_DIR/parties/N/metrics.jsonl        one line per metric() call
+    RUN_DIR/parties/N/status.json          progress, rewritten atomically
+    RUN_DIR/parties/N/result.json          final metrics, traffic, wall time (atomic)
+    RUN_DIR/parties/N/error.json           instead of result.json when it failed
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import keys as keyfiles
+from .atomic import write_json_atomic
+from .federation import Federation, check_keys_present
+from .transcript import Transcript
+
+
+def party_dir(run_dir: Path, name: str) -> Path:
+    return Path(run_dir) / "parties" / name
+
+
+def _logger(name: str, path: Path, echo: bool) -> logging.Logger:
+    log = logging.getLogger(f"fedhet.party.{name}.{os.getpid()}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fh = logging.FileHandler(path, encoding="utf-8")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s " + name + ": %(message)s"))
+    log.addHandler(fh)
+    if echo:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(logging.Formatter(name + ": %(levelname)s %(message)s"))
+        sh.setLevel(logging.WARNING)
+        log.addHandler(sh)
+    return log
+
+
+def config_record(fed: Federation, run_id: str, insecure: bool) -> dict:
+    d = fed.to_dict(public_only=True)
+    d["run_id"] = run_id
+    d["insecure"] = insecure
+    d["algorithm_cfg"] = fed.algorithm_cfg()
+    return d
+
+
+def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: bool = False,
+              bind: str | None = None, run_id: str | None = None, echo: bool = True) -> int:
+    """Run one party to completion; returns the process exit code (0 = success)."""
+    from fedhet.algorithms.registry import get_algorithm
+
+    from .zmq_transport import ZmqParty
+
+    run_dir = Path(run_dir)
+    spec = fed.party(name)
+    pdir = party_dir(run_dir, name)
+    pdir.mkdir(parents=True, exist_ok=True)
+    for stale in ("result.json", "error.json", "status.json"):
+        (pdir / stale).unlink(missing_ok=True)
+    log = _logger(name, pdir / "log.txt", echo)
+    run_id = run_id or fed.derived_run_id()
+    t0 = time.perf_counter()
+    transcript = None
+    party = None
+
+    def status(st: dict) -> None:
+        st.update({"party": name, "role": spec.role, "state": st.get("state", "running")})
+        write_json_atomic(pdir / "status.json", st)
+
+    try:
+        write_json_atomic(run_dir / "config.json", config_record(fed, run_id, insecure))
+        algo = get_algorithm(fed.algorithm_name)
+        if spec.role not in algo.ROLES:
+            raise ValueError(f"role {spec.role!r} of party {name!r} is not a role of {algo.NAME} "
+                             f"({sorted(algo.ROLES)})")
+        if fed.key_dir is None:
+            raise ValueError(f"{fed.source}: [federation] key_dir is not set; run `fedhet keys` first")
+        if not insecure:
+            check_keys_present(fed)
+        signing = keyfiles.load_signing_key(fed.key_dir, name)
+        secret = None if insecure else keyfiles.load_curve_secret(fed.key_dir, name)
+        public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
+        if not insecure and keyfiles.load_public(fed.key_dir, name).curve != spec.public_key:
+            raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
+                             "in the federation file")
+        transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing)
+        status({"state": "starting", "done": 0, "total": 0})
+        party = ZmqParty(
+            name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
+            secret_key=secret, insecure=insecure, bind_endpoint=bind, run_id=run_id, seed=fed.seed,
+            device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
+            transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
+        )
+        log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
+                 party.device, ", INSECURE" if insecure else "")
+        cfg = fed.algorithm_cfg()
+        idx, n = fed.role_index(name)
+        data = algo.load_data(cfg, name, spec.role, idx, n, fed.data_dir or None)
+        t_train = time.perf_counter()
+        result = algo.ROLES[spec.role](party, cfg, data)
+        party.close()
+        transcript.close()
+        wall = time.perf_counter() - t0
+        write_json_atomic(pdir / "result.json", {
+            "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.NAME,
+            "result": result, "traffic": party.traffic(), "wall_s": wall,
+            "role_wall_s": time.perf_counter() - t_train, "device": party.device, "insecure": insecure,
+        })
+        status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
+        log.info("party %s finished in %.2fs", name, wall)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
+        reason = f"{type(e).__name__}: {e}"
+        log.error("party %s failed: %s\n%s", name, reason, traceback.format_exc())
+        try:
+            write_json_atomic(pdir / "error.json", {"party": name, "role": spec.role, "error": reason,
+                                                    "traceback": traceback.format_exc(),
+                                                    "wall_s": time.perf_counter() - t0})
+            status({"state": "failed", "error": reason})
+        except Exception:
+            pass
+        if transcript is not None:
+            transcript.close()
+        if party is not None:
+            try:
+                party._transport_close()
+            except Exception:
+                pass
+        return 130 if isinstance(e, KeyboardInterrupt) else 1

@@ -1,0 +1,145 @@
+"""Signed, hash-chained transcripts of what a party sent and received.
+
+One JSON line per message: time, direction, peer, kind, round, sequence number,
+encoded size, the dtypes and shapes of its arrays, and the SHA-256 of its
+encoded frames.  Each record carries ``prev``, the hash of the record before
+it; a record's own hash is the SHA-256 of its canonical JSON.  At the end of
+the run a ``head`` line names the last hash and the record count and is signed
+with the party's Ed25519 key, so removing, reordering or editing any record,
+or cutting the tail, is detected by ``verify``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+GENESIS = "0" * 64
+
+
+def _canon(rec: dict) -> bytes:
+    return json.dumps(rec, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _head_message(run_id: str, party: str, count: int, head: str) -> bytes:
+    return f"fedhet-transcript-v1|{run_id}|{party}|{count}|{head}".encode()
+
+
+class Transcript:
+    """Append-only writer; thread-safe; ``close`` signs the chain head."""
+
+    def __init__(self, path: str | Path, party: str, run_id: str, signing_key: Ed25519PrivateKey | None):
+        self.path = Path(path)
+        self.party, self.run_id = party, run_id
+        self._key = signing_key
+        self._prev = GENESIS
+        self._count = 0
+        self._lock = threading.Lock()
+        self._f = open(self.path, "w", encoding="utf-8")
+        self._closed = False
+
+    def record(self, direction: str, peer: str, kind: str, round: int, seq: int,
+               nbytes: int, digest: str, arrays) -> None:
+        rec = {
+            "type": "msg", "i": self._count, "t": round_t(time.time()), "party": self.party,
+            "dir": direction, "peer": peer, "kind": kind, "round": int(round), "seq": int(seq),
+            "bytes": int(nbytes), "sha256": digest,
+            "arrays": [[dt, list(shape)] for dt, shape in arrays], "prev": self._prev,
+        }
+        with self._lock:
+            if self._closed:
+                return
+            rec["i"], rec["prev"] = self._count, self._prev
+            line = _canon(rec)
+            self._prev = hashlib.sha256(line).hexdigest()
+            self._count += 1
+            self._f.write(line.decode() + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            head = {"type": "head", "party": self.party, "run": self.run_id,
+                    "count": self._count, "head": self._prev, "sig": None}
+            if self._key is not None:
+                head["sig"] = self._key.sign(_head_message(self.run_id, self.party, self._count, self._prev)).hex()
+            self._f.write(_canon(head).decode() + "\n")
+            self._f.flush()
+            self._f.close()
+
+
+def round_t(t: float) -> float:
+    return float(f"{t:.6f}")
+
+
+@dataclass
+class Verified:
+    party: str
+    records: list
+    ok: bool
+    problems: list
+
+
+def verify(path: str | Path, party: str, run_id: str, public_key: Ed25519PublicKey | None) -> Verified:
+    """Check a transcript's chain and head signature; returns records and problems found."""
+    problems: list[str] = []
+    records: list[dict] = []
+    prev = GENESIS
+    head = None
+    try:
+        lines = Path(path).read_bytes().split(b"\n")
+    except OSError as e:
+        return Verified(party, [], False, [f"cannot read transcript: {e}"])
+    for n, raw in enumerate(lines):
+        if not raw:
+            continue
+        if head is not None:
+            problems.append(f"line {n + 1}: data after the signed head")
+            break
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            problems.append(f"line {n + 1}: not JSON")
+            break
+        if not isinstance(rec, dict):
+            problems.append(f"line {n + 1}: not a record")
+            break
+        if _canon(rec) != raw:
+            problems.append(f"line {n + 1}: not in canonical form (edited?)")
+        if rec.get("type") == "head":
+            head = rec
+            continue
+        if rec.get("prev") != prev:
+            problems.append(f"line {n + 1}: hash chain broken (record removed, reordered or edited)")
+        if rec.get("i") != len(records):
+            problems.append(f"line {n + 1}: record index {rec.get('i')} where {len(records)} was expected")
+        if rec.get("party") != party:
+            problems.append(f"line {n + 1}: record of party {rec.get('party')!r} in {party!r}'s transcript")
+        prev = hashlib.sha256(raw).hexdigest()
+        records.append(rec)
+    if head is None:
+        problems.append("no signed head (run did not finish, or the tail was cut)")
+    else:
+        if head.get("count") != len(records) or head.get("head") != prev:
+            problems.append("head does not match the chain (records removed or added)")
+        if head.get("run") != run_id or head.get("party") != party:
+            problems.append(f"head names run {head.get('run')!r} / party {head.get('party')!r}")
+        sig = head.get("sig")
+        if public_key is None:
+            problems.append("no public key to verify the head signature")
+        elif not isinstance(sig, str):
+            problems.append("head is not signed")
+        else:
+            try:
+                public_key.verify(bytes.fromhex(sig), _head_message(run_id, party, len(records), prev))
+            except (InvalidSignature, ValueError):
+                problems.append("head signature does not verify")
+    return Verified(party, records, not problems, problems)
