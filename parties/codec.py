@@ -84,7 +84,8 @@ def _flatten(obj: Any, arrays: list, bufs: list, depth: int = 0) -> Any:
         a = obj
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        a = np.ascontiguousarray(a)
+        if not a.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+            a = a.copy(order="C")
         dt = a.dtype.str
         if dt not in _ALLOWED_DTYPES:
             raise TypeError(f"numpy dtype {a.dtype} cannot be sent (only numeric dtypes)")
@@ -208,7 +209,7 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope
                 f"array {i}: shape {shape} of {dt} needs {count * dtype.itemsize} bytes, frame has {len(mv)}"
             )
         # Copy out of the transport's (read-only) buffer: receivers own what they get.
-        a = np.frombuffer(mv, dtype=dtype).reshape(shape).copy()
+        a = np.frombuffer(mv, dtype=dtype).reshape(tuple(shape)).copy()
         if t == "torch":
             if torch is None:
                 raise MalformedMessage("torch tensor received but torch is unavailable")

@@ -1,0 +1,34 @@
+# fedhet: `make demo` and `make test` each set up .venv on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.fedhet-installed
+
+.PHONY: demo test test-all bench setup clean
+
+setup: $(STAMP)
+
+# The pinned CPU build of torch goes in first: a bare `torch` requirement on an
+# empty environment would pull several GB of CUDA wheels.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedhet demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q --runslow
+
+bench: $(STAMP)
+	$(PY) benchmarks/transport.py --quick
+	$(PY) benchmarks/crypto.py --quick
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,71 @@
+"""Federation files and key files: clear errors, keys with the right modes."""
+import os
+import stat
+
+import pytest
+
+from fedhet.parties import keys, presets
+from fedhet.parties.cli import main
+from fedhet.parties.federation import FederationError, from_dict, load
+
+GOOD = {
+    "federation": {"name": "t", "key_dir": "keys"},
+    "algorithm": {"name": "fedavg_logreg", "rounds": 2},
+    "party": [{"name": "s", "role": "server", "endpoint": "tcp://127.0.0.1:5000"},
+              {"name": "c", "role": "client", "endpoint": "tcp://127.0.0.1:5001", "device": "cpu"}],
+}
+
+
+def test_presets_load():
+    assert "demo" in presets.names()
+    fed = load(presets.path("demo"))
+    assert fed.algorithm_name == "fedavg_logreg" and len(fed.parties) == 4
+
+
+@pytest.mark.parametrize("change,msg", [
+    (lambda d: d["party"].pop(), "at least two"),
+    (lambda d: d["party"][1].update(name="s"), "duplicate party name"),
+    (lambda d: d["party"][1].update(endpoint="http://x"), "endpoint"),
+    (lambda d: d["party"][1].update(endpoint="tcp://127.0.0.1:5000"), "used by another party"),
+    (lambda d: d["party"][1].update(device="tpu"), "device"),
+    (lambda d: d["party"][1].update(colour="red"), "unknown fields"),
+    (lambda d: d["algorithm"].pop("name"), r"\[algorithm\] needs a name"),
+    (lambda d: d.update(extra={}), "unknown top-level"),
+    (lambda d: d["federation"].update(timeout=-1), "positive"),
+])
+def test_bad_federations_name_what_is_wrong(change, msg):
+    import copy
+    d = copy.deepcopy(GOOD)
+    change(d)
+    with pytest.raises(FederationError, match=msg):
+        from_dict(d, source="f.toml")
+
+
+def test_toml_round_trip(tmp_path):
+    fed = from_dict(GOOD, source=str(tmp_path / "f.toml"), base_dir=tmp_path)
+    (tmp_path / "f.toml").write_text(fed.to_toml())
+    again = load(tmp_path / "f.toml")
+    assert again.roles == fed.roles and again.algorithm == fed.algorithm and again.key_dir == fed.key_dir
+
+
+def test_keys_command_writes_private_files_0600_and_updates_the_file(tmp_path, capsys):
+    f = tmp_path / "fed.toml"
+    f.write_text(from_dict(GOOD, source=str(f), base_dir=tmp_path).to_toml())
+    assert main(["keys", str(f), "--update"]) == 0
+    out = capsys.readouterr().out
+    fed = load(f)
+    for p in fed.parties:
+        assert p.public_key and p.public_key in out and p.sign_key
+        for suffix in ("curve.key", "sign.key"):
+            mode = stat.S_IMODE(os.stat(tmp_path / "keys" / f"{p.name}.{suffix}").st_mode)
+            assert mode == 0o600
+        assert keys.load_public(tmp_path / "keys", p.name).curve == p.public_key
+    # refusing to overwrite keys silently
+    assert main(["keys", str(f)]) == 2
+
+
+def test_loose_secret_key_mode_is_refused(tmp_path):
+    keys.generate(tmp_path, "x")
+    os.chmod(tmp_path / "x.curve.key", 0o644)
+    with pytest.raises(PermissionError, match="0600"):
+        keys.load_curve_secret(tmp_path, "x")
