@@ -18,17 +18,17 @@ element counts match their buffers, nesting depth) and raises
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
 
-try:  # torch is a dependency, but the codec should not fail to import without it
-    import torch
-except Exception:  # pragma: no cover
-    torch = None
+# torch is imported lazily: a payload can only hold tensors if the process has
+# imported torch already, and importing it costs every party process seconds.
 
 PROTOCOL_VERSION = 1
 _REF = "__fedhet_array__"
@@ -37,9 +37,13 @@ _ALLOWED_DTYPES = {
     "|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8",
     "<f2", "<f4", "<f8", "<c8", "<c16",
 }
-_TORCH_DTYPES = {}
-if torch is not None:
-    _TORCH_DTYPES = {
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtypes() -> dict:
+    import torch
+
+    return {
         torch.bool: "|b1", torch.int8: "|i1", torch.uint8: "|u1", torch.int16: "<i2",
         torch.int32: "<i4", torch.int64: "<i8", torch.float16: "<f2",
         torch.float32: "<f4", torch.float64: "<f8",
@@ -72,12 +76,13 @@ class Envelope:
 def _flatten(obj: Any, arrays: list, bufs: list, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise ValueError("payload nested too deeply")
+    torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach()
-        if t.dtype not in _TORCH_DTYPES:
+        if t.dtype not in _torch_dtypes():
             raise TypeError(f"torch dtype {t.dtype} cannot be sent")
         a = t.to("cpu").contiguous().numpy()
-        arrays.append({"t": "torch", "dtype": _TORCH_DTYPES[t.dtype], "shape": list(a.shape)})
+        arrays.append({"t": "torch", "dtype": _torch_dtypes()[t.dtype], "shape": list(a.shape)})
         bufs.append(a)
         return {_REF: len(arrays) - 1}
     if isinstance(obj, np.ndarray):
@@ -117,7 +122,8 @@ def encode(run: str, frm: str, to: str, kind: str, seq: int, payload: Any, round
         "v": PROTOCOL_VERSION, "run": run, "frm": frm, "to": to, "kind": kind,
         "seq": int(seq), "round": int(round), "body": body, "arrays": arrays,
     }
-    return [msgpack.packb(header, use_bin_type=True)] + [memoryview(b).cast("B") for b in bufs]
+    # A flat uint8 view of each array: zero-copy, and valid for empty arrays too.
+    return [msgpack.packb(header, use_bin_type=True)] + [memoryview(b.reshape(-1).view(np.uint8)) for b in bufs]
 
 
 def frames_digest(frames: list) -> tuple[str, int]:
@@ -197,7 +203,7 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope
         if not isinstance(spec, dict):
             raise MalformedMessage(f"array spec {i} is not a map")
         t, dt, shape = spec.get("t"), spec.get("dtype"), spec.get("shape")
-        if t not in ("np", "torch") or dt not in _ALLOWED_DTYPES:
+        if t not in ("np", "torch") or not isinstance(dt, str) or dt not in _ALLOWED_DTYPES:
             raise MalformedMessage(f"array {i}: type {t!r} / dtype {dt!r} not allowed")
         if (not isinstance(shape, list) or len(shape) > 32
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
@@ -209,11 +215,16 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope
                 f"array {i}: shape {shape} of {dt} needs {count * dtype.itemsize} bytes, frame has {len(mv)}"
             )
         # Copy out of the transport's (read-only) buffer: receivers own what they get.
-        a = np.frombuffer(mv, dtype=dtype).reshape(tuple(shape)).copy()
+        try:  # an empty frame can still declare dimensions numpy refuses, e.g. [0, 2**64-1]
+            a = np.frombuffer(mv, dtype=dtype).reshape(tuple(shape)).copy()
+        except (ValueError, OverflowError) as e:
+            raise MalformedMessage(f"array {i}: shape {shape} cannot be built: {e}") from None
         if t == "torch":
-            if torch is None:
-                raise MalformedMessage("torch tensor received but torch is unavailable")
-            if dt not in _TORCH_DTYPES.values():
+            try:
+                import torch
+            except ImportError:
+                raise MalformedMessage("torch tensor received but torch is unavailable") from None
+            if dt not in _torch_dtypes().values():
                 raise MalformedMessage(f"array {i}: dtype {dt} is not a torch dtype")
             a = torch.from_numpy(a)
         arrays.append(a)

@@ -92,3 +92,9 @@ def test_size_limit_applies_to_the_whole_message():
 def test_no_pickle_on_the_wire():
     frames = codec.encode("r", "a", "b", "k", 0, {"x": np.arange(3), "s": "text"})
     assert b"numpy" not in bytes(frames[0]) and b"\x80\x04" not in bytes(frames[0])
+
+
+def test_empty_and_zero_dimensional_arrays_roundtrip():
+    for a in (np.zeros((0, 5)), np.zeros((3, 0), dtype=np.int32), np.full((), 2.5, dtype=np.float32), torch.zeros(0, 3)):
+        got = roundtrip(a).payload
+        assert tuple(got.shape) == tuple(a.shape) and type(got) is type(a)

@@ -1,0 +1,216 @@
+"""One aggregation interface, plain or secure, chosen by configuration.
+
+A training loop calls, each round,
+
+    agg = make_aggregator(cfg)                       # once per party
+    agg.submit(party, server, vector, weight, round) # on every client
+    res = agg.aggregate(party, clients, round)       # on the server
+    res.mean, res.sum, res.weight, res.mean_error_bound, res.contributors
+
+and never looks at which one it got.  ``cfg["aggregation"]`` picks it:
+
+* ``"secure"`` (default): :mod:`fedhet.protocols.secagg` (Bonawitz et al.,
+  SecAgg+ with ``secagg_graph = "harary"``); the server sees masked ring
+  vectors only.  Settings: ``secagg_graph``, ``secagg_degree``,
+  ``secagg_threshold``, ``secagg_ring_bits``, ``secagg_clip``,
+  ``secagg_max_weight``, ``secagg_frac_bits``, ``secagg_timeout``.
+* ``"plain"``: each client sends its vector (``plain_dtype``: float64, the
+  default, or float32, which has the bytes of a 32-bit secure ring) and its
+  weight; the server computes the weighted sum in float64.
+
+Both drop clients that stay silent past the per-step collection timeout
+(``aggregation_timeout``, default the party's receive timeout) and aggregate
+the rest; both ignore messages of earlier rounds, so a late client cannot
+corrupt a later round.  ``mean_error_bound`` is the largest possible
+difference, per coordinate, between ``mean`` and the exact weighted mean of
+the inputs (for secure aggregation: of the clipped inputs): 0 for plain
+float64 (exact up to float64 arithmetic), ``max |x| * 2**-24`` for plain
+float32, and the quantisation bound of :class:`~fedhet.protocols.secagg.Quantizer`
+for secure aggregation.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from fedhet.parties.declare import MessageDecl, declare
+
+from . import secagg
+from .secagg import RoundInbox, SecAggClient, SecAggConfig, SecAggError, SecAggServer, SubmitResult
+
+__all__ = ["Aggregator", "PlainAggregator", "SecureAggregator", "AggregateResult", "SubmitResult",
+           "AggregationError", "make_aggregator", "declarations", "DECLARATIONS", "KIND_PLAIN", "METHODS"]
+
+KIND_PLAIN = "agg/plain"
+METHODS = ("plain", "secure")
+AggregationError = SecAggError  # what both raise when a round cannot produce a result
+
+
+@dataclass
+class AggregateResult:
+    sum: np.ndarray            # sum_u w_u x_u, float64
+    weight: float              # sum_u w_u
+    mean: np.ndarray           # sum / weight
+    contributors: list[str]    # clients whose input is in the sum
+    dropped: list[str]         # clients asked but not in the sum
+    sum_error_bound: float     # per coordinate, see the module docstring
+    mean_error_bound: float
+    round: int
+    method: str
+    details: dict = field(default_factory=dict)
+
+
+class Aggregator:
+    """The interface: ``submit`` on clients, ``aggregate`` on the server; one object per party."""
+
+    method = "?"
+
+    def submit(self, party, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
+        raise NotImplementedError
+
+    def aggregate(self, party, clients: Iterable[str], round: int = 0, length: int | None = None) -> AggregateResult:
+        raise NotImplementedError
+
+
+class PlainAggregator(Aggregator):
+    """Clients send vectors in the clear; the reference the secure path is compared with."""
+
+    method = "plain"
+
+    def __init__(self, dtype: str = "float64", timeout: float | None = None):
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"plain_dtype must be 'float32' or 'float64', got {dtype!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"aggregation_timeout must be positive, got {timeout!r}")
+        self.dtype = np.dtype(dtype)
+        self.timeout = timeout
+        self._inbox: RoundInbox | None = None
+        self._last: int | None = None
+
+    def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
+        r = int(round)
+        secagg._check_round(self._last, r)
+        x, w = secagg.check_input(vector, weight, math.inf)
+        self._last = r
+        amax = max(float(x.max()), -float(x.min())) if x.size and self.dtype == np.float32 else 0.0
+        party.send(server, KIND_PLAIN, {"r": r, "x": x.astype(self.dtype, copy=False), "w": w, "amax": amax})
+        return SubmitResult("ok", r)
+
+    def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
+        r = int(round)
+        secagg._check_round(self._last, r)
+        self._last = r
+        if self._inbox is None:
+            self._inbox = RoundInbox(party.log)
+        clients = sorted(set(clients))
+        timeout = float(self.timeout if self.timeout is not None else party.timeout)
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        acc = tmp = None
+        wsum = e_sum = amax = 0.0
+        got = []
+        for u in clients:
+            p = self._inbox.recv(party, u, KIND_PLAIN, r, deadline)
+            if p is None:
+                party.log.info("plain aggregation round %d: %s dropped (silent for %gs)", r, u, timeout)
+                continue
+            x, w = p.get("x"), p.get("w")
+            if (not isinstance(x, np.ndarray) or x.dtype != self.dtype or x.ndim != 1
+                    or (length is not None and x.size != length) or (acc is not None and x.size != acc.size)
+                    or not isinstance(w, (int, float)) or not w > 0):
+                party.log.warning("plain aggregation round %d: dropped %s: malformed update", r, u)
+                continue
+            if acc is None:
+                acc, tmp = np.zeros(x.size), np.empty(x.size)
+            np.multiply(x, float(w), out=tmp)
+            acc += tmp
+            wsum += float(w)
+            a = float(p.get("amax") or 0.0)
+            e_sum += float(w) * a
+            amax = max(amax, a)
+            got.append(u)
+        if not got:
+            raise AggregationError(f"plain aggregation round {r}: no client sent an update within {timeout:g}s")
+        eps = 2.0 ** -24 * (1 + 2.0 ** -23) if self.dtype == np.float32 else 0.0
+        return AggregateResult(sum=acc, weight=wsum, mean=acc / wsum, contributors=got,
+                               dropped=sorted(set(clients) - set(got)), sum_error_bound=e_sum * eps,
+                               mean_error_bound=amax * eps, round=r, method="plain",
+                               details={"dtype": self.dtype.name, "seconds": time.monotonic() - t0})
+
+
+class SecureAggregator(Aggregator):
+    """Secure aggregation (:mod:`fedhet.protocols.secagg`) behind the common interface."""
+
+    method = "secure"
+
+    def __init__(self, config: SecAggConfig | None = None, observer: Callable | None = None):
+        self.config = config or SecAggConfig()
+        self._client: SecAggClient | None = None
+        self._server: SecAggServer | None = None
+        self._observer = observer
+
+    def submit(self, party, server, vector, weight=1.0, round=0, **faults) -> SubmitResult:
+        if self._client is None:
+            self._client = SecAggClient(self.config)
+        return self._client.submit(party, server, vector, weight, round, **faults)
+
+    def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
+        if self._server is None:
+            self._server = SecAggServer(self.config, self._observer)
+        res = self._server.aggregate(party, clients, round, length)
+        return AggregateResult(
+            sum=res.sum, weight=res.weight, mean=res.mean, contributors=res.contributors, dropped=res.dropped,
+            sum_error_bound=res.sum_error_bound, mean_error_bound=res.mean_error_bound, round=res.round,
+            method="secure",
+            details={"graph": res.graph, "degree": res.degree, "threshold": res.threshold,
+                     "threshold_local": res.threshold_local, "frac_bits": res.frac_bits,
+                     "ring_bits": res.ring_bits, "steps": res.steps})
+
+
+def make_aggregator(cfg: dict | str | None = None, defaults: dict[str, Any] | None = None) -> Aggregator:
+    """The aggregator ``cfg["aggregation"]`` names (default "secure"); ``defaults`` fill unset keys.
+
+    ``cfg`` may also be just the method name.
+    """
+    if isinstance(cfg, str):
+        cfg = {"aggregation": cfg}
+    merged = dict(defaults or {})
+    merged.update(cfg or {})
+    method = merged.get("aggregation", "secure")
+    timeout = merged.get("aggregation_timeout")
+    if method == "plain":
+        return PlainAggregator(merged.get("plain_dtype", "float64"), timeout)
+    if method == "secure":
+        if timeout is not None:
+            merged.setdefault("secagg_timeout", timeout)
+        return SecureAggregator(SecAggConfig.from_cfg(merged))
+    raise ValueError(f"aggregation must be one of {METHODS}, got {method!r}")
+
+
+def _plain_check(length: Callable[[dict], int] | None):
+    def check(arrays, cfg):
+        if cfg.get("aggregation", "secure") != "plain":
+            return "a plain (unmasked) update was sent although aggregation is not 'plain'"
+        if len(arrays) != 1:
+            return f"expected one vector, got {len(arrays)} arrays"
+        dt, shape = arrays[0]
+        want = "<f4" if cfg.get("plain_dtype", "float64") == "float32" else "<f8"
+        if dt != want or len(shape) != 1:
+            return f"plain update must be a 1-D {want} vector, got {dt}{list(shape)}"
+        if length is not None and shape[0] != int(length(cfg)):
+            return f"plain update has {shape[0]} elements, expected {int(length(cfg))}"
+        return None
+    return check
+
+
+def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDecl]:
+    """Every kind either aggregator sends; a plain update in a secure run fails the audit."""
+    return [declare(KIND_PLAIN, "client", "server", "a client's vector in the clear, its weight (and max |x|)",
+                    _plain_check(length))] + secagg.declarations(length)
+
+
+DECLARATIONS = declarations()

@@ -1,0 +1,156 @@
+"""The aggregator interface (protocols/aggregation.py): plain and secure behind one call, and FedAvg on both."""
+from __future__ import annotations
+
+import time
+import types
+
+import numpy as np
+import pytest
+
+from fedhet.parties import federation, presets
+from fedhet.parties.audit import audit
+from fedhet.parties.inmemory import run_inmemory
+from fedhet.parties.launcher import launch
+from fedhet.protocols import aggregation
+from fedhet.protocols.aggregation import (KIND_PLAIN, AggregationError, PlainAggregator, SecureAggregator,
+                                          make_aggregator)
+
+CLIENTS = [f"c{i}" for i in range(5)]
+
+
+def federate(cfg, xs, ws, rounds=(0,), late=None):
+    """The same role functions for every method: only ``cfg`` differs.  ``late``: (client, round, seconds)."""
+
+    def server(party, c, d):
+        agg = make_aggregator(cfg)
+        out = []
+        for i, r in enumerate(rounds):
+            if i:
+                party.gather("test/ready", frm=CLIENTS)
+            out.append(agg.aggregate(party, CLIENTS, r))
+        return out
+
+    def client(party, c, d):
+        agg = make_aggregator(cfg)
+        for i, r in enumerate(rounds):
+            if i:
+                party.send("server", "test/ready", None)
+            if late and late[:2] == (party.name, r):
+                time.sleep(late[2])
+            agg.submit(party, "server", xs[party.name][i], ws[party.name], r)
+        return {}
+
+    algo = types.SimpleNamespace(NAME="agg-test", ROLES={"server": server, "client": client},
+                                 load_data=lambda *a: None)
+    out = run_inmemory(algo, [("server", "server")] + [(c, "client") for c in CLIENTS], timeout=30)
+    return out["server"]
+
+
+def data(seed, m=500, rounds=1):
+    rng = np.random.default_rng(seed)
+    xs = {c: [rng.uniform(-3, 3, m) for _ in range(rounds)] for c in CLIENTS}
+    ws = {c: float(rng.integers(1, 200)) for c in CLIENTS}
+    return xs, ws
+
+
+def exact_mean(xs, ws, who, i=0):
+    return sum(ws[c] * xs[c][i] for c in who) / sum(ws[c] for c in who)
+
+
+def test_make_aggregator_chooses_by_configuration():
+    assert isinstance(make_aggregator({}), SecureAggregator)  # secure by default
+    assert isinstance(make_aggregator("plain"), PlainAggregator)
+    sec = make_aggregator({"aggregation": "secure", "secagg_graph": "harary", "secagg_ring_bits": 64,
+                           "aggregation_timeout": 3})
+    assert (sec.config.graph, sec.config.ring_bits, sec.config.timeout) == ("harary", 64, 3.0)
+    assert make_aggregator({"plain_dtype": "float32"}, {"aggregation": "plain"}).dtype == np.float32
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        make_aggregator({"aggregation": "homomorphic"})
+    with pytest.raises(ValueError, match="plain_dtype"):
+        make_aggregator({"aggregation": "plain", "plain_dtype": "int8"})
+
+
+@pytest.mark.parametrize("cfg", [
+    {"aggregation": "plain"},
+    {"aggregation": "plain", "plain_dtype": "float32"},
+    {"aggregation": "secure", "secagg_max_weight": 200.0},
+    {"aggregation": "secure", "secagg_max_weight": 200.0, "secagg_graph": "harary", "secagg_degree": 2},
+])
+def test_every_method_gives_the_weighted_mean_within_its_bound(cfg):
+    xs, ws = data(1)
+    (res,) = federate(cfg, xs, ws)
+    want = exact_mean(xs, ws, CLIENTS)
+    assert res.method == cfg["aggregation"] and res.contributors == CLIENTS
+    assert res.weight == pytest.approx(sum(ws.values()), abs=res.sum_error_bound)
+    assert np.max(np.abs(res.mean - want)) <= res.mean_error_bound + 1e-12
+    if cfg.get("plain_dtype", "float64") == "float64" and cfg["aggregation"] == "plain":
+        assert res.mean_error_bound == 0.0
+    else:
+        assert 0 < res.mean_error_bound < 1e-5
+
+
+@pytest.mark.parametrize("method", ["plain", "secure"])
+def test_a_late_client_is_left_out_and_its_stale_update_ignored(method):
+    xs, ws = data(2, m=50, rounds=2)
+    cfg = {"aggregation": method, "aggregation_timeout": 0.4, "secagg_max_weight": 200.0}
+    r0, r1 = federate(cfg, xs, ws, rounds=(0, 1), late=("c3", 0, 1.0))
+    assert r0.dropped == ["c3"] and r1.dropped == []
+    assert np.max(np.abs(r0.mean - exact_mean(xs, ws, [c for c in CLIENTS if c != "c3"], 0))) <= \
+        r0.mean_error_bound + 1e-12
+    assert np.max(np.abs(r1.mean - exact_mean(xs, ws, CLIENTS, 1))) <= r1.mean_error_bound + 1e-12
+
+
+def test_no_update_at_all_is_an_error():
+    def server(party, c, d):
+        return PlainAggregator(timeout=0.2).aggregate(party, ["c0"], 0)
+
+    algo = types.SimpleNamespace(NAME="t", ROLES={"server": server, "client": lambda p, c, d: {}},
+                                 load_data=lambda *a: None)
+    with pytest.raises(Exception) as e:
+        run_inmemory(algo, [("server", "server"), ("c0", "client")])
+    assert isinstance(e.value.failures["server"], AggregationError)
+
+
+def test_a_plain_update_in_a_secure_run_fails_its_declaration():
+    check = {d.kind: d for d in aggregation.declarations(lambda cfg: 31)}[KIND_PLAIN].check
+    assert "not 'plain'" in check([("<f8", (31,))], {"aggregation": "secure"})
+    assert "not 'plain'" in check([("<f8", (31,))], {})  # secure is the default
+    assert check([("<f8", (31,))], {"aggregation": "plain"}) is None
+    assert "1-D <f4" in check([("<f8", (31,))], {"aggregation": "plain", "plain_dtype": "float32"})
+
+
+def test_fedavg_in_memory_plain_and_secure_agree():
+    parties = [("server", "server"), ("c1", "client"), ("c2", "client"), ("c3", "client")]
+    p = run_inmemory("fedavg_logreg", parties, {"rounds": 10, "aggregation": "plain"}, seed=5)
+    s = run_inmemory("fedavg_logreg", parties, {"rounds": 10, "aggregation": "secure"}, seed=5)
+    s2 = run_inmemory("fedavg_logreg", parties, {"rounds": 10, "secagg_graph": "harary"}, seed=5)
+    assert s["server"]["aggregation"] == "secure" and p["server"]["aggregation"] == "plain"
+    assert s["server"]["test_accuracy"] == p["server"]["test_accuracy"] > 0.9
+    # quantisation errors of ~1e-7 per round stay small through 10 rounds of training
+    assert np.max(np.abs(np.subtract(s["server"]["weights"], p["server"]["weights"]))) < 1e-5
+    # the unmasked sum is exact: fresh random masks, the same bits
+    assert s["server"]["weights"] == s2["server"]["weights"]
+    assert all(s[c]["weights"] == s["server"]["weights"] for c in ("c1", "c2", "c3"))
+
+
+def test_fedavg_as_processes_plain_and_secure_reach_the_same_accuracy_and_secure_passes_the_audit(tmp_path):
+    fed = federation.load(presets.path("demo"))
+    runs = {}
+    for method in ("plain", "secure"):
+        summary = launch(fed, run_dir=tmp_path / method, progress=False, overrides={"aggregation": method})
+        assert summary["ok"]
+        runs[method] = summary["parties"]["server"]["result"]
+    assert runs["secure"]["aggregation"] == "secure" and runs["plain"]["aggregation"] == "plain"
+    assert runs["secure"]["test_accuracy"] == runs["plain"]["test_accuracy"] > 0.9
+
+    rep = audit(tmp_path / "secure")
+    assert rep.ok, rep.problems
+    kinds = {row["kind"] for row in rep.table if row["sent"]}
+    assert {"secagg/keys", "secagg/shares", "secagg/masked", "secagg/unmask"} <= kinds
+    assert KIND_PLAIN not in kinds  # the server never received a vector in the clear
+    assert audit(tmp_path / "plain").ok
+
+    # The same seed in memory gives bit-identical weights to the ZeroMQ run.
+    parties = [(p.name, p.role) for p in fed.parties]
+    mem = run_inmemory("fedavg_logreg", parties, dict(fed.algorithm_cfg(), aggregation="secure"), seed=fed.seed)
+    assert mem["server"]["weights"] == runs["secure"]["weights"]
