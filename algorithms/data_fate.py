@@ -291,11 +291,16 @@ def make_split(data: VerticalData, seed: int, selftaught_frac: float = 0.4,
                  train=ids[perm[n_self + n_test:]], seed=seed)
 
 
-def host_view(data: VerticalData, split: Split) -> HostView:
-    tr, te, st = (data.host.rows(s) for s in (split.train, split.test, split.selftaught))
+def host_view(data: VerticalData, split: Split, with_selftaught: bool = True) -> HostView:
+    """The host's labeled rows; ``with_selftaught=False`` (the federated host) leaves out the
+    dropped self-taught rows, which only the "(all data)" baselines read."""
+    tr, te = (data.host.rows(s) for s in (split.train, split.test))
     sc = Scaler.fit(tr.x)
-    return HostView(tr.ids, sc(tr.x), tr.y, te.ids, sc(te.x), te.y, data.n_classes,
-                    st.ids, sc(st.x), st.y)
+    hv = HostView(tr.ids, sc(tr.x), tr.y, te.ids, sc(te.x), te.y, data.n_classes)
+    if with_selftaught:
+        st = data.host.rows(split.selftaught)
+        hv.ids_selftaught, hv.x_selftaught, hv.y_selftaught = st.ids, sc(st.x), st.y
+    return hv
 
 
 def guest_view(data: VerticalData, split: Split, index: int = 0) -> GuestView:

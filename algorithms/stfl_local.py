@@ -365,6 +365,9 @@ def _train_rows(v: Views, all_data: bool) -> tuple[np.ndarray, list[np.ndarray],
     h = v.host
     xh, xg, y = h.x_train, [g.x_train for g in v.guests], h.y_train
     if all_data:
+        if h.x_selftaught is None:
+            raise ValueError("all_data needs the host's self-taught rows "
+                             "(data_fate.host_view(..., with_selftaught=True))")
         for g in v.guests:
             if not np.array_equal(g.ids_unlabeled, h.ids_selftaught):
                 raise ValueError("self-taught rows of host and guest are not aligned")
