@@ -11,6 +11,10 @@ from types import ModuleType
 
 ALGORITHMS: dict[str, str] = {
     "fedavg_logreg": "fedhet.algorithms.fedavg_logreg",
+    "psi": "fedhet.algorithms.psi_job",
+    "stfl": "fedhet.algorithms.stfl",
+    "he_split": "fedhet.algorithms.he_split",
+    "chfl": "fedhet.algorithms.chfl",
 }
 
 
