@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -23,7 +24,7 @@ from typing import Any
 from . import keys as keyfiles
 from .atomic import write_atomic, write_json_atomic
 from .federation import Federation
-from .runtime import party_dir
+from .runtime import LAUNCHER_PID_ENV, party_dir
 
 
 class RunFailed(RuntimeError):
@@ -117,7 +118,9 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     t0 = time.perf_counter()
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # children exit if we die (runtime.die_with_launcher)
     view = _Progress(resolved, run_dir) if progress else None
+    restore_signals = _trap_termination()
     try:
         for p in resolved.parties:
             pdir = party_dir(run_dir, p.name)
@@ -155,7 +158,27 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
         if view:
             view.stop()
         _stop_all(procs)
+        restore_signals()
     return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True)
+
+
+def _trap_termination():
+    """Make SIGTERM/SIGHUP raise SystemExit, so launch's cleanup stops every child.
+
+    By default they kill the launcher outright and its children (in their own
+    sessions) run on.  Signal handlers can only be set from the main thread;
+    elsewhere the children's parent-death signal still covers us.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum, frame):
+        for s in old:  # a second signal must not interrupt the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
 def _failure_time(run_dir: Path, name: str, code: int) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -24,6 +25,29 @@ from . import keys as keyfiles
 from .atomic import write_json_atomic
 from .federation import Federation, check_keys_present
 from .transcript import Transcript
+
+
+LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties it starts
+
+
+def die_with_launcher() -> None:
+    """Under ``fedhet run``, end this party when the launcher dies, even by SIGKILL.
+
+    The parties run in their own sessions (so a terminal's Ctrl-C reaches only
+    the launcher, which then stops them in order); without this, a killed
+    launcher would leave them running.  Linux only (PR_SET_PDEATHSIG).
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except Exception:  # no prctl: best effort only
+        return
+    if str(os.getppid()) != launcher:  # it died before the line above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def party_dir(run_dir: Path, name: str) -> Path:
@@ -60,6 +84,7 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: 
 
     from .zmq_transport import ZmqParty
 
+    die_with_launcher()
     run_dir = Path(run_dir)
     spec = fed.party(name)
     pdir = party_dir(run_dir, name)

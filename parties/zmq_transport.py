@@ -137,7 +137,9 @@ class ZmqParty(Party):
             s = self.ctx.socket(zmq.DEALER)
             s.linger = int(self.timeout * 1000)
             s.sndhwm = 0  # never drop: a slow peer back-pressures instead
-            s.routing_id = name.encode()
+            # No fixed routing id: the ROUTER refuses a second connection with an id
+            # in use, so a listed peer could lock us out by claiming ours (or a stale
+            # connection could block our reconnect).  Identity comes from CURVE + ZAP.
             if not insecure:
                 s.curve_serverkey = public_keys[peer]
                 s.curve_publickey = public_keys[name]

@@ -1,0 +1,119 @@
+"""Parties in separate network namespaces, joined only by a veth pair, finish a job.
+
+The server lives in one namespace and two clients in another; the federation
+file names their 10.x addresses, its keys are made with ``fedhet keys
+--update``, and each party is started the way it would be on its own machine
+(``fedhet party FILE --name N``).  The weights must equal the in-memory run's
+and the run must pass the audit.  Needs root and iproute2's ``ip netns``;
+skipped with the reason otherwise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from fedhet.parties import cli
+from fedhet.parties.audit import audit
+from fedhet.parties.federation import Federation, PartySpec, load
+from fedhet.parties.inmemory import run_inmemory
+
+pytestmark = pytest.mark.netns
+
+TAG = f"fh{os.getpid() % 100000}"
+NS = {"a": f"{TAG}a", "b": f"{TAG}b"}
+SUBNET = f"10.231.{os.getpid() % 250}"
+ADDR = {"a": f"{SUBNET}.1", "b": f"{SUBNET}.2"}
+PLACE = {"server": "a", "client1": "b", "client2": "b"}  # party -> namespace
+ROUNDS = 3
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+def _need_netns() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2's `ip` (apt-get install iproute2)")
+    probe = f"{TAG}probe"
+    r = _ip("netns", "add", probe)
+    if r.returncode != 0:
+        pytest.skip(f"`ip netns add` is not allowed here: {r.stderr.strip()}")
+    _ip("netns", "del", probe)
+
+
+def _check(r: subprocess.CompletedProcess, what: str) -> None:
+    assert r.returncode == 0, f"{what}: {r.stderr.strip()}"
+
+
+@pytest.fixture
+def namespaces():
+    _need_netns()
+    try:
+        for ns in NS.values():
+            _check(_ip("netns", "add", ns), f"netns add {ns}")
+        _check(_ip("link", "add", f"{TAG}va", "type", "veth", "peer", "name", f"{TAG}vb"), "veth pair")
+        for side, ns in NS.items():
+            dev = f"{TAG}v{side}"
+            _check(_ip("link", "set", dev, "netns", ns), f"move {dev}")
+            _check(_ip("-n", ns, "addr", "add", f"{ADDR[side]}/24", "dev", dev), f"address {dev}")
+            _check(_ip("-n", ns, "link", "set", dev, "up"), f"up {dev}")
+            _check(_ip("-n", ns, "link", "set", "lo", "up"), f"lo up in {ns}")
+        yield NS
+    finally:
+        for ns in NS.values():  # deleting a namespace also deletes its end of the veth
+            _ip("netns", "del", ns)
+
+
+def test_two_namespaces_complete_fedavg(namespaces, tmp_path):
+    port = {n: 25555 + i for i, n in enumerate(PLACE)}
+    fed = Federation(
+        name="netns", algorithm={"name": "fedavg_logreg", "rounds": ROUNDS}, timeout=60.0, seed=0,
+        parties=[PartySpec(n, "server" if n == "server" else "client", f"tcp://{ADDR[side]}:{port[n]}")
+                 for n, side in PLACE.items()],
+        key_dir=tmp_path / "keys", source=str(tmp_path / "federation.toml"))
+    fed_file = tmp_path / "federation.toml"
+    fed_file.write_text(fed.to_toml())
+    assert cli.main(["keys", str(fed_file), "--update"]) == 0
+    fed = load(fed_file)
+    assert all(p.public_key and p.sign_key for p in fed.parties)
+
+    # Each namespace holds only its own end: the other side's address is reachable only over the veth.
+    for side, other in (("a", "b"), ("b", "a")):
+        own = _ip("-n", namespaces[side], "-o", "addr").stdout
+        assert ADDR[side] in own and ADDR[other] not in own
+
+    run_dir, run_id = tmp_path / "run", uuid.uuid4().hex
+    procs = {}
+    try:
+        for name, side in PLACE.items():
+            log = open(tmp_path / f"{name}.out", "wb")
+            procs[name] = subprocess.Popen(
+                ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties.cli", "party",
+                 str(fed_file), "--name", name, "--out", str(run_dir), "--run-id", run_id, "--quiet"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            log.close()
+        codes = {n: p.wait(timeout=180) for n, p in procs.items()}  # hang guard
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outs = {n: (tmp_path / f"{n}.out").read_text(errors="replace") for n in PLACE}
+    assert codes == {n: 0 for n in PLACE}, outs
+
+    results = {n: json.loads((run_dir / "parties" / n / "result.json").read_text()) for n in PLACE}
+    mem = run_inmemory("fedavg_logreg", [(p.name, p.role) for p in fed.parties], fed.algorithm_cfg(), seed=fed.seed)
+    assert {n: r["result"]["weights"] for n, r in results.items()} == {n: r["weights"] for n, r in mem.items()}
+    # The server and the clients sit on different sides of the veth: their traffic crossed it.
+    assert results["server"]["traffic"]["bytes_received"]["client1"] > 0
+    assert results["client2"]["traffic"]["bytes_received"]["server"] > 0
+    rep = audit(run_dir)
+    assert rep.ok, rep.problems
