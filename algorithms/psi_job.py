@@ -1,0 +1,157 @@
+"""PSI as a runnable job: one label owner and feature parties intersect synthetic ID sets.
+
+Not a learning algorithm: it exercises ``fedhet.protocols.psi`` through
+``fedhet run`` and ``fedhet audit`` (preset ``psi``).  Each party builds its
+own IDs from the run configuration alone:
+
+* a core block of ``round(overlap * n)`` IDs that every party holds;
+* the label owner's private block (``n`` minus the core); feature party j
+  also holds the ``pair_overlap * n`` IDs of slot j of that block, so the
+  label owner shares a block with each feature party that no other party has;
+* the rest of each feature party's ``n`` IDs are its own;
+* ``duplicates * n`` extra rows repeat IDs the party already has; rows are
+  shuffled per party.
+
+IDs are ``id_type`` "str" (``"u" + 16 hex digits``, a keyed hash of the slot,
+so they carry no visible structure) or "int".  Every party can therefore
+compute the expected common set (the core block, plus pair block 0 when there
+is a single feature party) and checks its result against it, and that its
+rows really hold the common IDs.  ``ids_sha256`` hashes the ordered common
+list so a run shows that every party ended with the same list.
+
+Other keys: ``reveal``, ``order``, ``chunk``, ``workers`` (see
+``fedhet.protocols.psi``) and ``psi_timeout`` (seconds to wait for any one
+PSI message; default the federation's timeout; the waits include the peer's
+computation, so raise it for sets of millions of IDs on a busy machine).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from fedhet.crypto.ecdh_psi import encode_items
+from fedhet.protocols import psi
+
+NAME = "psi"
+DEFAULTS = {"n": 1000, "overlap": 0.5, "pair_overlap": 0.1, "duplicates": 0.02, "id_type": "str",
+            "reveal": True, "order": "sorted", "chunk": psi.DEFAULT_CHUNK, "workers": None, "psi_timeout": None}
+LABEL_OWNER, FEATURE = "label_owner", "feature"
+DECLARATIONS = psi.declarations(LABEL_OWNER, FEATURE)
+
+
+def _cfg(cfg: dict) -> dict:
+    c = {k: cfg.get(k, v) for k, v in DEFAULTS.items()}
+    c["seed"] = int(cfg.get("seed", 0))
+    c["n"] = int(c["n"])
+    for k in ("overlap", "pair_overlap", "duplicates"):
+        c[k] = float(c[k])
+    if c["n"] < 0:
+        raise ValueError(f"psi: n must be >= 0, got {c['n']}")
+    if not 0 <= c["overlap"] <= 1 or not 0 <= c["duplicates"] <= 1:
+        raise ValueError(f"psi: overlap and duplicates must be in [0, 1], got {c['overlap']}, {c['duplicates']}")
+    if c["id_type"] not in ("str", "int"):
+        raise ValueError(f"psi: id_type must be 'str' or 'int', got {c['id_type']!r}")
+    if c["workers"] is not None:
+        c["workers"] = int(c["workers"])
+    if c["psi_timeout"] is not None:
+        c["psi_timeout"] = float(c["psi_timeout"])
+    return c
+
+
+def _blocks(c: dict) -> tuple[int, int]:
+    core = int(round(c["overlap"] * c["n"]))
+    pair = min(int(round(c["pair_overlap"] * c["n"])), c["n"] - core)
+    return core, pair
+
+
+def _ids(c: dict, slots: np.ndarray) -> list:
+    if c["id_type"] == "int":
+        return [int(s) for s in slots]
+    key = hashlib.sha256(f"fedhet-psi-job/{c['seed']}".encode()).digest()[:16]
+    return ["u" + hashlib.blake2b(int(s).to_bytes(8, "little"), digest_size=8, key=key).hexdigest()
+            for s in slots]
+
+
+def _slots(c: dict, role: str, index: int) -> np.ndarray:
+    """The ID slots of one party (before duplicates): slot numbers are disjoint between blocks."""
+    n = c["n"]
+    core, pair = _blocks(c)
+    own_private = n - core
+    core_slots = np.arange(core)
+    lo_private = core + np.arange(own_private)  # the label owner's block, pair slots at its front
+    if role == LABEL_OWNER:
+        return np.concatenate([core_slots, lo_private])
+    lo_end = core + own_private
+    mine_pair = core + index * pair + np.arange(pair)
+    mine_pair = mine_pair[mine_pair < lo_end]  # more feature parties than the block has room for: fewer pairs
+    rest = n - core - len(mine_pair)
+    private = lo_end + index * n + np.arange(rest)  # feature party blocks never meet
+    return np.concatenate([core_slots, mine_pair, private])
+
+
+def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_dir=None):
+    c = _cfg(cfg)
+    if role not in (LABEL_OWNER, FEATURE):
+        raise ValueError(f"psi: unknown role {role!r} (roles: {LABEL_OWNER}, {FEATURE})")
+    slots = _slots(c, role, index)
+    rng = np.random.default_rng([c["seed"], 0 if role == LABEL_OWNER else 1 + index])
+    n_dup = int(round(c["duplicates"] * len(slots))) if len(slots) else 0
+    rows = np.concatenate([slots, rng.choice(slots, size=n_dup)]) if n_dup else slots
+    rows = rng.permutation(rows)
+    return {"ids": _ids(c, rows), "index": index}
+
+
+def expected_common(cfg: dict, n_features: int) -> set:
+    """The IDs common to the label owner and ``n_features`` feature parties, from the configuration."""
+    c = _cfg(cfg)
+    core, pair = _blocks(c)
+    slots = list(range(core))
+    if n_features == 1:
+        slots += list(range(core, core + pair))
+    return set(_ids(c, np.array(slots, dtype=np.int64)))
+
+
+def ids_digest(ids) -> str:
+    h = hashlib.sha256()
+    for e in encode_items(ids):
+        h.update(len(e).to_bytes(4, "little") + e)
+    return h.hexdigest()
+
+
+def _report(party, cfg: dict, res: psi.PSIResult, data: dict, n_features: int) -> dict:
+    out = {"revealed": res.revealed, "stats": res.stats}
+    if res.ids is not None:
+        exp = expected_common(cfg, n_features)
+        aligned = all(data["ids"][r] == i for r, i in zip(res.rows.tolist(), res.ids))
+        first = all(data["ids"].index(i) == r for r, i in zip(res.rows.tolist()[:50], res.ids[:50]))
+        out.update({"size": len(res.ids), "expected_size": len(exp), "correct": set(res.ids) == exp,
+                    "rows_aligned": aligned and first, "ids_sha256": ids_digest(res.ids),
+                    "first_ids": res.ids[:5]})
+        party.metric(psi_size=len(res.ids), psi_seconds=res.stats["seconds"], correct=out["correct"])
+    else:
+        party.metric(psi_seconds=res.stats["seconds"])
+    party.log.info("PSI done: %s", {k: v for k, v in out.items() if k != "first_ids"})
+    return out
+
+
+def label_owner(party, cfg: dict, data: dict) -> dict:
+    c = _cfg(cfg)
+    peers = party.peers_with_role(FEATURE)
+    res = psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=bool(c["reveal"]), order=c["order"],
+                              chunk=int(c["chunk"]), workers=c["workers"], timeout=c["psi_timeout"])
+    return _report(party, cfg, res, data, len(peers))
+
+
+def feature(party, cfg: dict, data: dict) -> dict:
+    c = _cfg(cfg)
+    owners = party.peers_with_role(LABEL_OWNER)
+    if len(owners) != 1:
+        raise ValueError(f"psi: needs exactly one label_owner party, found {owners}")
+    res = psi.psi_feature_party(party, data["ids"], owners[0], chunk=int(c["chunk"]), workers=c["workers"],
+                                timeout=c["psi_timeout"])
+    n_features = sum(1 for r in party.roles.values() if r == FEATURE)
+    return _report(party, cfg, res, data, n_features)
+
+
+ROLES = {LABEL_OWNER: label_owner, FEATURE: feature}

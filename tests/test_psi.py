@@ -1,0 +1,364 @@
+"""ECDH-PSI: the group primitive, the multi-party protocol, what crosses the wire, the audit."""
+from __future__ import annotations
+
+import hashlib
+import threading
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedhet.crypto import ecdh_psi as grp
+from fedhet.parties import codec
+from fedhet.parties import declare as decl
+from fedhet.parties.inmemory import FederationFailed, InMemoryHub, InMemoryParty, run_inmemory
+from fedhet.protocols import psi
+
+P = 2**255 - 19
+A = 486662
+
+
+# ---------------------------------------------------------------- harness
+def _lo(party, cfg, ids):
+    return psi.psi_label_owner(party, ids, party.peers_with_role("feature"), reveal_to_all=cfg.get("reveal", True),
+                               order=cfg.get("order", "sorted"), chunk=cfg.get("chunk", 7),
+                               workers=cfg.get("workers", 0))
+
+
+def _fe(party, cfg, ids):
+    return psi.psi_feature_party(party, ids, party.peers_with_role("label_owner")[0],
+                                 chunk=cfg.get("chunk", 5), workers=cfg.get("workers", 0))
+
+
+ALGO = types.SimpleNamespace(NAME="psi_test", ROLES={"label_owner": _lo, "feature": _fe}, load_data=None)
+
+
+def run_psi(lo_ids, feature_ids, **cfg):
+    parties = [("lo", "label_owner")] + [(f"f{j}", "feature") for j in range(len(feature_ids))]
+    data = {"lo": list(lo_ids)} | {f"f{j}": list(ids) for j, ids in enumerate(feature_ids)}
+    return run_inmemory(ALGO, parties, cfg=cfg, data=data, timeout=30.0)
+
+
+@pytest.fixture
+def wire(monkeypatch):
+    """Every frame set any in-memory party puts on the wire, as (sender, receiver, frames)."""
+    frames: list = []
+    orig = InMemoryParty._transport_send
+
+    def capture(self, to, fr):
+        frames.append((self.name, to, [bytes(f) for f in fr]))
+        return orig(self, to, fr)
+
+    monkeypatch.setattr(InMemoryParty, "_transport_send", capture)
+    return frames
+
+
+def envelopes(frames):
+    return [codec.decode(fr) for _, _, fr in frames]
+
+
+def expected(lo_ids, *others):
+    common = set(lo_ids)
+    for o in others:
+        common &= set(o)
+    return sorted(common, key=grp.sort_key)
+
+
+def check_result(res, lo_ids, feature_ids):
+    want = expected(lo_ids, *feature_ids)
+    data = {"lo": list(lo_ids)} | {f"f{j}": list(ids) for j, ids in enumerate(feature_ids)}
+    for name, r in res.items():
+        assert r.revealed and r.ids == want, name
+        # rows point at the first occurrence of each common ID in that party's own input
+        assert [data[name].index(i) for i in r.ids] == r.rows.tolist(), name
+        assert r.rows.dtype == np.int64
+
+
+# -------------------------------------------------------------- primitive
+def test_encoding_is_canonical_and_keeps_types_apart():
+    assert len({grp.encode_item(x) for x in (1, "1", b"1", -1, "-1")}) == 5
+    assert grp.encode_item(np.int64(7)) == grp.encode_item(7)
+    assert grp.encode_item(np.str_("é")) == grp.encode_item("é") == b"s" + "é".encode()
+    assert grp.encode_item("e\u0301") != grp.encode_item("\u00e9")  # no Unicode normalisation
+    for bad in (True, 1.0, None, (1,)):
+        with pytest.raises(TypeError, match=type(bad).__name__):
+            grp.encode_item(bad)
+    with pytest.raises(TypeError, match="position 2"):
+        grp.encode_items(["a", 3, 2.5])
+
+
+def test_hash_lands_on_the_curve_is_deterministic_and_domain_separated():
+    enc = grp.encode_items(list(range(300)) + ["x", "ü", ""])
+    pts = grp.hash_to_points(enc)
+    assert len(pts) == 32 * len(enc)
+    us = [int.from_bytes(pts[i:i + 32], "little") for i in range(0, len(pts), 32)]
+    # Euler's criterion, computed independently of the module's gmpy2 path
+    assert all(u < P and pow((u * u * u + A * u * u + u) % P, (P - 1) // 2, P) == 1 for u in us)
+    assert len(set(us)) == len(us)
+    assert grp.hash_to_points(enc) == pts
+    other = grp.hash_to_points(enc, context=b"emails")
+    assert not set(us) & {int.from_bytes(other[i:i + 32], "little") for i in range(0, len(other), 32)}
+
+
+def _edwards_y(u: int) -> bytes:
+    return ((u - 1) * pow(u + 1, P - 2, P) % P).to_bytes(32, "little")
+
+
+def test_blinding_commutes_and_lands_in_the_prime_order_subgroup():
+    from nacl.bindings import crypto_core_ed25519_is_valid_point as in_main_subgroup
+
+    pts = grp.hash_to_points(grp.encode_items(range(64)))
+    a, b = grp.new_scalar(), grp.new_scalar()
+    assert a != b
+    ab = grp.blind(b, grp.blind(a, pts))
+    assert ab == grp.blind(a, grp.blind(b, pts))
+    assert ab != grp.blind(a, pts) != pts
+    # libsodium's check (on the curve, in the subgroup of order l, not small order), on the
+    # Edwards form y = (u-1)/(u+1): the raw hashes mostly carry a torsion part, the blinded never do.
+    def frac(flat):
+        return np.mean([in_main_subgroup(_edwards_y(int.from_bytes(flat[i:i + 32], "little")))
+                        for i in range(0, len(flat), 32)])
+    assert frac(pts) < 0.5
+    assert frac(grp.blind(a, pts)) == 1.0 and frac(ab) == 1.0
+
+
+def test_blinding_refuses_small_order_and_malformed_points():
+    a = grp.new_scalar()
+    pts = bytearray(grp.hash_to_points(grp.encode_items(["a", "b", "c"])))
+    pts[32:64] = bytes(32)  # u = 0: the point of order 2
+    with pytest.raises(grp.PointError, match="#1"):
+        grp.blind(a, bytes(pts))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        grp.blind(a, b"\x01" * 33)
+    with pytest.raises(ValueError, match=r"shape \(n, 32\)"):
+        grp.blind(a, np.zeros((2, 31), np.uint8))
+
+
+def test_process_pool_gives_the_inline_results():
+    enc = grp.encode_items([f"id{i}" for i in range(500)])
+    a = grp.new_scalar()
+    inline = grp.BlindPool(0)
+    with grp.BlindPool(2) as pool:
+        fa = [pool.submit_hash_blind(a, enc[s:s + 100], b"ctx") for s in range(0, 500, 100)]
+        got = b"".join(f.result() for f in fa)
+        assert got == inline.submit_hash_blind(a, enc, b"ctx").result()
+        b = grp.new_scalar()
+        assert pool.submit_blind(b, grp.as_array(got)).result() == grp.blind(b, got)
+        with pytest.raises(grp.PointError):
+            pool.submit_blind(b, bytes(32)).result()
+
+
+def test_match_rows_agrees_with_a_dict_including_prefix_collisions():
+    rng = np.random.default_rng(0)
+    b = rng.integers(0, 256, (500, 32), dtype=np.uint8)
+    a = rng.integers(0, 256, (300, 32), dtype=np.uint8)
+    a[::3] = b[rng.permutation(500)[:100]]
+    a[1] = b[7]
+    a[1, 20] ^= 1  # same first 8 bytes as b[7], different row
+    for bb in (b, np.concatenate([b, b[7:8] ^ np.r_[np.zeros(8, np.uint8), np.ones(24, np.uint8)]])):
+        ia, ib = psi.match_rows(a, bb)
+        where = {bytes(r): j for j, r in reversed(list(enumerate(bb)))}
+        want = [(i, where[bytes(r)]) for i, r in enumerate(a) if bytes(r) in where]
+        assert list(zip(ia.tolist(), ib.tolist())) == want
+    assert len(psi.match_rows(a, b[:0])[0]) == 0
+
+
+# --------------------------------------------------------------- protocol
+CASES = {
+    "both empty": ([], [[]]),
+    "owner empty": ([], [["a", "b"]]),
+    "feature empty": ([1, 2, 3], [[]]),
+    "disjoint": (list(range(20)), [list(range(20, 45))]),
+    "identical": ([f"id{i}" for i in range(30)], [[f"id{i}" for i in range(30)]]),
+    "partial": (list(range(0, 60, 2)), [list(range(0, 60, 3))]),
+    "duplicates": ([5, 1, 5, 2, 1, 9, 9, 3], [[9, 9, 1, 7, 1, 5, 5]]),
+    "unicode": (["Zoë", "日本", "🙂", "e\u0301", "\u00e9", "a"], [["\u00e9", "🙂", "b", "日本", "日本"]]),
+    "types kept apart": ([1, "1", b"1", 2], [["1", 2, b"2", -1]]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_intersection_equals_python_sets(case):
+    lo_ids, feature_ids = CASES[case]
+    check_result(run_psi(lo_ids, feature_ids), lo_ids, feature_ids)
+
+
+ids = st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=4)), max_size=30)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ids, ids)
+def test_intersection_equals_python_sets_hypothesis(x, y):
+    check_result(run_psi(x, [y]), x, [y])
+
+
+def test_multi_party_everyone_ends_with_the_same_ordered_list():
+    rng = np.random.default_rng(1)
+    lo_ids = [f"u{v}" for v in rng.integers(0, 400, 300)]
+    feats = [[f"u{v}" for v in rng.integers(0, 400, 250)] for _ in range(3)]
+    res = run_psi(lo_ids, feats)
+    check_result(res, lo_ids, feats)
+    assert res["lo"].stats["pair_sizes"] == {f"f{j}": len(set(lo_ids) & set(f)) for j, f in enumerate(feats)}
+
+
+def test_label_owner_order_and_label_owner_only_mode(wire):
+    lo_ids = [9, 3, 7, 3, 1, 8]
+    feats = [[1, 3, 8, 9, 2], [8, 9, 3, 1]]
+    res = run_psi(lo_ids, feats, order="label_owner")
+    want = [9, 3, 1, 8]  # the label owner's first-occurrence order
+    assert all(r.ids == want for r in res.values())
+    assert res["f0"].rows.tolist() == [3, 1, 0, 2]
+    wire.clear()
+    res = run_psi(lo_ids, feats, reveal=False)
+    assert res["lo"].ids == [1, 3, 8, 9]
+    assert all(res[f].ids is None and res[f].rows is None and not res[f].revealed for f in ("f0", "f1"))
+    kinds = {e.kind for e in envelopes(wire)}
+    assert psi.K_RESULT not in kinds and psi.K_BLIND_L in kinds
+
+
+def test_process_pool_protocol_streams_many_chunks():
+    lo_ids = [f"a{i}" for i in range(700)]
+    f_ids = [f"a{i}" for i in range(350, 1200)]
+    res = run_psi(lo_ids, [f_ids], workers=2, chunk=64)
+    check_result(res, lo_ids, [f_ids])
+    assert res["lo"].stats["workers"] == 2
+
+
+# ------------------------------------------------------------ on the wire
+def _forbidden(raw_ids):
+    """Raw ID bytes and every unkeyed hash of an ID a careless implementation might send."""
+    out = {}
+    for x in raw_ids:
+        raw = x.encode() if isinstance(x, str) else bytes(x)
+        enc = grp.encode_item(x)
+        for label, v in [("raw", raw), ("encoded", enc), ("sha256", hashlib.sha256(raw).digest()),
+                         ("sha256(enc)", hashlib.sha256(enc).digest()),
+                         ("blake2b", hashlib.blake2b(raw, digest_size=32).digest()),
+                         ("blake2b(enc)", hashlib.blake2b(enc, digest_size=32).digest()),
+                         ("curve point", grp.hash_to_point(enc))]:
+            out[v] = f"{label} of {x!r}"
+    return out
+
+
+def _leaks(frames, forbidden):
+    return [f"{frm}->{to}: {what}" for frm, to, fr in frames for f in fr
+            for v, what in forbidden.items() if v in f]
+
+
+def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash(wire):
+    rng = np.random.default_rng(2)
+    mk = lambda k: [f"cust-{v:08d}-é" for v in rng.integers(0, 10**8, k)]  # noqa: E731
+    lo_ids, f_ids = mk(40), mk(40)
+    f_ids[:15] = lo_ids[:15]
+    res = run_psi(lo_ids, [f_ids], chunk=16)
+    assert res["f0"].size == 15
+    bad = _forbidden(lo_ids + f_ids)
+    assert len(wire) > 6 and _leaks(wire, bad) == []
+    # the scan itself finds a leak when there is one
+    assert _leaks([("x", "y", [b"..." + lo_ids[3].encode() + b"..."])], bad)
+    assert _leaks([("x", "y", [grp.hash_to_point(grp.encode_item(f_ids[0]))])], bad)
+
+
+def _points_of(frames, kind):
+    return [bytes(r) for e in envelopes(frames) if e.kind == kind for r in e.payload["pts"]]
+
+
+def test_fresh_scalars_and_shuffles_each_run(wire, monkeypatch):
+    lo_ids, f_ids = [f"id{i}" for i in range(200)], [f"id{i}" for i in range(100, 300)]
+    run_psi(lo_ids, [f_ids])
+    first = {k: _points_of(wire, k) for k in (psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L)}
+    wire.clear()
+    run_psi(lo_ids, [f_ids])
+    for k, pts in first.items():
+        assert len(pts) == 200 and not set(pts) & set(_points_of(wire, k)), k
+    # With the scalars pinned, the same values reappear, but in a fresh order: the shuffle is real.
+    # (one fixed scalar per party, told apart by run_inmemory's thread names)
+    monkeypatch.setattr(grp, "new_scalar", lambda: (b"\x11" if threading.current_thread().name == "party-lo"
+                                                    else b"\x22") * 32)
+    runs = []
+    for _ in range(2):
+        wire.clear()
+        run_psi(lo_ids, [f_ids])
+        runs.append(_points_of(wire, psi.K_BLIND_L))
+    assert set(runs[0]) == set(runs[1]) and runs[0] != runs[1]
+    # ... and the order is not the input order
+    assert runs[0] != [grp.blind(b"\x11" * 32, grp.hash_to_points(grp.encode_items([x])))
+                       for x in lo_ids]
+
+
+def test_every_message_matches_the_declarations(wire):
+    res = run_psi(list(range(100)), [list(range(50, 130)), list(range(90, 200))], chunk=32)
+    assert res["lo"].size == 10
+    roles = {"lo": "label_owner", "f0": "feature", "f1": "feature"}
+    declared = decl.index(psi.DECLARATIONS)
+    seen = set()
+    for e in envelopes(wire):
+        d = declared[e.kind]
+        assert decl.role_ok(roles[e.frm], d.sender) and decl.role_ok(roles[e.to], d.receiver)
+        assert d.check is None or d.check(e.arrays, {}) is None, (e.kind, e.arrays)
+        seen.add(e.kind)
+    assert seen == {psi.K_SETUP, psi.K_SIZE, psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L, psi.K_RESULT}
+    check = declared[psi.K_BLIND_L].check
+    assert check([("|u1", (5, 32))], {}) is None
+    for bad in ([("|u1", (5, 31))], [("<f8", (5, 32))], [("|u1", (psi.MAX_CHUNK + 1, 32))],
+                [("|u1", (5, 32))] * 2, []):
+        assert check(bad, {}) is not None
+    assert declared[psi.K_RESULT].check([("<i8", (3,))], {}) is not None
+    assert declared[psi.K_SETUP].check([("|u1", (1, 32))], {}) is not None
+    # the role names can be those of the algorithm using PSI
+    assert {d.sender for d in psi.declarations("host", "guest")} == {("host",), ("guest",)}
+
+
+# ------------------------------------------------------------ bad input
+def test_bad_input_is_refused_with_a_clear_error():
+    hub = InMemoryHub({"lo": "label_owner", "f": "feature"})
+    p = hub.party("lo", timeout=1.0)
+    with pytest.raises(ValueError, match="at least one"):
+        psi.psi_label_owner(p, [1], [])
+    with pytest.raises(ValueError, match="not peers"):
+        psi.psi_label_owner(p, [1], ["nobody"])
+    with pytest.raises(ValueError, match="order"):
+        psi.psi_label_owner(p, [1], ["f"], order="random")
+    with pytest.raises(ValueError, match="chunk"):
+        psi.psi_label_owner(p, [1], ["f"], chunk=0)
+    with pytest.raises(TypeError, match="label owner 'lo'.*position 1.*float"):
+        psi.psi_label_owner(p, [1, 2.5], ["f"])
+    with pytest.raises(TypeError, match="not a single str"):
+        psi.psi_label_owner(p, "abc", ["f"])
+    with pytest.raises(FederationFailed, match="'f0'"):
+        run_psi([1, 2], [[1, None]])
+
+
+# --------------------------------------------------------- the runnable job
+def test_psi_job_in_memory_three_parties():
+    from fedhet.algorithms import psi_job
+
+    cfg = {"n": 400, "seed": 3}
+    res = run_inmemory(psi_job, [("owner", "label_owner"), ("f1", "feature"), ("f2", "feature")], cfg=cfg)
+    assert {r["ids_sha256"] for r in res.values()} != set()
+    assert len({r["ids_sha256"] for r in res.values()}) == 1
+    assert all(r["correct"] and r["rows_aligned"] and r["size"] == 200 for r in res.values())
+    one = run_inmemory(psi_job, [("owner", "label_owner"), ("f1", "feature")], cfg=cfg | {"id_type": "int"})
+    assert all(r["correct"] and r["size"] == 240 for r in one.values())  # core + the pair block
+
+
+def test_psi_preset_runs_as_processes_and_passes_the_audit(tmp_path):
+    from fedhet.algorithms.registry import ALGORITHMS
+    from fedhet.parties import presets
+    from fedhet.parties.audit import audit
+    from fedhet.parties.federation import load
+    from fedhet.parties.launcher import launch
+
+    if "psi" not in ALGORITHMS:
+        pytest.skip('register "psi": "fedhet.algorithms.psi_job" in algorithms/registry.py')
+    fed = load(presets.path("psi"))
+    summary = launch(fed, run_dir=tmp_path / "run", progress=False, timeout=120, overrides={"n": 500})
+    assert summary["ok"]
+    results = [p["result"] for p in summary["parties"].values()]
+    assert len(results) == 3 and all(r["correct"] and r["rows_aligned"] for r in results)
+    assert len({r["ids_sha256"] for r in results}) == 1
+    rep = audit(tmp_path / "run")
+    assert rep.ok, rep.problems
+    assert {row["kind"] for row in rep.table} >= {psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L, psi.K_RESULT}
