@@ -1,0 +1,266 @@
+"""Federated STFL and the plaintext Hierarchical split network (``fedhet.algorithms.stfl``).
+
+* Each party's data is only its own: the host its 10 columns + labels of its train/test rows (the
+  self-taught rows dropped), a guest all its rows of its own column block, unmarked.
+* Federated STFL equals ``stfl_local.stfl`` run on the same rows in the same order (exactly), and
+  is close to it on ``data_fate.prepare``'s views, which differ only in the order of the guest's
+  self-taught rows (a secret of the experiment's split that a guest cannot know).
+* A guest receives nothing but PSI messages and sends nothing but PSI and one latent message of
+  shape (n_common, d_latent).
+* Federated Hierarchical equals joint backprop in one process (same nets, same batch order).
+* Two guests work; the declaration checks reject a raw-width "latent"; a process run of the
+  ``stfl`` preset passes ``fedhet audit``.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedhet.algorithms import data_fate as D
+from fedhet.algorithms import stfl as S
+from fedhet.algorithms import stfl_local as L
+from fedhet.algorithms.datapath import data_root
+from fedhet.parties import api, presets
+from fedhet.parties.audit import audit
+from fedhet.parties.federation import load
+from fedhet.parties.inmemory import run_inmemory
+from fedhet.parties.launcher import launch
+
+FAST = {"epochs": 30, "vae_epochs": 30, "lr": 1e-2, "vae_lr": 1e-2}
+PSI_KINDS = {d.kind for d in S.psi.DECLARATIONS}
+
+
+@pytest.fixture
+def delivered(monkeypatch):
+    """Every message delivered to any party's mailbox: (to, from, kind)."""
+    log: list[tuple[str, str, str]] = []
+    orig = api._Mailbox.put
+
+    def put(self, env):
+        log.append((env.to, env.frm, env.kind))
+        return orig(self, env)
+
+    monkeypatch.setattr(api._Mailbox, "put", put)
+    return log
+
+
+def _run(cfg, n_guests=1, seed=3):
+    parties = [("host", "host")] + [(f"guest{i + 1}", "guest") for i in range(n_guests)]
+    return run_inmemory(S, parties, cfg={**FAST, "n_guests": n_guests, **cfg}, seed=seed, timeout=60)
+
+
+# ------------------------------------------------------------------ settings and data
+
+
+def test_settings_reject_bad_config():
+    assert S.settings({"dataset": "breast_sklearn"}).dataset == "breast_sk"
+    with pytest.raises(ValueError, match="unknown config key.*'epoch'"):
+        S.settings({"epoch": 3})
+    with pytest.raises(ValueError, match="variant"):
+        S.settings({"variant": "fate"})
+    with pytest.raises(ValueError, match="dataset"):
+        S.settings({"dataset": "mnist"})
+    with pytest.raises(ValueError, match="n_guests"):
+        S.settings({"n_guests": 21})
+    with pytest.raises(ValueError, match="n_guests = 1"):
+        S.load_data({}, "g", "guest", 0, 2)
+
+
+def _shared_or_skip(name):
+    if name != "breast_sk" and data_root(required=False) is None:
+        pytest.skip("needs ../shared/data (set FEDHET_DATA_DIR)")
+
+
+@pytest.mark.parametrize("name", ["breast_sk", "cancer", "vehicle", "payment", "credit"])
+def test_declared_shapes_and_host_split_match_data_fate(name):
+    """The audit's table (rows, widths) is the data's, and the host's split of its own IDs is the
+    split of the whole data set (every guest holds every ID)."""
+    _shared_or_skip(name)
+    full = D.load(name, seed=0)
+    assert S.SHAPES[name] == (len(full.host.ids), full.host.x.shape[1], full.guests[0].x.shape[1])
+    split = D.make_split(full, 0)
+    hv = S.load_data({"dataset": name, "seed": 0}, "host", "host", 0, 1)
+    assert np.array_equal(hv.ids_train, split.train) and np.array_equal(hv.ids_test, split.test)
+    assert hv.x_selftaught is None and len(hv.ids_selftaught) == 0
+    assert len(hv.ids_train) + len(hv.ids_test) == S.expected_common(S.settings({"dataset": name}))
+
+
+def test_each_party_loads_only_its_own_part():
+    cfg = {"seed": 0, "n_guests": 2}
+    hv = S.load_data(cfg, "host", "host", 0, 1)
+    assert hv.x_train.shape[1] == 10 and set(np.unique(hv.y_train)) == {0, 1}
+    full = D.load("breast_sk", seed=0, n_guests=2)
+    for i in range(2):
+        g = S.load_data(cfg, f"g{i}", "guest", i, 2)
+        assert set(g) == {"ids", "x", "columns", "index"}  # no labels, no split, nothing marked
+        assert g["x"].shape == (569, 10) and g["columns"] == full.guests[i].columns
+        assert np.array_equal(g["ids"], full.guests[i].ids) and np.array_equal(g["x"], full.guests[i].x)
+
+
+# ------------------------------------------------------------------------ STFL
+
+
+def _views_in_guest_order(seed):
+    """prepare()'s views, but the guest's self-taught rows in the guest's own row order (what the
+    federated guest sees after PSI) — the only input difference from the federated run."""
+    data = D.load("breast_sk", seed=seed)
+    split = D.make_split(data, seed)
+    g = data.guests[0]
+    st = np.isin(g.ids, split.selftaught)
+    un = g.rows(g.ids[st])
+    sc = D.Scaler.fit(un.x)
+    tr, te = g.rows(split.train), g.rows(split.test)
+    gv = D.GuestView(un.ids, sc(un.x), tr.ids, sc(tr.x), te.ids, sc(te.x))
+    return D.Views("breast_sk", D.host_view(data, split, with_selftaught=False), [gv], split)
+
+
+def test_stfl_federated_equals_local_and_guest_gets_only_psi(delivered):
+    seed = 3
+    res = _run({"variant": "stfl"}, seed=seed)
+    h, g = res["host"], res["guest1"]
+    assert h["test_accuracy"] > 0.9
+    assert h["n_common"] == g["n_common"] == 341 and g["n_selftaught"] == 228
+    assert h["sizes"]["n_dropped"] == 0 and h["latent_dims"] == [10]
+    # Exactly the in-process method on the same rows in the same order.
+    local = L.stfl(_views_in_guest_order(seed), {**FAST, "seed": seed})
+    assert h["test_accuracy"] == local["accuracy"]
+    assert g["vae_neg_elbo_first_last"] == pytest.approx(list(local["vae_neg_elbo_first_last"][0]), rel=1e-6)
+    # prepare()'s views differ in the self-taught rows' order only: close, not equal.
+    ref = L.stfl(D.prepare("breast_sk", seed=seed), {**FAST, "seed": seed})["accuracy"]
+    assert abs(h["test_accuracy"] - ref) <= 0.05
+    # What crossed: guests got PSI only; they sent PSI and exactly one latent message.
+    to_guest = {k for to, _, k in delivered if to == "guest1"}
+    from_guest = [k for _, frm, k in delivered if frm == "guest1"]
+    assert to_guest and to_guest <= PSI_KINDS
+    assert set(from_guest) <= PSI_KINDS | {S.K_LATENT} and from_guest.count(S.K_LATENT) == 1
+
+
+def test_stfl_two_guests(delivered):
+    res = _run({"variant": "stfl"}, n_guests=2, seed=1)
+    h = res["host"]
+    assert h["test_accuracy"] > 0.9 and h["latent_dims"] == [5, 5]
+    assert h["guest_order"] == ["guest1", "guest2"]
+    for gname in ("guest1", "guest2"):
+        assert res[gname]["input_width"] == 10 and res[gname]["n_common"] == 341
+        assert {k for to, _, k in delivered if to == gname} <= PSI_KINDS
+
+
+# ---------------------------------------------------------------- Hierarchical
+
+
+def _joint_reference(cfg, seed, n_guests):
+    """Plain joint backprop in one process: one Adam over every party's network, same init and
+    batch order as the federated run."""
+    s = S.settings({**cfg, "seed": seed})
+    c = s.model
+    hv = S.load_data({**cfg, "seed": seed}, "host", "host", 0, 1)
+    common = sorted(np.concatenate([hv.ids_train, hv.ids_test]).tolist())
+    pos = {v: i for i, v in enumerate(common)}
+    tr_pos = np.array([pos[v] for v in hv.ids_train.tolist()])
+    te_pos = np.array([pos[v] for v in hv.ids_test.tolist()])
+    gx = []
+    for i in range(n_guests):
+        g = S.load_data({**cfg, "seed": seed}, f"g{i}", "guest", i, n_guests)
+        row = {v: r for r, v in enumerate(g["ids"].tolist())}
+        rows = np.array([row[v] for v in common])
+        st = np.ones(len(g["x"]), bool)
+        st[rows] = False
+        sc = D.Scaler.fit(g["x"][st])
+        gx.append(torch.as_tensor(sc(g["x"][rows])))
+    gnets = [S.guest_net(x.shape[1], c, i) for i, x in enumerate(gx)]
+    hnet = S.host_net(hv.x_train.shape[1] + sum(S.latent_widths(s)), 2, c)
+    params = [p for n in gnets + [hnet] for p in n.parameters()]
+    opt = torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
+    xh, y = torch.as_tensor(hv.x_train), torch.as_tensor(hv.y_train, dtype=torch.float32)
+    for ep in range(c.epochs):
+        perm = S.batch_order(seed, len(tr_pos), ep)
+        for b in range(0, len(perm), c.batch_size):
+            idx = perm[b:b + c.batch_size]
+            rows = torch.as_tensor(tr_pos[idx])
+            out = hnet(torch.cat([xh[idx]] + [n(x[rows]) for n, x in zip(gnets, gx)], 1))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        rows = torch.as_tensor(te_pos)
+        out = hnet(torch.cat([torch.as_tensor(hv.x_test)] + [n(x[rows]) for n, x in zip(gnets, gx)], 1))
+    acc = float(((out.squeeze(1) > 0).long().numpy() == hv.y_test).mean())
+    return acc, hnet, gnets
+
+
+def _close(state: dict, net: torch.nn.Module) -> bool:
+    return all(np.allclose(np.array(state[k]), v.detach().numpy(), rtol=1e-5, atol=1e-6)
+               for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize("n_guests", [1, 2])
+def test_hierarchical_split_equals_joint_backprop(n_guests, delivered):
+    seed = 5
+    cfg = {**FAST, "variant": "hierarchical", "n_guests": n_guests, "return_weights": True}
+    res = _run(cfg, n_guests=n_guests, seed=seed)
+    h = res["host"]
+    assert h["test_accuracy"] > 0.9
+    acc, hnet, gnets = _joint_reference(cfg, seed, n_guests)
+    assert h["test_accuracy"] == acc
+    assert _close(h["host_state"], hnet)
+    for i, gn in enumerate(gnets):
+        gres = res[f"guest{i + 1}"]
+        assert gres["train_batches"] == FAST["epochs"] * h["batches_per_epoch"]
+        assert gres["rows_trained_on"] == h["sizes"]["n_train"]
+        assert _close(gres["guest_state"], gn)
+    kinds_to_guest = {k for to, _, k in delivered if to == "guest1"}
+    assert kinds_to_guest <= PSI_KINDS | {S.K_BATCH, S.K_GRAD} and S.K_GRAD in kinds_to_guest
+
+
+def test_hierarchical_is_deterministic():
+    cfg = {**FAST, "epochs": 5, "variant": "hierarchical", "return_weights": True}
+    a, b = _run(cfg, seed=2), _run(cfg, seed=2)
+    assert a["host"]["host_state"] == b["host"]["host_state"]
+    assert a["guest1"]["guest_state"] == b["guest1"]["guest_state"]
+
+
+# --------------------------------------------------------------- declarations, audit
+
+
+def _decl(kind):
+    return next(d for d in S.DECLARATIONS if d.kind == kind)
+
+
+def test_declaration_checks_reject_raw_features():
+    cfg = {"dataset": "breast_sklearn", "n_guests": 1}
+    check = _decl(S.K_LATENT).check
+    assert check([("<f4", (341, 10))], cfg) is None
+    assert "width" in check([("<f4", (341, 20))], cfg)  # the guest's raw columns
+    assert "341 intersected rows" in check([("<f4", (569, 10))], cfg)  # self-taught rows too
+    assert check([("<f8", (341, 10))], cfg) is not None
+    assert check([("<f4", (341, 10))] * 2, cfg) is not None
+    assert check([("<f4", (341, 10))], {**cfg, "variant": "hierarchical"}) is not None
+    two = {**cfg, "n_guests": 2}
+    assert check([("<f4", (341, 5))], two) is None and check([("<f4", (341, 10))], two) is not None
+    act = _decl(S.K_ACT).check
+    hier = {**cfg, "variant": "hierarchical"}
+    assert act([("<f4", (128, 10))], hier) is None
+    assert act([("<f4", (129, 10))], hier) is not None and act([("<f4", (128, 20))], hier) is not None
+    assert act([("<f4", (128, 10))], cfg) is not None  # no split messages in an STFL run
+    assert _decl(S.K_BATCH).check([("<i8", (128,))], hier) is not None
+
+
+def test_preset_as_processes_passes_audit(tmp_path):
+    fed = load(presets.path("stfl"))
+    run_dir = tmp_path / "run"
+    launch(fed, run_dir, progress=False, timeout=240, overrides=dict(FAST))
+    rep = audit(run_dir)
+    assert rep.ok, rep.problems
+    host = json.loads((run_dir / "parties" / "host" / "result.json").read_text())["result"]
+    assert host["test_accuracy"] > 0.9 and host["n_common"] == 341
+    rows = [r for r in rep.table if r["party"] == "guest"]
+    assert {r["kind"] for r in rows if r["received"]} <= PSI_KINDS | {"_bye"}
+    assert {r["kind"] for r in rows if r["sent"]} <= PSI_KINDS | {S.K_LATENT, "_bye"}
+    recs = [json.loads(line) for line in (run_dir / "parties" / "guest" / "transcript.jsonl").read_text().splitlines()]
+    lat = [r for r in recs if r.get("kind") == S.K_LATENT and r.get("dir") == "send"]
+    assert len(lat) == 1 and [tuple(a[1]) for a in lat[0]["arrays"]] == [(341, 10)]
+    assert lat[0]["arrays"][0][0] == "<f4"
