@@ -15,6 +15,7 @@ ALGORITHMS: dict[str, str] = {
     "stfl": "fedhet.algorithms.stfl",
     "he_split": "fedhet.algorithms.he_split",
     "chfl": "fedhet.algorithms.chfl",
+    "shamir": "fedhet.algorithms.shamir_job",
 }
 
 
