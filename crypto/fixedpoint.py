@@ -84,6 +84,8 @@ class FixedPoint:
     def encode(self, x) -> np.ndarray:
         """Float array -> integers mod ``modulus`` (dtype ``self.dtype``). ValueError if out of range."""
         x = np.asarray(x)
+        if x.ndim == 0:  # numpy ufuncs turn 0-d results into scalars; work on a 1-element view
+            return self.encode(x.reshape(1)).reshape(())
         if x.dtype.kind not in "fiub":
             raise TypeError(f"fixed-point encode needs a real numeric array, got dtype {x.dtype}")
         scaled = np.ldexp(x.astype(np.float64, copy=False), self.frac_bits)
@@ -114,6 +116,8 @@ class FixedPoint:
         """Integers mod ``modulus`` -> float64; ``frac_bits`` overrides f (e.g. ``2 f`` after a product)."""
         f = self.frac_bits if frac_bits is None else int(frac_bits)
         a = np.asarray(a)
+        if a.ndim == 0:
+            return self.decode(a.reshape(1), frac_bits).reshape(())
         if a.dtype.kind not in "ui":
             raise TypeError(f"fixed-point decode needs an integer array, got dtype {a.dtype}")
         if self.ring_bits == 64:

@@ -258,3 +258,11 @@ def test_fixedpoint_argument_errors():
         FixedPoint(frac_bits=-1)
     with pytest.raises(TypeError, match="real numeric"):
         FixedPoint().encode(np.array(["a"]))
+
+
+def test_fixed_point_handles_zero_dimensional_values():
+    from fedhet.crypto.fixedpoint import FixedPoint
+    for ring in (2**61 - 1, 2**32, 2**64):
+        fp = FixedPoint(frac_bits=8, modulus=ring)
+        e = fp.encode(np.full((), -1.5))
+        assert e.shape == () and fp.decode(e).shape == () and float(fp.decode(e)) == -1.5
