@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -33,6 +32,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from fedhet.parties.atomic import write_atomic
 
 __all__ = [
     "KEY_BYTES", "NONCE_BYTES", "TAG_BYTES", "SEAL_OVERHEAD", "AuthenticationError",
@@ -202,24 +203,6 @@ def open_sealed(key: bytes, sealed: bytes, aad: bytes = b"") -> bytes:
 
 
 # -- key files -------------------------------------------------------------------
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        os.fchmod(fd, mode)  # before any secret byte is written
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def save_private_key(path, key: PrivateKey, fmt: str = "pem", password: bytes | None = None) -> None:
     """Write a private key atomically with mode 0600: ``fmt`` "pem" (PKCS#8, optionally encrypted) or "raw"."""
     _kind(key)
@@ -233,7 +216,7 @@ def save_private_key(path, key: PrivateKey, fmt: str = "pem", password: bytes | 
         data = private_bytes(key)
     else:
         raise ValueError(f"key file format must be 'pem' or 'raw', got {fmt!r}")
-    _write_atomic(Path(path), data, 0o600)
+    write_atomic(Path(path), data, 0o600)  # mode set before any secret byte is written
 
 
 def save_public_key(path, key: PrivateKey | PublicKey, fmt: str = "pem") -> None:
@@ -247,7 +230,7 @@ def save_public_key(path, key: PrivateKey | PublicKey, fmt: str = "pem") -> None
         data = public_bytes(key)
     else:
         raise ValueError(f"key file format must be 'pem' or 'raw', got {fmt!r}")
-    _write_atomic(Path(path), data, 0o644)
+    write_atomic(Path(path), data, 0o644)
 
 
 def _check_private_mode(path: Path) -> None:
