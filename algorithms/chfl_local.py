@@ -305,6 +305,43 @@ def aggregate(vectors: Sequence[np.ndarray], weights: Sequence[float] | None = N
     return (acc / w.sum()).astype(np.float32)
 
 
+# ------------------------------------------------------- setup from a cfg
+
+def resolved_cfg(cfg: dict | None) -> dict:
+    """DEFAULTS overlaid with ``cfg`` (unknown keys are kept for the caller)."""
+    out = dict(DEFAULTS)
+    out.update(cfg or {})
+    return out
+
+
+def build_client(cfg: dict, X: np.ndarray, y: np.ndarray, index: int,
+                 method: str = "chfl") -> "CHFLClient | LocalClient":
+    """Client ``index``'s model and data exactly as :func:`run_inprocess`
+    builds it, from cfg keys (n_clients, common_ratio, seed, feature_seed,
+    mu, lr, hidden, device...): what a federated client role calls once."""
+    c = resolved_cfg(cfg)
+    seed = int(c.get("seed", 0))
+    split = chfl_partition(X.shape[0], X.shape[1], int(c["n_clients"]), float(c["common_ratio"]),
+                           seed, c.get("feature_seed"))
+    data = client_data(X, y, split, index, int(np.max(y)) + 1, bool(c["standardize"]),
+                       resolve_device(c["device"]))
+    if method == "local":
+        return LocalClient(data, lr=float(c["lr"]), hidden=c["hidden"], seed=seed, index=index)
+    mus = [] if method == "common" else c["mu"] if isinstance(c["mu"], (list, tuple)) else [c["mu"]]
+    return CHFLClient(data, mus=mus, lr=float(c["lr"]), hidden=c["hidden"], seed=seed,
+                      index=index, reset_common_optim=bool(c["reset_common_optim"]))
+
+
+def initial_common(cfg: dict, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """theta_c^0 for ``cfg`` (what the server sends before round 0)."""
+    c = resolved_cfg(cfg)
+    n_common = len(chfl_partition(X.shape[0], X.shape[1], int(c["n_clients"]),
+                                  float(c["common_ratio"]), int(c.get("seed", 0)),
+                                  c.get("feature_seed")).common)
+    return init_common_flat(n_common, int(np.max(y)) + 1, c["hidden"],
+                            derive_seed(int(c.get("seed", 0)), "theta0"))
+
+
 # ------------------------------------------------------------------ driver
 
 def _labels(method: str, mus: Sequence[float]) -> list[str]:
@@ -339,23 +376,20 @@ def run_inprocess(method: str, dataset, K: int = 5, common_ratio: float = 0.3,
         dataset = load_tabular(dataset, data_dir)
     X, y = dataset[0], dataset[1]
     name = dataset[2] if len(dataset) > 2 else "data"
-    n_classes = int(np.max(y)) + 1
-    dev = resolve_device(device)
-    split = chfl_partition(X.shape[0], X.shape[1], K, common_ratio, seed, feature_seed)
-    datas = [client_data(X, y, split, k, n_classes, standardize, dev) for k in range(K)]
     mus = [float(m) for m in (mu if isinstance(mu, (list, tuple)) else [mu])]
     if method == "common":
         mus = []
+    if len(set(mus)) != len(mus):
+        raise ValueError(f"mu values repeat: {mus}")
     labels = _labels(method, mus)
-
-    if method == "local":
-        clients = [LocalClient(d, lr=lr, hidden=hidden, seed=seed, index=k)
-                   for k, d in enumerate(datas)]
-    else:
-        clients = [CHFLClient(d, mus=mus, lr=lr, hidden=hidden, seed=seed, index=k,
-                              reset_common_optim=reset_common_optim)
-                   for k, d in enumerate(datas)]
-        theta = init_common_flat(datas[0].d_common, n_classes, hidden, derive_seed(seed, "theta0"))
+    cfg = {"n_clients": int(K), "common_ratio": float(common_ratio), "seed": int(seed),
+           "feature_seed": feature_seed, "mu": mus, "lr": float(lr), "hidden": list(hidden),
+           "device": device, "standardize": standardize,
+           "reset_common_optim": reset_common_optim}
+    resolve_device(device)
+    clients = [build_client(cfg, X, y, k, method) for k in range(int(K))]
+    if method != "local":
+        theta = initial_common(cfg, X, y)
         weights = [c.n_train for c in clients]
 
     curves = {lab: {"val": [], "test": []} for lab in labels}
@@ -391,8 +425,9 @@ def run_inprocess(method: str, dataset, K: int = 5, common_ratio: float = 0.3,
     return {
         "method": method, "dataset": name, "K": int(K), "common_ratio": float(common_ratio),
         "mus": mus, "lr": float(lr), "rounds": int(rounds), "epochs": int(epochs),
-        "seed": int(seed), "feature_seed": int(split.meta["feature_seed"]),
-        "n_common": int(len(split.common)), "n_unique": [int(len(u)) for u in split.unique],
+        "seed": int(seed), "feature_seed": int(seed if feature_seed is None else feature_seed),
+        "n_common": int(clients[0].data.d_common),
+        "n_unique": [int(c.data.d_unique) for c in clients],
         "curves": curves, "train_loss": losses,
         "final_test": {lab: float(np.mean(curves[lab]["test"][-1])) for lab in labels},
         "seconds": time.perf_counter() - t0,

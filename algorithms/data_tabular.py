@@ -166,8 +166,8 @@ def _fetch_openml(name: str) -> Tabular:
         return _finish(z["X"], z["y"], name)
     try:
         from sklearn.datasets import fetch_openml
-        b = fetch_openml(data_id=OPENML_IDS[name], as_frame=False, parser="liac-arff", n_retries=2,
-                         data_home=str(cache))
+        b = fetch_openml(data_id=OPENML_IDS[name], as_frame=False, parser="liac-arff",
+                         n_retries=2, data_home=str(cache))
     except Exception as e:  # network, missing parser, server errors
         raise DatasetNotFound(
             f"{name} is not stored with the project and could not be fetched from OpenML "

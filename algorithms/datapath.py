@@ -21,10 +21,10 @@ class DatasetNotFound(FileNotFoundError):
 
 
 def _candidates() -> list[Path]:
-    out: list[Path] = []
     env = os.environ.get(ENV_DATA_DIR)
-    if env:
-        out.append(Path(env).expanduser())
+    if env:  # an explicit choice is the only place looked at
+        return [Path(env).expanduser()]
+    out: list[Path] = []
     out.append(Path.cwd() / ".." / "shared" / "data")
     # An editable install keeps the source tree: repo_root/algorithms/this file.
     out.append(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")

@@ -126,7 +126,7 @@ class PlainAggregator(Aggregator):
                 continue
             if acc is None:
                 acc, tmp = np.zeros(x.size), np.empty(x.size)
-            np.multiply(x, float(w), out=tmp)
+            np.multiply(x, float(w), out=tmp, dtype=np.float64)  # w*x in float64 even for float32 updates
             acc += tmp
             wsum += float(w)
             a = float(p.get("amax") or 0.0)

@@ -1,0 +1,299 @@
+"""Federated CHFL and its baselines (``fedhet.algorithms.chfl``) as party roles.
+
+* Each client loads only its own rows and its common + unique columns; the partition every client
+  computes alone is the shared ``chfl_partition`` (disjoint rows, same common set).
+* With plain aggregation the federated run equals ``chfl_local``'s in-process driver exactly
+  (per-client accuracy curves, losses, and the per-client lr/mu/round selection of ``sweep``), for
+  CHFL, Common and Local.
+* Secure aggregation: the first averaged common column is within the stated error bound of the
+  plain one, the accuracies close; clients send no clear vector.
+* The declarations accept exactly the common column's parameter count and reject the whole
+  network's or a unique column's count, any aggregation message of a Local run, and a global
+  model of the wrong shape; a process run of the ``chfl_small`` preset passes ``fedhet audit``,
+  and the audit fails when the configuration it checks against is changed.
+* Data tests on covertype skip without ../shared/data.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedhet.algorithms import chfl as C
+from fedhet.algorithms import chfl_local as L
+from fedhet.algorithms.chfl_model import MLPColumn, UniqueColumn, common_numel
+from fedhet.algorithms.datapath import data_root
+from fedhet.parties import api, presets
+from fedhet.parties.audit import audit
+from fedhet.parties.federation import load
+from fedhet.parties.inmemory import run_inmemory
+from fedhet.parties.launcher import launch
+from fedhet.protocols import aggregation, secagg
+
+TINY = {"dataset": "digits", "hidden": [32, 16], "local_epochs": 1, "rounds": 2}
+K = 3
+AGG_KINDS = {d.kind for d in aggregation.DECLARATIONS}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return C.load_table("digits")
+
+
+@pytest.fixture
+def delivered(monkeypatch):
+    """Every message delivered to any party's mailbox: (to, from, kind, arrays)."""
+    log: list[tuple] = []
+    orig = api._Mailbox.put
+
+    def put(self, env):
+        log.append((env.to, env.frm, env.kind, list(env.arrays)))
+        return orig(self, env)
+
+    monkeypatch.setattr(api._Mailbox, "put", put)
+    return log
+
+
+def _fed(cfg, seed=7, k=K):
+    parties = [("server", "server")] + [(f"client{i + 1}", "client") for i in range(k)]
+    return run_inmemory(C, parties, cfg={**TINY, **cfg}, seed=seed, timeout=60)
+
+
+def _column(curves, label, part, k):
+    return [row[k] for row in curves[label][part]]
+
+
+# ------------------------------------------------------------------- settings and data
+
+
+def test_settings_reject_bad_config():
+    assert C.settings({}).method == "chfl" and C.settings({"method": "Local"}).method == "local"
+    with pytest.raises(ValueError, match=r"unknown config key.*'epochs'"):
+        C.settings({"epochs": 3})
+    with pytest.raises(ValueError, match="method"):
+        C.settings({"method": "fedprox"})
+    with pytest.raises(ValueError, match="mu must be in"):
+        C.settings({"mu": [0.5, 1.5]})
+    with pytest.raises(ValueError, match="lr values repeat"):
+        C.settings({"lr": [1e-3, 1e-3]})
+    with pytest.raises(ValueError, match="n_samples, n_features and n_classes"):
+        C.settings({"dataset": "mine"})
+    assert C.settings({"dataset": "mine", "n_samples": 100, "n_features": 10,
+                       "n_classes": 2}).n_common == 3
+    with pytest.raises(ValueError, match="common_ratio"):
+        C.settings({"common_ratio": 1.0})
+    assert C.settings({"method": "common", "mu": [0.0, 1.0]}).mus == ()
+
+
+def test_each_client_loads_only_its_own_rows_and_columns(digits):
+    X, y, _ = digits
+    cfg = {"dataset": "digits", "seed": 4, "feature_seed": 9}
+    assert C.load_data(cfg, "server", "server", 0, 1) is None
+    split = L.chfl_partition(len(y), X.shape[1], K, 0.3, 4, 9)
+    seen = []
+    for k in range(K):
+        d = C.load_data(cfg, f"c{k}", "client", k, K)
+        rows = np.concatenate([split.rows(k, p) for p in ("train", "val", "test")])
+        assert d.x.shape == (len(rows), len(split.common) + len(split.unique[k]))
+        assert np.array_equal(d.x, X[rows][:, split.features(k)]) and np.array_equal(d.y, y[rows])
+        assert d.n_parts == tuple(len(split.rows(k, p)) for p in ("train", "val", "test"))
+        assert d.n_common == len(split.common) == C.settings(cfg).n_common
+        seen.append(rows)
+    allrows = np.concatenate(seen)
+    assert len(np.unique(allrows)) == len(allrows) == len(y)  # disjoint, together all rows
+    with pytest.raises(ValueError, match="n_clients = 2"):
+        C.load_data({**cfg, "n_clients": 2}, "c0", "client", 0, K)
+
+
+def test_parameter_counts_match_the_models():
+    for cfg in ({"dataset": "digits", "hidden": [32, 16]}, {"dataset": "covertype"},
+                {"dataset": "vehicle", "common_ratio": 0.5, "hidden": [8]}):
+        s = C.settings(cfg)
+        assert C.common_count(cfg) == common_numel(MLPColumn(s.n_common, s.n_classes, s.hidden))
+        du = s.shape[1] - s.n_common
+        u = UniqueColumn(du, s.n_classes, s.hidden, mu=0.5)
+        assert C.unique_count(cfg, du) == sum(p.numel() for p in u.parameters())
+    assert C.common_count({"dataset": "covertype"}) == 173831  # 16 common features, 7 classes
+
+
+# ---------------------------------------------------- federated == in-process (plain)
+
+
+def test_chfl_plain_equals_inprocess_driver(digits):
+    res = _fed({"mu": [0.0, 0.5], "lr": 0.01, "aggregation": "plain", "return_weights": True})
+    ref = L.run_inprocess("chfl", digits, K=K, mu=[0.0, 0.5], lr=0.01, rounds=2, seed=7,
+                          epochs=1, hidden=[32, 16])
+    for k in range(K):
+        c = res[f"client{k + 1}"]
+        assert c["n_unique"] == ref["n_unique"][k] and c["n_common"] == ref["n_common"]
+        for lab in ("common", "chfl_mu=0", "chfl_mu=0.5"):
+            for part in ("val", "test"):
+                assert c["curves"][0][lab][part] == _column(ref["curves"], lab, part, k), (lab, part)
+        assert [r[0] for r in c["train_loss"]] == [r[k] for r in ref["train_loss"]]
+    srv = res["server"]
+    assert srv["final_test"] == pytest.approx(ref["final_test"], abs=0)
+    assert srv["final_test"]["chfl_mu=0"] > 0.5  # it learns
+    assert srv["max_mean_error_bound"] == 0.0 and srv["aggregation"] == "plain"
+    assert len(srv["theta"]) == 1 and len(srv["theta"][0]) == C.common_count({**TINY})
+
+
+def test_selection_equals_sweep_for_every_method(digits):
+    grid = {"lr": [0.01, 0.001], "select": "best_round"}
+    ch = _fed({**grid, "mu": [0.0, 0.5, 1.0], "aggregation": "plain"})["server"]["selected"]
+    lo = _fed({**grid, "method": "local"})["server"]["selected"]
+    co = _fed({**grid, "method": "common", "aggregation": "plain"})["server"]["selected"]
+    ref = L.sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
+                  epochs=1, hidden=[32, 16])["results"]
+    for got, groups in ((ch, ("common", "chfl_mu0", "chfl_mu>0")), (lo, ("local",)), (co, ("common",))):
+        assert set(got) == set(groups)
+        for g in groups:
+            assert got[g]["test"] == ref[g]["test"], g
+            assert got[g]["chosen"] == ref[g]["chosen"], g
+            assert got[g]["mean_test"] == pytest.approx(ref[g]["mean_test"], abs=1e-12)
+
+
+def test_local_sends_no_parameters(digits, delivered):
+    res = _fed({"method": "local", "lr": 0.01})
+    ref = L.run_inprocess("local", digits, K=K, lr=0.01, rounds=2, seed=7, epochs=1, hidden=[32, 16])
+    for k in range(K):
+        assert res[f"client{k + 1}"]["curves"][0]["local"]["test"] == _column(ref["curves"], "local", "test", k)
+    from_clients = [(kind, arrays) for to, frm, kind, arrays in delivered if frm.startswith("client")]
+    assert {kind for kind, _ in from_clients} <= {C.K_RESULT, "_bye"}
+    assert all(not arrays for _, arrays in from_clients)
+    assert not [1 for to, frm, kind, _ in delivered if kind == C.K_GLOBAL]
+
+
+# ------------------------------------------------------------------- secure aggregation
+
+
+def test_secure_mean_within_bound_and_accuracy_close(delivered):
+    one = {"mu": 0.5, "lr": 0.01, "rounds": 1, "return_weights": True}
+    plain = _fed({**one, "aggregation": "plain"})["server"]
+    sec = _fed({**one, "aggregation": "secure"})["server"]
+    assert sec["aggregation"] == "secure" and 0 < sec["max_mean_error_bound"] < 1e-5
+    diff = np.abs(np.asarray(sec["theta"][0], np.float64) - np.asarray(plain["theta"][0], np.float64))
+    # The bound is on the float64 mean; the float32 cast adds at most half an ulp.
+    ulp = np.spacing(np.abs(np.asarray(plain["theta"][0], np.float32))).astype(np.float64)
+    assert (diff <= sec["max_mean_error_bound"] + ulp).all()
+    # What the clients sent under secure aggregation: masked ring vectors of P_c + 1 only.
+    P = C.common_count({**TINY})
+    sent = [(kind, arrays) for to, frm, kind, arrays in delivered if frm.startswith("client")]
+    assert aggregation.KIND_PLAIN in {kind for kind, _ in sent}  # the plain run's
+    masked = [a for kind, a in sent if kind == secagg.KIND_MASKED]
+    assert len(masked) == K and all(a == [("<u4", (P + 1,))] for a in masked)
+    # Over more rounds the two trajectories part by float noise only.
+    three = {"mu": 0.5, "lr": 0.01, "rounds": 3}
+    p3 = _fed({**three, "aggregation": "plain"})["server"]["final_test"]
+    s3 = _fed({**three, "aggregation": "secure"})["server"]["final_test"]
+    assert p3.keys() == s3.keys()
+    for lab in p3:
+        assert abs(p3[lab] - s3[lab]) <= 0.03, (lab, p3[lab], s3[lab])
+
+
+# ------------------------------------------------------------------------ declarations
+
+
+def _decl(kind):
+    return next(d for d in C.DECLARATIONS if d.kind == kind)
+
+
+def test_declarations_pass_only_the_common_column():
+    cfg = {"dataset": "covertype"}
+    s = C.settings(cfg)
+    P = C.common_count(cfg)
+    du = s.shape[1] - s.n_common
+    uniq = C.unique_count(cfg, du)
+    masked = _decl(secagg.KIND_MASKED).check
+    assert masked([("<u4", (P + 1,))], cfg) is None
+    assert masked([("<u4", (P + uniq + 1,))], cfg) is not None  # the whole network
+    assert masked([("<u4", (uniq + 1,))], cfg) is not None  # a unique column with its laterals
+    assert masked([("<u4", (C.unique_count(cfg, du, lateral=False) + 1,))], cfg) is not None
+    assert masked([("<u4", (P + 1,))] * 2, cfg) is not None
+    assert masked([("<u8", (P + 1,))], cfg) is not None
+    assert masked([("<u8", (P + 1,))], {**cfg, "secagg_ring_bits": 64}) is None
+    assert "Local run" in masked([("<u4", (P + 1,))], {**cfg, "method": "local"})
+    # Another model size changes what passes: the count comes from the configuration.
+    small = {**cfg, "hidden": [32, 16]}
+    assert masked([("<u4", (P + 1,))], small) is not None
+    assert masked([("<u4", (C.common_count(small) + 1,))], small) is None
+
+    plain = _decl(aggregation.KIND_PLAIN).check
+    pcfg = {**cfg, "aggregation": "plain"}
+    assert plain([("<f8", (P,))], pcfg) is None
+    assert plain([("<f8", (P + uniq,))], pcfg) is not None
+    assert plain([("<f8", (P,))], cfg) is not None  # a clear vector in a secure run
+    assert plain([("<f8", (P,))], {**pcfg, "method": "local"}) is not None
+    for d in C.DECLARATIONS:  # no aggregation message of any kind in a Local run
+        if d.kind in AGG_KINDS:
+            assert d.check([], {**cfg, "method": "local"}) is not None, d.kind
+
+    glob = _decl(C.K_GLOBAL).check
+    assert glob([("<f4", (P,))], cfg) is None
+    assert glob([("<f4", (P,))] * 2, {**cfg, "lr": [1e-3, 1e-4]}) is None
+    assert glob([("<f4", (P,))], {**cfg, "lr": [1e-3, 1e-4]}) is not None
+    assert glob([("<f4", (P + uniq,))], cfg) is not None and glob([("<f8", (P,))], cfg) is not None
+    assert glob([("<f4", (P,))], {**cfg, "method": "local"}) is not None
+    assert _decl(C.K_RESULT).check([("<f4", (3,))], cfg) is not None
+    assert "does not parse" in masked([("<u4", (P + 1,))], {**cfg, "mu": 2.0})
+
+
+def test_presets_parse():
+    big = load(presets.path("chfl"))
+    s = C.settings(big.algorithm_cfg())
+    assert s.dataset == "covertype" and s.method == "chfl" and s.rounds == 20 and s.epochs == 5
+    assert sorted(big.roles.values()) == ["client"] * 5 + ["server"]
+    assert big.algorithm_cfg()["aggregation"] == "secure"
+    small = load(presets.path("chfl_small"))
+    assert C.settings(small.algorithm_cfg()).dataset == "digits"
+    assert sorted(small.roles.values()) == ["client"] * 3 + ["server"]
+
+
+def test_preset_as_processes_passes_audit(tmp_path):
+    fed = load(presets.path("chfl_small"))
+    run_dir = tmp_path / "run"
+    over = {"rounds": 2, "local_epochs": 1, "hidden": [32, 16], "lr": 0.01}
+    launch(fed, run_dir, progress=False, timeout=240, overrides=over)
+    rep = audit(run_dir)
+    assert rep.ok, rep.problems
+    srv = json.loads((run_dir / "parties" / "server" / "result.json").read_text())["result"]
+    assert srv["aggregation"] == "secure" and srv["rounds"] == 2 and len(srv["clients"]) == 3
+    assert srv["selected"]["chfl_mu0"]["mean_test"] > 0.5
+    P = C.common_count({**fed.algorithm_cfg(), **over})
+    for name in srv["clients"]:
+        recs = [json.loads(line) for line in
+                (run_dir / "parties" / name / "transcript.jsonl").read_text().splitlines()]
+        sends = [r for r in recs if r.get("dir") == "send"]
+        with_arrays = [r for r in sends if r.get("arrays")]
+        assert {r["kind"] for r in with_arrays} <= {secagg.KIND_MASKED, secagg.KIND_UNMASK}
+        masked = [r for r in with_arrays if r["kind"] == secagg.KIND_MASKED]
+        assert len(masked) == 2 and all(r["arrays"] == [["<u4", [P + 1]]] for r in masked)
+    # The audit checks against the run's configuration: claim a different common ratio and the
+    # (unchanged) masked vectors no longer have the common column's length.
+    cfg_path = run_dir / "config.json"
+    conf = json.loads(cfg_path.read_text())
+    conf["algorithm_cfg"]["common_ratio"] = 0.5
+    cfg_path.write_text(json.dumps(conf))
+    bad = audit(run_dir)
+    assert not bad.ok and any("secagg/masked" in p and "expected" in p for p in bad.problems)
+
+
+# --------------------------------------------------------------------- real data
+
+
+def test_covertype_partition_and_count():
+    if data_root(required=False) is None:
+        pytest.skip("covertype needs ../shared/data (set FEDHET_DATA_DIR)")
+    cfg = {"dataset": "covertype", "seed": 1000, "feature_seed": 0}
+    parts = [C.load_data(cfg, f"client{k}", "client", k, 5) for k in range(5)]
+    assert all(p.n_common == 16 for p in parts)
+    assert [p.x.shape[1] - 16 for p in parts] == [8, 8, 8, 7, 7]
+    assert sum(len(p.y) for p in parts) == 15120
+    cd = C.own_client_data(parts[0], C.settings(cfg), "cpu")
+    X, y, _ = C.load_table("covertype")
+    ref = L.client_data(X, y, L.chfl_partition(len(y), X.shape[1], 5, 0.3, 1000, 0), 0, 7)
+    for p in ("train", "val", "test"):
+        assert torch.equal(cd.xc[p], ref.xc[p]) and torch.equal(cd.xu[p], ref.xu[p])
+    assert common_numel(MLPColumn(16, 7)) == C.common_count(cfg)
+    assert C.max_train_rows(C.settings(cfg), 5) == max(p.n_parts[0] for p in parts)
