@@ -1,0 +1,563 @@
+"""FATE-style split network with a homomorphically encrypted interactive layer (the STFL paper's HE baseline).
+
+The STFL paper (Chu & Zhang, arXiv 2102.05883) compares against FATE's heterogeneous NN (§V-A, "FATE":
+bottom models per party, an interactive layer, a top model; its refs [10], [11]; Algorithms 1 and 2
+of §II-A2 describe the encrypted forward and the noise-masked backward) and reports 1,737 s for 100
+epochs on cancer (Table III, about 17 s per epoch) and 92.04% test accuracy (Table I).
+
+Roles use STFL's names: ``host`` = the label owner (trains the interactive layer's own part, the top
+model and the loss; FATE calls this party "guest"), ``guest`` = a passive feature party (bottom model
+only; FATE's "host").  FATE's names are the reverse.
+
+Network (FATE's hetero NN): each party has a bottom model ``x -> A`` (``bottom_layers`` hidden layers,
+then ``Linear -> bottom_activation`` to ``host_bottom_width`` / ``guest_bottom_width`` units); the
+interactive layer ``h = act(A_h W_h + b + sum_g A_g W_g)`` of ``interactive_width`` units; the
+host's top model ``h -> logits`` (``top_layers`` hidden layers), binary cross-entropy (one logit) or
+cross-entropy, mean over the batch.  Bottom and top models train with Adam (``lr``), the interactive
+layer with plain SGD (``interactive_lr``; FATE's dense layer update, and the only one the masked
+weight update of the protocol supports).  Each guest's part ``W_g`` of the interactive layer is
+protected by :mod:`fedhet.protocols.he_interactive` (read it for the per-batch protocol, what each
+party learns, and the fixed-point and masking parameters; ``he`` picks the scheme: ``paillier``
+(packed, batched, default), ``naive`` (python-paillier one value at a time) or ``ckks``).
+
+Run: IDs are aligned with ECDH PSI (``fedhet.protocols.psi``, host = label owner, sorted common
+order); the host's rows are its train and test rows (``data_fate`` split: self-taught rows dropped),
+so the common rows are those, and only they are ever used.  Each epoch the host shuffles its training
+rows (from the run seed) and sends each guest the positions, in the common list, of the next batch;
+after training, the test rows go through the encrypted forward pass and the host reports the test
+accuracy.  The guest standardises its columns with statistics of its rows outside the intersection
+(its self-taught rows, as ``data_fate`` does), or of all its rows if there are none.
+
+Config keys (defaults in ``DEFAULTS``): ``dataset`` (cancer, payment, credit, vehicle, breast_sk or
+its alias breast_sklearn), ``selftaught_frac``, ``test_frac``, ``epochs``, ``max_batches`` (stop after
+this many training batches; ``s_per_epoch`` is then extrapolated from ``s_per_batch``),
+``batch_size``, ``lr``, ``interactive_lr``, the widths above, ``he``, ``key_bits``, and the
+protocol's ``slot_bits``, ``mask_bits``, ``a_int_bits``, ``a_frac_bits``, ``w_frac_bits``,
+``d_int_bits``, ``d_frac_bits``, ``ckks_mask``, ``pool``, ``he_workers``; ``torch_threads``;
+``evaluate`` (false: skip the final test pass, ``test_accuracy`` is then None; for timing runs);
+``return_params`` (tests: put the trained parameters in the results).
+
+The guest learns which common rows are batched for training and which for evaluation (as in FATE,
+where the label owner sends batch indices); the simulated split is computed by each party's
+``load_data`` from the whole data set, but a party keeps only its own columns (and the host its labels).
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fedhet.algorithms import data_fate
+from fedhet.algorithms.stfl_models import mlp, out_width
+from fedhet.parties.api import PartyError
+from fedhet.parties.declare import declare
+from fedhet.protocols import he_interactive as hei
+from fedhet.protocols import psi
+
+NAME = "he_split"
+HOST, GUEST = "host", "guest"
+K_BATCH = "hes/batch"
+K_WIDTH = "hes/width"
+
+DEFAULTS = {
+    "dataset": "breast_sk", "selftaught_frac": 0.4, "test_frac": 0.2,
+    "epochs": 100, "max_batches": None, "batch_size": 128,
+    "lr": 0.01, "interactive_lr": 0.3,
+    "host_bottom_width": 8, "guest_bottom_width": 8, "bottom_layers": 0, "bottom_hidden_mult": 2.0,
+    "bottom_activation": "relu", "interactive_width": 8, "interactive_activation": "relu",
+    "top_layers": 0, "top_hidden_mult": 2.0,
+    "he": "paillier", "key_bits": 2048, "slot_bits": hei.LayerSpec.slot_bits,
+    "mask_bits": hei.LayerSpec.mask_bits, "a_int_bits": hei.LayerSpec.a_int_bits,
+    "a_frac_bits": hei.LayerSpec.a_frac_bits, "w_frac_bits": hei.LayerSpec.w_frac_bits,
+    "d_int_bits": hei.LayerSpec.d_int_bits, "d_frac_bits": hei.LayerSpec.d_frac_bits,
+    "ckks_mask": hei.LayerSpec.ckks_mask, "pool": True, "he_workers": 1,
+    "torch_threads": 1, "psi_timeout": None, "evaluate": True, "return_params": False,
+}
+ALIASES = {"breast_sklearn": "breast_sk"}
+_ACTS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU}
+
+
+def _settings(cfg: dict) -> dict:
+    unknown = sorted(set(cfg) - set(DEFAULTS) - {"seed"})
+    if unknown:
+        raise ValueError(f"he_split: unknown config keys {unknown}; known: {sorted(DEFAULTS)}")
+    c = {k: cfg.get(k, v) for k, v in DEFAULTS.items()}
+    c["seed"] = int(cfg.get("seed", 0))
+    c["dataset"] = ALIASES.get(c["dataset"], c["dataset"])
+    if c["dataset"] not in data_fate.DATASETS:
+        raise ValueError(f"he_split: unknown dataset {cfg.get('dataset')!r}; choose one of "
+                         f"{', '.join(data_fate.DATASETS)} (or breast_sklearn)")
+    for k in ("epochs", "batch_size", "host_bottom_width", "guest_bottom_width", "bottom_layers",
+              "interactive_width", "top_layers", "key_bits", "torch_threads", "he_workers"):
+        c[k] = int(c[k])
+    if c["epochs"] < 1 or c["batch_size"] < 1 or c["interactive_width"] < 1 or c["guest_bottom_width"] < 1 \
+            or c["host_bottom_width"] < 1:
+        raise ValueError("he_split: epochs, batch_size and the widths must be >= 1")
+    if c["max_batches"] is not None:
+        c["max_batches"] = int(c["max_batches"])
+        if c["max_batches"] < 1:
+            raise ValueError(f"he_split: max_batches must be >= 1, got {c['max_batches']}")
+    for k in ("lr", "interactive_lr", "selftaught_frac", "test_frac", "bottom_hidden_mult", "top_hidden_mult"):
+        c[k] = float(c[k])
+    for k in ("bottom_activation", "interactive_activation"):
+        if c[k] not in _ACTS:
+            raise ValueError(f"he_split: {k} must be one of {sorted(_ACTS)}, got {c[k]!r}")
+    c["layer"] = layer_spec(c)
+    return c
+
+
+def layer_spec(c: dict) -> hei.LayerSpec:
+    return hei.LayerSpec(
+        scheme=c["he"], key_bits=int(c["key_bits"]), slot_bits=int(c["slot_bits"]),
+        a_int_bits=int(c["a_int_bits"]), a_frac_bits=int(c["a_frac_bits"]), w_frac_bits=int(c["w_frac_bits"]),
+        d_int_bits=int(c["d_int_bits"]), d_frac_bits=int(c["d_frac_bits"]), mask_bits=int(c["mask_bits"]),
+        lr=float(c["interactive_lr"]), batch_size=int(c["batch_size"]), ckks_mask=float(c["ckks_mask"]),
+        pool=bool(c["pool"]), workers=int(c["he_workers"]))
+
+
+# ------------------------------------------------------------------------------------------ data
+def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_dir=None):
+    """The host gets its labelled train/test rows (self-taught rows dropped), a guest its own columns."""
+    c = _settings(cfg)
+    data = data_fate.load(c["dataset"], data_dir=data_dir, n_guests=max(1, n_of_role) if role == GUEST else 1,
+                          seed=c["seed"])
+    if role == HOST:
+        split = data_fate.make_split(data, c["seed"], c["selftaught_frac"], c["test_frac"])
+        hv = data_fate.host_view(data, split, with_selftaught=False)
+        return {"ids_train": hv.ids_train, "x_train": hv.x_train, "y_train": hv.y_train,
+                "ids_test": hv.ids_test, "x_test": hv.x_test, "y_test": hv.y_test, "n_classes": hv.n_classes}
+    if role == GUEST:
+        g = data.guests[index]
+        return {"ids": g.ids, "x": g.x, "columns": list(g.columns)}
+    raise ValueError(f"he_split has roles {sorted(ROLES)}, not {role!r}")
+
+
+def guest_rows(table: dict, common_rows: np.ndarray) -> np.ndarray:
+    """Standardised guest features of the common rows (scaler fitted on the guest's other rows)."""
+    x = np.asarray(table["x"], dtype=np.float32)
+    rest = np.ones(len(x), dtype=bool)
+    rest[np.asarray(common_rows, dtype=np.int64)] = False
+    sc = data_fate.Scaler.fit(x[rest] if rest.any() else x)
+    return sc(x[np.asarray(common_rows, dtype=np.int64)])
+
+
+# ------------------------------------------------------------------------------------------ models
+def _seed(seed: int, what: str) -> int:
+    return zlib.crc32(f"{seed}/he_split/{what}".encode())
+
+
+def bottom_model(c: dict, d_in: int, width: int) -> nn.Module:
+    return nn.Sequential(mlp(d_in, width, c["bottom_hidden_mult"], c["bottom_layers"], c["bottom_activation"]),
+                         _ACTS[c["bottom_activation"]]())
+
+
+class HostModel(nn.Module):
+    """Host bottom, the host's part of the interactive layer (W_h, b), and the top model."""
+
+    def __init__(self, c: dict, d_host: int, n_classes: int):
+        super().__init__()
+        self.bottom = bottom_model(c, d_host, c["host_bottom_width"])
+        self.inter = nn.Linear(c["host_bottom_width"], c["interactive_width"])
+        self.act = _ACTS[c["interactive_activation"]]()
+        self.top = mlp(c["interactive_width"], out_width(n_classes), c["top_hidden_mult"], c["top_layers"],
+                       c["bottom_activation"])
+
+    def head(self, z_host: torch.Tensor, z_guests: list) -> torch.Tensor:
+        z = z_host
+        for zg in z_guests:
+            z = z + zg
+        return self.top(self.act(z))
+
+
+def build_host(c: dict, d_host: int, guest_widths: list[int], n_classes: int):
+    """(HostModel, initial W_g per guest) from the run seed; the interactive layer's fan-in is the
+    concatenation of all bottoms, as one Linear over [A_h || A_g1 || ...] would have."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_seed(c["seed"], "host"))
+        model = HostModel(c, d_host, n_classes)
+        fan_in = c["host_bottom_width"] + sum(guest_widths)
+        bound = 1.0 / np.sqrt(fan_in)
+        with torch.no_grad():
+            model.inter.weight.uniform_(-bound, bound)
+            model.inter.bias.uniform_(-bound, bound)
+        Ws = [torch.empty(w, c["interactive_width"], dtype=torch.float64).uniform_(-bound, bound).numpy()
+              for w in guest_widths]
+    return model, Ws
+
+
+def build_guest(c: dict, d_in: int, name: str) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_seed(c["seed"], f"guest/{name}"))
+        return bottom_model(c, d_in, c["guest_bottom_width"])
+
+
+def host_optimizers(c: dict, model: HostModel):
+    adam = torch.optim.Adam(list(model.bottom.parameters()) + list(model.top.parameters()), lr=c["lr"])
+    sgd = torch.optim.SGD(model.inter.parameters(), lr=c["interactive_lr"])
+    return adam, sgd
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    if n_classes == 2:
+        return F.binary_cross_entropy_with_logits(logits.squeeze(1), y.float())
+    return F.cross_entropy(logits, y.long())
+
+
+def predict(logits: torch.Tensor, n_classes: int) -> np.ndarray:
+    if n_classes == 2:
+        return (logits.squeeze(1) > 0).long().numpy()
+    return logits.argmax(dim=1).numpy()
+
+
+def train_batches(c: dict, n_train: int, epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng([c["seed"], 0x4E5, epoch]).permutation(n_train)
+    return [order[i:i + c["batch_size"]] for i in range(0, n_train, c["batch_size"])]
+
+
+# ------------------------------------------------------------------------------------------ the two sides
+class GuestTrainer:
+    """A guest's bottom model over its common rows."""
+
+    def __init__(self, c: dict, x_common: np.ndarray, name: str):
+        self.x = torch.as_tensor(np.asarray(x_common, dtype=np.float32))
+        self.model = build_guest(c, self.x.shape[1], name)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=c["lr"])
+        self._A = None
+
+    def activations(self, pos: np.ndarray, train: bool) -> np.ndarray:
+        if train:
+            self.model.train()
+            self._A = self.model(self.x[torch.as_tensor(pos, dtype=torch.long)])
+            return self._A.detach().double().numpy()
+        with torch.no_grad():
+            self.model.eval()
+            return self.model(self.x[torch.as_tensor(pos, dtype=torch.long)]).double().numpy()
+
+    def apply_input_grad(self, g: np.ndarray) -> None:
+        self.opt.zero_grad()
+        self._A.backward(torch.as_tensor(g, dtype=self._A.dtype))
+        self.opt.step()
+        self._A = None
+
+
+class FedLink:
+    """Host side of one guest link: the batch message plus the encrypted interactive layer."""
+
+    def __init__(self, party, guest: str, layer):
+        self.party, self.guest, self.layer = party, guest, layer
+
+    def begin(self, pos: np.ndarray, train: bool, round_: int) -> None:
+        self.party.send(self.guest, K_BATCH, {"pos": np.asarray(pos, dtype=np.uint32), "train": bool(train),
+                                               "stop": False, "round": int(round_)})
+        self.train = train
+
+    def start_forward(self) -> None:
+        self.layer.recv_acts()
+        self.layer.send_forward()
+
+    def finish_forward(self) -> np.ndarray:
+        return self.layer.recv_forward()
+
+    def send_gradient(self, delta_ps: np.ndarray) -> None:
+        self.layer.send_gradient(delta_ps)
+
+    def finish_backward(self) -> None:
+        self.layer.finish_backward()
+
+    def stop(self) -> None:
+        self.party.send(self.guest, K_BATCH, {"stop": True})
+
+
+class PlainLink:
+    """The same link computed in the clear in one process (reference for tests: a plaintext split network)."""
+
+    def __init__(self, trainer: GuestTrainer, W_init: np.ndarray, interactive_lr: float):
+        self.trainer, self.W, self.lr = trainer, np.array(W_init, dtype=np.float64), interactive_lr
+
+    def begin(self, pos, train, round_):
+        self.pos, self.train = pos, train
+
+    def start_forward(self):
+        self.A = self.trainer.activations(self.pos, self.train)
+
+    def finish_forward(self):
+        return self.A @ self.W
+
+    def send_gradient(self, delta_ps):
+        self.delta = np.asarray(delta_ps, dtype=np.float64)
+
+    def finish_backward(self):
+        b = len(self.pos)
+        g_in = self.delta @ self.W.T / b
+        self.W = self.W - self.lr * (self.A.T @ self.delta) / b
+        self.trainer.apply_input_grad(g_in)
+
+    def stop(self):
+        pass
+
+
+@dataclass
+class HostData:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    pos_train: np.ndarray  # positions in the common list
+    x_test: np.ndarray
+    y_test: np.ndarray
+    pos_test: np.ndarray
+
+
+def host_step(model: HostModel, opts, links: list, xb: torch.Tensor, yb: torch.Tensor, n_classes: int) -> float:
+    """One training batch on the host, driving every link (guests work in parallel)."""
+    for ln in links:
+        ln.start_forward()
+    zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32, requires_grad=True) for ln in links]
+    logits = model.head(model.inter(model.bottom(xb)), zs)
+    loss = loss_fn(logits, yb, n_classes)
+    for o in opts:
+        o.zero_grad()
+    loss.backward()
+    rows = xb.shape[0]
+    for ln, z in zip(links, zs):
+        ln.send_gradient(z.grad.double().numpy() * rows)  # per-sample dL/dz
+    for o in opts:
+        o.step()
+    for ln in links:
+        ln.finish_backward()
+    return float(loss.detach())
+
+
+def host_eval(model: HostModel, links: list, x: np.ndarray, y: np.ndarray, pos: np.ndarray, c: dict,
+              n_classes: int, round_: int) -> float:
+    correct = 0
+    model.eval()
+    for i in range(0, len(pos), c["batch_size"]):
+        p = pos[i:i + c["batch_size"]]
+        for ln in links:
+            ln.begin(p, False, round_)
+        for ln in links:
+            ln.start_forward()
+        zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32) for ln in links]
+        with torch.no_grad():
+            logits = model.head(model.inter(model.bottom(torch.as_tensor(x[i:i + len(p)]))), zs)
+        correct += int((predict(logits, n_classes) == y[i:i + len(p)]).sum())
+    model.train()
+    return correct / max(1, len(pos))
+
+
+def train_host(c: dict, model: HostModel, links: list, hd: HostData, n_classes: int, party=None) -> dict:
+    """The host's training loop (shared by the federated role and the in-process reference)."""
+    opts = host_optimizers(c, model)
+    xtr = torch.as_tensor(hd.x_train)
+    ytr = torch.as_tensor(hd.y_train)
+    n_train = len(hd.pos_train)
+    per_epoch = -(-n_train // c["batch_size"])
+    budget = c["epochs"] * per_epoch
+    if c["max_batches"] is not None:
+        budget = min(budget, c["max_batches"])
+    total_epochs = -(-budget // per_epoch)
+    done, losses = 0, []
+    b0 = _traffic(party)
+    t0 = time.perf_counter()
+    for epoch in range(c["epochs"]):
+        ep_loss = []
+        for idx in train_batches(c, n_train, epoch):
+            if done >= budget:
+                break
+            if party is not None:
+                party.round = done
+            for ln in links:
+                ln.begin(hd.pos_train[idx], True, done)
+            ep_loss.append(host_step(model, opts, links, xtr[idx], ytr[idx], n_classes))
+            done += 1
+        if ep_loss:
+            losses.append(float(np.mean(ep_loss)))
+            if party is not None:
+                party.metric(epoch=epoch + 1, loss=losses[-1], s=round(time.perf_counter() - t0, 3))
+                party.progress(epoch + 1, total_epochs, loss=round(losses[-1], 4))
+        if done >= budget:
+            break
+    train_s = time.perf_counter() - t0
+    b1 = _traffic(party)
+    te = time.perf_counter()
+    acc = host_eval(model, links, hd.x_test, hd.y_test, hd.pos_test, c, n_classes, done) if c["evaluate"] else None
+    eval_s = time.perf_counter() - te
+    s_batch = train_s / max(1, done)
+    epochs = done // per_epoch if done % per_epoch == 0 else done / per_epoch
+    return {"test_accuracy": acc, "train_s": train_s, "epochs": epochs, "batches": done,
+            "batches_per_epoch": per_epoch, "s_per_batch": s_batch,
+            "s_per_epoch": s_batch * per_epoch, "s_per_epoch_extrapolated": done % per_epoch != 0 or done == 0,
+            "eval_s": eval_s, "losses": losses,
+            "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
+
+
+def _traffic(party) -> tuple[int, int]:
+    if party is None:
+        return 0, 0
+    return int(sum(party.bytes_sent.values())), int(sum(party.bytes_received.values()))
+
+
+# ------------------------------------------------------------------------------------------ roles
+def _bytes(party) -> dict:
+    sent, recv = dict(party.bytes_sent), dict(party.bytes_received)
+    return {"sent": int(sum(sent.values())), "received": int(sum(recv.values())),
+            "sent_to": {k: int(v) for k, v in sent.items()}, "received_from": {k: int(v) for k, v in recv.items()}}
+
+
+def host_role(party, cfg: dict, data: dict) -> dict:
+    c = _settings(cfg)
+    torch.set_num_threads(c["torch_threads"])
+    guests = party.peers_with_role(GUEST)
+    if not guests:
+        raise PartyError("he_split needs at least one guest")
+    t0 = time.perf_counter()
+    ids = np.concatenate([data["ids_train"], data["ids_test"]])
+    n_tr = len(data["ids_train"])
+    res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=c["psi_timeout"])
+    rows = np.asarray(res.rows, dtype=np.int64)
+    is_tr = rows < n_tr
+    pos = np.arange(len(rows))
+    hd = HostData(data["x_train"][rows[is_tr]], data["y_train"][rows[is_tr]], pos[is_tr].astype(np.uint32),
+                  data["x_test"][rows[~is_tr] - n_tr], data["y_test"][rows[~is_tr] - n_tr],
+                  pos[~is_tr].astype(np.uint32))
+    psi_s = time.perf_counter() - t0
+    party.log.info("PSI: %d common rows (%d train, %d test) in %.2fs", len(rows), is_tr.sum(), (~is_tr).sum(), psi_s)
+    t1 = time.perf_counter()
+    widths = []
+    for g in guests:
+        m = party.recv(g, K_WIDTH)
+        widths.append(int(m["width"]))
+    model, Ws = build_host(c, data["x_train"].shape[1], widths, int(data["n_classes"]))
+    layers = [hei.host_layer(party, g, c["layer"], W) for g, W in zip(guests, Ws)]
+    for ly in layers:
+        ly.setup()
+    setup_s = time.perf_counter() - t1
+    links = [FedLink(party, g, ly) for g, ly in zip(guests, layers)]
+    try:
+        out = train_host(c, model, links, hd, int(data["n_classes"]), party)
+    finally:
+        for ln in links:
+            ln.stop()
+        for ly in layers:
+            ly.close()
+    if out["test_accuracy"] is not None:
+        party.metric(test_accuracy=out["test_accuracy"])
+    out.update({"n_common": int(len(rows)), "n_train": int(is_tr.sum()), "n_test": int((~is_tr).sum()),
+                "he": c["he"], "key_bits": c["key_bits"], "slot_bits": c["slot_bits"],
+                "mask_bits": c["mask_bits"], "interactive_width": c["interactive_width"],
+                "guest_widths": widths, "dataset": c["dataset"], "psi_s": psi_s, "setup_s": setup_s,
+                "bytes": _bytes(party), "layer_stats": {g: ly.stats.as_dict() for g, ly in zip(guests, layers)}})
+    if c["return_params"]:
+        out["params"] = {k: v.tolist() for k, v in model.state_dict().items()}
+        out["W_share"] = {g: _exact(ly) for g, ly in zip(guests, layers)}
+    return out
+
+
+def _exact(ly) -> list:
+    """The host's W_g share as exact numbers (decimal strings for the integer schemes)."""
+    W = ly.W
+    return [[str(v) for v in row] for row in W.tolist()] if W.dtype == object else W.tolist()
+
+
+def guest_role(party, cfg: dict, data: dict) -> dict:
+    c = _settings(cfg)
+    torch.set_num_threads(c["torch_threads"])
+    hosts = party.peers_with_role(HOST)
+    if len(hosts) != 1:
+        raise PartyError(f"he_split needs exactly one host, found {hosts}")
+    host = hosts[0]
+    res = psi.psi_feature_party(party, list(np.asarray(data["ids"]).tolist()), host, timeout=c["psi_timeout"])
+    if res.rows is None:
+        raise PartyError("PSI result was not revealed to the guest")
+    x_common = guest_rows(data, res.rows)
+    trainer = GuestTrainer(c, x_common, party.name)
+    party.send(host, K_WIDTH, {"width": c["guest_bottom_width"]})
+    layer = hei.guest_layer(party, host, c["layer"], c["guest_bottom_width"], c["interactive_width"])
+    layer.setup()
+    batches = 0
+    try:
+        while True:
+            msg = party.recv(host, K_BATCH)
+            if not isinstance(msg, dict):
+                raise PartyError(f"{K_BATCH} from {host!r} is not a dict")
+            if msg.get("stop"):
+                break
+            pos = np.asarray(msg["pos"], dtype=np.int64)
+            if pos.ndim != 1 or len(pos) == 0 or pos.min() < 0 or pos.max() >= len(x_common):
+                raise PartyError(f"{K_BATCH}: positions outside the {len(x_common)} common rows")
+            party.round = int(msg.get("round", 0))
+            train = bool(msg.get("train"))
+            layer.forward(trainer.activations(pos, train), train)
+            if train:
+                trainer.apply_input_grad(layer.backward())
+                batches += 1
+    finally:
+        layer.close()
+    out = {"n_common": int(len(res.rows)), "batches": batches, "he": c["he"], "bytes": _bytes(party),
+           "layer_stats": layer.stats.as_dict()}
+    if c["return_params"]:
+        out["params"] = {k: v.tolist() for k, v in trainer.model.state_dict().items()}
+        eps = layer.eps
+        out["eps"] = [[str(v) for v in row] for row in eps.tolist()] if eps.dtype == object else eps.tolist()
+    return out
+
+
+ROLES = {HOST: host_role, GUEST: guest_role}
+
+
+def run_reference(cfg: dict, n_guests: int = 1, data_dir=None, guest_names: list[str] | None = None) -> dict:
+    """The same network, batches and initialisation trained in one process with the interactive layer in
+    the clear (a plaintext split network; the tests' oracle).  IDs are aligned as PSI's sorted order does."""
+    c = _settings(cfg)
+    names = guest_names or [f"guest{i + 1}" for i in range(n_guests)]
+    hdat = load_data(cfg, "host", HOST, 0, 1, data_dir)
+    gdat = [load_data(cfg, nm, GUEST, i, len(names), data_dir) for i, nm in enumerate(names)]
+    ids = np.concatenate([hdat["ids_train"], hdat["ids_test"]])
+    common = set(ids.tolist())
+    for g in gdat:
+        common &= set(np.asarray(g["ids"]).tolist())
+    order = sorted(common)
+    hpos = {v: i for i, v in enumerate(ids.tolist())}
+    rows = np.array([hpos[v] for v in order], dtype=np.int64)
+    n_tr = len(hdat["ids_train"])
+    is_tr = rows < n_tr
+    pos = np.arange(len(rows))
+    hd = HostData(hdat["x_train"][rows[is_tr]], hdat["y_train"][rows[is_tr]], pos[is_tr],
+                  hdat["x_test"][rows[~is_tr] - n_tr], hdat["y_test"][rows[~is_tr] - n_tr], pos[~is_tr])
+    trainers = []
+    for nm, g in zip(names, gdat):
+        gp = {v: i for i, v in enumerate(np.asarray(g["ids"]).tolist())}
+        trainers.append(GuestTrainer(c, guest_rows(g, np.array([gp[v] for v in order])), nm))
+    model, Ws = build_host(c, hdat["x_train"].shape[1], [c["guest_bottom_width"]] * len(names),
+                           int(hdat["n_classes"]))
+    links = [PlainLink(t, W, c["interactive_lr"]) for t, W in zip(trainers, Ws)]
+    out = train_host(c, model, links, hd, int(hdat["n_classes"]))
+    out.update({"model": model, "W": [ln.W for ln in links], "guest_models": [t.model for t in trainers],
+                "n_common": len(rows)})
+    return out
+
+
+# ------------------------------------------------------------------------------------------ declarations
+def _batch_check(arrays, cfg):
+    if not arrays:
+        return None
+    if len(arrays) != 1 or arrays[0][0] != "<u4" or len(arrays[0][1]) != 1:
+        return f"batch positions must be one 1-D uint32 array, got {arrays}"
+    if arrays[0][1][0] > int(cfg.get("batch_size", DEFAULTS["batch_size"])):
+        return f"a batch of {arrays[0][1][0]} positions exceeds batch_size"
+    return None
+
+
+DECLARATIONS = (
+    psi.declarations(HOST, GUEST)
+    + [declare(K_BATCH, HOST, GUEST, "positions, in the PSI common list, of the next batch's rows "
+               "(uint32, <= batch_size), train/eval flag, or stop", _batch_check),
+       declare(K_WIDTH, GUEST, HOST, "the guest's bottom-model output width; no arrays",
+               lambda arrays, cfg: None if not arrays else "width message carries arrays")]
+    + hei.declarations(HOST, GUEST, defaults={"interactive_width": DEFAULTS["interactive_width"],
+                                              "key_bits": DEFAULTS["key_bits"], "slot_bits": DEFAULTS["slot_bits"]})
+)
