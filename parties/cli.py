@@ -142,7 +142,7 @@ def cmd_audit(args) -> int:
 def cmd_demo(args) -> int:
     from fedhet.algorithms import demo
 
-    return demo.main(out=args.out, progress=not args.no_progress, console=console)
+    return demo.main(out=args.out, progress=not args.no_progress, console=console, he_epochs=args.he_epochs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_audit)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
     p.add_argument("--out", help="run folder (default runs/demo-TIME)")
+    p.add_argument("--he-epochs", type=int, default=3,
+                   help="epochs of the HE baseline actually run (its 100-epoch time is extrapolated)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=cmd_demo)
     return ap
