@@ -31,7 +31,6 @@ import os
 import platform
 import secrets
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -44,6 +43,7 @@ from fedhet.crypto.field import F61, P61
 from fedhet.crypto.fixedpoint import FixedPoint
 from fedhet.crypto.prg import PRG
 from fedhet.crypto.shamir import reconstruct, share
+from fedhet.parties.atomic import write_atomic
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -51,16 +51,7 @@ COLUMNS = ["group", "name", "elements", "seconds", "rate", "unit", "ratio", "bas
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)
 
 
 def best_times(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

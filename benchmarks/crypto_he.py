@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from fedhet.crypto.paillier import (
     generate_keypair,
     packed_matmul,
 )
+from fedhet.parties.atomic import write_atomic
 
 KEY_BITS = 2048
 FIELDS = ["primitive", "variant", "baseline", "n_values", "seconds", "values_per_s",
@@ -205,16 +205,7 @@ def to_markdown(rs: list[dict], meta: dict) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)
 
 
 def main(argv=None) -> int:

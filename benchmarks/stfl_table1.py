@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import torch
 from fedhet.algorithms import data_fate
 from fedhet.algorithms.datapath import DatasetNotFound
 from fedhet.algorithms.stfl_local import METHODS, STFLConfig
+from fedhet.parties.atomic import write_atomic
 
 # Table I of the paper (accuracy, %); vehicle / breast_sk are not in the paper.
 PAPER = {
@@ -46,16 +45,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)
 
 
 def _stats(xs: list[float]) -> dict:

@@ -304,18 +304,20 @@ def _pack_rows(ints: np.ndarray, slot_bits: int, slots: int) -> list[list[int]]:
     return out
 
 
-def _unpack(ms: list[int], k: _Key, slot_bits: int, slots: int, length: int) -> list[int]:
-    """Inverse of packing for one row: decrypted residues -> signed slot integers."""
+def unpack_signed(residues: list[int], n: int, slot_bits: int, slots: int, length: int) -> list[int]:
+    """Decrypted packed plaintexts (residues mod n) -> signed slot integers, inverse of the packing.
+
+    Raises ValueError when a plaintext does not decode into ``slots`` slots of
+    ``slot_bits`` bits (wrong key, corrupted data or slot overflow).
+    """
+    half = n // 2
     if slots == 1:
-        half = int(k.half)
-        n = int(k.n)
-        return [m - n if m > half else m for m in ms][:length]
+        return [m - n if m > half else m for m in residues][:length]
     mask = (1 << slot_bits) - 1
     top = 1 << (slot_bits - 1)
     full = 1 << slot_bits
-    half, n = int(k.half), int(k.n)
     out = []
-    for m in ms:
+    for m in residues:
         T = m - n if m > half else m
         for _ in range(slots):
             u = T & mask
@@ -326,6 +328,12 @@ def _unpack(ms: list[int], k: _Key, slot_bits: int, slots: int, length: int) -> 
             raise ValueError(
                 "decrypted plaintext does not decode into "
                 f"{slots} slots of {slot_bits} bits (wrong key, corrupted data or slot overflow)")
+    return out[:length]
+
+
+def _unpack(ms: list[int], k: _Key, slot_bits: int, slots: int, length: int) -> list[int]:
+    """Inverse of packing for one row: decrypted residues -> signed slot integers."""
+    out = unpack_signed(ms, int(k.n), slot_bits, slots, len(ms) * slots)
     if any(out[length:]):
         raise ValueError("padding slots decrypted to non-zero values (slot overflow or corrupted data)")
     return out[:length]

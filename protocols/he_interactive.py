@@ -297,22 +297,11 @@ def _int_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _unpack_signed(residues: list, n: int, slot_bits: int, slots: int, length: int) -> list[int]:
-    """Decrypted packed plaintexts -> signed slot integers (inverse of crypto.paillier's packing)."""
-    half = n // 2
-    if slots == 1:
-        return [m - n if m > half else m for m in residues][:length]
-    mask, top, full = (1 << slot_bits) - 1, 1 << (slot_bits - 1), 1 << slot_bits
-    out: list[int] = []
-    for m in residues:
-        T = m - n if m > half else m
-        for _ in range(slots):
-            u = T & mask
-            d = u - full if u >= top else u
-            out.append(d)
-            T = (T - d) >> slot_bits
-        if T != 0:
-            raise PartyError("decrypted plaintext does not decode into slots (slot overflow or corrupt data)")
-    return out[:length]
+    """Decrypted packed plaintexts -> signed slot integers (crypto.paillier's packing, inverted)."""
+    try:
+        return pl.unpack_signed(residues, n, slot_bits, slots, length)
+    except ValueError as e:
+        raise PartyError(str(e)) from None
 
 
 def _recv(party, frm: str, kind: str, stats: LayerStats):
