@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fedhet.algorithms.datapath import ENV_DATA_DIR, data_root
+from fedhet.parties.inmemory import InMemoryParty
 
 
 def pytest_addoption(parser):
@@ -27,3 +28,17 @@ def shared_data():
     if root is None:
         pytest.skip(f"needs ../shared/data beside the repository (or {ENV_DATA_DIR})")
     return root
+
+
+@pytest.fixture
+def wire(monkeypatch):
+    """Every frame set any in-memory party puts on the wire, as (sender, receiver, frames)."""
+    frames: list = []
+    orig = InMemoryParty._transport_send
+
+    def capture(self, to, fr):
+        frames.append((self.name, to, [bytes(f) for f in fr]))
+        return orig(self, to, fr)
+
+    monkeypatch.setattr(InMemoryParty, "_transport_send", capture)
+    return frames

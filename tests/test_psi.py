@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import codec
 from fedhet.parties import declare as decl
-from fedhet.parties.inmemory import FederationFailed, InMemoryHub, InMemoryParty, run_inmemory
+from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import psi
 
 P = 2**255 - 19
@@ -41,18 +41,6 @@ def run_psi(lo_ids, feature_ids, **cfg):
     return run_inmemory(ALGO, parties, cfg=cfg, data=data, timeout=30.0)
 
 
-@pytest.fixture
-def wire(monkeypatch):
-    """Every frame set any in-memory party puts on the wire, as (sender, receiver, frames)."""
-    frames: list = []
-    orig = InMemoryParty._transport_send
-
-    def capture(self, to, fr):
-        frames.append((self.name, to, [bytes(f) for f in fr]))
-        return orig(self, to, fr)
-
-    monkeypatch.setattr(InMemoryParty, "_transport_send", capture)
-    return frames
 
 
 def envelopes(frames):

@@ -12,7 +12,7 @@ from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.prg import PRG
 from fedhet.parties import codec
 from fedhet.parties import declare as decl
-from fedhet.parties.inmemory import FederationFailed, InMemoryHub, InMemoryParty, run_inmemory
+from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import shamir_share as ss
 
 ALPHA = 1e-4
@@ -39,18 +39,6 @@ def fed(n_owners: int, m: int) -> list[tuple[str, str]]:
             + [("c", "coordinator")])
 
 
-@pytest.fixture
-def wire(monkeypatch):
-    """Every frame set any in-memory party puts on the wire, as (sender, receiver, frames)."""
-    frames: list = []
-    orig = InMemoryParty._transport_send
-
-    def capture(self, to, fr):
-        frames.append((self.name, to, [bytes(f) for f in fr]))
-        return orig(self, to, fr)
-
-    monkeypatch.setattr(InMemoryParty, "_transport_send", capture)
-    return frames
 
 
 # ------------------------------------------------------- local operations
