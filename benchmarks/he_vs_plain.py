@@ -212,6 +212,9 @@ def main(argv=None) -> int:
                     acc = r["test_accuracy"]
                     print(f"    acc {acc if acc is None else round(acc, 4)}, {r['s_per_epoch']:.3f} s/epoch, "
                           f"train {r['train_s']:.1f}s{'*' if r['extrapolated'] else ''}", flush=True)
+    if not args.keep:  # the run folders were temporary and are gone
+        for r in rows:
+            r.pop("run_dir", None)
     name = "he_vs_plain_quick" if args.quick else "he_vs_plain"
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json_atomic(RESULTS / f"{name}.json", {"meta": meta, "args": vars(args), "rows": rows})
