@@ -10,6 +10,9 @@ methods of a row are measured in the same run on the same partitions.
     python benchmarks/chfl_tables.py --quick          # ~1 split x 1 seed, 8 rounds
     python benchmarks/chfl_tables.py                  # 3 splits x 3 seeds, 20 rounds
     python benchmarks/chfl_tables.py --only table2 --datasets covertype --resume
+    python benchmarks/chfl_tables.py --only fig4 --name part_b   # a second process...
+    python benchmarks/chfl_tables.py --resume --only table2 --datasets covertype \
+        --import-runs benchmarks/results/part_b.json           # ...merged into the main tables
 
 Writes benchmarks/results/chfl_tables{,_quick}.{json,md,png} atomically
 (after every finished run, so an interrupted sweep keeps what it has and
@@ -99,18 +102,44 @@ def run_id(job: dict) -> str:
             f"|fs={job['feature_seed']}|s={job['seed']}")
 
 
-def summarize(jobs: list[dict], runs: dict, errors: dict) -> dict:
+def parse_run_id(rid: str) -> dict:
+    """The job fields of a run id (``run_id``'s inverse)."""
+    ds, *kv = rid.split("|")
+    f = dict(x.split("=", 1) for x in kv)
+    return {"dataset": ds, "K": int(f["K"]), "ratio": float(f["r"]),
+            "feature_seed": int(f["fs"]), "seed": int(f["s"])}
+
+
+def summarize(runs: dict, errors: dict) -> dict:
+    """Every table row from the finished runs themselves, not from this
+    invocation's plan, so runs made by several invocations (``--resume``,
+    ``--import-runs``) all count: Table II = 5 clients at 30% per dataset,
+    Table III = covertype at 30% per K, Fig. 4 = covertype with 5 clients
+    per ratio.  Table III / Fig. 4 appear once a run off the default exists."""
     out: dict = {"table2": {}, "table3": {}, "fig4": {}}
-    for job in jobs:
-        sec = out[job["section"]].setdefault(job["key"], {"runs": [], "dataset": job["dataset"],
-                                                           "K": job["K"], "ratio": job["ratio"]})
-        rid = run_id(job)
-        if rid in runs:
-            sec["runs"].append(rid)
-        if job["dataset"] in errors:
-            sec["error"] = errors[job["dataset"]]
+    for rid in sorted(runs):
+        j = parse_run_id(rid)
+        row = lambda sec, key: out[sec].setdefault(key, {"runs": [], "dataset": j["dataset"],
+                                                        "K": j["K"], "ratio": j["ratio"]})
+        if j["K"] == 5 and abs(j["ratio"] - 0.3) < 1e-9:
+            row("table2", j["dataset"])["runs"].append(rid)
+        if j["dataset"] == "covertype" and abs(j["ratio"] - 0.3) < 1e-9:
+            row("table3", str(j["K"]))["runs"].append(rid)
+        if j["dataset"] == "covertype" and j["K"] == 5:
+            row("fig4", f"{j['ratio']:g}")["runs"].append(rid)
+    for ds, err in errors.items():
+        out["table2"].setdefault(ds, {"runs": [], "dataset": ds, "K": 5, "ratio": 0.3})["error"] = err
+    if set(out["table3"]) <= {"5"}:
+        out["table3"] = {}
+    if set(out["fig4"]) <= {"0.3"}:
+        out["fig4"] = {}
+    out["table3"] = dict(sorted(out["table3"].items(), key=lambda kv: int(kv[0])))
+    out["fig4"] = dict(sorted(out["fig4"].items(), key=lambda kv: float(kv[0])))
     for sec in out.values():
         for row in sec.values():
+            js = [parse_run_id(r) for r in row["runs"]]
+            row["splits"] = len({j["feature_seed"] for j in js})
+            row["seeds"] = len({j["seed"] for j in js})
             cells = {m: _cell([runs[r]["results"][m]["mean_test"] for r in row["runs"]])
                      for m in METHODS}
             row["cells"] = cells
@@ -124,8 +153,8 @@ def summarize(jobs: list[dict], runs: dict, errors: dict) -> dict:
     return out
 
 
-def write_outputs(base: Path, meta: dict, jobs, runs, errors) -> dict:
-    summ = summarize(jobs, runs, errors)
+def write_outputs(base: Path, meta: dict, runs, errors) -> dict:
+    summ = summarize(runs, errors)
     doc = {"meta": meta, "summary": summ, "runs": runs, "errors": errors,
            "paper": {"table2": PAPER_T2, "table3": {str(k): v for k, v in PAPER_T3.items()}}}
     _atomic_write(base.with_suffix(".json"), json.dumps(doc, indent=1, default=float))
@@ -140,19 +169,20 @@ def render_md(meta: dict, summ: dict) -> str:
          f"Command: `{meta['command']}`  ", f"Started {meta['started']}; "
          f"{meta.get('elapsed_s', 0):.0f} s elapsed; torch threads {meta['threads']}, "
          f"device {meta['device']}.", "",
-         f"Per run: {meta['splits']} feature split(s) x {meta['seeds']} seed(s); "
+         f"Per run: "
          f"T={meta['rounds']} rounds x E={meta['epochs']} local epochs, batch "
          f"{meta['batch_size']}, Adam; lr grid {meta['lr_grid']}, μ grid (μ>0) "
          f"{meta['mu_grid']}; each client picks lr/μ/round on its own validation rows "
-         f"(select={meta['select']}). Cell = mean ± std over runs of the mean test "
-         "accuracy over clients. Paper numbers beside ours in *italics*.", ""]
+         f"(select={meta['select']}). Cell = mean ± std over the row's runs (feature splits x "
+         "seeds, counted in the last columns) of the mean test accuracy over clients. "
+         "Paper numbers beside ours in *italics*.", ""]
 
     def table(title, sec, first, paper):
         if not sec:
             return
         L.extend([f"## {title}", "",
                   f"| {first} | " + " | ".join(HEAD[m] for m in METHODS)
-                  + " | runs | μ>0 ≥ μ=0 | μ=0 > max(C,L) |",
+                  + " | runs (splits x seeds) | μ>0 ≥ μ=0 | μ=0 > max(C,L) |",
                   "|---" * (len(METHODS) + 4) + "|"])
         for key, row in sec.items():
             if "error" in row and not row["runs"]:
@@ -163,7 +193,7 @@ def render_md(meta: dict, summ: dict) -> str:
             cl = row.get("claim", {})
             yes = lambda k: ("yes" if cl[k] else "**no**") if k in cl else ""
             L.append(f"| {key} | " + " | ".join(_fmt(row["cells"][m]) for m in METHODS)
-                     + f" | {len(row['runs'])} | {yes('mu>0 >= mu=0')} | "
+                     + f" | {len(row['runs'])} ({row['splits']} x {row['seeds']}) | {yes('mu>0 >= mu=0')} | "
                        f"{yes('mu=0 > max(Common, Local)')} |")
             p = paper.get(key) if paper else None
             if p:
@@ -229,6 +259,9 @@ def main(argv=None) -> int:
     ap.add_argument("--name", help="output base name (default chfl_tables[_quick])")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--resume", action="store_true", help="reuse finished runs from the JSON")
+    ap.add_argument("--import-runs", action="append", default=[], metavar="JSON",
+                    help="also reuse the finished runs of another output JSON (same settings); "
+                         "lets several processes share a sweep, merged here")
     a = ap.parse_args(argv)
 
     q = a.quick
@@ -244,11 +277,10 @@ def main(argv=None) -> int:
     a.datasets = [s.strip().lower() for s in a.datasets.split(",") if s.strip()]
     a.clients = [int(x) for x in a.clients.split(",")]
     a.ratios = [float(x) for x in a.ratios.split(",")]
-    torch.set_num_threads(max(1, a.threads))
     base = Path(a.out_dir) / (a.name or ("chfl_tables_quick" if q else "chfl_tables"))
 
     meta = {"mode": "quick" if q else "full", "command": " ".join(["python"] + sys.argv),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": max(1, a.threads),
             "device": a.device, "splits": a.splits, "seeds": a.seeds, "rounds": a.rounds,
             "epochs": DEFAULTS["epochs"], "batch_size": DEFAULTS["batch_size"],
             "lr_grid": lr_grid, "mu_grid": mu_grid, "select": a.select,
@@ -256,11 +288,21 @@ def main(argv=None) -> int:
     settings = {k: meta[k] for k in ("rounds", "epochs", "batch_size", "lr_grid", "mu_grid",
                                      "select", "hidden")}
     runs: dict = {}
-    if a.resume and base.with_suffix(".json").exists():
-        old = json.loads(base.with_suffix(".json").read_text())
-        runs = {k: v for k, v in old.get("runs", {}).items() if v.get("settings") == settings}
-        print(f"resume: {len(runs)} finished runs reused", flush=True)
+    sources = ([base.with_suffix(".json")] if a.resume and base.with_suffix(".json").exists() else [])
+    sources += [Path(p) for p in a.import_runs]
+    for src in sources:
+        try:
+            old = json.loads(src.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"cannot read finished runs from {src}: {e}")
+        other = {k: v for k, v in old.get("runs", {}).items() if v.get("settings") != settings}
+        if other:  # never drop someone's finished runs on rewrite
+            ap.error(f"{src}: {len(other)} finished run(s) were made with other settings than "
+                     f"{settings}; use another --name, or the same --rounds/--lr-grid/--mu-grid")
+        runs.update(old.get("runs", {}))
+        print(f"{src.name}: {len(old.get('runs', {}))} finished runs reused", flush=True)
 
+    torch.set_num_threads(max(1, a.threads))
     jobs = build_plan(a)
     errors: dict = {}
     data: dict = {}
@@ -296,6 +338,7 @@ def main(argv=None) -> int:
                     seed=job["seed"], feature_seed=job["feature_seed"], lr_grid=lr_grid,
                     mu_grid=mu_grid, select=a.select, device=a.device, progress=prog)
         res["settings"] = settings
+        res["job"] = {k: job[k] for k in ("dataset", "K", "ratio", "feature_seed", "seed")}
         runs[rid] = res
         dt = time.perf_counter() - t0
         el = time.perf_counter() - t_start
@@ -304,9 +347,9 @@ def main(argv=None) -> int:
             f"{HEAD[m]} {res['results'][m]['mean_test']:.4f}" for m in METHODS)
             + f"   (ETA {el / (i + 1) * left / 60:.0f} min)", flush=True)
         meta["elapsed_s"] = el
-        write_outputs(base, meta, jobs, runs, errors)
+        write_outputs(base, meta, runs, errors)
     meta["elapsed_s"] = time.perf_counter() - t_start
-    summ = write_outputs(base, meta, jobs, runs, errors)
+    summ = write_outputs(base, meta, runs, errors)
     print(render_md(meta, summ))
     print(f"wrote {base.with_suffix('.json')} (.md, .png)")
     return 0

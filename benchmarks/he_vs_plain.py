@@ -53,6 +53,22 @@ PAPER = {  # Table III of the STFL paper: training seconds, FATE vs STFL
 }
 
 
+def full_run_bytes(measured_total: int, train_bytes: dict | None, batches: int | None,
+                   batches_per_epoch: int | None, epochs: int, measured_epochs: float) -> float:
+    """Bytes a full run would put on the wire, from a run cut short.
+
+    Only the training traffic grows with the epochs; PSI, key exchange and the
+    test pass are paid once.  Every training message goes to or from the host,
+    so the host's sent+received during training (``train_bytes``) is all of
+    it.  Without that split, the whole measured total is scaled (an over-estimate)."""
+    if train_bytes and batches and batches_per_epoch:
+        train = int(train_bytes["sent"]) + int(train_bytes["received"])
+        if not 0 <= train <= measured_total:
+            raise ValueError(f"training bytes {train} outside 0..{measured_total} (the run's total)")
+        return (measured_total - train) + train * (int(batches_per_epoch) * epochs) / int(batches)
+    return measured_total / max(measured_epochs, 1e-9) * epochs
+
+
 def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits: int, workdir: Path) -> dict:
     preset, over = VARIANTS[variant]
     over = dict(over, dataset=dataset, epochs=int(measure.get("epochs", epochs)))
@@ -77,14 +93,17 @@ def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits
     full_train = s_per_epoch * epochs
     extrapolated = measured_epochs < epochs or "max_batches" in over
     bytes_party = {n: p["traffic"]["bytes_sent_total"] for n, p in s["parties"].items()}
-    bytes_per_epoch = sum(bytes_party.values()) / max(measured_epochs, 1e-9)
+    measured_bytes = sum(bytes_party.values())
+    tb = res.get("train_bytes")
+    bytes_total = measured_bytes if not extrapolated or variant == "stfl" else full_run_bytes(
+        measured_bytes, tb, res.get("batches"), res.get("batches_per_epoch"), epochs, measured_epochs)
     return {
         "variant": variant, "dataset": dataset, "test_accuracy": res.get("test_accuracy"),
         "train_s": full_train, "measured_train_s": float(res["train_s"]), "measured_epochs": measured_epochs,
         "s_per_epoch": s_per_epoch, "epochs": epochs, "extrapolated": extrapolated,
         "psi_s": res.get("psi_s"), "process_wall_s": wall, "bytes_sent_by_party": bytes_party,
-        "bytes_total_measured": sum(bytes_party.values()),
-        "bytes_total": bytes_per_epoch * epochs if variant != "stfl" else sum(bytes_party.values()),
+        "bytes_total_measured": measured_bytes, "train_bytes_measured": tb,
+        "bytes_total": bytes_total,
         "n_common": res.get("n_common"), "key_bits": key_bits if preset == "he_split" else None,
         "run_dir": str(run_dir),
     }
@@ -111,8 +130,9 @@ def markdown(rows: list[dict], args, meta: dict) -> str:
            f"{meta['machine']}; {meta['when']}; command `{meta['command']}`. Every variant ran as real party "
            "processes over CURVE ZeroMQ, one after another, same data split and seed. "
            f"Times are joint-training wall time for {args.epochs} epochs (batch 128, Adam); `*` = measured on "
-           "fewer epochs/batches and extrapolated linearly (measured amount in the last column). PSI and process "
-           "start-up are excluded.", "",
+           "fewer epochs/batches and extrapolated linearly (measured amount in the last column); for MB on wire only "
+           "the training traffic is scaled, PSI/key set-up/test-pass bytes are counted once. PSI and process "
+           "start-up are excluded from the times.", "",
            "| dataset | variant | accuracy | train s | s/epoch | x STFL | x plaintext split | MB on wire | measured |",
            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     by = {(r["dataset"], r["variant"]): r for r in rows}

@@ -1,0 +1,84 @@
+"""What the benchmark scripts compute from their runs: extrapolated bytes on
+the wire (he_vs_plain) and the CHFL tables' grouping of finished runs."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import chfl_tables  # noqa: E402
+import he_vs_plain  # noqa: E402
+
+from fedhet.algorithms import he_split  # noqa: E402
+from fedhet.parties.inmemory import run_inmemory  # noqa: E402
+
+
+def _he_run(batches: int) -> dict:
+    cfg = dict(dataset="breast_sklearn", he="paillier", key_bits=512, slot_bits=128, mask_bits=32, pool=False,
+               epochs=1, batch_size=32, max_batches=batches, evaluate=False, guest_bottom_width=3,
+               interactive_width=2, seed=3)
+    res = run_inmemory(he_split, [("host", "host"), ("guest1", "guest")], cfg=cfg)
+    return {"total": sum(r["bytes"]["sent"] for r in res.values()), "host": res["host"]}
+
+
+def test_extrapolated_bytes_scale_only_the_training_traffic():
+    short, long_ = _he_run(1), _he_run(4)
+    h = short["host"]
+    assert h["batches"] == 1 and long_["host"]["batches"] == 4
+    est = he_vs_plain.full_run_bytes(short["total"], h["train_bytes"], h["batches"], 4, 1, 1 / 4)
+    whole = he_vs_plain.full_run_bytes(short["total"], None, None, None, 1, 1 / 4)
+    # PSI and key set-up are paid once: scaling only training bytes predicts the 4-batch run
+    assert est == pytest.approx(long_["total"], rel=0.02)
+    assert whole > 1.2 * long_["total"]  # the old estimate, scaling everything, overstates
+    with pytest.raises(ValueError, match="training bytes"):
+        he_vs_plain.full_run_bytes(10, {"sent": 8, "received": 8}, 1, 4, 1, 0.25)
+
+
+def _fake_run(acc: dict, **job) -> tuple[str, dict]:
+    rid = chfl_tables.run_id(job)
+    return rid, {"results": {m: {"mean_test": acc[m]} for m in chfl_tables.METHODS},
+                 "settings": {"rounds": 1}}
+
+
+def test_chfl_tables_rows_come_from_every_finished_run():
+    acc = {"common": 0.5, "local": 0.6, "chfl_mu0": 0.7, "chfl_mu>0": 0.75}
+    runs = dict([
+        _fake_run(acc, dataset="covertype", K=5, ratio=0.3, feature_seed=0, seed=1000),
+        _fake_run({**acc, "chfl_mu>0": 0.65}, dataset="covertype", K=5, ratio=0.3, feature_seed=1, seed=1000),
+        _fake_run(acc, dataset="covertype", K=2, ratio=0.3, feature_seed=0, seed=1000),
+        _fake_run(acc, dataset="covertype", K=5, ratio=0.1, feature_seed=0, seed=1001),
+        _fake_run(acc, dataset="vehicle", K=5, ratio=0.3, feature_seed=0, seed=1000),
+    ])
+    s = chfl_tables.summarize(runs, {"helena": "not available"})
+    assert set(s["table2"]) == {"covertype", "vehicle", "helena"}
+    assert s["table2"]["helena"]["error"] == "not available" and not s["table2"]["helena"]["runs"]
+    cov = s["table2"]["covertype"]
+    assert len(cov["runs"]) == 2 and cov["splits"] == 2 and cov["seeds"] == 1
+    assert cov["cells"]["chfl_mu>0"][0] == pytest.approx(0.70)
+    assert cov["claim"]["mu>0 >= mu=0"] is True and cov["claim"]["mu=0 > max(Common, Local)"] is True
+    assert list(s["table3"]) == ["2", "5"] and len(s["table3"]["5"]["runs"]) == 2
+    assert list(s["fig4"]) == ["0.1", "0.3"] and s["fig4"]["0.1"]["seeds"] == 1
+    # only default-setting runs: no Table III / Fig. 4 section at all
+    only = {k: v for k, v in runs.items() if "K=5|r=0.3" in k}
+    assert chfl_tables.summarize(only, {})["table3"] == {} and chfl_tables.summarize(only, {})["fig4"] == {}
+
+
+def test_chfl_tables_refuses_to_drop_runs_made_with_other_settings(tmp_path, capsys):
+    rid, run = _fake_run({m: 0.5 for m in chfl_tables.METHODS}, dataset="vehicle", K=5, ratio=0.3,
+                         feature_seed=0, seed=1000)
+    path = tmp_path / "chfl_tables.json"
+    path.write_text(json.dumps({"runs": {rid: run}}))
+    before = path.read_bytes()
+    with pytest.raises(SystemExit):
+        chfl_tables.main(["--only", "table2", "--datasets", "vehicle", "--resume", "--out-dir", str(tmp_path)])
+    assert "other settings" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    other = tmp_path / "elsewhere.json"
+    with pytest.raises(SystemExit):
+        chfl_tables.main(["--only", "table2", "--datasets", "vehicle", "--import-runs", str(other),
+                          "--out-dir", str(tmp_path), "--name", "x"])
+    assert "cannot read finished runs" in capsys.readouterr().err
