@@ -206,7 +206,7 @@ class Party:
     def _transport_send(self, to: str, frames: list) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _transport_close(self) -> None:
+    def _transport_close(self, linger_s: float | None = None) -> None:
         pass
 
     def _reject(self, reason: str) -> None:

@@ -30,6 +30,10 @@ from .transcript import Transcript
 LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties it starts
 
 
+# A failed party gives queued messages this long to leave before it exits (not the whole timeout).
+FAILED_LINGER_S = 2.0
+
+
 def die_with_launcher() -> None:
     """Under ``fedhet run``, end this party when the launcher dies, even by SIGKILL.
 
@@ -157,7 +161,7 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: 
             transcript.close()
         if party is not None:
             try:
-                party._transport_close()
+                party._transport_close(linger_s=FAILED_LINGER_S)
             except Exception:
                 pass
         return 130 if isinstance(e, KeyboardInterrupt) else 1

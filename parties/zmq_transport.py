@@ -179,11 +179,13 @@ class ZmqParty(Party):
                     continue
             self._deliver([p.buffer for p in parts[1:]], authenticated=user)
 
-    def _transport_close(self) -> None:
+    def _transport_close(self, linger_s: float | None = None) -> None:
         self._halt.set()
         self._rx.join(timeout=5)
         for s in self.dealers.values():
-            s.close()  # lingers until queued messages are handed to the peer
+            # a clean close lingers until queued messages reach the peer; a failed party passes a short
+            # linger so messages queued for a dead peer do not hold its exit for the whole timeout
+            s.close(linger=None if linger_s is None else int(max(0.0, linger_s) * 1000))
         self.router.close(linger=0)
         if self._zap is not None:
             self._zap.stop()

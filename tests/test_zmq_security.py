@@ -239,3 +239,16 @@ def test_insecure_mode_works_and_warns():
     finally:
         a._transport_close()
         b._transport_close()
+
+
+def test_failed_party_does_not_linger_on_messages_for_a_dead_peer():
+    """Messages queued for a peer that never answers hold a clean close for the
+    linger time (the federation timeout); a failed party's short linger does not."""
+    keys = {n: zmq.curve_keypair() for n in ROLES}
+    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}  # nobody listens at client1's
+    party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                     secret_key=keys["server"][1], run_id=RUN, timeout=30.0, logger=QUIET)
+    party.send("client1", "data", {"x": np.zeros(1000)})
+    t0 = time.monotonic()
+    party._transport_close(linger_s=0.1)
+    assert time.monotonic() - t0 < 10.0  # a 30 s linger would hold it here
