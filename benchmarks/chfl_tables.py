@@ -80,7 +80,7 @@ def build_plan(args) -> list[dict]:
     jobs = []
 
     def add(section, key, dataset, K, ratio):
-        for fs in range(args.splits):
+        for fs in (args.feature_splits if args.feature_splits is not None else range(args.splits)):
             for s in range(args.seeds):
                 jobs.append({"section": section, "key": key, "dataset": dataset, "K": K,
                              "ratio": ratio, "feature_seed": fs, "seed": 1000 + s})
@@ -249,6 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ratios", default="0.1,0.2,0.3,0.4,0.5")
     ap.add_argument("--splits", type=int)
     ap.add_argument("--seeds", type=int)
+    ap.add_argument("--feature-splits", help="explicit feature-split indices, e.g. 1,2 (default: "
+                    "0..splits-1); lets processes share one row's runs")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--lr-grid")
     ap.add_argument("--mu-grid")
@@ -271,6 +273,13 @@ def main(argv=None) -> int:
     lr_grid = [float(x) for x in (a.lr_grid or ("1e-3" if q else "1e-3,1e-4")).split(",")]
     mu_grid = [float(x) for x in (a.mu_grid or ("0.5" if q else "0.1,0.5,1")).split(",")]
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
+    if a.feature_splits is not None:
+        try:
+            a.feature_splits = sorted({int(x) for x in a.feature_splits.split(",") if x.strip()})
+        except ValueError:
+            ap.error(f"--feature-splits: integers separated by commas, got {a.feature_splits!r}")
+        if not a.feature_splits or min(a.feature_splits) < 0:
+            ap.error("--feature-splits: at least one index, none negative")
     bad = set(a.only) - {"table2", "table3", "fig4"}
     if bad:
         ap.error(f"--only: unknown {sorted(bad)}")
