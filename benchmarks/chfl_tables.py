@@ -166,7 +166,9 @@ def write_outputs(base: Path, meta: dict, runs, errors) -> dict:
 
 def render_md(meta: dict, summ: dict) -> str:
     L = [f"# CHFL reproduction ({meta['mode']})", "",
-         f"Command: `{meta['command']}`  ", f"Started {meta['started']}; "
+         "Commands that made these runs (the last one wrote this file): "
+         + "; ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])) + "  ",
+         f"Last started {meta['started']}; "
          f"{meta.get('elapsed_s', 0):.0f} s elapsed; torch threads {meta['threads']}, "
          f"device {meta['device']}.", "",
          f"Per run: "
@@ -294,6 +296,7 @@ def main(argv=None) -> int:
             "epochs": DEFAULTS["epochs"], "batch_size": DEFAULTS["batch_size"],
             "lr_grid": lr_grid, "mu_grid": mu_grid, "select": a.select,
             "hidden": DEFAULTS["hidden"], "torch": torch.__version__}
+    meta["commands"] = [meta["command"]]
     settings = {k: meta[k] for k in ("rounds", "epochs", "batch_size", "lr_grid", "mu_grid",
                                      "select", "hidden")}
     runs: dict = {}
@@ -309,6 +312,10 @@ def main(argv=None) -> int:
             ap.error(f"{src}: {len(other)} finished run(s) were made with other settings than "
                      f"{settings}; use another --name, or the same --rounds/--lr-grid/--mu-grid")
         runs.update(old.get("runs", {}))
+        om = old.get("meta", {})
+        for c in om.get("commands", [om["command"]] if "command" in om else []):
+            if c not in meta["commands"][:-1]:
+                meta["commands"].insert(len(meta["commands"]) - 1, c)
         print(f"{src.name}: {len(old.get('runs', {}))} finished runs reused", flush=True)
 
     torch.set_num_threads(max(1, a.threads))
