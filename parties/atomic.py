@@ -8,14 +8,32 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask would race with other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> Path:
+    """Write ``data`` to ``path`` via a temporary file and a rename.
+
+    ``mode=None`` gives the permissions a plain ``open(path, "w")`` would
+    (0o666 less the umask; mkstemp alone would leave results 0o600); secret
+    files pass ``mode=0o600``, which is set before any byte is written."""
+    if mode is None:
+        mode = 0o666 & ~_umask()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        if mode is not None:
-            os.fchmod(fd, mode)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

@@ -270,3 +270,20 @@ def test_audit_fails_a_tampered_transcript(demo_run, tmp_path, tamper):
     assert any(p.startswith("client1:") for p in rep.problems), rep.problems
     assert cli.main(["audit", str(bad)]) == 1
     assert audit(run_dir).ok  # the original is untouched
+
+
+def test_atomic_writes_honour_the_umask_unless_told_a_mode(tmp_path):
+    import os
+    import stat
+
+    from fedhet.parties.atomic import write_atomic, write_json_atomic
+
+    old = os.umask(0o027)
+    try:
+        plain = write_json_atomic(tmp_path / "result.json", {"a": 1})
+        secret = write_atomic(tmp_path / "k.key", b"s", mode=0o600)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(plain.stat().st_mode) == 0o640
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
