@@ -26,6 +26,7 @@ Writes benchmarks/results/he_vs_plain.{json,md,png} (``_quick`` with --quick).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import tempfile
@@ -157,6 +158,14 @@ def markdown(rows: list[dict], args, meta: dict) -> str:
             if acc is not None else
             f"| {r['dataset']} | {r['variant']} | - | {r['train_s']:.1f}{star} | {r['s_per_epoch']:.3f} | "
             f"{x_stfl:.1f} | {x_hi:.1f} | {r['bytes_total'] / 1e6:.1f}{star} | {r['measured_epochs']:.3g} epochs |")
+    out += ["", "Bytes each side sent in the measured part of the run (MB):", "",
+            "| dataset | variant | host (label owner) | guest (passive party) |", "|---|---|---:|---:|"]
+    for r in rows:
+        if "error" not in r:
+            b = r["bytes_sent_by_party"]
+            host = sum(v for n, v in b.items() if n == "host")
+            out.append(f"| {r['dataset']} | {r['variant']} | {host / 1e6:.2f} | "
+                       f"{(sum(b.values()) - host) / 1e6:.2f} |")
     out += ["", "Accuracy in brackets is after the measured part only, not after the full run; the 100-epoch "
             "accuracy of the HE network is in `he_split_table1.md` (encrypted runs per seed on cancer, the "
             "same network's plaintext reference on the large sets).", "",
@@ -216,7 +225,19 @@ def main(argv=None) -> int:
     ap.add_argument("--he-batches", type=int, default=5, help="HE batches run on the large sets (0: all epochs, the paper's setting; hours)")
     ap.add_argument("--naive-batches", type=int, default=1, help="naive-Paillier batches actually run")
     ap.add_argument("--keep", action="store_true", help="keep the run folders (else a temp dir)")
+    ap.add_argument("--render-only", action="store_true", help="re-write the markdown and plot from the JSON")
     args = ap.parse_args(argv)
+    if args.render_only:
+        name = "he_vs_plain_quick" if args.quick else "he_vs_plain"
+        try:
+            doc = json.loads((RESULTS / f"{name}.json").read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--render-only needs {RESULTS / (name + '.json')}: {e}")
+        saved = argparse.Namespace(**doc["args"])
+        write_atomic(RESULTS / f"{name}.md", markdown(doc["rows"], saved, doc["meta"]))
+        plot(doc["rows"], RESULTS / f"{name}.png")
+        print((RESULTS / f"{name}.md").read_text())
+        return 0
     if args.quick:
         args.epochs = min(args.epochs, 10)
     datasets = args.datasets or (["cancer"] if args.quick else ["cancer", "payment", "credit"])
