@@ -11,7 +11,7 @@ encrypted accuracy where encrypted runs exist, else the reference's, and the
 table says which; the encrypted-minus-reference difference per seed shows
 the layer's fixed-point error in accuracy terms.
 
-A 100-epoch encrypted run costs ~10 minutes per seed on cancer here and ~8-9
+A 100-epoch encrypted run costs ~10 minutes per seed on cancer here and ~8-12
 hours on the 30,000-row sets (``he_vs_plain.md``), so payment and credit get
 the reference column unless named in ``--encrypted``.
 
@@ -79,7 +79,7 @@ def render(rows: list[dict], meta: dict) -> str:
                   + ", ".join(f"{a:.2f}" for a in ref) + " | "
                   + ("-" if diff is None else f"{diff:.2f}") + " | " + ("-" if spe is None else f"{spe:.2f}") + " |")
     md += ["", "Encrypted runs are missing where they would take hours on this 2-core machine (100 epochs on "
-           "the 30,000-row sets: ~8-9 h per seed, see `he_vs_plain.md`); those cells are the reference, which "
+           "the 30,000-row sets: ~8-12 h per seed at the 281-425 s/epoch measured in `he_vs_plain.md`); those cells are the reference, which "
            "the encrypted layer matches within its fixed-point error (tests/test_he_split.py checks losses and "
            "parameters; the column above shows it in accuracy where both exist)."]
     return "\n".join(md) + "\n"

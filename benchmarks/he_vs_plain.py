@@ -124,7 +124,7 @@ def plan(dataset: str, variant: str, args) -> dict:
     if small and not args.quick:
         return {"epochs": min(args.epochs, args.he_epochs_small)}
     if not small and args.he_batches == 0:
-        return {}  # the paper's full setting on the large sets: ~8-9 h per variant on 2 cores
+        return {}  # the paper's full setting on the large sets: ~8-12 h per variant on 2 cores
     return {"epochs": 1, "max_batches": args.he_batches} if not small else {"epochs": args.he_epochs}
 
 
