@@ -32,6 +32,7 @@ import torch
 
 from fedhet.algorithms.chfl_local import DEFAULTS, sweep
 from fedhet.algorithms.data_tabular import load_tabular
+from fedhet.parties.atomic import write_atomic
 
 METHODS = ["common", "local", "chfl_mu0", "chfl_mu>0"]
 HEAD = {"common": "Common", "local": "Local", "chfl_mu0": "CHFL μ=0", "chfl_mu>0": "CHFL μ>0"}
@@ -55,14 +56,6 @@ NOTES = {
     "vehicle": "not in the paper; FATE vehicle_scale guest+host joined (846 x 18 x 4)",
     "covertype": "Kaggle train.csv, 15,120 x 54 x 7 (the paper's set)",
 }
-
-
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
 
 
 def _fmt(ms) -> str:
@@ -157,8 +150,8 @@ def write_outputs(base: Path, meta: dict, runs, errors) -> dict:
     summ = summarize(runs, errors)
     doc = {"meta": meta, "summary": summ, "runs": runs, "errors": errors,
            "paper": {"table2": PAPER_T2, "table3": {str(k): v for k, v in PAPER_T3.items()}}}
-    _atomic_write(base.with_suffix(".json"), json.dumps(doc, indent=1, default=float))
-    _atomic_write(base.with_suffix(".md"), render_md(meta, summ))
+    write_atomic(base.with_suffix(".json"), json.dumps(doc, indent=1, default=float))
+    write_atomic(base.with_suffix(".md"), render_md(meta, summ))
     if summ["fig4"]:
         plot_fig4(base.with_suffix(".png"), summ["fig4"])
     return summ
