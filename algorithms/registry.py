@@ -1,13 +1,15 @@
 """Names of the runnable algorithms -> their modules (imported on first use).
 
-An algorithm module exposes ``NAME``, ``ROLES`` (role -> role function),
-``load_data(cfg, name, role, index, n_of_role, data_dir)`` and
-``DECLARATIONS`` (its message kinds, for the audit).
+An algorithm module exposes ``ALGORITHM``, a :class:`fedhet.parties.contract.Algorithm`
+(older modules expose ``NAME``, ``ROLES``, ``load_data``, ``DECLARATIONS`` and are adapted).
+The CLI hands :func:`get_algorithm` to the runtime and the audit; ``parties/`` itself imports
+no algorithm.
 """
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+
+from fedhet.parties.contract import Algorithm, from_module
 
 ALGORITHMS: dict[str, str] = {
     "fedavg_logreg": "fedhet.algorithms.fedavg_logreg",
@@ -19,13 +21,13 @@ ALGORITHMS: dict[str, str] = {
 }
 
 
-def get_algorithm(name: str) -> ModuleType:
+def names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def get_algorithm(name: str) -> Algorithm:
     try:
         path = ALGORITHMS[name]
     except KeyError:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None
-    mod = importlib.import_module(path)
-    for attr in ("NAME", "ROLES", "load_data", "DECLARATIONS"):
-        if not hasattr(mod, attr):
-            raise TypeError(f"algorithm module {path} lacks {attr}")
-    return mod
+    return from_module(importlib.import_module(path))

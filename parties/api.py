@@ -17,10 +17,18 @@ import time
 from typing import Any, Callable, Iterable
 
 from . import codec
+from . import declare as decl
+from . import schema
 from .codec import MalformedMessage
 
 DEFAULT_TIMEOUT = 120.0
-BYE_KIND = "_bye"  # closing barrier; declared for every run by the audit
+BYE_KIND = decl.BYE_KIND      # closing barrier; declared for every run
+ABORT_KIND = decl.ABORT_KIND  # "I failed, and why": peers stop at once instead of timing out
+# What a peer may make us hold for one message kind it sends us before we read it: honest
+# protocols here stay far below (one round's message at a time); a flood is refused.
+QUEUE_MAX_BYTES = 256 << 20
+QUEUE_MAX_MESSAGES = 4096
+MAX_REJECTS_KEPT = 100  # reasons kept verbatim; beyond, only counted by category
 
 
 class PartyError(RuntimeError):
@@ -28,13 +36,11 @@ class PartyError(RuntimeError):
 
 
 class PeerTimeout(PartyError, TimeoutError):
-    """A peer stayed silent past the receive timeout."""
+    """A peer did not send the awaited message within the receive timeout."""
 
-    def __init__(self, me: str, peer: str, kind: str, timeout: float):
-        super().__init__(
-            f"party {me!r} waited {timeout:g}s for a {kind!r} message from {peer!r}; "
-            f"{peer!r} is silent (crashed, stalled or unreachable)"
-        )
+    def __init__(self, me: str, peer: str, kind: str, timeout: float, what_it_did: str = ""):
+        did = what_it_did or f"{peer!r} is silent (crashed, stalled or unreachable)"
+        super().__init__(f"party {me!r} waited {timeout:g}s for a {kind!r} message from {peer!r}; {did}")
         self.peer, self.kind, self.timeout = peer, kind, timeout
 
 
@@ -42,17 +48,42 @@ class PartyAborted(PartyError):
     """The federation is being torn down because another party failed."""
 
 
+class MessageRejected(PartyError):
+    """A peer sent a message this party refused (undeclared kind, payload against its schema,
+    or a flood); raised by the ``recv`` that waited for it, naming sender, kind and field."""
+
+    def __init__(self, me: str, peer: str, kind: str, reason: str):
+        super().__init__(f"party {me!r} rejected a {kind!r} message from {peer!r}: {reason}")
+        self.peer, self.kind, self.reason = peer, kind, reason
+
+
 class _Mailbox:
     """Received envelopes, keyed by (sender, kind), so a recv can wait for one kind."""
 
     def __init__(self) -> None:
         self._queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
+        self._bytes: dict[tuple[str, str], int] = collections.defaultdict(int)
+        self._poisoned: dict[tuple[str, str], Exception] = {}
         self._cv = threading.Condition()
         self.aborted: str | None = None
 
-    def put(self, env: codec.Envelope) -> None:
+    def put(self, env: codec.Envelope) -> str | None:
+        """Queue ``env``; returns why it was refused when its (sender, kind) queue is full."""
+        key = (env.frm, env.kind)
         with self._cv:
-            self._queues[(env.frm, env.kind)].append(env)
+            q = self._queues[key]
+            if len(q) >= QUEUE_MAX_MESSAGES or self._bytes[key] + env.nbytes > QUEUE_MAX_BYTES:
+                return (f"{len(q)} unread {env.kind!r} messages ({self._bytes[key]:,} bytes) already "
+                        f"queued from {env.frm!r}; limit {QUEUE_MAX_MESSAGES} / {QUEUE_MAX_BYTES:,} bytes")
+            q.append(env)
+            self._bytes[key] += env.nbytes
+            self._cv.notify_all()
+        return None
+
+    def poison(self, frm: str, kind: str, err: Exception) -> None:
+        """Make the next recv of (frm, kind) raise ``err`` (the message it waits for was refused)."""
+        with self._cv:
+            self._poisoned.setdefault((frm, kind), err)
             self._cv.notify_all()
 
     def abort(self, reason: str) -> None:
@@ -66,7 +97,11 @@ class _Mailbox:
             while True:
                 q = self._queues.get((frm, kind))
                 if q:
-                    return q.popleft()
+                    env = q.popleft()
+                    self._bytes[(frm, kind)] -= env.nbytes
+                    return env
+                if (frm, kind) in self._poisoned:
+                    raise self._poisoned[(frm, kind)]
                 if self.aborted is not None:
                     raise PartyAborted(self.aborted)
                 left = deadline - time.monotonic()
@@ -91,6 +126,8 @@ class Party:
         logger: logging.Logger | None = None,
         metrics_path=None,
         status_cb: Callable[[dict], None] | None = None,
+        declarations: dict[str, decl.MessageDecl] | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -120,7 +157,14 @@ class Party:
         self.bytes_received: dict[str, int] = collections.defaultdict(int)
         self.messages_sent: dict[str, int] = collections.defaultdict(int)
         self.messages_received: dict[str, int] = collections.defaultdict(int)
-        self.rejected: list[str] = []
+        self.rejected: list[str] = []  # the first MAX_REJECTS_KEPT reasons, verbatim (truncated)
+        self.reject_counts: dict[str, int] = collections.defaultdict(int)  # "peer: category" -> count
+        # Declarations make receipt strict: undeclared kinds, wrong roles and payloads against
+        # their schema are refused.  None (low-level tests only) accepts any kind.
+        if declarations is not None:
+            declarations = decl.index(declarations.values() if isinstance(declarations, dict) else declarations)
+        self.declarations = declarations
+        self.sizes = dict(sizes or {})
 
     # ------------------------------------------------------------------ API
     def peers_with_role(self, role: str) -> list[str]:
@@ -141,7 +185,7 @@ class Party:
             self.bytes_sent[to] += n
             self.messages_sent[to] += 1
             if self.transcript is not None:
-                self.transcript.record("send", to, kind, self.round, seq, n, digest, codec.describe(payload))
+                self._record("send", to, kind, self.round, seq, n, digest, payload)
 
     def recv(self, frm: str, kind: str, timeout: float | None = None) -> Any:
         if frm not in self.roles or frm == self.name:
@@ -149,8 +193,20 @@ class Party:
         t = self.timeout if timeout is None else float(timeout)
         env = self._mailbox.get(frm, kind, t)
         if env is None:
-            raise PeerTimeout(self.name, frm, kind, t)
+            raise PeerTimeout(self.name, frm, kind, t, self._what_peer_did(frm))
         return env.payload
+
+    def _what_peer_did(self, peer: str) -> str:
+        """For a timeout's message: what ``peer`` did send, so an honest peer is not called silent."""
+        with self._reject_lock:
+            refused = {k.split(": ", 1)[1]: v for k, v in self.reject_counts.items() if k.startswith(peer + ": ")}
+        got = self.messages_received.get(peer, 0)
+        if not refused and not got:
+            return f"{peer!r} sent nothing (crashed, stalled or unreachable)"
+        parts = [f"{peer!r} sent {got} accepted message(s)"]
+        if refused:
+            parts.append("and " + ", ".join(f"{v} refused ({k})" for k, v in sorted(refused.items())))
+        return " ".join(parts) + " but not this one"
 
     def broadcast(self, kind: str, payload: Any, to: Iterable[str] | None = None) -> None:
         for p in (self.peers if to is None else list(to)):
@@ -209,10 +265,47 @@ class Party:
     def _transport_close(self, linger_s: float | None = None) -> None:
         pass
 
-    def _reject(self, reason: str) -> None:
-        self.log.warning("rejected message: %s", reason)
+    def _reject(self, reason: str, peer: str = "?", category: str = "malformed") -> None:
+        """Log and count a refused message.  Reasons can reflect what a peer sent: they are cut
+        to 200 characters, and only the first MAX_REJECTS_KEPT are kept and logged verbatim."""
+        reason = str(reason)
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."
         with self._reject_lock:
-            self.rejected.append(reason)
+            self.reject_counts[f"{peer}: {category}"] += 1
+            keep = len(self.rejected) < MAX_REJECTS_KEPT
+            if keep:
+                self.rejected.append(reason)
+        if keep:
+            self.log.warning("rejected message: %s", reason)
+        elif sum(self.reject_counts.values()) % 1000 == 0:
+            self.log.warning("rejected messages so far: %s", dict(self.reject_counts))
+
+    def _record(self, direction: str, peer: str, kind: str, rnd: int, seq: int, n: int, digest: str,
+                payload: Any) -> None:
+        described = schema.describe(payload)
+        self.transcript.record(direction, peer, kind, rnd, seq, n, digest,
+                               [(dt, shape) for _, dt, shape in described],
+                               paths=[p for p, _, _ in described])
+
+    def _admit(self, env: codec.Envelope) -> tuple[str, str, Exception | None] | None:
+        """Check a received message against the declarations: None if admitted, else
+        (category, reason, error for the waiting recv)."""
+        if self.declarations is None:
+            return None
+        d = self.declarations.get(env.kind)
+        srole = self.roles.get(env.frm, "?")
+        if d is None:
+            return ("undeclared kind", f"undeclared message kind {env.kind!r} from {env.frm!r}", None)
+        if not decl.role_ok(srole, d.sender) or not decl.role_ok(self.role, d.receiver):
+            return ("undeclared kind", f"kind {env.kind!r} is declared {list(d.sender)} -> {list(d.receiver)}, "
+                    f"not {srole} {env.frm!r} -> {self.role} {self.name!r}", None)
+        if d.payload is not None:
+            try:
+                d.payload.validate(env.payload, "", self.sizes)
+            except schema.SchemaError as e:
+                return ("against its schema", f"{env.kind!r} from {env.frm!r}: {e}",
+                        MessageRejected(self.name, env.frm, env.kind, str(e)))
+        return None
 
     def _deliver(self, frames: list, authenticated: str | None) -> bool:
         """Validate one received frame set and queue it; never raises.
@@ -221,40 +314,68 @@ class Party:
         CURVE key the connection proved, mapped through the allow-list), or
         None where the transport cannot vouch (``--insecure``).
         """
+        peer = authenticated or "?"
+        except_reason = None
         try:
             env = codec.decode(frames, self.max_message_bytes)
         except MalformedMessage as e:
-            self._reject(f"malformed from {authenticated or '?'}: {e}")
-            return False
+            except_reason = f"malformed from {peer}: {e}"
         except Exception as e:  # belt and braces: nothing a peer sends may crash us
-            self._reject(f"undecodable from {authenticated or '?'}: {type(e).__name__}: {e}")
+            except_reason = f"undecodable from {peer}: {type(e).__name__}: {e}"
+        if except_reason is not None:
+            self._reject(except_reason, peer, "malformed")
             return False
         if env.run != self.run_id:
-            self._reject(f"message of another run {env.run!r} (ours {self.run_id!r}) from {env.frm!r}")
+            self._reject(f"message of another run {env.run!r} (ours {self.run_id!r}) from {env.frm!r}",
+                         peer, "foreign run")
             return False
         if env.to != self.name:
-            self._reject(f"message addressed to {env.to!r} delivered to {self.name!r}")
+            self._reject(f"message addressed to {env.to!r} delivered to {self.name!r}", peer, "misaddressed")
             return False
         if env.frm not in self.roles or env.frm == self.name:
-            self._reject(f"message from unknown party {env.frm!r}")
+            self._reject(f"message from unknown party {env.frm!r}", peer, "unknown sender")
             return False
         if authenticated is not None and authenticated != env.frm:
-            self._reject(f"party {authenticated!r} tried to send as {env.frm!r}")
+            self._reject(f"party {authenticated!r} tried to send as {env.frm!r}", peer, "impersonation")
             return False
         with self._lock:
             expected = self._seq_in[env.frm]
             if env.seq != expected:
                 what = "replayed" if env.seq < expected else "out-of-order"
-                self._reject(f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}")
+                self._reject(f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}",
+                             env.frm, what)
                 return False
             self._seq_in[env.frm] = expected + 1
             self.bytes_received[env.frm] += env.nbytes
+        refused = self._admit(env)
+        if refused is not None:
+            category, reason, err = refused
+            self._reject(reason, env.frm, category)
+            if err is not None:
+                self._mailbox.poison(env.frm, env.kind, err)
+            return False
+        with self._lock:
             self.messages_received[env.frm] += 1
             if self.transcript is not None:
-                self.transcript.record("recv", env.frm, env.kind, env.round, env.seq,
-                                       env.nbytes, env.digest, env.arrays)
-        self._mailbox.put(env)
+                self._record("recv", env.frm, env.kind, env.round, env.seq, env.nbytes, env.digest, env.payload)
+        if env.kind == ABORT_KIND:
+            reason = env.payload.get("reason", "") if isinstance(env.payload, dict) else ""
+            self._mailbox.abort(f"party {env.frm!r} failed: {str(reason)[:200]}")
+            return True
+        full = self._mailbox.put(env)
+        if full is not None:
+            self._reject(full, env.frm, "flood")
+            self._mailbox.poison(env.frm, env.kind, MessageRejected(self.name, env.frm, env.kind, full))
+            return False
         return True
+
+    def notify_failure(self, reason: str) -> None:
+        """Tell every peer this party failed (best effort), so they stop within seconds."""
+        for p in self.peers:
+            try:
+                self.send(p, ABORT_KIND, {"reason": str(reason)[:180]})
+            except Exception:  # a dead link must not hide the original failure
+                pass
 
     def traffic(self) -> dict:
         return {

@@ -17,9 +17,10 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import declare as decl
+from .contract import from_module, installed_algorithm, prepare
 from .keys import verify_key
 from .transcript import verify
 
@@ -36,21 +37,26 @@ class AuditReport:
         return not self.problems
 
 
-def _declarations(config: dict) -> tuple[dict, list[str]]:
-    from fedhet.algorithms.registry import get_algorithm
-
+def _declarations(config: dict, lookup: Callable[[str], Any] | None) -> tuple[dict, dict, Any, list[str]]:
+    """(declared kinds, sizes, settings, problems) of the run's algorithm, via ``lookup``."""
     name = config.get("algorithm", {}).get("name")
+    lookup = lookup or installed_algorithm
     try:
-        algo = get_algorithm(name)
+        algo = from_module(lookup(name))
     except (ValueError, TypeError, ImportError) as e:
-        return decl.index([]), [f"cannot load the declarations of algorithm {name!r}: {e}"]
-    decls = getattr(algo, "DECLARATIONS", [])
-    if callable(decls):
-        decls = decls(config.get("algorithm_cfg", {}))
-    return decl.index(decls), []
+        return decl.index([]), {}, None, [f"cannot load the declarations of algorithm {name!r}: {e}"]
+    try:
+        settings, declared, sizes = prepare(algo, config.get("algorithm_cfg", {}))
+    except ValueError as e:
+        return decl.index([]), {}, None, [f"the run's [algorithm] settings do not parse: {e}"]
+    if declared is None:
+        return decl.index([]), sizes, settings, [f"algorithm {name!r} declares no message kinds"]
+    return declared, sizes, settings, []
 
 
-def audit(run_dir: str | Path) -> AuditReport:
+def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None) -> AuditReport:
+    """Audit a run folder; ``lookup`` maps the run's algorithm name to its Algorithm (the CLI
+    hands the algorithms' registry; by default the installed entry points)."""
     run_dir = Path(run_dir)
     rep = AuditReport(run_dir)
     cfg_path = run_dir / "config.json"
@@ -61,8 +67,7 @@ def audit(run_dir: str | Path) -> AuditReport:
         return rep
     run_id = config.get("run_id", "")
     roles = {p["name"]: p["role"] for p in config.get("party", [])}
-    alg_cfg = config.get("algorithm_cfg", {})
-    declared, errs = _declarations(config)
+    declared, sizes, alg_cfg, errs = _declarations(config, lookup)
     rep.problems += errs
 
     sends: dict[tuple, dict] = {}
@@ -90,7 +95,7 @@ def audit(run_dir: str | Path) -> AuditReport:
                 sends[key] = r
                 c[0] += 1
                 c[1] += int(r.get("bytes", 0))
-                _check_declared(rep, declared, roles, alg_cfg, name, r)
+                _check_declared(rep, declared, roles, alg_cfg, sizes, name, r, name, r.get("peer"))
             elif r.get("dir") == "recv":
                 key = (r.get("peer"), name, r.get("seq"))
                 if key in recvs:
@@ -98,6 +103,8 @@ def audit(run_dir: str | Path) -> AuditReport:
                 recvs[key] = r
                 c[2] += 1
                 c[3] += int(r.get("bytes", 0))
+                # Both ends are checked: a receipt re-signed with other shapes must fail too.
+                _check_declared(rep, declared, roles, alg_cfg, sizes, name, r, r.get("peer"), name)
             else:
                 rep.problems.append(f"{name}: record {r.get('i')} has direction {r.get('dir')!r}")
     for key, s in sends.items():
@@ -119,25 +126,30 @@ def audit(run_dir: str | Path) -> AuditReport:
     return rep
 
 
-def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: dict, name: str, r: dict) -> None:
+def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, sizes: dict, name: str, r: dict,
+                    sender: str, receiver: str) -> None:
     kind = r.get("kind")
     d = declared.get(kind)
-    where = f"{name} -> {r.get('peer')} seq {r.get('seq')} ({kind})"
+    where = f"{name}: {sender} -> {receiver} seq {r.get('seq')} ({kind}, {r.get('dir')} record)"
     if d is None:
         rep.problems.append(f"{where}: message kind not declared by the protocol")
         return
-    srole, rrole = roles.get(name, "?"), roles.get(r.get("peer"), "?")
+    srole, rrole = roles.get(sender, "?"), roles.get(receiver, "?")
     if not decl.role_ok(srole, d.sender):
         rep.problems.append(f"{where}: sent by role {srole!r}, declared only for {list(d.sender)}")
     if not decl.role_ok(rrole, d.receiver):
         rep.problems.append(f"{where}: received by role {rrole!r}, declared only for {list(d.receiver)}")
-    if d.check is not None:
-        try:
-            msg = d.check([(dt, tuple(shape)) for dt, shape in r.get("arrays", [])], cfg)
-        except Exception as e:  # a broken check is a failed check, not a crash
-            msg = f"declaration check raised {type(e).__name__}: {e}"
-        if msg:
-            rep.problems.append(f"{where}: {msg}")
+    arrays = r.get("arrays", [])
+    paths = r.get("paths")
+    try:
+        recs = [(dt, tuple(shape)) for dt, shape in arrays]
+        if isinstance(paths, list) and len(paths) == len(recs):
+            recs = [(str(p), dt, shape) for p, (dt, shape) in zip(paths, recs)]
+        msg = decl.check_record(d, recs, cfg, sizes)
+    except Exception as e:  # a malformed record or a broken check is a failed check, not a crash
+        msg = f"arrays cannot be checked ({type(e).__name__}: {e})"
+    if msg:
+        rep.problems.append(f"{where}: {msg}")
 
 
 def render(rep: AuditReport, console: Any = None) -> None:

@@ -5,7 +5,12 @@
     fedhet party FILE --name N          run one party (one per machine)
     fedhet run FILE_OR_PRESET [--out D] run every party as a local process
     fedhet audit RUN_DIR                verify transcripts and declared disclosures
+    fedhet messages ALGO                every message kind: sender, receiver, payload schema
+    fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
     fedhet demo [--out D]               the headline job, end to end
+
+This module is the one place in ``parties/`` that imports ``fedhet.algorithms``: it resolves
+algorithm names through the registry and hands the Algorithm to the runtime and the audit.
 """
 from __future__ import annotations
 
@@ -45,11 +50,72 @@ def _parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def _registry():
+    from fedhet.algorithms import registry
+
+    return registry
+
+
 def cmd_presets(args) -> int:
     from . import presets
 
+    if args.describe:
+        return _describe_settings(args.describe)
     for n in presets.names():
         console.print(f"[bold]{n:<22}[/bold] {presets.describe(n)}")
+    return 0
+
+
+def _algorithm_of(spec: str):
+    """An algorithm name, or a preset / federation file whose algorithm is meant."""
+    reg = _registry()
+    if spec in reg.ALGORITHMS:
+        return reg.get_algorithm(spec), None
+    fed = _load_federation(spec)
+    return reg.get_algorithm(fed.algorithm_name), fed
+
+
+def _describe_settings(spec: str) -> int:
+    from rich.table import Table
+
+    algo, _ = _algorithm_of(spec)
+    rows = algo.describe_settings()
+    console.print(f"[bold]{algo.name}[/bold]: {algo.summary}", highlight=False)
+    if not rows:
+        console.print("(this algorithm has no typed settings yet: its module docstring lists its keys)")
+        return 0
+    t = Table(title=f"[algorithm] settings of {algo.name}")
+    for c in ("key", "type", "default", "range", "meaning"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(r["key"], r["type"], json.dumps(r["default"]), r["range"], r["doc"])
+    console.print(t)
+    return 0
+
+
+def cmd_messages(args) -> int:
+    from rich.table import Table
+
+    from .contract import prepare
+
+    algo, fed = _algorithm_of(args.algorithm)
+    table = dict(fed.algorithm_cfg()) if fed is not None else {}
+    table.update(_parse_overrides(args.set))
+    settings, declared, sizes = prepare(algo, table)
+    if args.json:
+        print(json.dumps({k: {"sender": list(d.sender), "receiver": list(d.receiver), "what": d.what,
+                              "payload": d.payload.render() if d.payload is not None else None}
+                          for k, d in declared.items()}, indent=2))
+        return 0
+    t = Table(title=f"message kinds of {algo.name}" + (f" ({args.algorithm})" if fed is not None else ""))
+    for c in ("kind", "sender", "receiver", "payload", "what"):
+        t.add_column(c, overflow="fold")
+    for k, d in declared.items():
+        t.add_row(k, ", ".join(d.sender), ", ".join(d.receiver),
+                  d.payload.render() if d.payload is not None else "(arrays checked by the audit)", d.what)
+    console.print(t)
+    if sizes:
+        console.print("sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.items()), highlight=False)
     return 0
 
 
@@ -88,8 +154,9 @@ def cmd_party(args) -> int:
     if not args.run_id and not fed.run_id:
         console.print("note: no --run-id and no run_id in the file: using the file's hash; give each run a fresh "
                       "--run-id so messages of an earlier run can never be replayed into this one", style="yellow")
-    code = run_party(fed, args.name, out, insecure=args.insecure, bind=args.bind, run_id=args.run_id or None,
-                     echo=not args.quiet)
+    algorithm = _registry().get_algorithm(fed.algorithm_name)
+    code = run_party(fed, args.name, out, algorithm, insecure=args.insecure, bind=args.bind,
+                     run_id=args.run_id or None, echo=not args.quiet)
     if not args.quiet:
         console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}")
     return code
@@ -132,7 +199,7 @@ def cmd_run(args) -> int:
 def cmd_audit(args) -> int:
     from .audit import audit, render
 
-    rep = audit(args.run_dir)
+    rep = audit(args.run_dir, _registry().get_algorithm)
     render(rep, console)
     if args.json:
         print(json.dumps({"ok": rep.ok, "problems": rep.problems, "table": rep.table}, indent=2))
@@ -140,9 +207,10 @@ def cmd_audit(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from fedhet.algorithms import demo
+    from . import demo
 
-    return demo.main(out=args.out, progress=not args.no_progress, console=console, he_epochs=args.he_epochs)
+    return demo.main(out=args.out, progress=not args.no_progress, console=console, he_epochs=args.he_epochs,
+                     lookup=_registry().get_algorithm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,7 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  "across parties that hold different features")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("presets", help="list the federation presets that ship with fedhet")
+    p.add_argument("--describe", metavar="ALGO_OR_PRESET",
+                   help="list every [algorithm] setting of an algorithm with type, default and meaning")
     p.set_defaults(fn=cmd_presets)
+    p = sub.add_parser("messages", help="list an algorithm's message kinds with sender, receiver and schema")
+    p.add_argument("algorithm", help="algorithm name, preset or federation file (its settings size the schemas)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] setting")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_messages)
     p = sub.add_parser("keys", help="create CURVE and Ed25519 key pairs for the parties of a federation file")
     p.add_argument("file")
     p.add_argument("--name", help="only this party (on its own machine)")

@@ -10,9 +10,11 @@ plus the run's configuration, so it is exactly what an auditor can verify.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-ArraysCheck = Callable[[list, dict], "str | None"]
+from . import schema as sch
+
+ArraysCheck = Callable[[list, Any], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,8 @@ class MessageDecl:
     sender: tuple[str, ...]          # roles allowed to send it
     receiver: tuple[str, ...]        # roles allowed to receive it
     what: str                        # plain words: what the payload is
-    check: ArraysCheck | None = field(default=None, compare=False)  # None: any arrays allowed
+    check: ArraysCheck | None = field(default=None, compare=False)  # extra audit check of (dtype, shape)s
+    payload: sch.Spec | None = field(default=None, compare=False)   # the payload's schema (checked on receipt)
 
     def __post_init__(self):
         for attr in ("sender", "receiver"):
@@ -30,16 +33,23 @@ class MessageDecl:
                 object.__setattr__(self, attr, (v,))
 
 
-def declare(kind: str, sender, receiver, what: str, check: ArraysCheck | None = None) -> MessageDecl:
-    return MessageDecl(kind, sender, receiver, what, check)
+def declare(kind: str, sender, receiver, what: str, check: ArraysCheck | None = None,
+            payload: sch.Spec | None = None) -> MessageDecl:
+    """One message kind.  ``payload`` is its schema (:mod:`fedhet.parties.schema`): the
+    receiver validates every message against it and the audit checks every record."""
+    return MessageDecl(kind, sender, receiver, what, check, payload)
 
 
 ANY_ROLE = "*"
+BYE_KIND = "_bye"
+ABORT_KIND = "_abort"
 
-# The closing barrier every party sends once to every peer; it carries no data.
 BUILTIN = [
-    declare("_bye", ANY_ROLE, ANY_ROLE, "end-of-run barrier, empty payload", lambda arrays, cfg: (
-        None if not arrays else "closing message carries arrays")),
+    # The closing barrier every party sends once to every peer; it carries no data.
+    declare(BYE_KIND, ANY_ROLE, ANY_ROLE, "end-of-run barrier, empty payload", payload=sch.Null()),
+    # A failing party tells its peers why, so they stop within seconds and blame the right party.
+    declare(ABORT_KIND, ANY_ROLE, ANY_ROLE, "a party failed: its one-line reason (no data)",
+            payload=sch.Fields({"reason": sch.Str(max_len=sch.MAX_TEXT)})),
 ]
 
 
@@ -68,3 +78,15 @@ def index(decls: Iterable[MessageDecl]) -> dict[str, MessageDecl]:
 
 def role_ok(role: str, allowed: Sequence[str]) -> bool:
     return ANY_ROLE in allowed or role in allowed
+
+
+def check_record(d: MessageDecl, arrays: list, cfg: Any, sizes: dict | None = None) -> str | None:
+    """The audit's check of one record's arrays (``(path, dtype, shape)`` or ``(dtype, shape)``)
+    against a declaration: its schema, then its extra check.  None when it passes."""
+    if d.payload is not None:
+        msg = sch.check_arrays(d.payload, arrays, sizes)
+        if msg:
+            return msg
+    if d.check is not None:
+        return d.check([(a[-2], tuple(a[-1])) for a in arrays], cfg)
+    return None

@@ -55,6 +55,9 @@ class PartySpec:
     device: str = "cpu"
     public_key: str = ""
     sign_key: str = ""
+    # The party's own data file (path, id/label/feature columns): read only on its own
+    # machine, never part of the public record or the run id (paths differ per machine).
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Federation:
     data_dir: str = ""
     source: str = "<memory>"
     extra: dict[str, Any] = field(default_factory=dict)
+    base_dir: str = ""  # the federation file's folder: relative data paths start there
 
     # ------------------------------------------------------------- queries
     @property
@@ -117,7 +121,8 @@ class Federation:
             "federation": fed,
             "algorithm": copy.deepcopy(self.algorithm),
             "party": [
-                {k: v for k, v in vars(p).items() if v != "" or k in ("name", "role", "endpoint")}
+                {k: v for k, v in vars(p).items()
+                 if (v != "" or k in ("name", "role", "endpoint")) and not (k == "data" and (public_only or not v))}
                 for p in self.parties
             ],
         }
@@ -184,7 +189,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         where = f"[[party]] #{i + 1}" + (f" ({p.get('name')!r})" if isinstance(p, dict) and "name" in p else "")
         if not isinstance(p, dict):
             raise err(f"{where} is not a table")
-        extra = set(p) - {"name", "role", "endpoint", "device", "public_key", "sign_key"}
+        extra = set(p) - {"name", "role", "endpoint", "device", "public_key", "sign_key", "data"}
         if extra:
             raise err(f"{where}: unknown fields {sorted(extra)}")
         for f in ("name", "role", "endpoint"):
@@ -207,7 +212,11 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         for k in ("public_key", "sign_key"):
             if k in p and not isinstance(p[k], str):
                 raise err(f"{where}: {k} must be a string")
-        parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""), p.get("sign_key", "")))
+        pdata = p.get("data", {})
+        if not isinstance(pdata, dict):
+            raise err(f"{where}: data must be a table, e.g. data = {{ path = \"mine.csv\", label = \"y\" }}")
+        parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""),
+                                 p.get("sign_key", ""), dict(pdata)))
     key_dir = fed.pop("key_dir", None)
     if key_dir is not None:
         key_dir = Path(key_dir)
@@ -225,6 +234,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
         timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
         data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed,
+        base_dir=str(base_dir) if base_dir is not None else "",
     )
 
 

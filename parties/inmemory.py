@@ -12,6 +12,7 @@ import traceback
 import uuid
 from typing import Any
 
+from . import contract
 from .api import Party, PartyAborted, PartyError
 
 
@@ -53,39 +54,53 @@ class FederationFailed(PartyError):
         self.failures, self.tracebacks = failures, tracebacks
 
 
-def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: dict | None = None, seed: int = 0,
+def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None, seed: int = 0,
                  data: dict[str, Any] | None = None, device: str = "cpu", timeout: float = 120.0,
-                 data_dir=None) -> dict[str, Any]:
+                 data_dir=None, party_data: dict[str, dict] | None = None, base_dir=None,
+                 strict: bool = True) -> dict[str, Any]:
     """Run every role function of ``algorithm`` in its own thread; return name -> result.
 
-    ``algorithm`` is an algorithm module (or its registered name).  Each party
-    loads its own data through ``algorithm.load_data`` unless ``data`` gives it.
+    ``algorithm`` is a :class:`~fedhet.parties.contract.Algorithm`, a module exposing one, or
+    an installed algorithm's name (:func:`~fedhet.parties.contract.installed_algorithm`).  ``cfg`` is
+    the ``[algorithm]`` table (or an already parsed settings object).  Each party loads its
+    own data through ``algorithm.load_data`` unless ``data`` gives it; ``party_data`` gives a
+    party's own data-file spec, as the ``data`` key of its section in a federation file.
+    With ``strict`` every party refuses messages its declarations do not allow, exactly as
+    the process runtime does.
     """
-    from fedhet.algorithms.registry import get_algorithm
-
-    algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
-    cfg = dict(cfg or {})
-    cfg.setdefault("seed", seed)
+    algo = contract.installed_algorithm(algorithm) if isinstance(algorithm, str) else contract.from_module(algorithm)
+    if cfg is not None and not isinstance(cfg, dict):
+        settings = cfg
+        declared, sizes = algo.declared(settings), dict(algo.sizes(settings) or {})
+    else:
+        table = dict(cfg or {})
+        table.setdefault("seed", seed)
+        settings, declared, sizes = contract.prepare(algo, table)
     roles = dict(parties)
     if len(roles) != len(parties):
         raise ValueError("party names must be unique")
-    for name, role in parties:
-        if role not in algo.ROLES:
-            raise ValueError(f"party {name!r} has role {role!r}, which {algo.NAME} does not have "
-                             f"(roles: {sorted(algo.ROLES)})")
+    algo.check_roles(roles)
     hub = InMemoryHub(roles)
     for name, _ in parties:
-        hub.party(name, seed=seed, device=device, timeout=timeout)
+        hub.party(name, seed=seed, device=device, timeout=timeout,
+                  declarations=declared if strict else None, sizes=sizes)
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
     tbs: dict[str, str] = {}
-    index = _role_index(parties)
+    index = contract.role_index(parties)
 
     def body(name: str, role: str) -> None:
         try:
-            d = data[name] if data is not None and name in data else algo.load_data(
-                cfg, name, role, index[name][0], index[name][1], data_dir)
-            results[name] = algo.ROLES[role](hub.parties[name], cfg, d)
+            if data is not None and name in data:
+                d = data[name]
+            else:
+                ctx = contract.PartyContext(
+                    name=name, role=role, index=index[name][0], n_of_role=index[name][1],
+                    data_dir=None if data_dir is None else str(data_dir),
+                    data=(party_data or {}).get(name), base_dir=None if base_dir is None else str(base_dir),
+                    device=hub.parties[name].device)
+                d = algo.load_data(settings, ctx)
+            results[name] = algo.roles[role](hub.parties[name], settings, d)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             if not isinstance(e, PartyAborted):
                 failures[name] = e
@@ -100,13 +115,3 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: dict | Non
     if failures:
         raise FederationFailed(failures, tbs)
     return results
-
-
-def _role_index(parties: list[tuple[str, str]]) -> dict[str, tuple[int, int]]:
-    """name -> (position among parties of its role, number of parties of that role)."""
-    counts: dict[str, int] = {}
-    pos: dict[str, int] = {}
-    for name, role in parties:
-        pos[name] = counts.get(role, 0)
-        counts[role] = pos[name] + 1
-    return {name: (pos[name], counts[role]) for name, role in parties}

@@ -56,7 +56,8 @@ def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | No
         while port in used:
             port = free_port()
         used.add(port)
-        parties.append(replace(p, endpoint=f"tcp://127.0.0.1:{port}", public_key=pub.curve, sign_key=pub.sign))
+        parties.append(replace(p, endpoint=f"tcp://127.0.0.1:{port}", public_key=pub.curve, sign_key=pub.sign,
+                               data=_absolute_data(p.data, fed.base_dir)))
     algorithm = dict(fed.algorithm)
     algorithm.update(overrides or {})
     resolved = replace(fed, parties=parties, key_dir=key_dir.resolve(), run_id=uuid.uuid4().hex,
@@ -64,6 +65,16 @@ def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | No
     fed_file = run_dir / "federation.toml"
     write_atomic(fed_file, resolved.to_toml())
     return resolved, fed_file
+
+
+def _absolute_data(data: dict, base_dir: str) -> dict:
+    """A party's data spec with its path made absolute: the resolved federation file lives in
+    the run folder, but the user wrote paths relative to their own file."""
+    out = dict(data or {})
+    path = out.get("path")
+    if isinstance(path, str) and base_dir and not Path(path).expanduser().is_absolute():
+        out["path"] = str((Path(base_dir) / path).resolve())
+    return out
 
 
 def _reason(run_dir: Path, name: str, code: int) -> str:

@@ -22,7 +22,9 @@ import traceback
 from pathlib import Path
 
 from . import keys as keyfiles
+from .api import PartyAborted
 from .atomic import write_json_atomic
+from .contract import Algorithm, PartyContext, prepare
 from .federation import Federation, check_keys_present
 from .transcript import Transcript
 
@@ -81,14 +83,32 @@ def config_record(fed: Federation, run_id: str, insecure: bool) -> dict:
     return d
 
 
-def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: bool = False,
-              bind: str | None = None, run_id: str | None = None, echo: bool = True) -> int:
-    """Run one party to completion; returns the process exit code (0 = success)."""
-    from fedhet.algorithms.registry import get_algorithm
+class Stopped(BaseException):
+    """SIGTERM reached the party (the launcher or a user stopped it)."""
 
+
+def _stop_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (tests): the default action stays
+        pass
+
+
+def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
+              insecure: bool = False, bind: str | None = None, run_id: str | None = None,
+              echo: bool = True) -> int:
+    """Run one party of ``algorithm`` to completion; returns the process exit code (0 = success).
+
+    ``algorithm`` comes from the caller (the CLI resolves the federation's algorithm name
+    through the algorithms' registry): the runtime itself knows no algorithm.
+    """
     from .zmq_transport import ZmqParty
 
     die_with_launcher()
+    _stop_on_sigterm()
     run_dir = Path(run_dir)
     spec = fed.party(name)
     pdir = party_dir(run_dir, name)
@@ -107,10 +127,14 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: 
 
     try:
         write_json_atomic(run_dir / "config.json", config_record(fed, run_id, insecure))
-        algo = get_algorithm(fed.algorithm_name)
-        if spec.role not in algo.ROLES:
-            raise ValueError(f"role {spec.role!r} of party {name!r} is not a role of {algo.NAME} "
-                             f"({sorted(algo.ROLES)})")
+        algo = algorithm
+        if algo.name != fed.algorithm_name:
+            raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
+        if spec.role not in algo.roles:
+            raise ValueError(f"role {spec.role!r} of party {name!r} is not a role of {algo.name} "
+                             f"({sorted(algo.roles)})")
+        # Settings, declarations and sizes before anything listens: a bad key fails here.
+        settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
         if fed.key_dir is None:
             raise ValueError(f"{fed.source}: [federation] key_dir is not set; run `fedhet keys` first")
         if not insecure:
@@ -128,19 +152,21 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: 
             secret_key=secret, insecure=insecure, bind_endpoint=bind, run_id=run_id, seed=fed.seed,
             device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
             transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
+            declarations=declared, sizes=sizes,
         )
         log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                  party.device, ", INSECURE" if insecure else "")
-        cfg = fed.algorithm_cfg()
         idx, n = fed.role_index(name)
-        data = algo.load_data(cfg, name, spec.role, idx, n, fed.data_dir or None)
+        ctx = PartyContext(name=name, role=spec.role, index=idx, n_of_role=n, data_dir=fed.data_dir or None,
+                           data=spec.data or None, base_dir=fed.base_dir or None, device=party.device)
+        data = algo.load_data(settings, ctx)
         t_train = time.perf_counter()
-        result = algo.ROLES[spec.role](party, cfg, data)
+        result = algo.roles[spec.role](party, settings, data)
         party.close()
         transcript.close()
         wall = time.perf_counter() - t0
         write_json_atomic(pdir / "result.json", {
-            "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.NAME,
+            "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
             "result": result, "traffic": party.traffic(), "wall_s": wall,
             "role_wall_s": time.perf_counter() - t_train, "device": party.device, "insecure": insecure,
         })
@@ -149,12 +175,20 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: 
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
         reason = f"{type(e).__name__}: {e}"
-        log.error("party %s failed: %s\n%s", name, reason, traceback.format_exc())
+        stopped = isinstance(e, (Stopped, KeyboardInterrupt))
+        # Caused by a peer (its abort notice, or its message refused): say so, so the run's
+        # summary can name the party that failed first rather than every party that stopped.
+        caused_by = getattr(e, "peer", None) if not stopped else None
+        log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
+        if party is not None and not stopped and not isinstance(e, PartyAborted):
+            party.notify_failure(f"{name}: {reason}")
         try:
-            write_json_atomic(pdir / "error.json", {"party": name, "role": spec.role, "error": reason,
-                                                    "traceback": traceback.format_exc(),
-                                                    "wall_s": time.perf_counter() - t0})
-            status({"state": "failed", "error": reason})
+            write_json_atomic(pdir / "error.json", {
+                "party": name, "role": spec.role, "error": reason, "stopped": stopped,
+                "aborted_by_peer": isinstance(e, PartyAborted), "caused_by": caused_by,
+                "time": time.time(), "traceback": traceback.format_exc(),
+                "wall_s": time.perf_counter() - t0})
+            status({"state": "stopped" if stopped else "failed", "error": reason})
         except Exception:
             pass
         if transcript is not None:
@@ -164,4 +198,4 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, insecure: 
                 party._transport_close(linger_s=FAILED_LINGER_S)
             except Exception:
                 pass
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
+        return 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Stopped) else 1

@@ -45,13 +45,15 @@ class Transcript:
         self._closed = False
 
     def record(self, direction: str, peer: str, kind: str, round: int, seq: int,
-               nbytes: int, digest: str, arrays) -> None:
+               nbytes: int, digest: str, arrays, paths: list[str] | None = None) -> None:
         rec = {
             "type": "msg", "i": self._count, "t": round_t(time.time()), "party": self.party,
             "dir": direction, "peer": peer, "kind": kind, "round": int(round), "seq": int(seq),
             "bytes": int(nbytes), "sha256": digest,
             "arrays": [[dt, list(shape)] for dt, shape in arrays], "prev": self._prev,
         }
+        if paths is not None and len(paths) == len(rec["arrays"]):
+            rec["paths"] = list(paths)  # each array's field in the payload (the schema's path)
         with self._lock:
             if self._closed:
                 return

@@ -39,7 +39,10 @@ def _host(summary: dict) -> dict:
     return next(p for p in summary["parties"].values() if p["role"] == "host")
 
 
-def main(out: str | None = None, progress: bool = True, console=None, he_epochs: int = 3) -> int:
+def main(out: str | None = None, progress: bool = True, console=None, he_epochs: int = 3,
+         lookup=None) -> int:
+    """``lookup`` maps an algorithm name to its Algorithm, for the audits (the CLI hands the
+    registry: the demo, like the rest of ``parties/``, knows no algorithm)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -64,7 +67,7 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
         except RunFailed as e:
             console.print(f"[bold red]demo failed[/bold red] in {label}: {e}", highlight=False)
             return 1
-        rep = audit(root / preset)
+        rep = audit(root / preset, lookup)
         res = _host(s)["result"]
         s_epoch = float(res["s_per_epoch"])
         rows.append({"label": label, "acc": res.get("test_accuracy"), "epochs": over["epochs"],
