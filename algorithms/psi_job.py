@@ -27,36 +27,46 @@ computation, so raise it for sets of millions of IDs on a busy machine).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from fedhet.crypto.ecdh_psi import encode_items
+from fedhet.parties.contract import Algorithm, PartyContext
+from fedhet.parties.settings import TableView, parse_settings, setting
 from fedhet.protocols import psi
 
 NAME = "psi"
-DEFAULTS = {"n": 1000, "overlap": 0.5, "pair_overlap": 0.1, "duplicates": 0.02, "id_type": "str",
-            "reveal": True, "order": "sorted", "chunk": psi.DEFAULT_CHUNK, "workers": None, "psi_timeout": None}
 LABEL_OWNER, FEATURE = "label_owner", "feature"
+
+
+@dataclass(frozen=True)
+class Settings(TableView):
+    n: int = setting(1000, "IDs per party, before duplicate rows", lo=0)
+    overlap: float = setting(0.5, "fraction of n that every party holds", lo=0, hi=1)
+    pair_overlap: float = setting(0.1, "fraction of n the label owner shares with one feature party only",
+                                  lo=0, hi=1)
+    duplicates: float = setting(0.02, "extra rows repeating IDs, as a fraction of n", lo=0, hi=1)
+    id_type: Literal["str", "int"] = setting("str", "IDs as keyed-hash strings or integers")
+    reveal: bool = setting(True, "false: only the label owner learns the intersection")
+    order: Literal["sorted", "label_owner"] = setting("sorted", "order of the common list")
+    chunk: int = setting(psi.DEFAULT_CHUNK, "points per PSI message", lo=1)
+    workers: int | None = setting(None, "worker processes for the curve arithmetic (None: automatic)", lo=0)
+    psi_timeout: float | None = setting(None, "seconds to wait for any one PSI message (None: the "
+                                        "federation's timeout)", lo=0, lo_open=True)
+    seed: int = setting(0, "seeds the IDs and the row order", lo=0)
+
+
+def _cfg(cfg) -> Settings:
+    return cfg if isinstance(cfg, Settings) else parse_settings(Settings, cfg, NAME)
+
+
+def declarations(s: Settings) -> list:
+    return psi.declarations(LABEL_OWNER, FEATURE)
+
+
 DECLARATIONS = psi.declarations(LABEL_OWNER, FEATURE)
-
-
-def _cfg(cfg: dict) -> dict:
-    c = {k: cfg.get(k, v) for k, v in DEFAULTS.items()}
-    c["seed"] = int(cfg.get("seed", 0))
-    c["n"] = int(c["n"])
-    for k in ("overlap", "pair_overlap", "duplicates"):
-        c[k] = float(c[k])
-    if c["n"] < 0:
-        raise ValueError(f"psi: n must be >= 0, got {c['n']}")
-    if not 0 <= c["overlap"] <= 1 or not 0 <= c["duplicates"] <= 1:
-        raise ValueError(f"psi: overlap and duplicates must be in [0, 1], got {c['overlap']}, {c['duplicates']}")
-    if c["id_type"] not in ("str", "int"):
-        raise ValueError(f"psi: id_type must be 'str' or 'int', got {c['id_type']!r}")
-    if c["workers"] is not None:
-        c["workers"] = int(c["workers"])
-    if c["psi_timeout"] is not None:
-        c["psi_timeout"] = float(c["psi_timeout"])
-    return c
 
 
 def _blocks(c: dict) -> tuple[int, int]:
@@ -90,16 +100,16 @@ def _slots(c: dict, role: str, index: int) -> np.ndarray:
     return np.concatenate([core_slots, mine_pair, private])
 
 
-def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_dir=None):
-    c = _cfg(cfg)
-    if role not in (LABEL_OWNER, FEATURE):
-        raise ValueError(f"psi: unknown role {role!r} (roles: {LABEL_OWNER}, {FEATURE})")
-    slots = _slots(c, role, index)
-    rng = np.random.default_rng([c["seed"], 0 if role == LABEL_OWNER else 1 + index])
-    n_dup = int(round(c["duplicates"] * len(slots))) if len(slots) else 0
+def load_data(s: Settings, ctx: PartyContext):
+    c = _cfg(s)
+    if ctx.role not in (LABEL_OWNER, FEATURE):
+        raise ValueError(f"psi: unknown role {ctx.role!r} (roles: {LABEL_OWNER}, {FEATURE})")
+    slots = _slots(c, ctx.role, ctx.index)
+    rng = np.random.default_rng([c.seed, 0 if ctx.role == LABEL_OWNER else 1 + ctx.index])
+    n_dup = int(round(c.duplicates * len(slots))) if len(slots) else 0
     rows = np.concatenate([slots, rng.choice(slots, size=n_dup)]) if n_dup else slots
     rows = rng.permutation(rows)
-    return {"ids": _ids(c, rows), "index": index}
+    return {"ids": _ids(c, rows), "index": ctx.index}
 
 
 def expected_common(cfg: dict, n_features: int) -> set:
@@ -119,7 +129,7 @@ def ids_digest(ids) -> str:
     return h.hexdigest()
 
 
-def _report(party, cfg: dict, res: psi.PSIResult, data: dict, n_features: int) -> dict:
+def _report(party, cfg: Settings, res: psi.PSIResult, data: dict, n_features: int) -> dict:
     out = {"revealed": res.revealed, "stats": res.stats}
     if res.ids is not None:
         exp = expected_common(cfg, n_features)
@@ -135,23 +145,26 @@ def _report(party, cfg: dict, res: psi.PSIResult, data: dict, n_features: int) -
     return out
 
 
-def label_owner(party, cfg: dict, data: dict) -> dict:
+def label_owner(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     peers = party.peers_with_role(FEATURE)
-    res = psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=bool(c["reveal"]), order=c["order"],
-                              chunk=int(c["chunk"]), workers=c["workers"], timeout=c["psi_timeout"])
+    res = psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=c.reveal, order=c.order,
+                              chunk=c.chunk, workers=c.workers, timeout=c.psi_timeout)
     return _report(party, cfg, res, data, len(peers))
 
 
-def feature(party, cfg: dict, data: dict) -> dict:
+def feature(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     owners = party.peers_with_role(LABEL_OWNER)
     if len(owners) != 1:
         raise ValueError(f"psi: needs exactly one label_owner party, found {owners}")
-    res = psi.psi_feature_party(party, data["ids"], owners[0], chunk=int(c["chunk"]), workers=c["workers"],
-                                timeout=c["psi_timeout"])
+    res = psi.psi_feature_party(party, data["ids"], owners[0], chunk=c.chunk, workers=c.workers,
+                                timeout=c.psi_timeout)
     n_features = sum(1 for r in party.roles.values() if r == FEATURE)
     return _report(party, cfg, res, data, n_features)
 
 
 ROLES = {LABEL_OWNER: label_owner, FEATURE: feature}
+
+ALGORITHM = Algorithm(name=NAME, summary="private set intersection of synthetic ID sets (ECDH-PSI)",
+                      roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings)

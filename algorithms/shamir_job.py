@@ -25,31 +25,41 @@ federation's timeout).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from fedhet.parties.contract import Algorithm, PartyContext
+from fedhet.parties.settings import TableView, parse_settings, setting
 from fedhet.protocols import shamir_share as ss
 
 NAME = "shamir"
 OWNER, HOLDER, COORDINATOR = "owner", "holder", "coordinator"
-DEFAULTS = {"rows": 64, "d_in": 8, "d_out": 4, "t": 2, "frac_bits": 16, "public_frac_bits": 16, "max_abs": 4.0,
-            "drop": [], "wait": None}
 PREFIX = "shamir"
 
 
-def _cfg(cfg: dict) -> dict:
-    c = {k: cfg.get(k, v) for k, v in DEFAULTS.items()}
-    c["seed"] = int(cfg.get("seed", 0))
-    for k in ("rows", "d_in", "d_out", "t", "frac_bits", "public_frac_bits"):
-        c[k] = int(c[k])
-    c["max_abs"] = float(c["max_abs"])
-    if min(c["rows"], c["d_in"], c["d_out"], c["t"]) < 1:
-        raise ValueError(f"shamir: rows, d_in, d_out and t must be >= 1, got {c}")
-    if isinstance(c["drop"], str):
-        c["drop"] = [c["drop"]] if c["drop"] else []
-    c["drop"] = [str(d) for d in c["drop"]]
-    if c["wait"] is not None:
-        c["wait"] = float(c["wait"])
-    return c
+@dataclass(frozen=True)
+class Settings(TableView):
+    rows: int = setting(64, "samples (rows of every X_i)", lo=1)
+    d_in: int = setting(8, "owner i has d_in + i features", lo=1)
+    d_out: int = setting(4, "columns of every public P_i", lo=1)
+    t: int = setting(2, "threshold: any t holders reconstruct, t - 1 learn nothing", lo=1)
+    frac_bits: int = setting(16, "fixed-point fractional bits of the shared X_i", lo=0, hi=60)
+    public_frac_bits: int = setting(16, "fractional bits of the public P_i", lo=0, hi=60)
+    max_abs: float = setting(4.0, "public bound on |X_i|", lo=0, lo_open=True)
+    drop: list[str] = setting([], "holders that compute but never send their result (dropout demo)")
+    wait: float | None = setting(None, "seconds the coordinator waits for results (None: the federation's)",
+                                 lo=0, lo_open=True)
+    seed: int = setting(0, "seeds the synthetic X_i and the public P_i", lo=0)
+
+
+def _cfg(cfg) -> Settings:
+    if isinstance(cfg, Settings):
+        return cfg
+    cfg = dict(cfg or {})
+    if isinstance(cfg.get("drop"), str):  # one holder's name given alone
+        cfg["drop"] = [cfg["drop"]] if cfg["drop"] else []
+    return parse_settings(Settings, cfg, NAME)
 
 
 def public_matrix(cfg: dict, i: int) -> np.ndarray:
@@ -70,12 +80,12 @@ def plain_result(cfg: dict, n_owners: int) -> np.ndarray:
     return sum(owner_matrix(cfg, i) @ public_matrix(cfg, i) for i in range(n_owners))
 
 
-def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_dir=None):
-    if role not in (OWNER, HOLDER, COORDINATOR):
-        raise ValueError(f"shamir: unknown role {role!r} (roles: {OWNER}, {HOLDER}, {COORDINATOR})")
-    if role == OWNER:
-        return {"index": index, "X": owner_matrix(cfg, index)}
-    return {"index": index}
+def load_data(s: Settings, ctx: PartyContext):
+    if ctx.role not in (OWNER, HOLDER, COORDINATOR):
+        raise ValueError(f"shamir: unknown role {ctx.role!r} (roles: {OWNER}, {HOLDER}, {COORDINATOR})")
+    if ctx.role == OWNER:
+        return {"index": ctx.index, "X": owner_matrix(s, ctx.index)}
+    return {"index": ctx.index}
 
 
 def _holders(party) -> list[str]:
@@ -90,7 +100,7 @@ def _owners(party) -> list[str]:
     return [n for n, r in party.roles.items() if r == OWNER]
 
 
-def owner(party, cfg: dict, data: dict) -> dict:
+def owner(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     info = ss.share_to_holders(party, data["X"], _holders(party), c["t"], PREFIX, frac_bits=c["frac_bits"],
                                max_abs=c["max_abs"])
@@ -98,7 +108,7 @@ def owner(party, cfg: dict, data: dict) -> dict:
     return {"shape": list(info.shape), "points": info.points, "bound": info.bound}
 
 
-def holder(party, cfg: dict, data: dict) -> dict:
+def holder(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     owners = _owners(party)
     shares = ss.receive_shares(party, owners, PREFIX, t=c["t"])
@@ -113,7 +123,7 @@ def holder(party, cfg: dict, data: dict) -> dict:
     return {"x": y.x, "sent": sent, "frac_bits": y.frac_bits, "shape": list(y.shape)}
 
 
-def coordinator(party, cfg: dict, data: dict) -> dict:
+def coordinator(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     holders = _holders(party)
     rec = ss.reconstruct_at_coordinator(party, holders, c["t"], PREFIX, timeout=c["wait"])
@@ -140,5 +150,14 @@ def _result_shape(cfg: dict):
 
 
 ROLES = {OWNER: owner, HOLDER: holder, COORDINATOR: coordinator}
-DECLARATIONS = ss.declarations(PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=_share_shape,
-                               result_shape=_result_shape)
+
+
+def declarations(s: Settings) -> list:
+    return ss.declarations(PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=_share_shape,
+                           result_shape=_result_shape)
+
+
+DECLARATIONS = declarations(Settings())
+ALGORITHM = Algorithm(name=NAME, summary="Shamir-shared linear algebra: owners share, holders compute, "
+                      "a coordinator reconstructs", roles=ROLES, load_data=load_data,
+                      declarations=declarations, settings=Settings)
