@@ -55,6 +55,7 @@ import numpy as np
 
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties.api import PartyError, PeerTimeout
+from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare, no_arrays
 
 PROTOCOL_VERSION = 1
@@ -94,18 +95,22 @@ def declarations(label_owner: str | Sequence[str] = "label_owner",
     """The PSI message kinds, for an algorithm whose roles have these names."""
     lo = (label_owner,) if isinstance(label_owner, str) else tuple(label_owner)
     fe = (feature,) if isinstance(feature, str) else tuple(feature)
+    pts = sch.Fields({"i": sch.Int(lo=0), "pts": sch.Arr("|u1", (None, 32), max_elems=MAX_CHUNK * 32)})
     return [
         declare(K_SETUP, lo, fe, "protocol version, label owner's set size, reveal mode, hash context; "
-                "no arrays", no_arrays),
-        declare(K_SIZE, fe, lo, "feature party's set size; no arrays", no_arrays),
+                "no arrays", no_arrays, payload=sch.Fields({
+                    "v": sch.Int(), "n": sch.Int(lo=0), "reveal": sch.Bool(), "ctx": sch.Bytes(max_len=1024)})),
+        declare(K_SIZE, fe, lo, "feature party's set size; no arrays", no_arrays,
+                payload=sch.Fields({"n": sch.Int(lo=0)})),
         declare(K_BLIND_L, lo, fe, "label owner's IDs hashed to Curve25519 and blinded by its secret "
-                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", _points_check),
+                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", _points_check, payload=pts),
         declare(K_BLIND_F, fe, lo, "feature party's IDs hashed to Curve25519 and blinded by its secret "
-                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", _points_check),
+                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", _points_check, payload=pts),
         declare(K_DOUBLE_L, fe, lo, "the label owner's blinded points re-blinded by the feature party's "
-                "scalar, same order: uint8 (n<=MAX_CHUNK, 32)", _points_check),
+                "scalar, same order: uint8 (n<=MAX_CHUNK, 32)", _points_check, payload=pts),
         declare(K_RESULT, lo, fe, "positions, in the feature party's own shuffled list, of the IDs common "
-                "to all parties, in the agreed order: uint32 (k,)", _positions_check),
+                "to all parties, in the agreed order: uint32 (k,)", _positions_check,
+                payload=sch.Fields({"idx": sch.Arr("<u4", (None,))})),
     ]
 
 
