@@ -126,7 +126,7 @@ def holder(party, cfg: Settings, data: dict) -> dict:
 def coordinator(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     holders = _holders(party)
-    rec = ss.reconstruct_at_coordinator(party, holders, c["t"], PREFIX, timeout=c["wait"])
+    rec = ss.reconstruct_at_coordinator(party, holders, c["t"], PREFIX, timeout=c.wait)
     plain = plain_result(cfg, len(_owners(party)))
     max_err = float(np.max(np.abs(rec.value - plain))) if plain.size else 0.0
     # the bound is on exact arithmetic; allow float64 rounding of the plain computation
