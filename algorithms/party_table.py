@@ -456,7 +456,7 @@ class _CsvSource:
                 prev = 0
                 for rec in reader:
                     start, prev = prev + 1, reader.line_num
-                    if not rec or all(not f.strip() for f in rec):
+                    if not rec or (not rec[0].strip() and not any(f.strip() for f in rec)):
                         continue  # blank lines (and ",,," lines spreadsheets append) hold no data
                     if header is None:
                         header = rec
@@ -620,7 +620,7 @@ def _to_float(col: _Col, name: str, w: _Where) -> np.ndarray:
     if col.text:
         vals = col.values
         try:
-            a = np.fromiter(map(float, vals), dtype=np.float64, count=len(vals))
+            a = _parse_floats(vals)
         except (ValueError, TypeError):
             for i, s in enumerate(vals):
                 try:
@@ -648,6 +648,19 @@ def _to_float(col: _Col, name: str, w: _Where) -> np.ndarray:
         raise w.err(f"value {_show(col.values[i])} is too large for float32 (at most {_F32_MAX:.3g} "
                     f"in magnitude)", i, name, col.values[i])
     return a
+
+
+def _parse_floats(vals: Sequence[str]) -> np.ndarray:
+    """Text cells to float64; ValueError/TypeError if any cell is not a number."""
+    try:
+        # numpy's C parser, about twice as fast as float() per cell; it skips empty lines, so a
+        # short result means an empty cell, which float() below then reports
+        a = np.loadtxt(vals, dtype=np.float64, comments=None, delimiter="\x1f", ndmin=1, encoding=None)
+        if a.shape == (len(vals),):
+            return a
+    except (ValueError, TypeError):
+        pass
+    return np.fromiter(map(float, vals), dtype=np.float64, count=len(vals))
 
 
 def _integral(v: Any) -> int | None:
