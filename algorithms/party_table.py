@@ -41,6 +41,7 @@ import csv
 import difflib
 import gzip
 import os
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -655,7 +656,9 @@ def _parse_floats(vals: Sequence[str]) -> np.ndarray:
     try:
         # numpy's C parser, about twice as fast as float() per cell; it skips empty lines, so a
         # short result means an empty cell, which float() below then reports
-        a = np.loadtxt(vals, dtype=np.float64, comments=None, delimiter="\x1f", ndmin=1, encoding=None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "input contained no data" when every cell is empty
+            a = np.loadtxt(vals, dtype=np.float64, comments=None, delimiter="\x1f", ndmin=1, encoding=None)
         if a.shape == (len(vals),):
             return a
     except (ValueError, TypeError):
