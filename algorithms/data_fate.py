@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from fedhet.algorithms.datapath import DatasetNotFound, dataset_path
+from fedhet.algorithms.party_table import check_finite
 
 DATASETS = ("cancer", "payment", "credit", "vehicle", "breast_sk")
 
@@ -184,10 +185,17 @@ def _read_csv(path: str) -> tuple[list[str], np.ndarray, np.ndarray | None, np.n
     ids = np.array([r[0] for r in rows])
     start = 2 if has_y else 1
     try:
-        x = np.array([r[start:] for r in rows], dtype=np.float64).astype(np.float32)
-        y = np.array([r[1] for r in rows], dtype=np.float64).astype(np.int64) if has_y else None
+        x64 = np.array([r[start:] for r in rows], dtype=np.float64)
+        y64 = np.array([r[1] for r in rows], dtype=np.float64) if has_y else None
     except ValueError as e:
         raise ValueError(f"{path}: non-numeric value ({e})") from None
+    x = x64.astype(np.float32)
+    # the FATE files have no blank or multi-line records: data row i is line i + 1.  Checked in
+    # float32, so a value beyond float32's range (cast to inf) is caught too.
+    check_finite(x, columns=header[start:], path=path, lines=range(2, len(rows) + 2))
+    if y64 is not None:
+        check_finite(y64, columns=[header[1]], path=path, lines=range(2, len(rows) + 2), what="label")
+    y = y64.astype(np.int64) if y64 is not None else None
     return header[start:], ids, y, x
 
 

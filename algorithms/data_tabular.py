@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedhet.algorithms.datapath import DatasetNotFound, cache_dir, data_root
+from fedhet.algorithms.party_table import check_finite
 
 
 class Tabular(NamedTuple):
@@ -55,8 +56,7 @@ def _finish(X, y, name: str) -> Tabular:
     y = np.asarray(y).reshape(-1)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise ValueError(f"{name}: X {X.shape} and y {y.shape} do not match")
-    if not np.isfinite(X).all():
-        raise ValueError(f"{name}: X has NaN or infinite values")
+    check_finite(X, dataset=name)  # DataFileError (a ValueError) naming row and column
     # Re-code labels to 0..C-1 in sorted order (covertype is 1..7, UCI style).
     _, codes = np.unique(y, return_inverse=True)
     return Tabular(X, codes.astype(np.int64).reshape(-1), name)
@@ -67,13 +67,18 @@ def _read_csv(path: Path) -> tuple[list[str], np.ndarray]:
     with opener(path, "rt", newline="") as f:
         reader = csv.reader(f)
         header = next(reader)
-        rows = [r for r in reader if r]
+        rows, lines = [], []
+        for r in reader:
+            if r:
+                rows.append(r)
+                lines.append(reader.line_num)
     try:
         arr = np.asarray(rows, dtype=np.float64)
     except ValueError as e:
         raise ValueError(f"{path}: non-numeric value ({e})") from None
     if arr.ndim != 2 or arr.shape[1] != len(header):
         raise ValueError(f"{path}: rows do not all have {len(header)} columns")
+    check_finite(arr, columns=header, path=path, lines=lines)
     return header, arr
 
 
