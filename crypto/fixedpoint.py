@@ -61,15 +61,19 @@ def round_scaled(x, frac_bits: int) -> np.ndarray:
 def quantize(x, frac_bits: int, what: str = "quantize") -> np.ndarray:
     """``round(x * 2**frac_bits)`` as an object array of exact Python ints (any magnitude).
 
-    ValueError (prefixed by ``what``) if ``x`` holds NaN or infinity.  Values below
-    ``2**62`` after scaling go through int64; larger ones are converted one by one,
-    still exactly (a float64 is an integer times a power of two).
+    ValueError (prefixed by ``what``) if ``x`` holds NaN or infinity, OverflowError if
+    ``x * 2**frac_bits`` exceeds float64.  Values below ``2**62`` after scaling go
+    through int64; larger ones are converted one by one, still exactly (a float64 is
+    an integer times a power of two).
     """
-    scaled = round_scaled(x, frac_bits)
-    if not np.all(np.isfinite(scaled)):
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
         raise ValueError(f"{what}: contains NaN or infinity")
+    scaled = round_scaled(x, frac_bits)
     if scaled.size == 0 or np.max(np.abs(scaled)) < _EXACT_INT64:
         return scaled.astype(np.int64).astype(object)
+    if not np.all(np.isfinite(scaled)):
+        raise OverflowError(f"{what}: x * 2**{int(frac_bits)} overflows float64")
     return np.array([int(v) for v in scaled.ravel()], dtype=object).reshape(scaled.shape)
 
 

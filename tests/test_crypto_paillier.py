@@ -18,8 +18,6 @@ from fedhet.crypto.paillier import (
     PackingOverflowError,
     PackingSpec,
     PaillierContext,
-    _key,
-    _obfuscator,
     ciphertexts_from_bytes,
     ciphertexts_to_bytes,
     generate_keypair,
@@ -27,6 +25,7 @@ from fedhet.crypto.paillier import (
     public_key_from_bytes,
     public_key_to_bytes,
 )
+from fedhet.crypto.paillier_keys import key_view, obfuscator
 
 
 def err(frac_bits):
@@ -77,8 +76,8 @@ def test_encryption_is_standard_paillier(ctx):
         m = sk.raw_decrypt(int(c))
         assert m == int(round(v * 2 ** 16)) % pk.n
     r = 123456789
-    k = _key(pk.n)
-    assert int(_obfuscator(k, gmpy2.mpz(r))) == pow(r, pk.n, pk.n ** 2)
+    k = key_view(pk.n)
+    assert int(obfuscator(k, gmpy2.mpz(r))) == pow(r, pk.n, pk.n ** 2)
     m = 987654321
     mine = (1 + m * pk.n) * pow(r, pk.n, pk.n ** 2) % pk.n ** 2
     assert mine == pk.raw_encrypt(m, r_value=r)
@@ -86,11 +85,11 @@ def test_encryption_is_standard_paillier(ctx):
 
 def test_crt_obfuscator_matches_public_formula(ctx):
     pk, sk = ctx.public_key, ctx.private_key
-    kpub, kpriv = _key(pk.n), _key(pk.n, sk.p, sk.q)
+    kpub, kpriv = key_view(pk.n), key_view(pk.n, sk.p, sk.q)
     rng = np.random.default_rng(1)
     for _ in range(5):
         x = gmpy2.mpz(int(rng.integers(2, 2 ** 62)) * int(rng.integers(2, 2 ** 62)) + 1)
-        assert _obfuscator(kpriv, x) == _obfuscator(kpub, x)
+        assert obfuscator(kpriv, x) == obfuscator(kpub, x)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

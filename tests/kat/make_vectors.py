@@ -343,7 +343,8 @@ def make_he_encoding() -> dict:
     out["quantize"] = [{"x": x.tolist(), "frac_bits": f, "ints": [str(int(v)) for v in hei.quantize(x, f)]}
                        for f in (0, 12, 16)]
     acts = np.array([[0.0, 1.0, -1.0], [63.99, -63.99, 0.000123]])
-    out["quantize_acts"] = {"A": acts.tolist(), "ints": [[str(int(v)) for v in r] for r in hei.quantize_acts(acts, spec)]}
+    out["quantize_acts"] = {"A": acts.tolist(),
+                            "ints": [[str(int(v)) for v in r] for r in hei.quantize_acts(acts, spec)]}
     delta = np.array([[0.0, 3.9, -3.9], [4.0, -4.0, 100.0], [1e-6, -1e-6, 0.123456]])
     out["quantize_delta"] = {"delta": delta.tolist(),
                              "ints": [[str(int(v)) for v in r] for r in hei.quantize_delta(delta, spec)]}
@@ -351,8 +352,8 @@ def make_he_encoding() -> dict:
     out["weight_step"] = {"X": [[str(v) for v in r] for r in g], "rows": 17,
                           "step": [[str(int(v)) for v in r] for r in hei.weight_step(g, 17, spec)]}
     width = hei.masked_bytes(160)
-    vals = np.array([[0, 1, -1, 2 ** 160, -(2 ** 160)], [2 ** (8 * width - 1) - 1, -(2 ** (8 * width - 1)), 255, -256, 7]],
-                    dtype=object)
+    top = 2 ** (8 * width - 1)
+    vals = np.array([[0, 1, -1, 2 ** 160, -(2 ** 160)], [top - 1, -top, 255, -256, 7]], dtype=object)
     out["masked"] = {"slot_bits": 160, "width": width, "ints": [[str(v) for v in r] for r in vals],
                      "bytes_hex": hei.encode_masked(vals, width).tobytes().hex()}
     return out
