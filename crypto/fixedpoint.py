@@ -69,7 +69,8 @@ def quantize(x, frac_bits: int, what: str = "quantize") -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError(f"{what}: contains NaN or infinity")
-    scaled = round_scaled(x, frac_bits)
+    with np.errstate(over="ignore"):  # an overflow is reported below, as an error
+        scaled = round_scaled(x, frac_bits)
     if scaled.size == 0 or np.max(np.abs(scaled)) < _EXACT_INT64:
         return scaled.astype(np.int64).astype(object)
     if not np.all(np.isfinite(scaled)):

@@ -42,7 +42,7 @@ def _matmul_chunk(n2, cts: np.ndarray, w_cols: np.ndarray) -> np.ndarray:
     n2 = gmpy2.mpz(n2)
     d, n_ct = cts.shape
     kk = w_cols.shape[1]
-    inv = [None] * d
+    inv: list = [None] * d  # per row j: the inverses of its ciphertexts, made when a weight is negative
     out = np.empty((kk, n_ct), dtype=object)
     for kcol in range(kk):
         acc = [gmpy2.mpz(1)] * n_ct

@@ -15,6 +15,7 @@ since ``g = n + 1``).  Default key length is 2048 bits (``DEFAULT_KEY_BITS``).
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import gmpy2
 import numpy as np
@@ -54,9 +55,15 @@ class KeyView:
         self.n2 = self.n * self.n
         self.half = self.n // 2
         self.width = (int(self.n2.bit_length()) + 7) // 8
-        self.p = self.q = self.p2 = self.q2 = self.p2_inv = self.phe_private = None
+        # Factors (key owner only); None on a public view.
+        self.p: Any = None
+        self.q: Any = None
+        self.p2: Any = None
+        self.q2: Any = None
+        self.p2_inv: Any = None
+        self.phe_private: Any = None  # phe PaillierPrivateKey, set by key_view
         if p is not None:
-            if gmpy2.mpz(p) * gmpy2.mpz(q) != self.n:
+            if q is None or gmpy2.mpz(p) * gmpy2.mpz(q) != self.n:
                 raise ValueError("private key factors do not match the public modulus")
             self.p, self.q = gmpy2.mpz(p), gmpy2.mpz(q)
             self.p2, self.q2 = self.p * self.p, self.q * self.q
@@ -71,7 +78,7 @@ def key_view(n: int, p: int | None = None, q: int | None = None) -> KeyView:
     k = _KEYS.get((int(n), p is not None))
     if k is None:
         k = KeyView(n, p, q)
-        if p is not None:
+        if p is not None and q is not None:
             k.phe_private = _phe.PaillierPrivateKey(_phe.PaillierPublicKey(int(n)), int(p), int(q))
         if len(_KEYS) > 64:
             _KEYS.clear()
