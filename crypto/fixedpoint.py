@@ -1,6 +1,19 @@
-"""Fixed-point encoding of float arrays into a prime field or the ring Z/2**k.
+"""Fixed-point encoding of float arrays: into a prime field or the ring Z/2**k, or as exact integers.
 
-``x`` is encoded as the integer ``round(x * 2**f)`` (f = ``frac_bits``, round
+Every fixed-point encoder of fedhet is this one rounding, ``round(x * 2**f)``
+(:func:`round_scaled`: float64, ``np.ldexp`` then ``np.rint``, round half to
+even, exact since scaling by a power of two is), followed by one of two
+representations:
+
+* :class:`FixedPoint` (and :func:`encode` / :func:`decode`): the integer
+  reduced into a field or ring of at most 64 bits, for secret sharing and
+  secure aggregation (described below);
+* :func:`quantize` / :func:`dequantize`: the integer itself as a Python int
+  (numpy object arrays), of any size, for Paillier plaintexts and the HE split
+  layer's exact integer arithmetic; no modulus, so no range other than the
+  caller's own checks.
+
+Field and ring encoding.  ``x`` is encoded as the integer ``round(x * 2**f)`` (f = ``frac_bits``, round
 half to even), reduced mod the modulus: a negative value ``-v`` becomes
 ``modulus - v``.  Decoding takes the centred representative (values above
 ``modulus // 2`` are negative) and multiplies by ``2**-f``.
@@ -32,9 +45,48 @@ import numpy as np
 
 from .field import P61, is_prime
 
-__all__ = ["FixedPoint", "DEFAULT_FRAC_BITS", "encode", "decode"]
+__all__ = ["FixedPoint", "DEFAULT_FRAC_BITS", "encode", "decode", "round_scaled", "quantize", "dequantize"]
 
 DEFAULT_FRAC_BITS = 16
+_EXACT_INT64 = 2.0 ** 62  # below this a rounded float64 converts through int64 exactly and fast
+
+
+def round_scaled(x, frac_bits: int) -> np.ndarray:
+    """``round(x * 2**frac_bits)`` as float64 (round half to even); no range or finiteness checks."""
+    scaled = np.asarray(x).astype(np.float64)  # a copy, so both steps can work in place
+    np.ldexp(scaled, int(frac_bits), out=scaled)
+    return np.rint(scaled, out=scaled)
+
+
+def quantize(x, frac_bits: int, what: str = "quantize") -> np.ndarray:
+    """``round(x * 2**frac_bits)`` as an object array of exact Python ints (any magnitude).
+
+    ValueError (prefixed by ``what``) if ``x`` holds NaN or infinity, OverflowError if
+    ``x * 2**frac_bits`` exceeds float64.  Values below ``2**62`` after scaling go
+    through int64; larger ones are converted one by one, still exactly (a float64 is
+    an integer times a power of two).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{what}: contains NaN or infinity")
+    with np.errstate(over="ignore"):  # an overflow is reported below, as an error
+        scaled = round_scaled(x, frac_bits)
+    if scaled.size == 0 or np.max(np.abs(scaled)) < _EXACT_INT64:
+        return scaled.astype(np.int64).astype(object)
+    if not np.all(np.isfinite(scaled)):
+        raise OverflowError(f"{what}: x * 2**{int(frac_bits)} overflows float64")
+    return np.array([int(v) for v in scaled.ravel()], dtype=object).reshape(scaled.shape)
+
+
+def dequantize(ints, frac_bits: int) -> np.ndarray:
+    """Integers (Python ints of any size, object or integer arrays) -> float64 ``v / 2**frac_bits``.
+
+    Each value is the correctly rounded quotient (Python's int / int), so no
+    precision is lost before the single final rounding to float64.
+    """
+    a = np.asarray(ints, dtype=object)
+    scale = 1 << int(frac_bits)
+    return np.array([int(v) / scale for v in a.ravel().tolist()], dtype=np.float64).reshape(a.shape)
 
 
 class FixedPoint:
@@ -88,8 +140,7 @@ class FixedPoint:
             return self.encode(x.reshape(1)).reshape(())
         if x.dtype.kind not in "fiub":
             raise TypeError(f"fixed-point encode needs a real numeric array, got dtype {x.dtype}")
-        scaled = np.ldexp(x.astype(np.float64, copy=False), self.frac_bits)
-        np.rint(scaled, out=scaled)
+        scaled = round_scaled(x, self.frac_bits)
         if scaled.size:
             lo, hi = float(scaled.min()), float(scaled.max())
             if not (np.isfinite(lo) and np.isfinite(hi)):

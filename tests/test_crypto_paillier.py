@@ -1,7 +1,11 @@
 """Paillier wrapper: fixed point, packing, headroom checks, workers, pool, wire format.
 
+The fixed point is crypto.fixedpoint's exact integer encoder (quantize / dequantize), tested here first.
+
 Keys are 1024 bits (512 for the hypothesis sweeps) for speed; the library default is 2048.
 """
+
+from fractions import Fraction
 
 import gmpy2
 import numpy as np
@@ -18,8 +22,6 @@ from fedhet.crypto.paillier import (
     PackingOverflowError,
     PackingSpec,
     PaillierContext,
-    _key,
-    _obfuscator,
     ciphertexts_from_bytes,
     ciphertexts_to_bytes,
     generate_keypair,
@@ -27,6 +29,8 @@ from fedhet.crypto.paillier import (
     public_key_from_bytes,
     public_key_to_bytes,
 )
+from fedhet.crypto.fixedpoint import dequantize, quantize
+from fedhet.crypto.paillier_keys import key_view, obfuscator
 
 
 def err(frac_bits):
@@ -45,6 +49,31 @@ def small_ctx():
     c = PaillierContext.generate(512)
     yield c
     c.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(allow_nan=False, allow_infinity=False, min_value=-1e30, max_value=1e30),
+       f=st.integers(0, 70))
+def test_quantize_is_exact_round_half_even(x, f):
+    """round(x * 2**f) exactly (ties to even), as Python ints of any size, like the packed slots."""
+    (got,) = quantize(np.array([x]), f)
+    assert type(got) is int and got == round(Fraction(x) * 2 ** f)
+
+
+def test_quantize_ties_and_errors():
+    assert quantize(np.array([0.5, 1.5, 2.5, -0.5, -2.5]), 0).tolist() == [0, 2, 2, 0, -2]
+    assert quantize(np.array([[2.0 ** 70]]), 16).tolist() == [[2 ** 86]]
+    with pytest.raises(ValueError, match="W: contains NaN"):
+        quantize(np.array([1.0, np.nan]), 16, "W")
+    with pytest.raises(OverflowError, match="overflows"):
+        quantize(np.array([1e308]), 40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(v=st.integers(-2 ** 300, 2 ** 300), f=st.integers(0, 120))
+def test_dequantize_is_the_correctly_rounded_quotient(v, f):
+    (got,) = dequantize(np.array([v], dtype=object), f)
+    assert got == float(Fraction(v, 2 ** f))
 
 
 def test_default_key_length_is_2048():
@@ -77,8 +106,8 @@ def test_encryption_is_standard_paillier(ctx):
         m = sk.raw_decrypt(int(c))
         assert m == int(round(v * 2 ** 16)) % pk.n
     r = 123456789
-    k = _key(pk.n)
-    assert int(_obfuscator(k, gmpy2.mpz(r))) == pow(r, pk.n, pk.n ** 2)
+    k = key_view(pk.n)
+    assert int(obfuscator(k, gmpy2.mpz(r))) == pow(r, pk.n, pk.n ** 2)
     m = 987654321
     mine = (1 + m * pk.n) * pow(r, pk.n, pk.n ** 2) % pk.n ** 2
     assert mine == pk.raw_encrypt(m, r_value=r)
@@ -86,11 +115,11 @@ def test_encryption_is_standard_paillier(ctx):
 
 def test_crt_obfuscator_matches_public_formula(ctx):
     pk, sk = ctx.public_key, ctx.private_key
-    kpub, kpriv = _key(pk.n), _key(pk.n, sk.p, sk.q)
+    kpub, kpriv = key_view(pk.n), key_view(pk.n, sk.p, sk.q)
     rng = np.random.default_rng(1)
     for _ in range(5):
         x = gmpy2.mpz(int(rng.integers(2, 2 ** 62)) * int(rng.integers(2, 2 ** 62)) + 1)
-        assert _obfuscator(kpriv, x) == _obfuscator(kpub, x)
+        assert obfuscator(kpriv, x) == obfuscator(kpub, x)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

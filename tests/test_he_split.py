@@ -82,13 +82,13 @@ def test_int_layer_forward_backward_exact(scheme):
     A = rng.normal(size=(b, d))
     W0 = rng.normal(size=(d, K)) * 0.5
     spec = hei.LayerSpec(scheme=scheme, key_bits=KEY, batch_size=32, lr=0.3, pool=False)
-    eps = hei._uniform_ints((d, K), 60)  # a large accumulated noise, as after training
+    eps = hei.uniform_ints((d, K), 60)  # a large accumulated noise, as after training
     delta = rng.normal(size=(b, K)) * 0.7
     W_int = hei.quantize(W0, FRAC_W)  # the true weight on the grid, before any update
     box = run_layer(spec, A, W_int - eps, eps, delta, steps=2)  # host's masked copy W_g = W - eps
     h, g = box["h"], box["g"]
     Aq = hei.quantize(A, FRAC_A)
-    want = _ints_to_float(hei._int_dot(Aq, W_int)) * 2.0 ** -(FRAC_A + FRAC_W)
+    want = _ints_to_float(hei.int_dot(Aq, W_int)) * 2.0 ** -(FRAC_A + FRAC_W)
     np.testing.assert_array_equal(box["Z"][0], want)
     # and within the fixed-point bound of the float product
     W_true = _ints_to_float(W_int) * 2.0 ** -FRAC_W
@@ -96,18 +96,18 @@ def test_int_layer_forward_backward_exact(scheme):
     assert np.all(np.abs(box["Z"][0] - A @ W_true) <= bound)
     dq = hei.quantize_delta(delta, spec)
     np.testing.assert_allclose(box["grad"][0] * b * 2.0 ** (spec.d_frac_bits + FRAC_W),  # (/b: one rounding)
-                               _ints_to_float(hei._int_dot(dq, W_int.T)), rtol=1e-15, atol=0)
+                               _ints_to_float(hei.int_dot(dq, W_int.T)), rtol=1e-15, atol=0)
     # two plaintext SGD steps on the grid: W - step(A^T delta) each, to one grid unit per step
     W_ref = W_int.copy()
     for _ in range(2):
-        W_ref = W_ref - hei.weight_step(hei._int_dot(dq.T, Aq), b, spec).T
+        W_ref = W_ref - hei.weight_step(hei.int_dot(dq.T, Aq), b, spec).T
     diff = (h.W + g.eps) - W_ref
     assert max(abs(int(v)) for v in diff.ravel()) <= 2
     # the forward of the second step used the updated weight
-    W1 = W_int - hei.weight_step(hei._int_dot(dq.T, Aq), b, spec).T
+    W1 = W_int - hei.weight_step(hei.int_dot(dq.T, Aq), b, spec).T
     got = box["Z"][1] * 2.0 ** (FRAC_A + FRAC_W)
     slack = _ints_to_float(np.abs(Aq)).sum(axis=1)[None, :].T  # one grid unit of W per row entry
-    assert np.all(np.abs(got - _ints_to_float(hei._int_dot(Aq, W1))) <= slack + 0.5)
+    assert np.all(np.abs(got - _ints_to_float(hei.int_dot(Aq, W1))) <= slack + 0.5)
     # the host's copy alone is far from the true weight: eps masks it
     assert np.min(np.abs(_ints_to_float(h.W) * 2.0 ** -FRAC_W - W_true)) > 1.0
     assert h.stats.min_mask_sigma >= spec.mask_bits

@@ -1,0 +1,231 @@
+"""Encodings of the HE interactive layer: its settings, and how its numbers become exact integers and bytes.
+
+The layer (:mod:`fedhet.protocols.he_interactive`) computes on exact integers for the schemes
+"paillier" and "naive":
+
+* ``A_g`` is rounded to ``a_frac_bits`` fractional bits (``|A_g| < 2**a_int_bits``, checked;
+  :func:`quantize_acts`), ``W_g``/``eps`` live on the grid ``2**-w_frac_bits``
+  (:func:`quantize`, the rounding of :mod:`fedhet.crypto.fixedpoint`), the per-sample ``delta``
+  is clipped to ``|delta| < 2**d_int_bits`` and rounded to ``d_frac_bits``
+  (:func:`quantize_delta`).  The forward output is then exactly ``round(A_g) @ W``
+  (:func:`int_dot`).
+* The weight update is ``step(X) = round(lr * X / (b * 2**(a_frac+d_frac-w_frac)))`` with ``lr``
+  on a ``2**-lr_frac_bits`` grid (:func:`weight_step`), so ``W_g + eps`` moves by ``-step(G)``
+  up to one grid unit per step.
+* Masks are statistical (:func:`uniform_ints`, from the OS CSPRNG): the host's ``e_B``, ``e_W``
+  are uniform over ``+-2**(slot_bits-2)`` and the call fails unless that is at least
+  ``2**mask_bits`` times the (public) bound of what they hide (:func:`int_bound`); the guest's
+  ``nu`` is uniform over ``2**mask_bits`` times the public bound of ``G``
+  (``batch_size * 2**(a_int+a_frac+d_int+d_frac)``, ``LayerSpec.grad_public_bits``).
+* Masked integers travel as fixed-width two's complement little-endian bytes
+  (:func:`encode_masked` / :func:`decode_masked`, ``masked_bytes`` per value).
+* Integers too large for a float64 go through the float API of :mod:`fedhet.crypto.paillier`
+  as signed digits of ``DIGIT_BITS`` bits each (:func:`digits`), every one exact in a float64.
+
+Sizes with the defaults: ``nu`` has about 83 bits, so ``eps`` (and ``W_g``) about 63 bits on the
+weight grid after one step, growing like a random walk; the forward product then needs about 85
+bits and 160-bit slots (12 per 2048-bit plaintext) leave ``e_B`` a margin of about 73 bits over
+``mask_bits`` = 40 (measured; reported as ``min_mask_sigma``).  128-bit slots would run out after
+some training.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedhet.crypto.fixedpoint import quantize
+from fedhet.parties.api import PartyError
+
+__all__ = [
+    "SCHEMES", "DIGIT_BITS", "LayerSpec", "masked_bytes", "quantize", "max_abs_int", "digits", "uniform_ints",
+    "encode_masked", "decode_masked", "round_div", "weight_step", "quantize_delta", "count_clipped",
+    "quantize_acts", "int_dot", "int_bound",
+]
+
+SCHEMES = ("paillier", "naive", "ckks")
+DIGIT_BITS = 48  # bits per exact float digit when big integers go through the float API of crypto.paillier
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Scheme, key and fixed-point/masking parameters; both sides must use the same."""
+
+    scheme: str = "paillier"
+    key_bits: int = 2048
+    slot_bits: int = 160
+    a_int_bits: int = 6
+    a_frac_bits: int = 12
+    w_frac_bits: int = 16
+    d_int_bits: int = 2
+    d_frac_bits: int = 16
+    mask_bits: int = 40
+    lr: float = 0.1
+    lr_frac_bits: int = 30
+    batch_size: int = 128  # public bound on rows per batch (sizes the guest's gradient mask)
+    ckks_params: str = "fast"
+    ckks_mask: float = 1024.0
+    pool: bool = True  # precompute Paillier obfuscators in background threads
+    workers: int = 1   # worker processes for Paillier (1: in-process)
+
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"he scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        for f in ("key_bits", "slot_bits", "a_int_bits", "a_frac_bits", "w_frac_bits", "d_int_bits",
+                  "d_frac_bits", "mask_bits", "lr_frac_bits", "batch_size", "workers"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"LayerSpec.{f} must be a non-negative int, got {v!r}")
+        if self.batch_size < 1 or self.workers < 1:
+            raise ValueError("LayerSpec: batch_size and workers must be >= 1")
+        if self.a_int_bits + self.a_frac_bits > 48 or self.d_int_bits + self.d_frac_bits > 48:
+            raise ValueError("LayerSpec: int + frac bits of activations and gradients must be <= 48")
+        if self.a_frac_bits + self.d_frac_bits < self.w_frac_bits:
+            raise ValueError("LayerSpec: need a_frac_bits + d_frac_bits >= w_frac_bits")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"LayerSpec.lr must be a positive number, got {self.lr!r}")
+        if round(self.lr * 2 ** self.lr_frac_bits) < 1:
+            raise ValueError(f"LayerSpec.lr={self.lr} rounds to 0 on the 2**-{self.lr_frac_bits} grid")
+        if self.scheme == "paillier" and (self.key_bits - 2) // self.slot_bits < 1:
+            raise ValueError(f"slot_bits={self.slot_bits} does not fit a {self.key_bits}-bit key")
+        if self.scheme != "ckks" and self.slot_bits < self.mask_bits + 8:
+            raise ValueError(f"slot_bits={self.slot_bits} leaves no room for {self.mask_bits}-bit masks")
+        if not self.ckks_mask > 0:
+            raise ValueError("LayerSpec.ckks_mask must be positive")
+
+    @property
+    def masked_bytes(self) -> int:
+        """Bytes per masked integer on the wire (two's complement, little-endian)."""
+        return masked_bytes(self.slot_bits)
+
+    @property
+    def lr_int(self) -> int:
+        return int(round(self.lr * 2 ** self.lr_frac_bits))
+
+    @property
+    def a_bound_bits(self) -> int:
+        return self.a_int_bits + self.a_frac_bits
+
+    @property
+    def grad_public_bits(self) -> int:
+        """Bits of the public bound on |G| (integer units), which the guest's mask must cover."""
+        return (int(self.batch_size).bit_length() + self.a_int_bits + self.a_frac_bits
+                + self.d_int_bits + self.d_frac_bits)
+
+
+def masked_bytes(slot_bits: int) -> int:
+    # Masked values are below 2**(slot_bits-1) plus the guest's much smaller additions; two more bytes.
+    return (int(slot_bits) + 16) // 8
+
+
+def max_abs_int(a: np.ndarray) -> int:
+    """Largest magnitude in an array of (Python) integers; 0 when empty."""
+    return max((abs(int(v)) for v in np.asarray(a, dtype=object).ravel()), default=0)
+
+
+def digits(a: np.ndarray, chunk: int = DIGIT_BITS) -> list[np.ndarray]:
+    """Signed digits d_t (|d_t| < 2**chunk, float64, exact) with a = sum_t d_t * 2**(chunk*t)."""
+    a = np.asarray(a, dtype=object)
+    n = max(1, -(-max_abs_int(a).bit_length() // chunk))
+    mask = (1 << chunk) - 1
+    flat = a.ravel().tolist()
+    out = []
+    for t in range(n):
+        sh = chunk * t
+        out.append(np.array([float((abs(v) >> sh) & mask) * (1 if v >= 0 else -1) for v in flat],
+                            dtype=np.float64).reshape(a.shape))
+    return out
+
+
+def uniform_ints(shape, bits: int) -> np.ndarray:
+    """Uniform integers in [-2**bits, 2**bits) from the OS CSPRNG."""
+    count = int(np.prod(shape)) if len(shape) else 1
+    nbytes = (bits + 1 + 7) // 8
+    raw = os.urandom(nbytes * count)
+    mask = (1 << (bits + 1)) - 1
+    off = 1 << bits
+    vals = [(int.from_bytes(raw[i * nbytes:(i + 1) * nbytes], "little") & mask) - off for i in range(count)]
+    return np.array(vals, dtype=object).reshape(shape)
+
+
+def encode_masked(ints: np.ndarray, width: int) -> np.ndarray:
+    """Signed ints -> uint8 array (*shape, width), two's complement little-endian."""
+    a = np.asarray(ints, dtype=object)
+    lim = 1 << (8 * width - 1)
+    buf = bytearray()
+    for v in a.ravel().tolist():
+        v = int(v)
+        if not -lim <= v < lim:
+            raise OverflowError(f"masked value needs more than {width} bytes")
+        buf += (v % (1 << (8 * width))).to_bytes(width, "little")
+    return np.frombuffer(bytes(buf), dtype=np.uint8).reshape(*a.shape, width).copy()
+
+
+def decode_masked(arr: np.ndarray, width: int, shape: tuple | None = None) -> np.ndarray:
+    """uint8 array (*shape, width) -> signed Python ints; PartyError naming a wrong dtype or shape."""
+    arr = np.asarray(arr)
+    if arr.dtype != np.uint8 or arr.ndim < 1 or arr.shape[-1] != width:
+        raise PartyError(f"masked integers must be uint8 (..., {width}), got {arr.dtype} {arr.shape}")
+    if shape is not None and tuple(arr.shape[:-1]) != tuple(shape):
+        raise PartyError(f"masked integers have shape {arr.shape[:-1]}, expected {tuple(shape)}")
+    raw = np.ascontiguousarray(arr).tobytes()
+    top = 1 << (8 * width - 1)
+    full = 1 << (8 * width)
+    vals = []
+    for i in range(len(raw) // width):
+        u = int.from_bytes(raw[i * width:(i + 1) * width], "little")
+        vals.append(u - full if u >= top else u)
+    return np.array(vals, dtype=object).reshape(arr.shape[:-1])
+
+
+def round_div(num: int, den: int) -> int:
+    """round(num / den), halves up, exact for Python ints (den > 0)."""
+    return (2 * num + den) // (2 * den)
+
+
+def weight_step(x: np.ndarray, rows: int, spec: LayerSpec) -> np.ndarray:
+    """step(X) = round(lr * X / (rows * 2**(a_frac + d_frac - w_frac))) on the w grid (ints)."""
+    shift = spec.a_frac_bits + spec.d_frac_bits - spec.w_frac_bits + spec.lr_frac_bits
+    den = int(rows) << shift
+    L = spec.lr_int
+    x = np.asarray(x, dtype=object)
+    return np.array([round_div(int(v) * L, den) for v in x.ravel().tolist()], dtype=object).reshape(x.shape)
+
+
+def quantize_delta(delta_ps: np.ndarray, spec: LayerSpec) -> np.ndarray:
+    """Per-sample dL/dz clipped to |delta| < 2**d_int_bits, rounded to d_frac_bits (ints)."""
+    lim = 2.0 ** spec.d_int_bits - 2.0 ** -spec.d_frac_bits
+    return quantize(np.clip(np.asarray(delta_ps, dtype=np.float64), -lim, lim), spec.d_frac_bits,
+                    "per-sample gradient delta")
+
+
+def count_clipped(delta_ps, spec: LayerSpec) -> int:
+    """How many per-sample gradient entries :func:`quantize_delta` clips."""
+    return int(np.sum(np.abs(np.asarray(delta_ps, dtype=np.float64)) >= 2.0 ** spec.d_int_bits))
+
+
+def quantize_acts(A: np.ndarray, spec: LayerSpec) -> np.ndarray:
+    """The guest's activations rounded to a_frac_bits (ints); ValueError unless finite with |A| < 2**a_int_bits."""
+    A = np.asarray(A, dtype=np.float64)
+    if not np.all(np.isfinite(A)):
+        raise ValueError("guest bottom-model output contains NaN or infinity")
+    q = quantize(A, spec.a_frac_bits)
+    if A.size and max_abs_int(q) >= 1 << spec.a_bound_bits:
+        raise ValueError(f"guest bottom-model output reaches |A| = {np.max(np.abs(A)):.4g}, not below "
+                         f"2**a_int_bits = {2 ** spec.a_int_bits}; raise a_int_bits (and slot_bits) or lower "
+                         "the learning rate")
+    return q
+
+
+def int_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact integer matrix product of object arrays."""
+    return np.dot(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
+
+
+def int_bound(a_bits: int, W: np.ndarray) -> int:
+    """Public-style bound of |A W| slots: 2**a_bits * max_k sum_j |W[j, k]|."""
+    W = np.asarray(W, dtype=object)
+    cols = [sum(abs(int(v)) for v in W[:, k]) for k in range(W.shape[1])] if W.size else [0]
+    return (1 << a_bits) * max(cols)

@@ -1,0 +1,457 @@
+"""The HE interactive layer on exact integers: schemes "paillier" (packed) and "naive" (one value per ciphertext).
+
+Both sides of one link for the integer schemes of :mod:`fedhet.protocols.he_interactive` (read it for
+the per-batch protocol and what each side learns); the numbers are encoded as in
+:mod:`fedhet.protocols.he_encoding`.  The two schemes share :class:`IntegerGuest` (the key owner) and
+:class:`IntegerHost` and differ only in their operations object:
+
+* :class:`PackedOps` (``paillier``): packed, batched Paillier (:mod:`fedhet.crypto.paillier`),
+  ``slot_bits``-bit slots.  ``[[A_g]]`` goes twice, packed along the batch (forward: one ciphertext
+  row per feature) and along the features (gradient: one row per sample), because packed slots
+  cannot be summed inside a ciphertext.  Obfuscators are precomputed by background threads on both
+  sides.  Integers wider than a float64 go through the float API as exact digits.
+* :class:`NaiveOps` (``naive``): ``phe`` ``EncryptedNumber`` objects, one value per ciphertext, no
+  pools; the same integers and masks, so the comparison shows what packing and batching buy.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from fedhet.crypto import paillier as pl
+from fedhet.crypto.fixedpoint import dequantize
+from fedhet.parties.api import PartyError
+
+from .he_encoding import (
+    DIGIT_BITS,
+    LayerSpec,
+    count_clipped,
+    decode_masked,
+    digits,
+    encode_masked,
+    int_bound,
+    int_dot,
+    max_abs_int,
+    quantize,
+    quantize_acts,
+    quantize_delta,
+    uniform_ints,
+    weight_step,
+)
+from .he_link import (
+    K_ACTS,
+    K_FWD_CT,
+    K_FWD_MASKED,
+    K_GRAD_CT,
+    K_GRAD_MASKED,
+    K_INGRAD_CT,
+    K_NOISE,
+    K_PUBKEY,
+    LayerStats,
+    need_fields,
+    recv_timed,
+)
+
+__all__ = ["PackedOps", "NaiveOps", "IntegerGuest", "IntegerHost"]
+
+
+def _unpack_signed(residues: list, n: int, slot_bits: int, slots: int, length: int) -> list[int]:
+    """Decrypted packed plaintexts -> signed slot integers (crypto.paillier's packing, inverted)."""
+    try:
+        return pl.unpack_signed(residues, n, slot_bits, slots, length)
+    except ValueError as e:
+        raise PartyError(str(e)) from None
+
+
+class PackedOps:
+    """Exact-integer matrix operations on packed Paillier ciphertexts (crypto.paillier)."""
+
+    two_layouts = True  # packed slots cannot be summed inside a ciphertext: send [[A]] both ways
+
+    def __init__(self, ctx: "pl.PaillierContext", spec: LayerSpec):
+        self.ctx, self.spec = ctx, spec
+        self.pk = ctx.public_key
+        self.n = int(self.pk.n)
+        self.slot_bits, self.slots = pl.PackingSpec(0, 1, spec.slot_bits).layout(ctx.key_bits)
+
+    def count(self, rows: int, length: int) -> int:
+        return rows * -(-length // self.slots)
+
+    def encrypt(self, ints: np.ndarray, bound_bits: int | None = None) -> "pl.EncryptedArray":
+        ints = np.asarray(ints, dtype=object)
+        top = max_abs_int(ints)
+        bits = max(bound_bits or 0, top.bit_length(), 1)
+        if bits <= DIGIT_BITS:
+            spec = pl.PackingSpec(frac_bits=0, int_bits=bits, slot_bits=self.slot_bits)
+            return self.ctx.encrypt(ints.astype(np.float64), spec)
+        ds = digits(ints)
+        spec = pl.PackingSpec(frac_bits=0, int_bits=DIGIT_BITS, slot_bits=self.slot_bits)
+        enc = self.ctx.encrypt(ds[0], spec)
+        for t, d in enumerate(ds[1:], 1):
+            enc = enc.add_plain(np.ldexp(d, DIGIT_BITS * t))
+        # A power-of-two public bound: says no more than the magnitude's bit length.
+        return pl.EncryptedArray(self.pk, enc.ciphertexts, enc.shape, spec, 0, 1 << bits)
+
+    def matmul(self, enc, W: np.ndarray):
+        """``Y[k, :] = sum_j W[j, k] X[j, :]`` for integer W of any size."""
+        ds = digits(W)
+        out = None
+        for t, d in enumerate(ds):
+            if not np.any(d):
+                continue
+            y = pl.packed_matmul(enc, d, w_frac_bits=0, executor=self.ctx.executor)
+            if t:
+                y = y.mul_scalar(1 << (DIGIT_BITS * t))
+            out = y if out is None else out + y
+        if out is None:  # all-zero W
+            out = pl.packed_matmul(enc, ds[0], w_frac_bits=0)
+        return out
+
+    def add_ints(self, enc, ints: np.ndarray):
+        for t, d in enumerate(digits(ints)):
+            if np.any(d):
+                enc = enc.add_plain(np.ldexp(d, DIGIT_BITS * t - enc.frac_bits))
+        return enc
+
+    def bound(self, enc) -> int:
+        return int(enc.bound)
+
+    def rerandomize(self, enc):
+        return self.ctx.rerandomize(enc)
+
+    def decrypt(self, enc) -> np.ndarray:
+        ms = self.ctx.decrypt_raw(enc.ciphertexts.ravel())
+        n_ct = enc.n_ct_per_row
+        rows = [_unpack_signed(ms[i * n_ct:(i + 1) * n_ct], self.n, enc.slot_bits, enc.slots, enc.length)
+                for i in range(enc.rows)]
+        return np.array(rows, dtype=object).reshape(enc.rows, enc.length)
+
+    def n_ct(self, enc) -> int:
+        return enc.n_ciphertexts
+
+    def to_wire(self, enc, include_bound: bool) -> dict:
+        meta, arr = enc.to_wire(include_bound=include_bound)
+        return {"meta": meta, "ct": arr}
+
+    def from_wire(self, msg, what: str):
+        try:
+            return pl.EncryptedArray.from_wire(self.pk, msg["meta"], msg["ct"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise PartyError(f"{what}: malformed ciphertexts: {e}") from None
+
+
+class NaiveOps:
+    """The same operations with python-paillier, one ``EncryptedNumber`` per value."""
+
+    two_layouts = False
+
+    def __init__(self, public_key, private_key, spec: LayerSpec):
+        from phe import paillier as phe_paillier
+
+        self._phe = phe_paillier
+        self.pk, self.sk, self.spec = public_key, private_key, spec
+        self.key_bits = int(public_key.n.bit_length())
+
+    def count(self, rows: int, length: int) -> int:
+        return rows * length
+
+    def encrypt(self, ints: np.ndarray, bound_bits: int | None = None) -> np.ndarray:
+        ints = np.asarray(ints, dtype=object)
+        out = np.empty(ints.shape, dtype=object)
+        for idx in np.ndindex(ints.shape):
+            out[idx] = self.pk.encrypt(int(ints[idx]))
+        return out
+
+    def matmul(self, X: np.ndarray, W: np.ndarray) -> np.ndarray:
+        r, L = X.shape
+        K = W.shape[1]
+        Y = np.empty((K, L), dtype=object)
+        for k in range(K):
+            acc = None
+            for j in range(r):
+                w = int(W[j, k])
+                if w == 0:
+                    continue
+                term = [x * w for x in X[j]]
+                acc = term if acc is None else [a + t for a, t in zip(acc, term)]
+            if acc is None:
+                acc = [self.pk.encrypt(0, r_value=1) for _ in range(L)]
+            Y[k] = acc
+        return Y
+
+    def add_ints(self, Y: np.ndarray, ints: np.ndarray) -> np.ndarray:
+        out = np.empty(Y.shape, dtype=object)
+        for idx in np.ndindex(Y.shape):
+            out[idx] = Y[idx] + int(ints[idx])
+        return out
+
+    def rerandomize(self, Y: np.ndarray) -> np.ndarray:
+        for y in Y.ravel():
+            y.obfuscate()
+        return Y
+
+    def decrypt(self, Y: np.ndarray) -> np.ndarray:
+        out = np.empty(Y.shape, dtype=object)
+        for idx in np.ndindex(Y.shape):
+            out[idx] = int(self.sk.decrypt(Y[idx]))
+        return out
+
+    def n_ct(self, Y) -> int:
+        return int(Y.size)
+
+    def to_wire(self, Y: np.ndarray, include_bound: bool = False) -> dict:
+        cts = [y.ciphertext(be_secure=False) for y in Y.ravel()]
+        return {"meta": {"shape": list(Y.shape)}, "ct": pl.ciphertexts_to_bytes(cts, self.pk)}
+
+    def from_wire(self, msg, what: str) -> np.ndarray:
+        try:
+            shape = tuple(int(s) for s in msg["meta"]["shape"])
+            cts = pl.ciphertexts_from_bytes(msg["ct"], self.pk)
+        except (KeyError, TypeError, ValueError) as e:
+            raise PartyError(f"{what}: malformed ciphertexts: {e}") from None
+        if len(shape) != 2 or len(cts) != shape[0] * shape[1]:
+            raise PartyError(f"{what}: {len(cts)} ciphertexts do not fill shape {shape}")
+        out = np.empty(len(cts), dtype=object)
+        for i, c in enumerate(cts):
+            out[i] = self._phe.EncryptedNumber(self.pk, int(c), 0)
+        return out.reshape(shape)
+
+    def transpose(self, Y):
+        return Y.T
+
+
+class IntegerGuest:
+    """Guest side (key owner) for "paillier" and "naive"."""
+
+    def __init__(self, party, host: str, spec: LayerSpec, d: int, width: int):
+        self.party, self.host, self.spec = party, host, spec
+        self.d, self.K = int(d), int(width)
+        self.stats = LayerStats()
+        self.eps = np.zeros((self.d, self.K), dtype=object)  # accumulated noise, w grid
+        self._A = None
+        self._ctx = None
+
+    def setup(self) -> None:
+        t0 = time.perf_counter()
+        if self.spec.scheme == "paillier":
+            self._ctx = pl.PaillierContext.generate(self.spec.key_bits, workers=self.spec.workers)
+            self.ops = PackedOps(self._ctx, self.spec)
+            pk = self._ctx.public_key
+            if self.spec.pool:
+                s = self.spec
+                per_batch = (self.ops.count(self.d, s.batch_size) + self.ops.count(s.batch_size, self.d)
+                             + self.ops.count(self.K, self.d))
+                self._ctx.start_background_pool(per_batch)
+        else:
+            pk, sk = pl.generate_keypair(self.spec.key_bits)
+            self.ops = NaiveOps(pk, sk, self.spec)
+        self.stats.s_encrypt += time.perf_counter() - t0
+        key = np.frombuffer(pl.public_key_to_bytes(pk), dtype=np.uint8).copy()
+        self.party.send(self.host, K_PUBKEY, {"scheme": self.spec.scheme, "key": key})
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+
+    # -- forward
+    def forward(self, A: np.ndarray, train: bool) -> None:
+        """Send [[A]] (and [[eps]] when training), finish the masked forward for the host."""
+        s, st = self.spec, self.stats
+        A_int = quantize_acts(A, s)
+        if A_int.ndim != 2 or A_int.shape[1] != self.d:
+            raise ValueError(f"guest activations must have shape (rows, {self.d}), got {A_int.shape}")
+        b = A_int.shape[0]
+        if b > s.batch_size:
+            raise ValueError(f"batch of {b} rows exceeds batch_size={s.batch_size} (the public gradient bound)")
+        self._A = A_int
+        t0 = time.perf_counter()
+        msg = {"rows": b}
+        if self.ops.two_layouts:
+            msg["fwd"] = self.ops.to_wire(self.ops.encrypt(A_int.T, s.a_bound_bits), True)
+            st.encrypted += self.ops.count(self.d, b)
+            if train:
+                msg["grad"] = self.ops.to_wire(self.ops.encrypt(A_int, s.a_bound_bits), True)
+                st.encrypted += self.ops.count(b, self.d)
+        else:
+            msg["all"] = self.ops.to_wire(self.ops.encrypt(A_int, s.a_bound_bits), True)
+            st.encrypted += self.ops.count(b, self.d)
+        st.s_encrypt += time.perf_counter() - t0
+        self.party.send(self.host, K_ACTS, msg)
+        if train:
+            # [[eps]] now: its encryption overlaps the host's forward work; eps only changes after backward.
+            t0 = time.perf_counter()
+            enc = self.ops.encrypt(self.eps.T)
+            st.encrypted += self.ops.count(self.K, self.d)
+            st.s_encrypt += time.perf_counter() - t0
+            self.party.send(self.host, K_NOISE, self.ops.to_wire(enc, True))
+        if self._ctx is not None:
+            st.pool_misses = int(self._ctx.pool.misses)
+        ct = self.ops.from_wire(recv_timed(self.party, self.host, K_FWD_CT, st), K_FWD_CT)
+        t0 = time.perf_counter()
+        dec = self.ops.decrypt(ct)  # (K, b): A W_g + e_B
+        st.decrypted += self.ops.n_ct(ct)
+        st.s_decrypt += time.perf_counter() - t0
+        if dec.shape != (self.K, b):
+            raise PartyError(f"{K_FWD_CT}: expected ({self.K}, {b}) values, got {dec.shape}")
+        masked = dec + int_dot(self.eps.T, A_int.T)  # + A eps: now A W + e_B
+        self.party.send(self.host, K_FWD_MASKED, encode_masked(masked, s.masked_bytes))
+
+    # -- backward
+    def backward(self) -> np.ndarray:
+        """Masked weight gradient for the host; returns dL/dA (rows x d, mean over the batch)."""
+        s, st = self.spec, self.stats
+        b = self._A.shape[0]
+        ct = self.ops.from_wire(recv_timed(self.party, self.host, K_GRAD_CT, st), K_GRAD_CT)
+        t0 = time.perf_counter()
+        dec = self.ops.decrypt(ct)  # (K, d): G^T + e_W
+        st.decrypted += self.ops.n_ct(ct)
+        st.s_decrypt += time.perf_counter() - t0
+        if dec.shape != (self.K, self.d):
+            raise PartyError(f"{K_GRAD_CT}: expected ({self.K}, {self.d}) values, got {dec.shape}")
+        nu = uniform_ints(dec.shape, s.mask_bits + s.grad_public_bits)
+        self.party.send(self.host, K_GRAD_MASKED, encode_masked(dec + nu, s.masked_bytes))
+        ct = self.ops.from_wire(recv_timed(self.party, self.host, K_INGRAD_CT, st), K_INGRAD_CT)
+        t0 = time.perf_counter()
+        g = self.ops.decrypt(ct)  # (b, d): delta W^T, frac d_frac + w_frac
+        st.decrypted += self.ops.n_ct(ct)
+        st.s_decrypt += time.perf_counter() - t0
+        if g.shape != (b, self.d):
+            raise PartyError(f"{K_INGRAD_CT}: expected ({b}, {self.d}) values, got {g.shape}")
+        self.eps = self.eps + weight_step(nu, b, s).T
+        self._A = None
+        scale = 2.0 ** -(s.d_frac_bits + s.w_frac_bits) / b
+        return dequantize(g, 0) * scale
+
+
+class IntegerHost:
+    """Host side (label owner, computes on the guest's ciphertexts) for "paillier" and "naive"."""
+
+    def __init__(self, party, guest: str, spec: LayerSpec, W_init: np.ndarray):
+        self.party, self.guest, self.spec = party, guest, spec
+        W_init = np.asarray(W_init, dtype=np.float64)
+        self.d, self.K = W_init.shape
+        self.W = quantize(W_init, spec.w_frac_bits, "initial interactive weights")  # the host's masked copy W_g
+        self.stats = LayerStats()
+        self._ctx = None
+
+    def setup(self) -> None:
+        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest)
+        if msg["scheme"] != self.spec.scheme:
+            raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host {self.spec.scheme!r}")
+        try:
+            pk = pl.public_key_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
+        except ValueError as e:
+            raise PartyError(f"{K_PUBKEY} from {self.guest!r}: {e}") from None
+        if pk.n.bit_length() != self.spec.key_bits:
+            raise PartyError(f"guest {self.guest!r} sent a {pk.n.bit_length()}-bit key, expected {self.spec.key_bits}")
+        if self.spec.scheme == "paillier":
+            self._ctx = pl.PaillierContext(pk, None, workers=self.spec.workers)
+            self.ops = PackedOps(self._ctx, self.spec)
+            if self.spec.pool:
+                s = self.spec
+                per_batch = (self.ops.count(self.K, s.batch_size) + self.ops.count(self.K, self.d)
+                             + self.ops.count(s.batch_size, self.d))
+                self._ctx.start_background_pool(per_batch)
+        else:
+            self.ops = NaiveOps(pk, None, self.spec)
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+
+    def true_weight_share(self) -> np.ndarray:
+        """The host's share W_g as floats (the true weight is W_g + eps; eps only the guest knows)."""
+        return dequantize(self.W, self.spec.w_frac_bits)
+
+    def _mask(self, enc, bound: int, what: str):
+        """Add the host's mask, uniform over +-2**(slot_bits-2), and check its statistical margin."""
+        s, st = self.spec, self.stats
+        sigma = (s.slot_bits - 2) - int(bound).bit_length()
+        st.max_bound_bits = max(st.max_bound_bits, int(bound).bit_length())
+        if sigma < s.mask_bits:
+            raise pl.PackingOverflowError(
+                f"{what}: values need {int(bound).bit_length()} bits, so a mask in {s.slot_bits}-bit slots "
+                f"hides them by only {sigma} < mask_bits={s.mask_bits} bits; raise slot_bits")
+        st.min_mask_sigma = sigma if st.min_mask_sigma is None else min(st.min_mask_sigma, sigma)
+        noise = uniform_ints(self._shape(enc), s.slot_bits - 2)
+        return self.ops.add_ints(enc, noise), noise
+
+    def _shape(self, enc):
+        return tuple(enc.shape) if hasattr(enc, "shape") else enc.shape
+
+    def _send_ct(self, kind: str, enc) -> None:
+        t0 = time.perf_counter()
+        enc = self.ops.rerandomize(enc)
+        self.stats.rerandomized += self.ops.n_ct(enc)
+        self.stats.s_rerandomize += time.perf_counter() - t0
+        if self._ctx is not None:
+            self.stats.pool_misses = int(self._ctx.pool.misses)
+        self.party.send(self.guest, kind, self.ops.to_wire(enc, False))
+
+    # -- forward
+    def recv_acts(self) -> None:
+        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows",), K_ACTS, self.guest)
+        self.rows = int(msg["rows"])
+        if not 0 < self.rows <= self.spec.batch_size:
+            raise PartyError(f"{K_ACTS}: {self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
+        if self.ops.two_layouts:
+            self.X_fwd = self.ops.from_wire(msg.get("fwd"), K_ACTS)
+            self.X_grad = self.ops.from_wire(msg["grad"], K_ACTS) if "grad" in msg else None
+        else:
+            X = self.ops.from_wire(msg.get("all"), K_ACTS)
+            self.X_fwd, self.X_grad = self.ops.transpose(X), X
+        if tuple(self.X_fwd.shape) != (self.d, self.rows) or (
+                self.X_grad is not None and tuple(self.X_grad.shape) != (self.rows, self.d)):
+            raise PartyError(f"{K_ACTS}: activations of shape {tuple(self.X_fwd.shape)}, "
+                             f"expected ({self.d}, {self.rows})")
+        if self.spec.scheme == "paillier" and self.X_fwd.bound > 1 << self.spec.a_bound_bits:
+            raise PartyError(f"{K_ACTS}: slot bound exceeds 2**(a_int_bits + a_frac_bits)")
+
+    def send_forward(self) -> None:
+        t0 = time.perf_counter()
+        Y = self.ops.matmul(self.X_fwd, self.W)  # (K, rows)
+        bound = int_bound(self.spec.a_bound_bits, self.W)
+        Y, self._e_fwd = self._mask(Y, bound, "forward")
+        self.stats.s_compute += time.perf_counter() - t0
+        self._send_ct(K_FWD_CT, Y)
+
+    def recv_forward(self) -> np.ndarray:
+        """The guest part of the layer output, A_g W (rows x K), exact on the 2**-(a_frac+w_frac) grid."""
+        arr = recv_timed(self.party, self.guest, K_FWD_MASKED, self.stats)
+        masked = decode_masked(arr, self.spec.masked_bytes, (self.K, self.rows))
+        Z = masked - self._e_fwd
+        self._e_fwd = None
+        return dequantize(Z.T, self.spec.a_frac_bits + self.spec.w_frac_bits)
+
+    # -- backward
+    def send_gradient(self, delta_ps: np.ndarray) -> None:
+        """delta_ps: per-sample dL/dz (rows x K), i.e. the batch-mean gradient times rows."""
+        if self.X_grad is None:
+            raise PartyError("send_gradient after a forward without training activations")
+        t0 = time.perf_counter()
+        self.stats.delta_clipped += count_clipped(delta_ps, self.spec)
+        self._delta = quantize_delta(delta_ps, self.spec)
+        if self._delta.shape != (self.rows, self.K):
+            raise ValueError(f"delta must have shape ({self.rows}, {self.K}), got {self._delta.shape}")
+        Y = self.ops.matmul(self.X_grad, self._delta)  # (K, d): G^T
+        bound = int_bound(self.spec.a_bound_bits, self._delta)
+        Y, self._e_grad = self._mask(Y, bound, "weight gradient")
+        self.stats.s_compute += time.perf_counter() - t0
+        self._send_ct(K_GRAD_CT, Y)
+
+    def finish_backward(self) -> None:
+        """Unmask G + nu, send [[delta W^T]] (old weights), then W_g -= step(G + nu)."""
+        s = self.spec
+        arr = recv_timed(self.party, self.guest, K_GRAD_MASKED, self.stats)
+        M = decode_masked(arr, s.masked_bytes, (self.K, self.d)) - self._e_grad
+        enc_eps = self.ops.from_wire(recv_timed(self.party, self.guest, K_NOISE, self.stats), K_NOISE)
+        if tuple(enc_eps.shape) != (self.K, self.d):
+            raise PartyError(f"{K_NOISE}: shape {tuple(enc_eps.shape)}, expected ({self.K}, {self.d})")
+        t0 = time.perf_counter()
+        Y = self.ops.matmul(enc_eps, self._delta.T)  # (rows, d): delta eps^T
+        Y = self.ops.add_ints(Y, int_dot(self._delta, self.W.T))  # + delta W_g^T
+        self.stats.s_compute += time.perf_counter() - t0
+        self._send_ct(K_INGRAD_CT, Y)
+        self.W = self.W - weight_step(M, self.rows, s).T
+        self._delta = self._e_grad = self.X_grad = self.X_fwd = None
