@@ -339,7 +339,8 @@ def make_synthetic(n_per_class: int = 40, n_classes: int = 4, dims: Sequence[int
                    informative: Sequence[int] | int = 5, separation: float = 3.0,
                    seed: int = 0) -> MultiView:
     """Gaussian classes seen through several views: in view k only the first ``informative[k]``
-    columns carry the class (class means differ there); the others are pure N(0, 1) noise."""
+    columns carry the class (class means differ there, spread ``separation / 2`` noise standard
+    deviations across classes); the others are pure N(0, 1) noise."""
     rng = np.random.default_rng(seed)
     inf = [informative] * len(dims) if isinstance(informative, int) else list(informative)
     if len(inf) != len(dims) or any(i < 0 or i > d for i, d in zip(inf, dims)):
@@ -348,9 +349,12 @@ def make_synthetic(n_per_class: int = 40, n_classes: int = 4, dims: Sequence[int
     views = []
     for d, m in zip(dims, inf):
         X = rng.standard_normal((y.size, d))
-        if m:
+        if m and n_classes > 1:
+            # every informative column separates the classes: class means centred per column,
+            # their spread (std across classes) = separation / 2 noise standard deviations
             means = rng.standard_normal((n_classes, m))
-            means *= separation / np.linalg.norm(means, axis=1, keepdims=True).clip(1e-12) * np.sqrt(m) / 2
+            means -= means.mean(axis=0)
+            means *= (separation / 2) / means.std(axis=0).clip(1e-12)
             X[:, :m] += means[y]
         views.append(X.astype(np.float32))
     return MultiView(views=views, y=y, view_names=tuple(f"view{k}" for k in range(len(dims))),
