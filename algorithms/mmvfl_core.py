@@ -125,8 +125,12 @@ class MMVFLSettings:
     zeta_k = zeta for all k).  epsilon: eq. (4).  max_iter / tol: outer rounds
     and relative change of the smoothed objective that stops them.
     inner_iters / inner_tol: reweighting steps per W-update (eq. 4 <-> 6);
-    ``inner_tol > 0`` stops earlier when the W subproblem's smoothed objective
-    changes by less than that (relative).  solver: "auto" | "cholesky" |
+    ``inner_tol > 0`` stops earlier once W changes by less than that
+    (relative, Frobenius).  w_tol: the baselines (eqs. 9, 10) reweight until W
+    moves by at most that, relative, or ``max_iter`` steps (IRLS converges
+    linearly: on Relathe / MSRC views with d > N, 1e-4 takes 90-340 steps and
+    keeps >= 99 % of the top-10 % features of a 400-step fit; 1e-6 does not
+    converge in 400).  solver: "auto" | "cholesky" |
     "woodbury".  seed: W_k^0.  rows: "train" | "all" (see module docstring).
     knn_k: neighbours of the k-NN classifier.
     """
@@ -139,6 +143,7 @@ class MMVFLSettings:
     tol: float = 1e-6
     inner_iters: int = 3
     inner_tol: float = 0.0
+    w_tol: float = 1e-4
     solver: str = "auto"
     seed: int = 0
     rows: str = "train"
@@ -155,7 +160,7 @@ class MMVFLSettings:
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"MMVFLSettings.{name} must be an int >= 1, got {v!r}")
-        for name in ("tol", "inner_tol"):
+        for name in ("tol", "inner_tol", "w_tol"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"MMVFLSettings.{name} must be a finite number >= 0, got {v!r}")
@@ -319,27 +324,26 @@ def update_w(system: ViewSystem, target, W, beta: float, epsilon: float, max_ite
 
     Each step sets A from the current W and solves eq. (6); the smoothed
     subproblem objective never increases (see the module docstring).  With
-    ``tol > 0`` it stops once the relative decrease is below ``tol``."""
+    ``tol > 0`` it stops once W moves by at most ``tol`` relative
+    (``||W_new - W||_F <= tol ||W_new||_F``).  W, not the objective: with a
+    small beta the objective settles after a step or two while the row norms
+    -- the feature scores -- are still moving."""
     target = _as_matrix(target, "target Z_k", rows=system.n_rows)
     W = _as_matrix(W, "W_k", rows=system.n_features, cols=target.shape[1])
     if max_iters < 1:
         raise ValueError(f"max_iters must be >= 1, got {max_iters}")
     XtZ = system.X.T @ target if system.solver == "cholesky" else None
-    prev = _w_subproblem(system, target, W, beta, epsilon) if tol > 0 else None
-    cur = prev
     it = 0
     converged = False
     for it in range(1, max_iters + 1):
-        W = solve_w(system, target, reweighting_diagonal(W, epsilon), beta, XtZ)
-        if tol > 0:
-            cur = _w_subproblem(system, target, W, beta, epsilon)
-            if abs(prev - cur) <= tol * max(abs(prev), np.finfo(float).tiny):
-                converged = True
-                break
-            prev = cur
-    if cur is None or tol <= 0:
-        cur = _w_subproblem(system, target, W, beta, epsilon)
-    return WUpdate(W=W, iterations=it, objective=cur, converged=converged)
+        W_new = solve_w(system, target, reweighting_diagonal(W, epsilon), beta, XtZ)
+        moved = np.linalg.norm(W_new - W)
+        W = W_new
+        if tol > 0 and moved <= tol * np.linalg.norm(W):
+            converged = True
+            break
+    return WUpdate(W=W, iterations=it, objective=_w_subproblem(system, target, W, beta, epsilon),
+                   converged=converged)
 
 
 def init_w(n_features: int, n_classes: int, seed: int, participant: int) -> np.ndarray:
@@ -674,11 +678,12 @@ class L21Fit:
 
 
 def fit_l21(X, target, beta: float, settings: MMVFLSettings, participant: int = 0) -> L21Fit:
-    """min ||X W - target||^2 + beta ||W||_{2,1} by reweighting to convergence (tol, max_iter)."""
+    """min ||X W - target||^2 + beta ||W||_{2,1} by reweighting until W moves by <= w_tol (relative)
+    or max_iter steps."""
     target = _as_matrix(target, "target")
     system = prepare_view(X, target.shape[1], settings.solver)
     W0 = init_w(system.n_features, target.shape[1], settings.seed, participant)
-    up = update_w(system, target, W0, beta, settings.epsilon, settings.max_iter, settings.tol)
+    up = update_w(system, target, W0, beta, settings.epsilon, settings.max_iter, settings.w_tol)
     return L21Fit(W=[up.W], iterations=up.iterations, objective=up.objective,
                   converged=up.converged, solver=system.solver)
 
