@@ -50,7 +50,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fedhet.algorithms.datapath import DatasetNotFound, dataset_path
+from fedhet.algorithms.datapath import dataset_path
 
 __all__ = [
     "MultiView", "PoseImages", "Fold", "DATASETS", "TABLE2_SPLITS", "KINDS",
