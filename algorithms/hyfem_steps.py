@@ -34,6 +34,9 @@ field              default     meaning
 method             "avg"       "avg" (eq. 9) or "prox" (eq. 6)
 mu                 0.1         weight of ||Pi_m theta_0 - w_m||^2 in eq. (6) (paper: 0.1, 0.5)
 extractor_weight   1.0         weight of sum_d ||theta_{m,d} - theta_{0,d}||^2 (eq. (6): 1)
+loss_reduction     "mean"      data term: batch-mean cross-entropy ("mean"), or that times the
+                               client's row count ("sum": an unbiased estimate of eq. (6)'s
+                               sum over its rows, which makes both penalties n_m times weaker)
 lr                 0.005       initial learning rate (paper)
 lr_decay           0.2         multiplied in every ``decay_every`` rounds (paper)
 decay_every        8           (paper)
@@ -53,8 +56,9 @@ device             "cpu"       "cpu", "cuda", "cuda:N" or "auto" (training and e
 seed               0           init, batch order and matching picks derive from it
 =================  ==========  ==============================================================
 
-The loss is the mean cross-entropy of the mini-batch (eq. (6) sums over the client's rows; the
-mean keeps the penalties' weights independent of the client's row count, as FedProx does).
+The data term is by default the mean cross-entropy of the mini-batch (eq. (6) sums over the
+client's rows; the mean keeps the penalties' weights independent of the client's row count, as
+FedProx implementations do); ``loss_reduction="sum"`` follows eq. (6) literally.
 The optimizer starts fresh each round.  Batches are drawn from a generator seeded by
 (seed, client, round), so a round repeats exactly given its inputs (on one device).
 """
@@ -81,6 +85,7 @@ class HyFEMConfig:
     method: str = "avg"
     mu: float = 0.1
     extractor_weight: float = 1.0
+    loss_reduction: str = "mean"
     lr: float = 0.005
     lr_decay: float = 0.2
     decay_every: int = 8
@@ -100,6 +105,9 @@ class HyFEMConfig:
     def __post_init__(self) -> None:
         if self.method not in ("avg", "prox"):
             raise ValueError(f"HyFEM method must be 'avg' or 'prox', got {self.method!r}")
+        if self.loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"HyFEM loss_reduction must be 'mean' or 'sum', "
+                             f"got {self.loss_reduction!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"HyFEM optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         for name in ("decay_every", "local_steps", "batch_size", "seed"):
@@ -250,7 +258,7 @@ def local_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec,
         pos += bs
         emb = torch.cat([extractors[d](xs[d][idx]) for d in views], dim=1)
         ce = F.cross_entropy(model(emb), y[idx])
-        loss = ce
+        loss = ce * n if cfg.loss_reduction == "sum" else ce
         if prox:
             loss = loss + cfg.mu * sum(((p - a) ** 2).sum() for p, a in zip(inf_params, inf_anchor))
             loss = loss + cfg.extractor_weight * sum(((p - a) ** 2).sum()

@@ -202,6 +202,21 @@ def test_prox_with_large_mu_keeps_w_m_near_pi_m_theta_0(optimizer):
     assert d_small[0] > 0.5 * d_avg[0]       # a tiny mu is nearly HyFEM-Avg
 
 
+def test_sum_reduction_weakens_the_penalties_by_the_row_count():
+    """eq. (6) literally sums the loss over the client's rows: the same mu pulls less."""
+    spec = small_spec()
+    x, y = synthetic(200, seed=4)
+    data = H.ClientData({0: x[0], 1: x[1]}, y)
+    state = H.init_server(spec, {0: (0, 1), 1: (2,)}, H.HyFEMConfig())
+    msg = H.message_for_client(state, spec, 0)
+    mean, _ = H.local_update(msg, data, spec, H.HyFEMConfig(method="prox", mu=10.0), 0, 0)
+    summed, _ = H.local_update(msg, data, spec,
+                               H.HyFEMConfig(method="prox", mu=10.0, loss_reduction="sum"), 0, 0)
+    assert _distance(summed, msg)[0] > 2 * _distance(mean, msg)[0]
+    with pytest.raises(ValueError, match="loss_reduction"):
+        H.HyFEMConfig(loss_reduction="max")
+
+
 def test_rounds_raise_global_accuracy_well_above_chance():
     spec = small_spec()
     x, y = synthetic(600, seed=5)
