@@ -8,8 +8,14 @@ each part is spread evenly over the clients, so sample sets are disjoint
 (eq. 5) and every client shares the common features (eq. 4).
 
 :func:`vertical_split` is the plain vertical counterpart (one feature group
-per party) for the VFL algorithms.  Everything is a pure function of its
-seed; index arrays are sorted int64.
+per party) for the VFL algorithms.
+
+:func:`hybrid_partition` is HyFEM's hybrid setting (Zhang et al., Sec. 3.1):
+every client holds some views (feature groups), some classes, and a disjoint
+set of training rows of those classes; optionally a fraction of the rows is
+used by no client (Fig. 4: 12.08%).
+
+Everything is a pure function of its seed; index arrays are sorted int64.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import numpy as np
 _FEATURE_STREAM = 1
 _SAMPLE_STREAM = 2
 _VERTICAL_STREAM = 3
+_HYBRID_STREAM = 4
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -146,3 +153,114 @@ def vertical_split(n_features: int, n_parties: int, seed: int | None = None,
     order = np.arange(d) if seed is None else _rng(seed, _VERTICAL_STREAM).permutation(d)
     bounds = np.cumsum([0] + sizes)
     return [np.sort(order[bounds[i]:bounds[i + 1]]).astype(np.int64) for i in range(p)]
+
+
+@dataclass(frozen=True)
+class HybridSplit:
+    """Who holds which views, classes and rows (HyFEM's hybrid setting)."""
+
+    views: list[np.ndarray]      # views[m]: the view ids client m holds (D_m), sorted
+    classes: list[np.ndarray]    # classes[m]: the class labels client m has rows of, sorted
+    rows: list[np.ndarray]       # rows[m]: client m's rows (indices into the labels given)
+    unused: np.ndarray           # rows no client holds
+    n_views: int
+    n_samples: int
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.views)
+
+    def holders_of_view(self, d: int) -> list[int]:
+        """The clients that hold view d (who joins view d's aggregation, eq. 7)."""
+        return [m for m, v in enumerate(self.views) if int(d) in v]
+
+    def view_class_counts(self, labels) -> np.ndarray:
+        """(n_views, n_classes) number of clients with rows of class c and view d (the paper's
+        Fig. 2); classes in sorted label order."""
+        y = np.asarray(labels)
+        cls = np.unique(y)
+        out = np.zeros((self.n_views, len(cls)), dtype=np.int64)
+        for v, r in zip(self.views, self.rows):
+            present = np.isin(cls, y[r])
+            out[np.ix_(v, np.flatnonzero(present))] += 1
+        return out
+
+
+def _cyclic_subsets(order: np.ndarray, n_clients: int, per_client: int) -> list[np.ndarray]:
+    """Client m takes ``per_client`` consecutive items of ``order`` (cyclically) from position
+    floor(m * len / n_clients): every client the same number, starts spread evenly."""
+    n = len(order)
+    return [np.sort(order[(m * n // n_clients + np.arange(per_client)) % n]).astype(np.int64)
+            for m in range(n_clients)]
+
+
+def hybrid_partition(labels, n_clients: int, n_views: int, views_per_client: int,
+                     classes_per_client: int | float, unused_fraction: float = 0.0,
+                     seed: int = 0) -> HybridSplit:
+    """Samples x views x classes per client (HyFEM, Sec. 3.1).
+
+    Views and classes are shuffled (seeded) and dealt cyclically: client m holds
+    ``views_per_client`` consecutive views of the shuffled order starting at floor(m D / M);
+    ``classes_per_client`` classes (an int, or a float in (0, 1] for that fraction of the
+    classes, rounded to the nearest count) are dealt the same way to the clients taken in a
+    random order.  Every view and every class must be held
+    by at least one client.  From each class, ``unused_fraction`` of its rows (rounded) go to
+    no client; the rest are shuffled and split evenly among the clients holding that class,
+    so row sets are disjoint.  ``labels`` are the training labels (any values).
+    """
+    y = np.asarray(labels)
+    if y.ndim != 1 or y.size < 1:
+        raise ValueError(f"labels must be a non-empty 1-D array, got shape {y.shape}")
+    M = _check_count("n_clients", n_clients)
+    D = _check_count("n_views", n_views)
+    v = _check_count("views_per_client", views_per_client)
+    if v > D:
+        raise ValueError(f"views_per_client={v} exceeds n_views={D}")
+    cls = np.unique(y)
+    C = len(cls)
+    if isinstance(classes_per_client, (bool, np.bool_)):
+        raise ValueError(f"classes_per_client must be a count or a fraction, got {classes_per_client!r}")
+    if isinstance(classes_per_client, (int, np.integer)):
+        c = int(classes_per_client)
+    else:
+        frac = float(classes_per_client)
+        if not 0.0 < frac <= 1.0:
+            raise ValueError(f"classes_per_client as a fraction must be in (0, 1], got {frac}")
+        c = max(1, int(round(frac * C)))
+    if not 1 <= c <= C:
+        raise ValueError(f"classes_per_client={classes_per_client!r} gives {c} classes; the labels "
+                         f"have {C}")
+    if not 0.0 <= float(unused_fraction) < 1.0:
+        raise ValueError(f"unused_fraction must be in [0, 1), got {unused_fraction}")
+    rng = _rng(seed, _HYBRID_STREAM)
+    views = _cyclic_subsets(rng.permutation(D), M, v)
+    # classes are dealt to the clients in a random order of their own, so that which views a
+    # client has and which classes it has are not tied together
+    class_blocks = _cyclic_subsets(rng.permutation(C), M, c)
+    class_pos = [class_blocks[i] for i in np.argsort(rng.permutation(M))]
+    classes = [np.sort(cls[p]) for p in class_pos]
+    for name, subsets, total in (("view", views, D), ("class", class_pos, C)):
+        held = np.zeros(total, dtype=bool)
+        for s_ in subsets:
+            held[s_] = True
+        if not held.all():
+            missing = np.flatnonzero(~held)
+            what = missing if name == "view" else cls[missing]
+            raise ValueError(f"{M} clients x {v if name == 'view' else c} {name}s each leave "
+                             f"{name}(s) {what.tolist()} with no client; give each client more")
+    rows: list[list[np.ndarray]] = [[] for _ in range(M)]
+    unused: list[np.ndarray] = []
+    for k, label in enumerate(cls):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        n_drop = int(round(float(unused_fraction) * len(idx)))
+        unused.append(idx[:n_drop])
+        holders = [m for m in range(M) if k in class_pos[m]]
+        for m, part in zip(holders, np.array_split(idx[n_drop:], len(holders))):
+            rows[m].append(part)
+    out_rows = [np.sort(np.concatenate(r)).astype(np.int64) if r else np.zeros(0, np.int64)
+                for r in rows]
+    return HybridSplit(views, classes, out_rows, np.sort(np.concatenate(unused)).astype(np.int64),
+                       D, int(y.size),
+                       {"views_per_client": v, "classes_per_client": c,
+                        "unused_fraction": float(unused_fraction), "seed": int(seed)})
