@@ -95,10 +95,10 @@ def main(argv=None) -> int:
     ap.add_argument("--he", default="paillier", choices=["paillier", "naive", "ckks"])
     ap.add_argument("--key-bits", type=int, default=2048)
     args = ap.parse_args(argv)
-    out = harness.Output("he_split_table1", quick=args.quick, out_dir=args.out)
+    out_file = harness.Output("he_split_table1", quick=args.quick, out_dir=args.out)
     if args.render_only:
-        doc = out.read()
-        out.write(doc, render(doc["rows"], doc["meta"]))
+        doc = out_file.read()
+        out_file.write(doc, render(doc["rows"], doc["meta"]))
         print(render(doc["rows"], doc["meta"]))
         return 0
     torch.set_num_threads(1)
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
 
     def save():
         meta["environment"] = session.finish()
-        out.write({"meta": meta, "rows": rows}, render(rows, meta))
+        out_file.write({"meta": meta, "rows": rows}, render(rows, meta))
 
     with tempfile.TemporaryDirectory(prefix="he_table1-") as tmp:
         for row in rows:
