@@ -378,8 +378,9 @@ def launch_audited(fed, *, overrides: dict | None = None, run_dir: str | os.Path
     """Run ``fed`` (a Federation or a preset name) with ``fedhet.parties.launcher.launch`` and
     audit its run folder with ``fedhet.parties.audit.audit``.
 
-    ``overrides`` replace ``[algorithm]`` keys (None values are left out).  ``run_dir`` None: a temporary folder, removed after the audit unless ``keep`` (or the run
-    failed: then it stays for its logs).  Raises ``launcher.RunFailed`` when a party fails.
+    ``overrides`` replace ``[algorithm]`` keys (None values are left out).  ``run_dir`` None: a
+    temporary folder, removed after the audit unless ``keep`` (or the run failed: then it stays for
+    its logs).  Raises ``launcher.RunFailed`` when a party fails.
     """
     from fedhet.parties.audit import audit as audit_run
     from fedhet.parties.launcher import launch

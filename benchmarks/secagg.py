@@ -59,8 +59,9 @@ for _v in METHODS.values():
 
 # The benchmark's job as an algorithm (NAME, ROLES, load_data, DECLARATIONS).  Configuration: m (vector
 # length), bench_rounds (timed rounds; one warm-up round more is run), input_seed, and the aggregation keys
-# of METHODS; n_clients (K, for the server's exact reference mean).  The launcher starts registered algorithms only: registering these roles under NAME (a copy
-# in fedhet.algorithms) turns the process rows on.
+# of METHODS; n_clients (K, for the server's exact reference mean).  The launcher starts registered
+# algorithms only: registering these roles under NAME (a copy in fedhet.algorithms) turns the process
+# rows on.
 NAME = "secagg_bench"
 K_GO, K_DONE = "bench/go", "bench/done"
 PROCESS_HOW = ("every party its own process over CURVE ZeroMQ on loopback, started by fedhet's launcher "

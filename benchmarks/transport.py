@@ -3,8 +3,8 @@
 Two processes on loopback (the peers are started with multiprocessing's
 ``spawn``: this script measures the transport itself, below any protocol, so
 it builds the ``ZmqParty`` objects directly rather than through the launcher,
-whose start-up, transcripts and audit are not what is measured here), six channels (three layers, CURVE on and off) open at once and
-measured interleaved, so machine noise hits every variant alike:
+whose start-up, transcripts and audit are not what is measured here), six
+channels (three layers, CURVE on and off) open at once and measured interleaved, so machine noise hits every variant alike:
 
 * ``party``: two ``ZmqParty`` objects, the path algorithms use (codec,
   SHA-256 digest for the transcript on both sides, sequence checks, the
