@@ -15,14 +15,16 @@ Every party is its own process over CURVE-encrypted ZeroMQ on loopback
    model plus aggregation messages it received (down).
 2. **Table II row.**  Covertype, 5 clients, 30% common, feature split 0, seed 1000 -- the first run
    of ``benchmarks/chfl_tables.py`` -- as processes: one CHFL job carrying the mu = 0 head and every
-   mu > 0 head (its common column is the Common baseline, as in ``chfl_local.sweep``) and one Local
+   mu > 0 head (its common column is the Common baseline) and one Local
    job, each client choosing lr / mu / round on its own validation rows.  With secure aggregation
    and with plain aggregation.  Reference: the same run in ``results/chfl_tables.json`` when it
-   is there with the same settings, else ``chfl_local.sweep`` computed here in this process.
+   is there with the same settings, else computed here by ``chfl_tables.sweep_roles`` (the same CHFL
+   roles as threads on the in-memory transport).
    Plain must reproduce the reference exactly; secure differs by the quantisation of the mean
    (at most ``max_mean_error_bound`` per coordinate and round), which training then amplifies.
 
-Every run is audited (``fedhet audit``); the result records whether it passed.
+Every run goes through ``harness.launch_audited`` (the launcher, then ``fedhet audit``); the result
+records whether the audit passed.
 
     python benchmarks/chfl_secagg.py --quick     # 3 rounds x E=1 timing, 3-round Table II row
     python benchmarks/chfl_secagg.py             # 5 rounds x E=5 timing, the full 20-round row
@@ -33,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -44,14 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+import harness
 from fedhet.algorithms import chfl as C
-from fedhet.parties import presets
-from fedhet.parties.atomic import write_atomic, write_json_atomic
-from fedhet.parties.audit import audit
-from fedhet.parties.federation import load
-from fedhet.parties.launcher import launch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = harness.RESULTS
 GROUPS = ["common", "local", "chfl_mu0", "chfl_mu>0"]
 HEAD = {"common": "Common", "local": "Local", "chfl_mu0": "CHFL μ=0", "chfl_mu>0": "CHFL μ>0"}
 VARIANTS = {
@@ -68,22 +64,16 @@ def _median(xs):
 
 
 def run_job(overrides: dict, workdir: Path, keep: bool, label: str) -> dict:
-    """One process run of the chfl preset; returns the server's result, the clients', audit."""
-    fed = load(presets.path("chfl"))
-    run_dir = workdir / label
-    t0 = time.perf_counter()
-    launch(fed, run_dir, progress=False, timeout=3600, overrides=overrides)
-    wall = time.perf_counter() - t0
-    rep = audit(run_dir)
-    res = {name: json.loads((run_dir / "parties" / name / "result.json").read_text())
-           for name in fed.roles}
+    """One audited process run of the chfl preset; returns the server's result, the clients', audit."""
+    run = harness.launch_audited("chfl", overrides=overrides, run_dir=workdir / label, timeout=3600)
+    res = run.summary["parties"]
     out = {"server": res["server"]["result"],
            "clients": {n: r["result"] for n, r in res.items() if n != "server"},
-           "traffic": {n: r["traffic"] for n, r in res.items()},
-           "audit_ok": rep.ok, "audit_problems": rep.problems[:10], "audit_table": rep.table,
-           "launch_wall_s": wall}
+           "traffic": run.traffic,
+           "audit_ok": run.audit_ok, "audit_problems": run.audit_problems[:10], "audit_table": run.audit_table,
+           "launch_wall_s": run.wall_s}
     if not keep:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(workdir / label, ignore_errors=True)
     return out
 
 
@@ -156,15 +146,16 @@ def reference(args) -> dict:
                         "results": run["results"], "settings": settings}
         except (OSError, ValueError):
             pass
-    print(f"[table2] computing the in-memory reference (chfl_local.sweep, {args.rounds} rounds)", flush=True)
+    print(f"[table2] computing the in-memory reference (CHFL roles in memory, {args.rounds} rounds)", flush=True)
     import torch
 
-    from fedhet.algorithms.chfl_local import sweep
+    from chfl_tables import sweep_roles
+    from fedhet.algorithms.data_tabular import load_tabular
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    r = sweep("covertype", K=5, common_ratio=0.3, rounds=args.rounds, seed=ROW["seed"],
-              feature_seed=ROW["feature_seed"], lr_grid=args.lr_grid, mu_grid=args.mu_grid)
-    return {"source": "chfl_local.sweep computed in this run", "results": r["results"],
+    r = sweep_roles(load_tabular("covertype"), K=5, common_ratio=0.3, rounds=args.rounds, seed=ROW["seed"],
+                    feature_seed=ROW["feature_seed"], lr_grid=args.lr_grid, mu_grid=args.mu_grid)
+    return {"source": "CHFL roles in memory (chfl_tables.sweep_roles) computed in this run", "results": r["results"],
             "settings": settings, "seconds": time.perf_counter() - t0}
 
 
@@ -188,7 +179,7 @@ def table_section(args, workdir: Path) -> dict:
                "max_abs_common": max(c["max_abs_common"] for c in ch["clients"].values()),
                "clipped_submissions": sum(c["clipped_submissions"] for c in ch["clients"].values()),
                "chfl_wall_s": ch["launch_wall_s"], "local_wall_s": local["launch_wall_s"],
-               "chfl_round_s": _median(ch["server"]["round_s"][1:])}
+               "chfl_round_s": _median(ch["server"]["round_s"][1:] or ch["server"]["round_s"])}
         for g in GROUPS:
             got, want = sel[g], ref["results"][g]
             row["groups"][g] = {
@@ -263,12 +254,15 @@ def render(doc: dict) -> str:
                      f"{r['chfl_wall_s']:.0f} s ({r['chfl_round_s']:.2f} s/round), Local job "
                      f"{r['local_wall_s']:.0f} s.")
         L.append("")
+    env = harness.environment_line(doc.get("environment"))
+    if env:
+        L += [env, ""]
     return "\n".join(L) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short timing runs and a 3-round Table II row")
+    harness.add_common_args(ap, quick_help="short timing runs and a 3-round Table II row", render_only=True)
     ap.add_argument("--only", default="timing,table2")
     ap.add_argument("--variants", default="plain,plain-f32,secure")
     ap.add_argument("--t-rounds", type=int, help="timing: rounds (default 5; quick 3)")
@@ -288,6 +282,12 @@ def main(argv=None) -> int:
     a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     a.row_aggregations = [v.strip() for v in a.row_aggregations.split(",") if v.strip()]
     only = {s.strip() for s in a.only.split(",") if s.strip()}
+    out = harness.Output("chfl_secagg", quick=q, out_dir=a.out)
+    if a.render_only:
+        doc = out.read()
+        out.write(doc, render(doc))
+        print(render(doc))
+        return 0
     bad = (only - {"timing", "table2"}) | (set(a.variants) - set(VARIANTS)) | (
         set(a.row_aggregations) - {"secure", "plain"})
     if bad:
@@ -296,19 +296,18 @@ def main(argv=None) -> int:
     if data_root(required=False) is None:
         ap.error("covertype needs ../shared/data (set FEDHET_DATA_DIR)")
 
-    base = RESULTS / ("chfl_secagg_quick" if q else "chfl_secagg")
+    session = harness.Session("chfl_secagg", __file__, argv)
     t_start = time.perf_counter()
-    doc = {"meta": {"mode": "quick" if q else "full", "command": " ".join(["python"] + sys.argv),
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "machine": f"{platform.machine()}, {os.cpu_count()} cores"}}
+    doc = {"meta": {"mode": "quick" if q else "full", "command": session.command,
+                    "started": session.started, "machine": harness.machine_label(session.meta)}}
     workdir = Path(tempfile.mkdtemp(prefix="chfl_secagg_"))
     if a.keep:
         print(f"run folders in {workdir}", flush=True)
 
     def save():
         doc["meta"]["elapsed_s"] = time.perf_counter() - t_start
-        write_json_atomic(base.with_suffix(".json"), doc)
-        write_atomic(base.with_suffix(".md"), render(doc))
+        doc["environment"] = session.finish()
+        out.write(doc, render(doc))
 
     try:
         if "timing" in only:
@@ -322,7 +321,7 @@ def main(argv=None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     save()
     print(render(doc))
-    print(f"wrote {base.with_suffix('.json')} and .md")
+    print(f"wrote {out.path('json')} and .md")
     return 0
 
 

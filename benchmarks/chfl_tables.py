@@ -4,8 +4,15 @@ Table II: Common, Local, CHFL mu=0, CHFL mu>0 per dataset (5 clients, 30%
 common features).  Table III: 2/5/10 clients on covertype.  Fig. 4: common
 ratio 10..50% on covertype.  Every cell is mean +- std over feature splits x
 seeds of the mean test accuracy over clients, each client picking lr (and
-mu, and the round) on its own validation rows (``chfl_local.sweep``).  All
-methods of a row are measured in the same run on the same partitions.
+mu, and the round) on its own validation rows.  All methods of a row are
+measured in the same run on the same partitions.
+
+Every run is the federated CHFL job itself (``fedhet.algorithms.chfl``'s
+server and client role functions) on the in-memory transport
+(``harness.run_roles``): one job with every lr and the mu = 0 and mu > 0
+heads on shared common columns (the Common baseline is that common column),
+one Local job, plain aggregation (exactly the in-process mean; the same
+numbers ``chfl_local.sweep`` gives, checked by the tests).
 
     python benchmarks/chfl_tables.py --quick          # ~1 split x 1 seed, 8 rounds
     python benchmarks/chfl_tables.py                  # 3 splits x 3 seeds, 20 rounds
@@ -22,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,9 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedhet.algorithms.chfl_local import DEFAULTS, sweep
+import harness
+from fedhet.algorithms import chfl
+from fedhet.algorithms.chfl_local import DEFAULTS
 from fedhet.algorithms.data_tabular import load_tabular
-from fedhet.parties.atomic import write_atomic
 
 METHODS = ["common", "local", "chfl_mu0", "chfl_mu>0"]
 HEAD = {"common": "Common", "local": "Local", "chfl_mu0": "CHFL μ=0", "chfl_mu>0": "CHFL μ>0"}
@@ -58,6 +65,10 @@ NOTES = {
 }
 
 
+HOW = ("the federated CHFL server and client roles (`fedhet.algorithms.chfl`) as threads on the in-memory "
+       "transport, plain aggregation; one CHFL job (every lr; μ=0 and μ>0 heads) and one Local job per run")
+
+
 def _fmt(ms) -> str:
     return "—" if ms is None else f"{ms[0]:.4f} ± {ms[1]:.4f}"
 
@@ -67,6 +78,45 @@ def _cell(accs: list[float]):
         return None
     a = np.asarray(accs, dtype=float)
     return (float(a.mean()), float(a.std(ddof=0)))
+
+
+def sweep_roles(table, K: int = 5, common_ratio: float = 0.3, rounds: int = 20, seed: int = 0,
+                feature_seed: int | None = None, lr_grid=(1e-3, 1e-4), mu_grid=(0.1, 0.5, 1.0),
+                select: str = "best_round", device: str = "cpu", threads: int = 1,
+                epochs: int = DEFAULTS["epochs"], batch_size: int = DEFAULTS["batch_size"],
+                hidden=tuple(DEFAULTS["hidden"]), timeout: float = 3600.0) -> dict:
+    """Table II's four numbers for one (feature split, seed) from the federated CHFL roles in memory.
+
+    ``table`` = (X, y, name).  One CHFL job carries every lr and the mu = 0 and mu > 0 heads (its common
+    column is the Common baseline), one Local job; each client picks lr / mu / round on its validation
+    rows.  Returns ``{"results": {method: {"test", "mean_test", "chosen"}}, "n_common", "n_unique",
+    "seconds"}`` (the shape of ``chfl_local.sweep``'s result)."""
+    X, y = table[0], table[1]
+    name = str(table[2]) if len(table) > 2 else "data"
+    mu_grid = [float(m) for m in mu_grid]
+    if any(not 0 < m <= 1 for m in mu_grid):
+        raise ValueError(f"mu_grid must hold values in (0, 1], got {mu_grid}")
+    base = {"dataset": name, "n_samples": int(X.shape[0]), "n_features": int(X.shape[1]),
+            "n_classes": int(np.max(y)) + 1, "common_ratio": float(common_ratio), "rounds": int(rounds),
+            "local_epochs": int(epochs), "batch_size": int(batch_size), "hidden": [int(h) for h in hidden],
+            "lr": [float(x) for x in lr_grid], "select": select, "seed": int(seed), "feature_seed": feature_seed,
+            "torch_threads": max(1, int(threads)), "n_clients": int(K)}
+    s = chfl.settings(base)
+    clients = [f"client{k + 1}" for k in range(K)]
+    parties = [("server", "server")] + [(c, "client") for c in clients]
+    # Each client gets exactly its own rows and columns (what chfl.load_data keeps), cut from the table
+    # loaded once here.
+    data = {"server": None, **{c: chfl.client_rows(s, X, y, k, K) for k, c in enumerate(clients)}}
+    runs = [harness.run_roles(chfl, parties, {**base, **cfg}, seed=seed, data=data, device=device, timeout=timeout)
+            for cfg in ({"method": "chfl", "mu": [0.0] + mu_grid, "aggregation": "plain"},
+                        {"method": "local"})]
+    selected = {**runs[0].results["server"]["selected"], **runs[1].results["server"]["selected"]}
+    results = {m: {"test": selected[m]["test"], "mean_test": selected[m]["mean_test"],
+                   "chosen": selected[m]["chosen"]} for m in METHODS}
+    first = runs[0].results
+    return {"results": results, "n_common": int(first[clients[0]]["n_common"]),
+            "n_unique": [int(first[c]["n_unique"]) for c in clients],
+            "seconds": sum(r.wall_s for r in runs)}
 
 
 def build_plan(args) -> list[dict]:
@@ -146,18 +196,18 @@ def summarize(runs: dict, errors: dict) -> dict:
     return out
 
 
-def write_outputs(base: Path, meta: dict, runs, errors) -> dict:
+def write_outputs(out: harness.Output, meta: dict, runs, errors, session: harness.Session | None = None) -> dict:
     summ = summarize(runs, errors)
     doc = {"meta": meta, "summary": summ, "runs": runs, "errors": errors,
            "paper": {"table2": PAPER_T2, "table3": {str(k): v for k, v in PAPER_T3.items()}}}
-    write_atomic(base.with_suffix(".json"), json.dumps(doc, indent=1, default=float))
-    write_atomic(base.with_suffix(".md"), render_md(meta, summ))
-    if summ["fig4"]:
-        plot_fig4(base.with_suffix(".png"), summ["fig4"])
+    if session is not None:
+        doc["environment"] = session.finish()
+    out.write(doc, render_md(meta, summ, f"{out.stem}.png", doc.get("environment")),
+              plot_fig4(summ["fig4"]) if summ["fig4"] else None, indent=1)
     return summ
 
 
-def render_md(meta: dict, summ: dict) -> str:
+def render_md(meta: dict, summ: dict, png: str | None = None, env: dict | None = None) -> str:
     L = [f"# CHFL reproduction ({meta['mode']})", "",
          "Commands that made these runs (the last one wrote this file): "
          + "; ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])) + "  ",
@@ -204,18 +254,21 @@ def render_md(meta: dict, summ: dict) -> str:
           {str(k): v for k, v in PAPER_T3.items()})
     table("Fig. 4 (covertype, 5 clients)", summ["fig4"], "common ratio", None)
     if summ["fig4"]:
-        L.extend(["![Fig. 4](chfl_tables" + ("_quick" if meta["mode"] == "quick" else "")
-                  + ".png)", ""])
+        png = png or ("chfl_tables" + ("_quick" if meta["mode"] == "quick" else "") + ".png")
+        L.extend([f"![Fig. 4]({png})", ""])
+    if meta.get("how"):
+        L.extend([f"How it ran: {meta['how']}.", ""])
+    if env:
+        L.extend([harness.environment_line(env), ""])
     return "\n".join(L) + "\n"
 
 
-def plot_fig4(path: Path, sec: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_fig4(sec: dict):
+    """Fig. 4 as a matplotlib figure (None when no cell has a value)."""
     xs = sorted(sec, key=float)
     if not any(sec[x]["cells"].get(m) for x in xs for m in METHODS):
-        return
+        return None
+    plt = harness.pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for m in METHODS:
         pts = [(float(x) * 100, sec[x]["cells"][m]) for x in xs if sec[x]["cells"].get(m)]
@@ -228,15 +281,12 @@ def plot_fig4(path: Path, sec: dict) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    return fig
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 split x 1 seed, 8 rounds, small grids")
+    harness.add_common_args(ap, quick_help="1 split x 1 seed, 8 rounds, small grids")
     ap.add_argument("--only", default="table2,table3,fig4")
     ap.add_argument("--datasets", default="covertype,sensorless,jannis,vehicle",
                     help="add helena,aloi with your own copy (--data-dir) or network")
@@ -254,7 +304,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--data-dir")
     ap.add_argument("--name", help="output base name (default chfl_tables[_quick])")
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--resume", action="store_true", help="reuse finished runs from the JSON")
     ap.add_argument("--import-runs", action="append", default=[], metavar="JSON",
                     help="also reuse the finished runs of another output JSON (same settings); "
@@ -281,19 +330,20 @@ def main(argv=None) -> int:
     a.datasets = [s.strip().lower() for s in a.datasets.split(",") if s.strip()]
     a.clients = [int(x) for x in a.clients.split(",")]
     a.ratios = [float(x) for x in a.ratios.split(",")]
-    base = Path(a.out_dir) / (a.name or ("chfl_tables_quick" if q else "chfl_tables"))
+    out = harness.Output(a.name, out_dir=a.out) if a.name else harness.Output("chfl_tables", quick=q, out_dir=a.out)
+    session = harness.Session("chfl_tables", __file__, argv)
 
-    meta = {"mode": "quick" if q else "full", "command": " ".join(["python"] + sys.argv),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": max(1, a.threads),
+    meta = {"mode": "quick" if q else "full", "command": session.command,
+            "started": session.started, "threads": max(1, a.threads),
             "device": a.device, "splits": a.splits, "seeds": a.seeds, "rounds": a.rounds,
             "epochs": DEFAULTS["epochs"], "batch_size": DEFAULTS["batch_size"],
             "lr_grid": lr_grid, "mu_grid": mu_grid, "select": a.select,
-            "hidden": DEFAULTS["hidden"], "torch": torch.__version__}
+            "hidden": DEFAULTS["hidden"], "torch": torch.__version__, "how": HOW}
     meta["commands"] = [meta["command"]]
     settings = {k: meta[k] for k in ("rounds", "epochs", "batch_size", "lr_grid", "mu_grid",
                                      "select", "hidden")}
     runs: dict = {}
-    sources = ([base.with_suffix(".json")] if a.resume and base.with_suffix(".json").exists() else [])
+    sources = ([out.path("json")] if a.resume and out.path("json").exists() else [])
     sources += [Path(p) for p in a.import_runs]
     for src in sources:
         try:
@@ -339,13 +389,9 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         print(f"[{i + 1}/{len(todo)}] {rid}", flush=True)
 
-        def prog(done, total, **m):
-            print(f"    round {done}/{total} loss={m.get('loss', 0):.3f} "
-                  f"val={m.get('val', 0):.3f}", flush=True)
-
-        res = sweep(data[ds], K=job["K"], common_ratio=job["ratio"], rounds=a.rounds,
-                    seed=job["seed"], feature_seed=job["feature_seed"], lr_grid=lr_grid,
-                    mu_grid=mu_grid, select=a.select, device=a.device, progress=prog)
+        res = sweep_roles(data[ds], K=job["K"], common_ratio=job["ratio"], rounds=a.rounds,
+                          seed=job["seed"], feature_seed=job["feature_seed"], lr_grid=lr_grid,
+                          mu_grid=mu_grid, select=a.select, device=a.device, threads=a.threads)
         res["settings"] = settings
         res["job"] = {k: job[k] for k in ("dataset", "K", "ratio", "feature_seed", "seed")}
         runs[rid] = res
@@ -356,11 +402,11 @@ def main(argv=None) -> int:
             f"{HEAD[m]} {res['results'][m]['mean_test']:.4f}" for m in METHODS)
             + f"   (ETA {el / (i + 1) * left / 60:.0f} min)", flush=True)
         meta["elapsed_s"] = el
-        write_outputs(base, meta, runs, errors)
+        write_outputs(out, meta, runs, errors, session)
     meta["elapsed_s"] = time.perf_counter() - t_start
-    summ = write_outputs(base, meta, runs, errors)
-    print(render_md(meta, summ))
-    print(f"wrote {base.with_suffix('.json')} (.md, .png)")
+    summ = write_outputs(out, meta, runs, errors, session)
+    print(render_md(meta, summ, f"{out.stem}.png"))
+    print(f"wrote {out.path('json')} (.md, .png)")
     return 0
 
 

@@ -26,43 +26,29 @@ interleaved with its baseline, and the best time is kept.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import secrets
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+import harness
 from fedhet.crypto import keys
 from fedhet.crypto.field import F61, P61
 from fedhet.crypto.fixedpoint import FixedPoint
 from fedhet.crypto.prg import PRG
 from fedhet.crypto.shamir import reconstruct, share
-from fedhet.parties.atomic import write_atomic
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 COLUMNS = ["group", "name", "elements", "seconds", "rate", "unit", "ratio", "baseline", "note"]
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    write_atomic(path, text)
 
 
 def best_times(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Best wall time of each variant over ``repeats`` rounds, the variants interleaved per round."""
-    best = {k: float("inf") for k in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+    return {k: t.wall_s for k, t in harness.best_of_interleaved(variants, repeats).items()}
 
 
 def make_rows(group: str, spec: list[tuple], times: dict[str, float], baseline: str | None) -> list[dict]:
@@ -355,6 +341,9 @@ def to_markdown(rows: list[dict], meta: dict, notes: list[str]) -> str:
         lines.append("| " + " | ".join(_fmt(r.get(c), c) for c in cols) + " |")
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
+    env = harness.environment_line(meta.get("environment"))
+    if env:
+        lines += ["", env]
     lines.append("")
     return "\n".join(lines)
 
@@ -382,7 +371,7 @@ META: dict = {}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes and fewer repeats")
+    harness.add_common_args(ap, quick_help="small sizes and fewer repeats")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per variant (best is kept)")
     ap.add_argument("--no-he", action="store_true", help="skip the HE rows from crypto_he.py")
     args = ap.parse_args(argv)
@@ -390,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     if repeats < 1:
         ap.error("--repeats must be >= 1")
 
-    import cryptography
-
+    session = harness.Session("crypto", __file__, argv)
+    env = session.meta
+    v = env["versions"]
     META.update({
-        "quick": args.quick, "repeats": repeats, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "python": platform.python_version(), "numpy": np.__version__, "cryptography": cryptography.__version__,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(["python", "benchmarks/crypto.py", *sys.argv[1:]]),
+        "quick": args.quick, "repeats": repeats, "machine": f"{env['machine']}, {env['cpu_count_os']} CPUs",
+        "python": env["python"], "numpy": np.__version__, "cryptography": v["cryptography"],
+        "time": session.started, "command": session.command,
     })
     rows: list[dict] = []
     notes: list[str] = []
@@ -407,11 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         if note:
             notes.append(note)
     print_table(rows, notes)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "crypto_quick" if args.quick else "crypto"
-    _atomic_write(RESULTS / f"{stem}.json", json.dumps({"meta": META, "rows": rows, "notes": notes}, indent=2) + "\n")
-    _atomic_write(RESULTS / f"{stem}.md", to_markdown(rows, META, notes))
-    print(f"wrote {RESULTS / (stem + '.json')} and {RESULTS / (stem + '.md')}")
+    META["environment"] = session.finish()
+    out = harness.Output("crypto", quick=args.quick, out_dir=args.out)
+    out.write({"meta": META, "rows": rows, "notes": notes}, to_markdown(rows, META, notes))
+    print(f"wrote {out.path('json')} and {out.path('md')}")
     return 0
 
 

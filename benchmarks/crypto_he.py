@@ -10,21 +10,19 @@ ratio_bytes = baseline bytes_per_value / bytes_per_value (> 1: fewer bytes).
 
     python benchmarks/crypto_he.py [--quick]
 
-writes benchmarks/results/crypto_he.json and .md (atomically) and prints the table.
+writes benchmarks/results/crypto_he.json and .md (``crypto_he_quick.*`` with --quick; atomically)
+and prints the table.
 ``rows(quick)`` is imported by ``benchmarks/crypto.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
+
+import harness
 
 from fedhet.crypto import ckks
 from fedhet.crypto.paillier import (
@@ -33,7 +31,6 @@ from fedhet.crypto.paillier import (
     generate_keypair,
     packed_matmul,
 )
-from fedhet.parties.atomic import write_atomic
 
 KEY_BITS = 2048
 FIELDS = ["primitive", "variant", "baseline", "n_values", "seconds", "values_per_s",
@@ -41,12 +38,9 @@ FIELDS = ["primitive", "variant", "baseline", "n_values", "seconds", "values_per
 
 
 def _timed(fn, repeats: int):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+    """(least wall seconds over ``repeats`` calls, the last call's result)."""
+    t = harness.best_of(fn, repeats)
+    return t.wall_s, t.result
 
 
 def _row(primitive, variant, baseline, n_values, seconds, bytes_per_value, note="", base=None):
@@ -201,28 +195,26 @@ def to_markdown(rs: list[dict], meta: dict) -> str:
     ]
     for r in rs:
         lines.append("| " + " | ".join(_fmt(r[f]) for f in FIELDS) + " |")
+    env = harness.environment_line(meta.get("environment"))
+    if env:
+        lines += ["", env]
     return "\n".join(lines) + "\n"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    write_atomic(path, text)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer values (same 2048-bit key)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                    help="results folder (default benchmarks/results)")
+    harness.add_common_args(ap, quick_help="fewer values (same 2048-bit key)")
     args = ap.parse_args(argv)
+    session = harness.Session("crypto_he", __file__, argv)
     rs = rows(args.quick)
+    env = session.finish()
     meta = {
         "key_bits": KEY_BITS, "quick": args.quick,
-        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{env['machine']} {env['cpu_count_os']} CPUs, Python {env['python']}",
+        "time": env["started"].replace(" ", "T"), "command": session.command, "environment": env,
     }
     md = to_markdown(rs, meta)
-    _atomic_write(args.out / "crypto_he.json", json.dumps({"meta": meta, "rows": rs}, indent=2) + "\n")
-    _atomic_write(args.out / "crypto_he.md", md)
+    harness.Output("crypto_he", quick=args.quick, out_dir=args.out).write({"meta": meta, "rows": rs}, md)
     print(md)
     return 0
 

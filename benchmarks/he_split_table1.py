@@ -30,27 +30,20 @@ from pathlib import Path
 
 import torch
 
+import harness
 from fedhet.algorithms import he_split
-from fedhet.parties import presets
-from fedhet.parties.atomic import write_atomic, write_json_atomic
-from fedhet.parties.federation import load
-from fedhet.parties.launcher import RunFailed, launch
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from fedhet.parties.launcher import RunFailed
 PAPER = {"cancer": 92.04, "payment": 74.87, "credit": 93.44}  # STFL paper, Table I, FATE column
 
 
 def encrypted_run(ds: str, seed: int, epochs: int, he: str, key_bits: int, workdir: Path) -> dict:
-    """One encrypted training as two party processes; the host's result."""
-    fed = load(presets.path("he_split"))
+    """One encrypted training as two party processes (the he_split preset, audited); the host's result."""
     over = {"dataset": ds, "seed": int(seed), "epochs": int(epochs), "he": he, "key_bits": int(key_bits)}
-    t0 = time.perf_counter()
-    s = launch(fed, workdir / f"{ds}-{he}-seed{seed}", progress=False, overrides=over)
-    host = next(p for p in s["parties"].values() if p["role"] == "host")
-    res = host["result"]
+    run = harness.launch_audited("he_split", overrides=over, run_dir=workdir / f"{ds}-{he}-seed{seed}")
+    res = next(iter(run.by_role("host").values()))
     return {"accuracy": 100 * float(res["test_accuracy"]), "train_s": float(res["train_s"]),
-            "s_per_epoch": float(res["s_per_epoch"]), "process_wall_s": time.perf_counter() - t0,
-            "n_common": res.get("n_common"), "he": he, "key_bits": key_bits}
+            "s_per_epoch": float(res["s_per_epoch"]), "process_wall_s": run.wall_s,
+            "n_common": res.get("n_common"), "he": he, "key_bits": key_bits, "audit_ok": run.audit_ok}
 
 
 def _ms(xs: list[float]) -> tuple[float, float]:
@@ -82,12 +75,18 @@ def render(rows: list[dict], meta: dict) -> str:
            "the 30,000-row sets: ~8-12 h per seed at the 281-425 s/epoch measured in `he_vs_plain.md`); those cells are the reference, which "
            "the encrypted layer matches within its fixed-point error (tests/test_he_split.py checks losses and "
            "parameters; the column above shows it in accuracy where both exist)."]
+    audits = [e.get("audit_ok") for r in rows for e in r["encrypted"] if "audit_ok" in e]
+    if audits:
+        md += ["", f"Encrypted runs audited (`fedhet audit`): {sum(bool(a) for a in audits)} of {len(audits)} passed."]
+    env = harness.environment_line(meta.get("environment"))
+    if env:
+        md += ["", env]
     return "\n".join(md) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="cancer only, 10 epochs")
+    harness.add_common_args(ap, quick_help="cancer only, 10 epochs", render_only=True)
     ap.add_argument("--datasets", nargs="*", default=None)
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     ap.add_argument("--epochs", type=int, default=100)
@@ -96,6 +95,12 @@ def main(argv=None) -> int:
     ap.add_argument("--he", default="paillier", choices=["paillier", "naive", "ckks"])
     ap.add_argument("--key-bits", type=int, default=2048)
     args = ap.parse_args(argv)
+    out_file = harness.Output("he_split_table1", quick=args.quick, out_dir=args.out)
+    if args.render_only:
+        doc = out_file.read()
+        out_file.write(doc, render(doc["rows"], doc["meta"]))
+        print(render(doc["rows"], doc["meta"]))
+        return 0
     torch.set_num_threads(1)
     datasets = args.datasets or (["cancer"] if args.quick else ["cancer", "payment", "credit"])
     encrypted = set(["cancer"] if args.encrypted is None else args.encrypted)
@@ -103,17 +108,16 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--encrypted names datasets not in --datasets: {sorted(unknown)}")
     epochs = 10 if args.quick else args.epochs
-    name = "he_split_table1_quick" if args.quick else "he_split_table1"
-    meta = {"command": "python benchmarks/he_split_table1.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "when": time.strftime("%Y-%m-%d %H:%M"), "epochs": epochs, "seeds": args.seeds,
+    session = harness.Session("he_split_table1", __file__, argv)
+    meta = {"command": session.command,
+            "when": session.started[:16], "epochs": epochs, "seeds": args.seeds,
             "he": args.he, "key_bits": args.key_bits}
     rows = [{"dataset": ds, "paper": PAPER.get(ds), "reference": [], "reference_s": [], "encrypted": [],
              "errors": []} for ds in datasets]
-    RESULTS.mkdir(parents=True, exist_ok=True)
 
     def save():
-        write_json_atomic(RESULTS / f"{name}.json", {"meta": meta, "rows": rows})
-        write_atomic(RESULTS / f"{name}.md", render(rows, meta))
+        meta["environment"] = session.finish()
+        out_file.write({"meta": meta, "rows": rows}, render(rows, meta))
 
     with tempfile.TemporaryDirectory(prefix="he_table1-") as tmp:
         for row in rows:

@@ -26,19 +26,12 @@ Writes benchmarks/results/he_vs_plain.{json,md,png} (``_quick`` with --quick).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from fedhet.parties import presets
-from fedhet.parties.atomic import write_atomic, write_json_atomic
-from fedhet.parties.federation import load
-from fedhet.parties.launcher import RunFailed, launch
-
-RESULTS = Path(__file__).resolve().parent / "results"
+import harness
+from fedhet.parties.launcher import RunFailed
 
 VARIANTS = {
     "stfl": ("stfl", {"variant": "stfl"}),
@@ -79,14 +72,12 @@ def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits
             over["max_batches"] = int(measure["max_batches"])
         if "evaluate" in measure:
             over["evaluate"] = bool(measure["evaluate"])
-    fed = load(presets.path(preset))
     run_dir = workdir / f"{dataset}-{variant}"
-    t0 = time.perf_counter()
     try:
-        s = launch(fed, run_dir, progress=False, overrides=over)
+        run = harness.launch_audited(preset, overrides=over, run_dir=run_dir)
     except RunFailed as e:
         return {"variant": variant, "dataset": dataset, "error": str(e)}
-    wall = time.perf_counter() - t0
+    s, wall = run.summary, run.wall_s
     host = next(p for p in s["parties"].values() if p["role"] == "host")
     res = host["result"]
     measured_epochs = float(res.get("epochs_run", res.get("epochs", over["epochs"])))
@@ -106,7 +97,7 @@ def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits
         "bytes_total_measured": measured_bytes, "train_bytes_measured": tb,
         "bytes_total": bytes_total,
         "n_common": res.get("n_common"), "key_bits": key_bits if preset == "he_split" else None,
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir), "audit_ok": run.audit_ok,
     }
 
 
@@ -182,13 +173,18 @@ def markdown(rows: list[dict], args, meta: dict) -> str:
         if st and "error" not in st and ds in PAPER:
             out.append(f"- {ds}: STFL trains in {st['train_s']:.2f} s (paper: {PAPER[ds]['stfl_s']} s; "
                        f"paper's FATE baseline {PAPER[ds]['fate_s']:,} s).")
+    audits = [r["audit_ok"] for r in rows if "audit_ok" in r]
+    if audits:
+        out += ["", f"Every run audited (`fedhet audit`): {sum(bool(a) for a in audits)} of {len(audits)} passed."]
+    env = harness.environment_line(meta.get("environment"))
+    if env:
+        out += ["", env]
     return "\n".join(out) + "\n"
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(rows: list[dict]):
+    """Training time per variant and dataset (log scale), as a matplotlib figure."""
+    plt = harness.pyplot()
 
     datasets = sorted({r["dataset"] for r in rows})
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
@@ -208,14 +204,12 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_title("Training time per variant (extrapolated where marked in the table)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    return fig
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="cancer only, few epochs")
+    harness.add_common_args(ap, quick_help="cancer only, few epochs", render_only=True)
     ap.add_argument("--datasets", nargs="*", help="default: cancer payment credit (quick: cancer)")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--epochs", type=int, default=100)
@@ -225,26 +219,25 @@ def main(argv=None) -> int:
     ap.add_argument("--he-batches", type=int, default=5, help="HE batches run on the large sets (0: all epochs, the paper's setting; hours)")
     ap.add_argument("--naive-batches", type=int, default=1, help="naive-Paillier batches actually run")
     ap.add_argument("--keep", action="store_true", help="keep the run folders (else a temp dir)")
-    ap.add_argument("--render-only", action="store_true", help="re-write the markdown and plot from the JSON")
     args = ap.parse_args(argv)
+    out = harness.Output("he_vs_plain", quick=args.quick, out_dir=args.out)
     if args.render_only:
-        name = "he_vs_plain_quick" if args.quick else "he_vs_plain"
         try:
-            doc = json.loads((RESULTS / f"{name}.json").read_text())
+            doc = out.read()
         except (OSError, ValueError) as e:
-            ap.error(f"--render-only needs {RESULTS / (name + '.json')}: {e}")
+            ap.error(f"--render-only needs {out.path('json')}: {e}")
         saved = argparse.Namespace(**doc["args"])
-        write_atomic(RESULTS / f"{name}.md", markdown(doc["rows"], saved, doc["meta"]))
-        plot(doc["rows"], RESULTS / f"{name}.png")
-        print((RESULTS / f"{name}.md").read_text())
+        md = markdown(doc["rows"], saved, doc["meta"])
+        out.write(doc, md, plot(doc["rows"]))
+        print(md)
         return 0
     if args.quick:
         args.epochs = min(args.epochs, 10)
     datasets = args.datasets or (["cancer"] if args.quick else ["cancer", "payment", "credit"])
-    meta = {"machine": f"{platform.machine()}, {platform.node() and 'this machine'}, "
-                       f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}",
-            "when": time.strftime("%Y-%m-%d %H:%M"), "command": "python benchmarks/he_vs_plain.py "
-            + " ".join(argv if argv is not None else sys.argv[1:])}
+    session = harness.Session("he_vs_plain", __file__, argv)
+    env = session.meta
+    meta = {"machine": f"{env['machine']}, this machine, {env['cpu_count_os']} cores, Python {env['python']}",
+            "when": session.started[:16], "command": session.command}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="fedhet-he-") as tmp:
         work = Path("runs/he_vs_plain") if args.keep else Path(tmp)
@@ -263,12 +256,10 @@ def main(argv=None) -> int:
     if not args.keep:  # the run folders were temporary and are gone
         for r in rows:
             r.pop("run_dir", None)
-    name = "he_vs_plain_quick" if args.quick else "he_vs_plain"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(RESULTS / f"{name}.json", {"meta": meta, "args": vars(args), "rows": rows})
+    meta["environment"] = session.finish()
     md = markdown(rows, args, meta)
-    write_atomic(RESULTS / f"{name}.md", md)
-    plot(rows, RESULTS / f"{name}.png")
+    out.write({"meta": meta, "args": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows},
+              md, plot(rows))
     print(md)
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -1,9 +1,11 @@
 """ECDH-PSI (X25519) between two party processes: time and bytes from 2^10 to 2^20 items per side.
 
-Each size runs a label owner and a feature party as separate OS processes
-talking over CURVE-encrypted ZeroMQ (``fedhet.parties.zmq_transport``), each
-with its own process pool for the scalar multiplications; half of each set is
-common.  In the same run the script measures what bounds the protocol:
+Each size runs the ``psi`` job (``fedhet.algorithms.psi_job``) with a label owner and one
+feature party, as a federation built in code and started by fedhet's launcher: each party its
+own OS process over CURVE-encrypted ZeroMQ, with its own process pool for the scalar
+multiplications; half of each set is common.  Every run is audited (``fedhet audit``) and every
+party checks its intersection against the expected one.  In the same run the script measures
+what bounds the protocol:
 
 * the X25519 rate of one process (``blind`` over hashed points, wall and CPU),
   and the aggregate rate of one process per core running at once;
@@ -11,6 +13,10 @@ common.  In the same run the script measures what bounds the protocol:
 * floor = total scalar multiplications (4n) / (one-process rate x cores), and
   the same with the measured all-cores rate and with hashing included;
 * a plaintext baseline: Python's set intersection of the same IDs.
+
+PSI time is measured inside the parties (the protocol's own clock): the launcher starts the two
+processes independently, so the party that comes up first waits for the other inside its PSI
+call; the reported time is the later party's call, from both parties ready to the end.
 
 Anchors quoted in the issue (not measured here): openmined.psi ~215 s
 single-threaded for 2^20 x 2^20; SecretFlow ECDH-PSI ~40 s on 4 cores.
@@ -26,37 +32,17 @@ is shared: the load average before and after each size is recorded.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import multiprocessing as mp
-import os
-import platform
-import resource
 import sys
-import tempfile
 import time
-from pathlib import Path
 
+import harness
 from fedhet.crypto import ecdh_psi as grp
-from fedhet.parties.atomic import write_atomic, write_json_atomic
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ANCHORS = {"openmined.psi, 1 thread, 2^20 x 2^20": 215.0, "SecretFlow ECDH-PSI, 4 cores, 2^20 x 2^20": 40.0}
 GOAL_S = 60.0
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
-
-
-def make_ids(role: str, n: int, seed: int) -> list[str]:
-    """n string IDs; the label owner has slots [0, n), the feature party [n/2, 3n/2)."""
-    start = 0 if role == "label_owner" else n // 2
-    key = seed.to_bytes(8, "little")
-    b2 = hashlib.blake2b
-    return ["u" + b2(s.to_bytes(8, "little"), digest_size=8, key=key).hexdigest() for s in range(start, start + n)]
+ROLES = {"label_owner": "label_owner", "feature": "feature"}  # party name -> role
+PSI_TIMEOUT_S = 1200.0
 
 
 # ------------------------------------------------------------ rates
@@ -72,7 +58,10 @@ def _rate(seconds: float) -> dict:
 
 
 def _hash_rate(seconds: float) -> dict:
-    enc = grp.encode_items(make_ids("label_owner", 8192, 1))
+    from fedhet.algorithms import psi_job
+
+    ids = psi_job.load_data({**psi_cfg(8192, None, 1 << 14), "seed": 1}, "label_owner", "label_owner", 0, 1)["ids"]
+    enc = grp.encode_items(ids)
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         grp.hash_to_points(enc)
@@ -97,82 +86,51 @@ def measure_rates(seconds: float, ncores: int) -> dict:
 
 
 # ------------------------------------------------------------ one PSI run
-def _party(name, role, roles, endpoints, key_dir, n, seed, workers, chunk, insecure, barrier, out):
-    from fedhet.parties import keys as keyfiles
-    from fedhet.parties.zmq_transport import ZmqParty
-    from fedhet.protocols import psi
-
-    try:
-        public = {p: keyfiles.load_public(key_dir, p).curve.encode() for p in roles}
-        party = ZmqParty(name, roles, endpoints, public_keys=public,
-                         secret_key=None if insecure else keyfiles.load_curve_secret(key_dir, name),
-                         insecure=insecure, run_id="psi-bench", timeout=900.0)
-        ids = make_ids(role, n, seed)
-        barrier.wait()
-        t0 = time.perf_counter()
-        if role == "label_owner":
-            res = psi.psi_label_owner(party, ids, ["feature"], workers=workers, chunk=chunk)
-        else:
-            res = psi.psi_feature_party(party, ids, "label_owner", workers=workers, chunk=chunk)
-        wall = time.perf_counter() - t0
-        digest = hashlib.sha256("\n".join(res.ids).encode()).hexdigest() if res.ids is not None else None
-        party.close()
-        out.put({"name": name, "wall_s": wall, "size": res.size, "ids_sha256": digest, "stats": res.stats})
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        out.put({"name": name, "error": f"{type(e).__name__}: {e}"})
-        raise
+def psi_cfg(n: int, workers: int | None, chunk: int) -> dict:
+    """The ``psi`` job's [algorithm] table: n IDs per side, half of them common, no duplicates."""
+    return {"name": "psi", "n": n, "overlap": 0.5, "pair_overlap": 0.0, "duplicates": 0.0, "id_type": "str",
+            "reveal": True, "order": "sorted", "chunk": chunk, "workers": workers, "psi_timeout": PSI_TIMEOUT_S}
 
 
 def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int = 0) -> dict:
-    from fedhet.parties import keys as keyfiles
-    from fedhet.parties.launcher import free_port
+    """One PSI of n x n IDs: the ``psi`` job, label owner and feature party as processes (the launcher)."""
+    from fedhet.algorithms import psi_job
 
-    roles = {"label_owner": "label_owner", "feature": "feature"}
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="psi-bench-") as key_dir:
-        for p in roles:
-            keyfiles.generate(key_dir, p, overwrite=True)
-        endpoints = {p: f"tcp://127.0.0.1:{free_port()}" for p in roles}
-        barrier, out = ctx.Barrier(len(roles)), ctx.Queue()
-        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load0 = os.getloadavg()
-        procs = [ctx.Process(target=_party, args=(p, r, roles, endpoints, key_dir, n, seed, workers, chunk,
-                                                   insecure, barrier, out)) for p, r in roles.items()]
-        t0 = time.perf_counter()
-        for pr in procs:
-            pr.start()
-        got = {}
-        while len(got) < len(procs):
-            r = out.get(timeout=1200)
-            got[r["name"]] = r
-            if "error" in r:
-                for pr in procs:
-                    pr.terminate()
-                raise RuntimeError(f"party {r['name']} failed: {r['error']}")
-        for pr in procs:
-            pr.join()
-        total_wall = time.perf_counter() - t0
-        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cfg = psi_cfg(n, workers, chunk)
+    fed = harness.federation(cfg, ROLES.items(), name="psi-bench", timeout=PSI_TIMEOUT_S, seed=seed)
+    load0 = harness.loadavg()
+    run = harness.launch_audited(fed, insecure=insecure, timeout=3 * PSI_TIMEOUT_S)
+    got = run.results
+    if not run.audit_ok:
+        raise RuntimeError(f"the audit of the PSI run failed: {run.audit_problems[:5]}")
     if len({r["ids_sha256"] for r in got.values()}) != 1:
         raise RuntimeError("the parties ended with different common lists")
+    if not all(r["correct"] and r["rows_aligned"] for r in got.values()):
+        raise RuntimeError(f"a party's intersection is wrong: {got}")
     size = got["label_owner"]["size"]
     if size != n - n // 2:
         raise RuntimeError(f"intersection of {size} IDs, expected {n - n // 2}")
-    # plaintext baseline on the same IDs, same script run
-    a, b = make_ids("label_owner", n, seed), make_ids("feature", n, seed)
+    # plaintext baseline on the parties' own IDs, same script run
+    job_cfg = {**cfg, "seed": seed}
+    a = psi_job.load_data(job_cfg, "label_owner", "label_owner", 0, 1)["ids"]
+    b = psi_job.load_data(job_cfg, "feature", "feature", 0, 1)["ids"]
     tp = time.perf_counter()
     common = set(a) & set(b)
     plain = time.perf_counter() - tp
     assert len(common) == size
-    psi_s = max(r["wall_s"] for r in got.values())
+    stats = {k: r["stats"] for k, r in got.items()}
+    # Each party's PSI call starts when its own process is up; the earlier one waits for its peer's
+    # start-up inside the call.  The later one's call is the protocol from both parties ready to the end.
+    psi_by_party = {k: s["seconds"] for k, s in stats.items()}
     return {
-        "n": n, "psi_s": psi_s, "process_wall_s": total_wall, "size": size,
-        "bytes_sent": {k: r["stats"]["bytes_sent"] for k, r in got.items()},
-        "bytes_total": sum(r["stats"]["bytes_sent"] for r in got.values()),
-        "scalar_mults": 4 * n, "workers": got["label_owner"]["stats"]["workers"],
-        "cpu_s_children": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
-        "plaintext_set_s": plain, "loadavg_before": load0[0], "loadavg_after": os.getloadavg()[0],
-        "stages": {k: {s: r["stats"].get(s) for s in ("seconds_blind", "seconds_match")} for k, r in got.items()},
+        "n": n, "psi_s": min(psi_by_party.values()), "psi_s_by_party": psi_by_party,
+        "process_wall_s": run.wall_s, "size": size,
+        "bytes_sent": {k: s["bytes_sent"] for k, s in stats.items()},
+        "bytes_total": sum(s["bytes_sent"] for s in stats.values()),
+        "scalar_mults": 4 * n, "workers": stats["label_owner"]["workers"],
+        "cpu_s_children": run.cpu_s, "audit_ok": run.audit_ok,
+        "plaintext_set_s": plain, "loadavg_before": load0, "loadavg_after": harness.loadavg(),
+        "stages": {k: {st: s.get(st) for st in ("seconds_blind", "seconds_match")} for k, s in stats.items()},
     }
 
 
@@ -187,6 +145,7 @@ def render(res: dict) -> str:
         f"ZeroMQ on this machine ({c} cores, {res['platform']}), each with a process pool of "
         f"{res['workers_label']} workers; half of each set is common.  Command: `{res['command']}`.",
         "",
+        *([f"How it ran: {res['how']}.", ""] if res.get("how") else []),
         f"Measured in this run: X25519 {r['x25519_per_s_one_process_wall']:,.0f}/s in one process (wall; "
         f"{r['x25519_per_s_one_process_cpu']:,.0f}/s per CPU-second), {r['x25519_per_s_all_cores']:,.0f}/s "
         f"with one process per core at once; hash-to-curve {r['hash_per_s_one_process_cpu']:,.0f} items per "
@@ -195,7 +154,10 @@ def render(res: dict) -> str:
         "floor = 4n scalar mults / (one-process rate x cores); floor (all cores) uses the aggregate rate "
         "measured with every core busy; CPU floor = (4n / CPU rate + 2n / hash CPU rate) / cores.",
         "",
-        "CPU-s used counts every party and worker process; CPU used / floor near 1 means the protocol adds "
+        "CPU-s used counts every party and worker process" + (
+            ", from process start to exit (Python start-up, ID generation and the job's own result checks "
+            "included: they dominate the smallest sizes)" if res.get("how") else "")
+        + "; CPU used / floor near 1 means the protocol adds "
         "little beyond the group operations, and PSI s / floor then mostly measures the share of the cores "
         "this run got from the other jobs.",
         "",
@@ -219,28 +181,35 @@ def render(res: dict) -> str:
                      f"scalar-multiplication floor of {s['floor_s']:.1f} s; {s['bytes_total'] / 2**20:.0f} MiB sent.")
     lines.append("Anchors quoted in the issue, not measured here: " +
                  "; ".join(f"{k}: {v:.0f} s" for k, v in ANCHORS.items()) + ".")
+    env_line = harness.environment_line(res.get("environment"))
+    if env_line:
+        lines.append(env_line)
     return "\n".join(lines) + "\n"
 
 
-def rerender(stem: str) -> None:
-    """Rewrite RESULTS/<stem>.md from its JSON (after a change to the report's layout)."""
-    import json
-
-    res = json.loads((RESULTS / f"{stem}.json").read_text())
-    write_atomic(RESULTS / f"{stem}.md", render(res))
+HOW = ("the `psi` job as a federation built in code, both parties started by fedhet's launcher and the "
+       "run audited (`fedhet audit`); PSI s = the protocol's own clock inside the party that came up last "
+       "(the other party's call also holds the wait for its peer's start-up), process start-up excluded")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2^10 .. 2^16 only, shorter rate measurement")
+    harness.add_common_args(ap, quick_help="2^10 .. 2^16 only, shorter rate measurement", render_only=True)
     ap.add_argument("--sizes", type=int, nargs="*", help="log2 of the set sizes (default 10 12 ... 20)")
     ap.add_argument("--workers", type=int, default=None, help="pool workers per party (default: every core)")
     ap.add_argument("--chunk", type=int, default=1 << 14)
     ap.add_argument("--insecure", action="store_true", help="plain TCP instead of CURVE")
     args = ap.parse_args(argv)
+    out_file = harness.Output("psi_custom" if args.sizes else "psi", quick=args.quick and not args.sizes,
+                              out_dir=args.out)
+    if args.render_only:
+        res = out_file.read()
+        out_file.write(res, render(res))
+        print(render(res))
+        return 0
+    session = harness.Session("psi", __file__, argv)
     sizes = args.sizes or ([10, 12, 14, 16] if args.quick else [10, 12, 14, 16, 18, 20])
-    ncores = cores()
-    load_start = os.getloadavg()[0]
+    ncores = harness.cpu_count()
     rates = measure_rates(1.0 if args.quick else 3.0, ncores)
     print(f"rates: {rates}", flush=True)
     out = []
@@ -257,17 +226,16 @@ def main(argv=None) -> int:
               f"CPU {s['cpu_s_children']:.1f} s, load {s['loadavg_before']:.1f}->{s['loadavg_after']:.1f}",
               flush=True)
         out.append(s)
+    env = session.finish()
     res = {
-        "benchmark": "psi", "quick": args.quick, "command": " ".join(["python benchmarks/psi.py"] + list(argv if argv is not None else sys.argv[1:])),
-        "cores": ncores, "platform": platform.platform(), "python": platform.python_version(),
+        "benchmark": "psi", "quick": args.quick, "command": session.command,
+        "cores": ncores, "platform": env["platform"], "python": env["python"],
         "insecure": args.insecure, "chunk": args.chunk,
         "workers_label": args.workers if args.workers is not None else "auto (every core)",
-        "loadavg_start": load_start, "rates": rates, "sizes": out, "anchors_s": ANCHORS, "goal_s": GOAL_S,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg_start": env["loadavg_start"], "rates": rates, "sizes": out, "anchors_s": ANCHORS, "goal_s": GOAL_S,
+        "time": env["started"], "how": HOW, "environment": env,
     }
-    stem = "psi_quick" if args.quick else ("psi_custom" if args.sizes else "psi")
-    write_json_atomic(RESULTS / f"{stem}.json", res)
-    write_atomic(RESULTS / f"{stem}.md", render(res))
+    out_file.write(res, render(res))
     print(render(res))
     return 0
 

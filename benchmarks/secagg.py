@@ -14,9 +14,13 @@ codec and byte counting, no sockets).  Every party shares this machine's
 cores, so the in-memory wall time is close to the *sum* of all parties' CPU
 time; the benchmark therefore also reports the CPU critical path (the largest
 client's CPU time in the round plus the server's), what a deployment with
-one core per party would see before network time.  A process variant
-(``--processes``, default on for K = 5, 10) runs every party as its own
-process over CURVE-encrypted ZeroMQ on loopback.
+one core per party would see before network time.  The in-memory rows run
+the role functions below through ``harness.run_roles``.  A process variant
+(``--processes``, default on for K = 5, 10) runs the same role functions with
+every party its own process over CURVE-encrypted ZeroMQ on loopback, started
+by fedhet's launcher and audited; the launcher can only start a *registered*
+algorithm, so these rows need the roles registered as ``secagg_bench`` (see
+:data:`NAME`); without that they are skipped and the report says so.
 
 One warm-up round (it includes the once-per-run identity-key exchange) is
 dropped; each figure is the median of ``--rounds`` timed rounds.  A round is
@@ -33,23 +37,17 @@ Writes ``benchmarks/results/secagg{,_quick}.{json,md}`` and ``secagg{,_quick}.pn
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
-import types
-from pathlib import Path
 
 import numpy as np
 
-from fedhet.parties.inmemory import run_inmemory
+import harness
+from fedhet.parties.declare import declare, no_arrays
+from fedhet.protocols import aggregation
 from fedhet.protocols.aggregation import make_aggregator
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CLIP, MAX_WEIGHT = 4.0, 100.0
 METHODS = {
     "plain": {"aggregation": "plain", "plain_dtype": "float32"},
@@ -58,6 +56,18 @@ METHODS = {
 }
 for _v in METHODS.values():
     _v.update(secagg_clip=CLIP, secagg_max_weight=MAX_WEIGHT, aggregation_timeout=600)
+
+# The benchmark's job as an algorithm (NAME, ROLES, load_data, DECLARATIONS).  Configuration: m (vector
+# length), bench_rounds (timed rounds; one warm-up round more is run), input_seed, and the aggregation keys
+# of METHODS; n_clients (K, for the server's exact reference mean).  The launcher starts registered
+# algorithms only: registering these roles under NAME (a copy in fedhet.algorithms) turns the process
+# rows on.
+NAME = "secagg_bench"
+K_GO, K_DONE = "bench/go", "bench/done"
+PROCESS_HOW = ("every party its own process over CURVE ZeroMQ on loopback, started by fedhet's launcher "
+               "(registered algorithm `secagg_bench`), the run audited")
+INMEMORY_HOW = ("every party a thread on the in-memory transport (`run_inmemory`: the real codec and byte "
+                "counting, no sockets), the same role functions")
 
 
 def client_names(k):
@@ -71,46 +81,67 @@ def make_inputs(k, m, seed):
     return xs, ws
 
 
-def roles_for(cfg, k, rounds, xs, ws):
-    """Server and client role functions timing ``rounds + 1`` aggregations (the first is a warm-up)."""
-    clients = client_names(k)
-
-    def server(party, c, d):
-        agg = make_aggregator(cfg)
-        out = []
-        for r in range(rounds + 1):
-            t0, c0 = time.perf_counter(), time.thread_time()
-            party.broadcast("bench/go", r, to=clients)
-            res = agg.aggregate(party, clients, r)
-            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            done = party.gather("bench/done", frm=clients)
-            out.append({"wall": wall, "server_cpu": cpu, "clients": done, "mean": res.mean,
-                        "bound": res.mean_error_bound, "contributors": len(res.contributors)})
-        return out
-
-    def client(party, c, d):
-        agg = make_aggregator(cfg)
-        srv = party.peers_with_role("server")[0]
-        for r in range(rounds + 1):
-            party.recv(srv, "bench/go")
-            s0, r0 = sum(party.bytes_sent.values()), sum(party.bytes_received.values())
-            c0 = time.thread_time()
-            agg.submit(party, srv, xs[party.name], ws[party.name], r)
-            cpu = time.thread_time() - c0
-            party.send(srv, "bench/done", {"cpu": cpu, "up": sum(party.bytes_sent.values()) - s0,
-                                           "down": sum(party.bytes_received.values()) - r0})
-        return {}
-
-    return server, client
+def exact_mean(xs, ws):
+    return sum(ws[c] * np.clip(xs[c], -CLIP, CLIP) for c in xs) / sum(ws.values())
 
 
-def summarise(rounds_out, ws, xs):
+def load_data(cfg, name, role, index, n_of_role, data_dir=None):
+    """A client's vector and weight; the server's: the exact weighted mean (to report the error)."""
+    xs, ws = make_inputs(int(cfg["n_clients"]), int(cfg["m"]), int(cfg["input_seed"]))
+    if role == "server":
+        return {"exact": exact_mean(xs, ws)}
+    return {"x": xs[name], "w": ws[name]}
+
+
+def server(party, cfg, data):
+    """``bench_rounds + 1`` aggregations (the first a warm-up), each timed at the server."""
+    clients = party.peers_with_role("client")
+    agg = make_aggregator(cfg)
+    exact = data["exact"]
+    out = []
+    for r in range(int(cfg["bench_rounds"]) + 1):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        party.broadcast(K_GO, r, to=clients)
+        res = agg.aggregate(party, clients, r)
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        done = party.gather(K_DONE, frm=clients)
+        out.append({"wall": wall, "server_cpu": cpu, "clients": done,
+                    "max_err": float(np.max(np.abs(res.mean - exact))),
+                    "bound": float(res.mean_error_bound), "contributors": len(res.contributors)})
+    return out
+
+
+def client(party, cfg, data):
+    agg = make_aggregator(cfg)
+    srv = party.peers_with_role("server")[0]
+    for r in range(int(cfg["bench_rounds"]) + 1):
+        party.recv(srv, K_GO)
+        s0, r0 = sum(party.bytes_sent.values()), sum(party.bytes_received.values())
+        c0 = time.thread_time()
+        agg.submit(party, srv, data["x"], data["w"], r)
+        cpu = time.thread_time() - c0
+        party.send(srv, K_DONE, {"cpu": cpu, "up": sum(party.bytes_sent.values()) - s0,
+                                 "down": sum(party.bytes_received.values()) - r0})
+    return {}
+
+
+ROLES = {"server": server, "client": client}
+DECLARATIONS = [
+    declare(K_GO, "server", "client", "the round number (start signal)", no_arrays),
+    declare(K_DONE, "client", "server", "the client's CPU seconds and bytes in the round (scalars)", no_arrays),
+] + aggregation.declarations(lambda cfg: int(cfg["m"]))
+
+
+def job_cfg(k, m, method, rounds, seed):
+    return {"n_clients": int(k), "m": int(m), "bench_rounds": int(rounds), "input_seed": int(seed), **METHODS[method]}
+
+
+def summarise(rounds_out):
     timed = rounds_out[1:]
     med = statistics.median
     ups = [med(c["up"] for c in r["clients"].values()) for r in timed]
     downs = [med(c["down"] for c in r["clients"].values()) for r in timed]
     crit = [max(c["cpu"] for c in r["clients"].values()) + r["server_cpu"] for r in timed]
-    exact = sum(ws[c] * np.clip(xs[c], -CLIP, CLIP) for c in xs) / sum(ws.values())
     last = timed[-1]
     return {
         "wall_s": med(r["wall"] for r in timed), "wall_s_all": [r["wall"] for r in timed],
@@ -118,74 +149,39 @@ def summarise(rounds_out, ws, xs):
         "client_cpu_max_s": med(max(c["cpu"] for c in r["clients"].values()) for r in timed),
         "bytes_up_per_client": med(ups), "bytes_down_per_client": med(downs),
         "bytes_per_client": med(ups) + med(downs),
-        "max_mean_error": float(np.max(np.abs(last["mean"] - exact))), "mean_error_bound": last["bound"],
+        "max_mean_error": last["max_err"], "mean_error_bound": last["bound"],
     }
 
 
 def bench_inmemory(k, m, method, rounds, seed):
     xs, ws = make_inputs(k, m, seed)
-    server, client = roles_for(METHODS[method], k, rounds, xs, ws)
-    algo = types.SimpleNamespace(NAME="bench", ROLES={"server": server, "client": client},
-                                 load_data=lambda *a: None)
-    out = run_inmemory(algo, [("server", "server")] + [(c, "client") for c in client_names(k)],
-                       seed=seed, timeout=900)
-    return summarise(out["server"], ws, xs)
+    data = {"server": {"exact": exact_mean(xs, ws)}, **{c: {"x": xs[c], "w": ws[c]} for c in xs}}
+    algo = harness.roles_algorithm(NAME, ROLES, load_data, DECLARATIONS)
+    run = harness.run_roles(algo, [("server", "server")] + [(c, "client") for c in client_names(k)],
+                            cfg=job_cfg(k, m, method, rounds, seed), seed=seed, data=data, timeout=900)
+    return summarise(run.results["server"])
 
 
 # ------------------------------------------------------------- processes
-def _party_process(name, role, roles, endpoints, pubs, secret, cfg, k, m, rounds, seed, queue):
-    from fedhet.parties.zmq_transport import ZmqParty
+def processes_available() -> bool:
+    """Whether the launcher can start these roles (they must be a registered algorithm)."""
+    from fedhet.algorithms.registry import ALGORITHMS
 
-    party = None
-    try:
-        party = ZmqParty(name, roles, endpoints, public_keys=pubs, secret_key=secret, run_id=f"bench-{seed}",
-                         seed=seed, timeout=900)
-        xs, ws = make_inputs(k, m, seed)
-        server, client = roles_for(cfg, k, rounds, xs, ws)
-        res = (server if role == "server" else client)(party, cfg, None)
-        party.close()
-        queue.put((name, res if role == "server" else None, None))
-    except BaseException as e:  # reported to the parent
-        queue.put((name, None, f"{type(e).__name__}: {e}"))
+    return NAME in ALGORITHMS
 
 
 def bench_processes(k, m, method, rounds, seed):
-    import zmq
-
-    from fedhet.parties.launcher import free_port
-
+    """The same roles, every party its own process (the launcher), audited."""
+    if not processes_available():
+        raise RuntimeError(f"the process rows need the benchmark's roles registered as algorithm {NAME!r}")
     names = ["server"] + client_names(k)
-    roles = {n: ("server" if n == "server" else "client") for n in names}
-    keys = {n: zmq.curve_keypair() for n in names}
-    ports: set[int] = set()
-    while len(ports) < len(names):
-        ports.add(free_port())
-    endpoints = {n: f"tcp://127.0.0.1:{p}" for n, p in zip(names, sorted(ports))}
-    pubs = {n: keys[n][0] for n in names}
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_party_process, args=(n, roles[n], roles, endpoints, pubs, keys[n][1],
-                                                      METHODS[method], k, m, rounds, seed, q), daemon=True)
-             for n in names]
-    for p in procs:
-        p.start()
-    got, errors = {}, {}
-    try:
-        for _ in names:
-            name, res, err = q.get(timeout=1800)
-            got[name] = res
-            if err:
-                errors[name] = err
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-    if errors:
-        raise RuntimeError(f"process benchmark failed: {errors}")
-    xs, ws = make_inputs(k, m, seed)
-    return summarise(got["server"], ws, xs)
+    fed = harness.federation({"name": NAME, **job_cfg(k, m, method, rounds, seed)},
+                             [(n, "server" if n == "server" else "client") for n in names],
+                             name=f"secagg-bench-{k}", timeout=900, seed=seed)
+    run = harness.launch_audited(fed, timeout=1800)
+    out = summarise(run.results["server"])
+    out["audit_ok"] = run.audit_ok
+    return out
 
 
 # ---------------------------------------------------------------- output
@@ -208,18 +204,6 @@ def extrapolate(rows):
             "anchor": {"K": K, "m": M, "predicted_expansion_32bit": (plain32 + a + b * K) / plain32,
                        "predicted_expansion_vs_16bit_plain": (plain32 + a + b * K) / (2 * M),
                        "bonawitz_reported": 1.73}}
-
-
-def write_results(doc, stem):
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for ext, text in ((".json", json.dumps(doc, indent=2, default=float)), (".md", render_md(doc))):
-        path = RESULTS / f"{stem}{ext}"
-        fd, tmp = tempfile.mkstemp(dir=RESULTS, prefix=f".{stem}", suffix=ext)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    plot(doc, RESULTS / f"{stem}.png")
 
 
 def _fmt_bytes(n):
@@ -249,6 +233,10 @@ def render_md(doc):
         out.append(f"| {r['transport']} | {r['K']} | {r['m']:.0e} | {r['method']} | {r['wall_s']:.4f} | {rw} | "
                    f"{cp} | {rc} | {_fmt_bytes(r['bytes_per_client'])} | {rb} | "
                    f"{r['max_mean_error']:.2e} | {r['mean_error_bound']:.2e} |")
+    if doc.get("how"):
+        out += ["", "How it ran: " + "; ".join(f"{k} rows: {v}" for k, v in doc["how"].items()) + "."]
+    for note in doc.get("notes", []):
+        out += ["", f"Note: {note}"]
     g = doc.get("goals")
     if g:
         out += ["", "## Goals at K = 10, m = 1e6 (secure, complete graph, vs plain float32)", ""]
@@ -266,19 +254,21 @@ def render_md(doc):
                 f"vector ({a['predicted_expansion_vs_16bit_plain']:.3f}x a 16-bit vector); Bonawitz et al. "
                 f"report {a['bonawitz_reported']}x (their encodings and key sizes differ; this is a linear "
                 "extrapolation of our measured per-neighbour overhead, not a run at that size)."]
+    env = harness.environment_line(doc.get("environment"))
+    if env:
+        out += ["", env]
     return "\n".join(out) + "\n"
 
 
-def plot(doc, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(doc):
+    """The in-memory rows at the largest m, or None when there are none."""
     import matplotlib.ticker
+
+    plt = harness.pyplot()
 
     rows = [r for r in doc["rows"] if r["transport"] == "inmemory"]
     if not rows:
-        return
+        return None
     m = max(r["m"] for r in rows)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "wall_s", "wall per round (all parties share the cores)"),
@@ -298,33 +288,38 @@ def plot(doc, path):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    return fig
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="K in {5, 10}, m in {1e4, 1e5}, 2 rounds")
+    harness.add_common_args(ap, quick_help="K in {5, 10}, m in {1e4, 1e5}, 2 rounds", render_only=True)
     ap.add_argument("--ks", type=int, nargs="*")
     ap.add_argument("--ms", type=int, nargs="*")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--processes", choices=("auto", "on", "off"), default="auto",
-                    help="also run K = 5, 10 as processes over ZeroMQ (auto: not with --quick)")
+                    help="also run K = 5, 10 as processes through the launcher (auto: not with --quick, and "
+                         f"only where the roles are registered as {NAME!r})")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    out_file = harness.Output("secagg", quick=args.quick, out_dir=args.out)
+    if args.render_only:
+        doc = out_file.read()
+        out_file.write(doc, render_md(doc), plot(doc))
+        print(render_md(doc))
+        return 0
     ks = args.ks or ([5, 10] if args.quick else [5, 10, 50])
     ms = args.ms or ([10**4, 10**5] if args.quick else [10**4, 10**5, 10**6])
     rounds = args.rounds or (2 if args.quick else 5)
     procs = args.processes == "on" or (args.processes == "auto" and not args.quick)
-    stem = "secagg_quick" if args.quick else "secagg"
-    doc = {"quick": args.quick, "command": "python " + " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
-           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-           "rounds": rounds, "rows": []}
+    if args.processes == "on" and not processes_available():
+        ap.error(f"--processes on: the launcher can only start registered algorithms; register the roles "
+                 f"of this script as {NAME!r} first")
+    session = harness.Session("secagg", __file__, argv)
+    doc = {"quick": args.quick, "command": session.command,
+           "machine": harness.machine_label(session.meta),
+           "rounds": rounds, "rows": [], "how": {"inmemory": INMEMORY_HOW}, "notes": []}
     for k in ks:
         for m in ms:
             for method in args.methods:
@@ -335,7 +330,12 @@ def main(argv=None):
                 print(f"inmemory K={k:3d} m={m:8d} {method:8s} wall {row['wall_s']:.4f}s  cpu-path "
                       f"{row['critical_cpu_s']:.4f}s  bytes/client {row['bytes_per_client']:,}  "
                       f"({time.perf_counter() - t0:.1f}s)", flush=True)
+    if procs and not processes_available():
+        doc["notes"].append(f"process rows skipped: fedhet's launcher starts registered algorithms only, and "
+                            f"this script's roles are not registered as {NAME!r}.")
+        procs = False
     if procs:
+        doc["how"]["zmq-processes"] = PROCESS_HOW
         for k in [k for k in ks if k <= 10]:
             for m in [m for m in ms if m >= 10**5]:
                 for method in [x for x in args.methods if x != "secure+"]:
@@ -343,7 +343,8 @@ def main(argv=None):
                     row.update(bench_processes(k, m, method, rounds, args.seed))
                     doc["rows"].append(row)
                     print(f"processes K={k:3d} m={m:8d} {method:8s} wall {row['wall_s']:.4f}s  bytes/client "
-                          f"{row['bytes_per_client']:,}", flush=True)
+                          f"{row['bytes_per_client']:,}  audit {'ok' if row['audit_ok'] else 'FAILED'}",
+                          flush=True)
     by = {(r["transport"], r["K"], r["m"], r["method"]): r for r in doc["rows"]}
     goals = {}
     for tr in ("inmemory", "zmq-processes"):
@@ -357,9 +358,11 @@ def main(argv=None):
                 goals[f"{key} ({tr})"] = {"measured": v, "goal": goal, "met": v <= goal}
     doc["goals"] = goals
     doc["extrapolation"] = extrapolate(doc["rows"])
-    write_results(doc, stem)
+    doc["environment"] = session.finish()
+    out_file.write(doc, render_md(doc), plot(doc))
     print(render_md(doc))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

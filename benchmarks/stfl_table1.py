@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import harness
 from fedhet.algorithms import data_fate
 from fedhet.algorithms.datapath import DatasetNotFound
 from fedhet.algorithms.stfl_local import METHODS, STFLConfig
-from fedhet.parties.atomic import write_atomic
 
 # Table I of the paper (accuracy, %); vehicle / breast_sk are not in the paper.
 PAPER = {
@@ -41,11 +39,7 @@ COLUMNS = ["centralized", "centralized_all", "hierarchical", "hierarchical_all",
 TITLES = {"centralized": "Centralized", "centralized_all": "Centralized (all data)",
           "hierarchical": "Hierarchical", "hierarchical_all": "Hierarchical (all data)",
           "he_split": "HE split NN", "stfl": "STFL"}
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    write_atomic(path, text)
+RESULTS = harness.RESULTS
 
 
 def _stats(xs: list[float]) -> dict:
@@ -61,7 +55,7 @@ def run(args) -> dict:
            "config": {k: v for k, v in vars(cfg).items() if k != "seed"},
            "selftaught_frac": args.selftaught_frac, "test_frac": args.test_frac,
            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-           "machine": platform.platform(), "paper": PAPER, "datasets": {}}
+           "machine": harness.machine_info()["platform"], "paper": PAPER, "datasets": {}}
     for name in args.datasets:
         try:
             data = data_fate.load(name, data_dir=args.data_dir)
@@ -183,12 +177,15 @@ def to_markdown(res: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {parts} |")
     lines += ["", "Notes:"] + [f"- {n}: {e['notes']}" for n, e in res["datasets"].items()
                                 if "notes" in e]
+    env = harness.environment_line(res.get("environment"))
+    if env:
+        lines += ["", env]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="10 epochs, 2 seeds (a fast look)")
+    harness.add_common_args(ap, quick_help="10 epochs, 2 seeds (a fast look)", render_only=True)
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; quick 2)")
     ap.add_argument("--seeds-small", type=int, default=None,
                     help="seeds for the small data sets (< 5,000 rows; default 10; quick 2)")
@@ -202,18 +199,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1 is fastest for these tiny MLPs)")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--render-only", action="store_true",
-                    help="re-write the markdown from the existing JSON (picks up a newer HE column)")
     args = ap.parse_args(argv)
-    stem = "stfl_table1_quick" if args.quick else "stfl_table1"
-    if args.render_only:
+    out = harness.Output("stfl_table1", quick=args.quick, out_dir=args.out)
+    if args.render_only:  # picks up a newer HE column
         try:
-            res = json.loads((RESULTS / f"{stem}.json").read_text())
+            res = out.read()
         except (OSError, ValueError) as e:
-            ap.error(f"--render-only needs {RESULTS / (stem + '.json')}: {e}")
+            ap.error(f"--render-only needs {out.path('json')}: {e}")
         res["he_column"] = he_column()
-        _atomic_write(RESULTS / f"{stem}.json", json.dumps(res, indent=1) + "\n")
-        _atomic_write(RESULTS / f"{stem}.md", to_markdown(res))
+        out.write(res, to_markdown(res), indent=1)
         print(to_markdown(res))
         return 0
     args.seeds = args.seeds or (2 if args.quick else 3)
@@ -222,13 +216,13 @@ def main(argv=None) -> int:
     if min(args.seeds, args.seeds_small, args.epochs, args.threads) < 1:
         ap.error("--seeds, --seeds-small, --epochs and --threads must be >= 1")
     torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
+    session = harness.Session("stfl_table1", __file__, argv)
     res = run(args)
-    res["wall_s"] = time.perf_counter() - t0
+    res["environment"] = session.finish()
+    res["wall_s"] = res["environment"]["elapsed_s"]
     res["he_column"] = he_column()
-    _atomic_write(RESULTS / f"{stem}.json", json.dumps(res, indent=1) + "\n")
     md = to_markdown(res)
-    _atomic_write(RESULTS / f"{stem}.md", md)
+    out.write(res, md, indent=1)
     print(md)
     return 0
 

@@ -1,8 +1,10 @@
 """Transport cost: CURVE-encrypted ZeroMQ vs plain TCP (``--insecure``), side by side.
 
 Two processes on loopback (the peers are started with multiprocessing's
-``spawn``), six channels (three layers, CURVE on and off) open at once and
-measured interleaved, so machine noise hits every variant alike:
+``spawn``: this script measures the transport itself, below any protocol, so
+it builds the ``ZmqParty`` objects directly rather than through the launcher,
+whose start-up, transcripts and audit are not what is measured here), six
+channels (three layers, CURVE on and off) open at once and measured interleaved, so machine noise hits every variant alike:
 
 * ``party``: two ``ZmqParty`` objects, the path algorithms use (codec,
   SHA-256 digest for the transcript on both sides, sequence checks, the
@@ -33,32 +35,21 @@ import argparse
 import logging
 import multiprocessing as mp
 import os
-import platform
-import socket
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import zmq
 
-from fedhet.parties.atomic import write_atomic, write_json_atomic
-
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+import harness
+from fedhet.parties.launcher import free_port
 RUN = "transport-bench"
 ROLES = {"a": "bench", "b": "bench"}
 LAYERS = ["party", "raw", "chunked"]
 CHANNELS = [(layer, sec) for layer in LAYERS for sec in ("curve", "plain")]
 CHUNK = 1 << 20  # frame size of the ``chunked`` layer
 MAX_BYTES = 1 << 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _quiet() -> logging.Logger:
@@ -114,7 +105,7 @@ class Channel:
     def __init__(self, layer: str, sec: str, spawn) -> None:
         self.layer, self.sec = layer, sec
         self.keys = {n: zmq.curve_keypair() for n in ROLES}
-        self.endpoints = {n: f"tcp://127.0.0.1:{_free_port()}" for n in ROLES}
+        self.endpoints = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
         here, there = spawn.Pipe()
         self.proc = spawn.Process(target=_peer, args=(layer, sec, self.keys, self.endpoints, there), daemon=True)
         self.proc.start()
@@ -279,35 +270,38 @@ def render_md(meta: dict, rtt_rows: list[dict], tput_rows: list[dict], ciphers: 
     out += [f"| {c['what']} | {c['MBps']:.0f} |" for c in ciphers]
     out += ["", f"Best of {meta['repeats']} interleaved repeats per size; on a shared machine single rows "
             "are noisy, the ratios within a row less so.", ""]
+    env = harness.environment_line(meta.get("environment"))
+    if env:
+        out += [env, ""]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1-16 MB, fewer repeats")
+    harness.add_common_args(ap, quick_help="1-16 MB, fewer repeats")
     ap.add_argument("--sizes", type=int, nargs="*", help="tensor sizes in MiB")
     ap.add_argument("--repeats", type=int)
     ap.add_argument("--pings", type=int)
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = ap.parse_args(argv)
     sizes = args.sizes or ([1, 4, 16] if args.quick else [1, 4, 16, 64, 256])
     repeats = args.repeats or (3 if args.quick else 5)
     pings = args.pings or (500 if args.quick else 2000)
     if any(s <= 0 or s > 512 for s in sizes):
         raise SystemExit("--sizes must be between 1 and 512 MiB")
+    session = harness.Session("transport", __file__, argv)
+    env = session.meta
     meta = {"quick": args.quick, "sizes_mib": sizes, "repeats": repeats, "pings": pings,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
-            "libzmq": zmq.zmq_version(), "pyzmq": zmq.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "machine": f"{env['machine']}, {env['cpu_count_os']} CPUs, {env['platform']}",
+            "libzmq": zmq.zmq_version(), "pyzmq": zmq.__version__, "python": env["python"],
+            "date": session.started, "command": session.command}
     print(f"transport benchmark: sizes {sizes} MiB, {repeats} repeats, {pings} pings", file=sys.stderr)
     raw = run(sizes, pings, repeats)
     rtt_rows, tput_rows = summarise(raw, sizes)
     ciphers = cipher_rates(repeats)
-    stem = "transport_quick" if args.quick else "transport"
-    write_json_atomic(args.out / f"{stem}.json", {"meta": meta, "rtt": rtt_rows, "throughput": tput_rows, "per_byte": ciphers,
-                                                  "transfer_s": raw["tput"]})
+    meta["environment"] = session.finish()
     md = render_md(meta, rtt_rows, tput_rows, ciphers)
-    write_atomic(args.out / f"{stem}.md", md)
+    harness.Output("transport", quick=args.quick, out_dir=args.out).write(
+        {"meta": meta, "rtt": rtt_rows, "throughput": tput_rows, "per_byte": ciphers, "transfer_s": raw["tput"]}, md)
     print(md)
     return 0
 

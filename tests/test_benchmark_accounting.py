@@ -1,5 +1,6 @@
 """What the benchmark scripts compute from their runs: extrapolated bytes on
-the wire (he_vs_plain) and the CHFL tables' grouping of finished runs."""
+the wire (he_vs_plain), the CHFL tables' grouping of finished runs, and that the
+CHFL tables' runs (the federated roles in memory) give ``chfl_local.sweep``'s numbers."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import chfl_tables  # noqa: E402
 import he_vs_plain  # noqa: E402
 
-from fedhet.algorithms import he_split  # noqa: E402
+from fedhet.algorithms import chfl, chfl_local, he_split  # noqa: E402
 from fedhet.parties.inmemory import run_inmemory  # noqa: E402
 
 
@@ -82,3 +83,19 @@ def test_chfl_tables_refuses_to_drop_runs_made_with_other_settings(tmp_path, cap
         chfl_tables.main(["--only", "table2", "--datasets", "vehicle", "--import-runs", str(other),
                           "--out-dir", str(tmp_path), "--name", "x"])
     assert "cannot read finished runs" in capsys.readouterr().err
+
+
+def test_chfl_tables_runs_the_roles_and_matches_the_in_process_sweep():
+    table = chfl.load_table("digits")
+    kw = dict(K=3, common_ratio=0.3, rounds=2, seed=7, feature_seed=1, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
+              epochs=1, hidden=[32, 16])
+    got = chfl_tables.sweep_roles(table, **kw)
+    ref = chfl_local.sweep(table, **kw)
+    assert set(got["results"]) == set(chfl_tables.METHODS)
+    for m in chfl_tables.METHODS:
+        assert got["results"][m]["test"] == ref["results"][m]["test"], m
+        assert got["results"][m]["chosen"] == ref["results"][m]["chosen"], m
+        assert got["results"][m]["mean_test"] == ref["results"][m]["mean_test"], m
+    assert got["n_common"] == ref["n_common"] and got["n_unique"] == ref["n_unique"]
+    with pytest.raises(ValueError, match="mu_grid"):
+        chfl_tables.sweep_roles(table, **{**kw, "mu_grid": [0.0]})
