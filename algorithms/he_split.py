@@ -44,16 +44,15 @@ where the label owner sends batch indices); the simulated split is computed by e
 from __future__ import annotations
 
 import time
-import zlib
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from fedhet.algorithms import data_fate
-from fedhet.algorithms.stfl_models import mlp, out_width
+from fedhet.algorithms.toolkit import (ACTIVATIONS, HostRows, align_guest_rows, align_host_rows, batch_slices,
+                                       class_loss, crc32_seed, epoch_permutation, logit_width, make_activation,
+                                       mlp, predict_classes, seeded, sorted_intersection)
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare
 from fedhet.protocols import he_interactive as hei
@@ -79,7 +78,6 @@ DEFAULTS = {
     "torch_threads": 1, "psi_timeout": None, "evaluate": True, "return_params": False,
 }
 ALIASES = {"breast_sklearn": "breast_sk"}
-_ACTS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU}
 
 
 def _settings(cfg: dict) -> dict:
@@ -105,8 +103,8 @@ def _settings(cfg: dict) -> dict:
     for k in ("lr", "interactive_lr", "selftaught_frac", "test_frac", "bottom_hidden_mult", "top_hidden_mult"):
         c[k] = float(c[k])
     for k in ("bottom_activation", "interactive_activation"):
-        if c[k] not in _ACTS:
-            raise ValueError(f"he_split: {k} must be one of {sorted(_ACTS)}, got {c[k]!r}")
+        if c[k] not in ACTIVATIONS:
+            raise ValueError(f"he_split: {k} must be one of {sorted(ACTIVATIONS)}, got {c[k]!r}")
     c["layer"] = layer_spec(c)
     return c
 
@@ -137,23 +135,15 @@ def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_
     raise ValueError(f"he_split has roles {sorted(ROLES)}, not {role!r}")
 
 
-def guest_rows(table: dict, common_rows: np.ndarray) -> np.ndarray:
-    """Standardised guest features of the common rows (scaler fitted on the guest's other rows)."""
-    x = np.asarray(table["x"], dtype=np.float32)
-    rest = np.ones(len(x), dtype=bool)
-    rest[np.asarray(common_rows, dtype=np.int64)] = False
-    sc = data_fate.Scaler.fit(x[rest] if rest.any() else x)
-    return sc(x[np.asarray(common_rows, dtype=np.int64)])
-
-
 # ------------------------------------------------------------------------------------------ models
-def _seed(seed: int, what: str) -> int:
-    return zlib.crc32(f"{seed}/he_split/{what}".encode())
+def model_seed(seed: int, what: str) -> int:
+    """The seed of one model: ``toolkit.crc32_seed`` of ``"{seed}/he_split/{what}"`` (frozen)."""
+    return crc32_seed(f"{seed}/he_split/{what}")
 
 
 def bottom_model(c: dict, d_in: int, width: int) -> nn.Module:
     return nn.Sequential(mlp(d_in, width, c["bottom_hidden_mult"], c["bottom_layers"], c["bottom_activation"]),
-                         _ACTS[c["bottom_activation"]]())
+                         make_activation(c["bottom_activation"]))
 
 
 class HostModel(nn.Module):
@@ -163,8 +153,8 @@ class HostModel(nn.Module):
         super().__init__()
         self.bottom = bottom_model(c, d_host, c["host_bottom_width"])
         self.inter = nn.Linear(c["host_bottom_width"], c["interactive_width"])
-        self.act = _ACTS[c["interactive_activation"]]()
-        self.top = mlp(c["interactive_width"], out_width(n_classes), c["top_hidden_mult"], c["top_layers"],
+        self.act = make_activation(c["interactive_activation"])
+        self.top = mlp(c["interactive_width"], logit_width(n_classes), c["top_hidden_mult"], c["top_layers"],
                        c["bottom_activation"])
 
     def head(self, z_host: torch.Tensor, z_guests: list) -> torch.Tensor:
@@ -177,8 +167,7 @@ class HostModel(nn.Module):
 def build_host(c: dict, d_host: int, guest_widths: list[int], n_classes: int):
     """(HostModel, initial W_g per guest) from the run seed; the interactive layer's fan-in is the
     concatenation of all bottoms, as one Linear over [A_h || A_g1 || ...] would have."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(c["seed"], "host"))
+    with seeded(model_seed(c["seed"], "host")):
         model = HostModel(c, d_host, n_classes)
         fan_in = c["host_bottom_width"] + sum(guest_widths)
         bound = 1.0 / np.sqrt(fan_in)
@@ -191,8 +180,7 @@ def build_host(c: dict, d_host: int, guest_widths: list[int], n_classes: int):
 
 
 def build_guest(c: dict, d_in: int, name: str) -> nn.Module:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(c["seed"], f"guest/{name}"))
+    with seeded(model_seed(c["seed"], f"guest/{name}")):
         return bottom_model(c, d_in, c["guest_bottom_width"])
 
 
@@ -202,21 +190,8 @@ def host_optimizers(c: dict, model: HostModel):
     return adam, sgd
 
 
-def loss_fn(logits: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    if n_classes == 2:
-        return F.binary_cross_entropy_with_logits(logits.squeeze(1), y.float())
-    return F.cross_entropy(logits, y.long())
-
-
-def predict(logits: torch.Tensor, n_classes: int) -> np.ndarray:
-    if n_classes == 2:
-        return (logits.squeeze(1) > 0).long().numpy()
-    return logits.argmax(dim=1).numpy()
-
-
 def train_batches(c: dict, n_train: int, epoch: int) -> list[np.ndarray]:
-    order = np.random.default_rng([c["seed"], 0x4E5, epoch]).permutation(n_train)
-    return [order[i:i + c["batch_size"]] for i in range(0, n_train, c["batch_size"])]
+    return batch_slices(epoch_permutation([c["seed"], 0x4E5], epoch, n_train), c["batch_size"])
 
 
 # ------------------------------------------------------------------------------------------ the two sides
@@ -301,23 +276,13 @@ class PlainLink:
         pass
 
 
-@dataclass
-class HostData:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    pos_train: np.ndarray  # positions in the common list
-    x_test: np.ndarray
-    y_test: np.ndarray
-    pos_test: np.ndarray
-
-
 def host_step(model: HostModel, opts, links: list, xb: torch.Tensor, yb: torch.Tensor, n_classes: int) -> float:
     """One training batch on the host, driving every link (guests work in parallel)."""
     for ln in links:
         ln.start_forward()
     zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32, requires_grad=True) for ln in links]
     logits = model.head(model.inter(model.bottom(xb)), zs)
-    loss = loss_fn(logits, yb, n_classes)
+    loss = class_loss(logits, yb)
     for o in opts:
         o.zero_grad()
     loss.backward()
@@ -344,12 +309,12 @@ def host_eval(model: HostModel, links: list, x: np.ndarray, y: np.ndarray, pos: 
         zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32) for ln in links]
         with torch.no_grad():
             logits = model.head(model.inter(model.bottom(torch.as_tensor(x[i:i + len(p)]))), zs)
-        correct += int((predict(logits, n_classes) == y[i:i + len(p)]).sum())
+        correct += int((predict_classes(logits) == y[i:i + len(p)]).sum())
     model.train()
     return correct / max(1, len(pos))
 
 
-def train_host(c: dict, model: HostModel, links: list, hd: HostData, n_classes: int, party=None) -> dict:
+def train_host(c: dict, model: HostModel, links: list, hd: HostRows, n_classes: int, party=None) -> dict:
     """The host's training loop (shared by the federated role and the in-process reference)."""
     opts = host_optimizers(c, model)
     xtr = torch.as_tensor(hd.x_train)
@@ -416,16 +381,11 @@ def host_role(party, cfg: dict, data: dict) -> dict:
         raise PartyError("he_split needs at least one guest")
     t0 = time.perf_counter()
     ids = np.concatenate([data["ids_train"], data["ids_test"]])
-    n_tr = len(data["ids_train"])
     res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=c["psi_timeout"])
-    rows = np.asarray(res.rows, dtype=np.int64)
-    is_tr = rows < n_tr
-    pos = np.arange(len(rows))
-    hd = HostData(data["x_train"][rows[is_tr]], data["y_train"][rows[is_tr]], pos[is_tr].astype(np.uint32),
-                  data["x_test"][rows[~is_tr] - n_tr], data["y_test"][rows[~is_tr] - n_tr],
-                  pos[~is_tr].astype(np.uint32))
+    hd = align_host_rows(res.rows, data["x_train"], data["y_train"], data["x_test"], data["y_test"], order="common")
+    n_train, n_test = len(hd.pos_train), len(hd.pos_test)
     psi_s = time.perf_counter() - t0
-    party.log.info("PSI: %d common rows (%d train, %d test) in %.2fs", len(rows), is_tr.sum(), (~is_tr).sum(), psi_s)
+    party.log.info("PSI: %d common rows (%d train, %d test) in %.2fs", hd.n_common, n_train, n_test, psi_s)
     t1 = time.perf_counter()
     widths = []
     for g in guests:
@@ -446,7 +406,7 @@ def host_role(party, cfg: dict, data: dict) -> dict:
             ly.close()
     if out["test_accuracy"] is not None:
         party.metric(test_accuracy=out["test_accuracy"])
-    out.update({"n_common": int(len(rows)), "n_train": int(is_tr.sum()), "n_test": int((~is_tr).sum()),
+    out.update({"n_common": int(hd.n_common), "n_train": int(n_train), "n_test": int(n_test),
                 "he": c["he"], "key_bits": c["key_bits"], "slot_bits": c["slot_bits"],
                 "mask_bits": c["mask_bits"], "interactive_width": c["interactive_width"],
                 "guest_widths": widths, "dataset": c["dataset"], "psi_s": psi_s, "setup_s": setup_s,
@@ -473,7 +433,7 @@ def guest_role(party, cfg: dict, data: dict) -> dict:
     res = psi.psi_feature_party(party, list(np.asarray(data["ids"]).tolist()), host, timeout=c["psi_timeout"])
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
-    x_common = guest_rows(data, res.rows)
+    x_common = align_guest_rows(data["x"], res.rows).x_common
     trainer = GuestTrainer(c, x_common, party.name)
     party.send(host, K_WIDTH, {"width": c["guest_bottom_width"]})
     layer = hei.guest_layer(party, host, c["layer"], c["guest_bottom_width"], c["interactive_width"])
@@ -517,27 +477,15 @@ def run_reference(cfg: dict, n_guests: int = 1, data_dir=None, guest_names: list
     hdat = load_data(cfg, "host", HOST, 0, 1, data_dir)
     gdat = [load_data(cfg, nm, GUEST, i, len(names), data_dir) for i, nm in enumerate(names)]
     ids = np.concatenate([hdat["ids_train"], hdat["ids_test"]])
-    common = set(ids.tolist())
-    for g in gdat:
-        common &= set(np.asarray(g["ids"]).tolist())
-    order = sorted(common)
-    hpos = {v: i for i, v in enumerate(ids.tolist())}
-    rows = np.array([hpos[v] for v in order], dtype=np.int64)
-    n_tr = len(hdat["ids_train"])
-    is_tr = rows < n_tr
-    pos = np.arange(len(rows))
-    hd = HostData(hdat["x_train"][rows[is_tr]], hdat["y_train"][rows[is_tr]], pos[is_tr],
-                  hdat["x_test"][rows[~is_tr] - n_tr], hdat["y_test"][rows[~is_tr] - n_tr], pos[~is_tr])
-    trainers = []
-    for nm, g in zip(names, gdat):
-        gp = {v: i for i, v in enumerate(np.asarray(g["ids"]).tolist())}
-        trainers.append(GuestTrainer(c, guest_rows(g, np.array([gp[v] for v in order])), nm))
+    _, (rows, *guest_rows) = sorted_intersection(ids.tolist(), *[np.asarray(g["ids"]).tolist() for g in gdat])
+    hd = align_host_rows(rows, hdat["x_train"], hdat["y_train"], hdat["x_test"], hdat["y_test"], order="common")
+    trainers = [GuestTrainer(c, align_guest_rows(g["x"], r).x_common, nm) for nm, g, r in zip(names, gdat, guest_rows)]
     model, Ws = build_host(c, hdat["x_train"].shape[1], [c["guest_bottom_width"]] * len(names),
                            int(hdat["n_classes"]))
     links = [PlainLink(t, W, c["interactive_lr"]) for t, W in zip(trainers, Ws)]
     out = train_host(c, model, links, hd, int(hdat["n_classes"]))
     out.update({"model": model, "W": [ln.W for ln in links], "guest_models": [t.model for t in trainers],
-                "n_common": len(rows)})
+                "n_common": hd.n_common})
     return out
 
 
