@@ -83,10 +83,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhet.algorithms.chfl_local import (HIDDEN, CHFLClient, LocalClient, client_data, derive_seed,
-                                          select_per_client)
+from fedhet.algorithms.chfl_local import HIDDEN, CHFLClient, LocalClient, client_data, select_per_client
 from fedhet.algorithms.chfl_model import init_common_flat
 from fedhet.algorithms.partition import HorizontalSplit, chfl_partition, split_samples
+from fedhet.algorithms.toolkit import derive_seed, synchronize
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import aggregation
@@ -437,8 +437,7 @@ def client(party, cfg: dict, data: ClientRows) -> dict:
         for m in models:
             out = m.train_round(s.epochs, s.batch_size)
             rl.append(out["loss"] if s.method == "local" else out["loss_common"])
-        if party.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(party.device)
         train_s.append(time.perf_counter() - t0)
         losses.append(rl)
         if s.method != "local":

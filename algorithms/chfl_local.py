@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from fedhet.algorithms.chfl_model import (HIDDEN, MLPColumn, UniqueColumn, common_to_flat,
                                           flat_to_common, init_common_flat)
 from fedhet.algorithms.partition import HorizontalSplit, chfl_partition
+from fedhet.algorithms.toolkit import Scaler, derive_seed, resolve_device, seeded, shuffled_batches
 
 DEFAULTS = {
     "n_clients": 5,
@@ -68,30 +69,6 @@ DEFAULTS = {
 }
 
 METHODS = ("common", "local", "chfl")
-
-
-def derive_seed(seed: int, *tags) -> int:
-    """A 63-bit seed from the run seed and any tags (client index, role...)."""
-    words = [int(seed)]
-    for t in tags:
-        words.extend(t.encode() if isinstance(t, str) else [int(t)])
-    state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
-    return int.from_bytes(state.tobytes(), "little") & ((1 << 63) - 1)
-
-
-def resolve_device(device: str | None) -> torch.device:
-    d = (device or "cpu").strip().lower()
-    if d == "auto":
-        d = "cuda" if torch.cuda.is_available() else "cpu"
-    if d.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but CUDA is not available")
-    return torch.device(d)
-
-
-def _seeded(seed: int, build: Callable):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
 
 
 def _adam(params, lr: float) -> torch.optim.Adam:
@@ -140,11 +117,9 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
     dc = len(split.common)
     parts = {p: np.asarray(X[split.rows(k, p)][:, cols], dtype=np.float32)
              for p in ("train", "val", "test")}
-    if standardize:
-        mu = parts["train"].mean(0)
-        sd = parts["train"].std(0)
-        sd[sd < 1e-6] = 1.0  # constant on this client's rows: centre only
-        parts = {p: (v - mu) / sd for p, v in parts.items()}
+    if standardize:  # a column constant on this client's rows (std <= 1e-6) is centred only
+        scale = Scaler.fit(parts["train"], min_std=1e-6)
+        parts = {p: scale(v) for p, v in parts.items()}
     dev = torch.device(device)
     t = {p: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for p, v in parts.items()}
     return ClientData(
@@ -154,12 +129,6 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
            for p in ("train", "val", "test")},
         n_classes=int(n_classes if n_classes is not None else int(y.max()) + 1),
     )
-
-
-def _batches(n: int, batch_size: int, gen: torch.Generator) -> Iterable[torch.Tensor]:
-    perm = torch.randperm(n, generator=gen)
-    for s in range(0, n, batch_size):
-        yield perm[s:s + batch_size]
 
 
 @torch.no_grad()
@@ -187,14 +156,14 @@ class CHFLClient:
         self.reset_common_optim = bool(reset_common_optim)
         dev = data.y["train"].device
         C = data.n_classes
-        self.common = _seeded(derive_seed(seed, "common"),
-                              lambda: MLPColumn(data.d_common, C, hidden)).to(dev)
+        with seeded(derive_seed(seed, "common")):
+            self.common = MLPColumn(data.d_common, C, hidden).to(dev)
         # The same W init for every head (laterals drawn after), so mu=0 and
         # mu>0 heads differ only by the lateral term.
-        self.heads = [
-            _seeded(derive_seed(seed, index, "unique"),
-                    lambda m=m: UniqueColumn(data.d_unique, C, hidden, mu=m)).to(dev)
-            for m in self.mus]
+        self.heads = []
+        for m in self.mus:
+            with seeded(derive_seed(seed, index, "unique")):
+                self.heads.append(UniqueColumn(data.d_unique, C, hidden, mu=m).to(dev))
         self.opt_common = _adam(self.common.parameters(), self.lr)
         self.opt_heads = [_adam(h.parameters(), self.lr) for h in self.heads]
         self.gen = torch.Generator().manual_seed(derive_seed(seed, index, "batches"))
@@ -217,7 +186,7 @@ class CHFLClient:
         xc, xu, y = d.xc["train"], d.xu["train"], d.y["train"]
         lc, lh, nb = 0.0, [0.0] * len(self.heads), 0
         for _ in range(int(epochs)):
-            for idx in _batches(d.n_train, int(batch_size), self.gen):
+            for idx in shuffled_batches(d.n_train, int(batch_size), self.gen):
                 idx = idx.to(y.device)
                 bc, bu, by = xc[idx], xu[idx], y[idx]
                 # step 1: the common column alone (line 14)
@@ -259,9 +228,8 @@ class LocalClient:
             raise ValueError(f"lr must be > 0, got {lr}")
         self.data = data
         self.x = {p: torch.cat([data.xc[p], data.xu[p]], 1) for p in data.xc}
-        self.net = _seeded(derive_seed(seed, index, "local"),
-                           lambda: MLPColumn(self.x["train"].shape[1], data.n_classes, hidden)
-                           ).to(data.y["train"].device)
+        with seeded(derive_seed(seed, index, "local")):
+            self.net = MLPColumn(self.x["train"].shape[1], data.n_classes, hidden).to(data.y["train"].device)
         self.opt = _adam(self.net.parameters(), float(lr))
         self.gen = torch.Generator().manual_seed(derive_seed(seed, index, "batches"))
 
@@ -269,7 +237,7 @@ class LocalClient:
         x, y = self.x["train"], self.data.y["train"]
         tot, nb = 0.0, 0
         for _ in range(int(epochs)):
-            for idx in _batches(x.shape[0], int(batch_size), self.gen):
+            for idx in shuffled_batches(x.shape[0], int(batch_size), self.gen):
                 idx = idx.to(y.device)
                 loss = F.cross_entropy(self.net(x[idx]), y[idx])
                 self.opt.zero_grad(set_to_none=True)
