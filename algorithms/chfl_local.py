@@ -1,4 +1,4 @@
-"""CHFL local training, the baselines, and an in-process FedAvg driver.
+"""CHFL local training and the baselines: the numerics CHFL's federated roles call.
 
 Mori et al., "Continual Horizontal Federated Learning for Heterogeneous
 Data".  Per mini-batch of client k (Algorithm 2, lines 13-16):
@@ -17,10 +17,12 @@ even, as in the paper) and sends the result back.  Baselines (Sec. V-A2):
 common column of CHFL, whose training never depends on the unique column);
 **Local** = each client alone, one MLP on all its features (common+unique).
 
-The federated role functions are meant to be thin wrappers: a client builds
-a :class:`CHFLClient`, and per round does ``set_common(v)``,
-``train_round()``, sends ``get_common()``; the server calls
-:func:`aggregate` (or secure aggregation) and broadcasts.
+The federated role functions (:mod:`fedhet.algorithms.chfl`) are thin
+wrappers: a client builds a :class:`CHFLClient`, and per round does
+``set_common(v)``, ``train_round()``, sends ``get_common()``; the server
+averages (:mod:`fedhet.protocols.aggregation`; :func:`aggregate` is the same
+weighted mean in the clear) and broadcasts.  Experiments run those roles in
+memory (``chfl.run_table``, ``chfl.sweep``); there is no second round loop.
 
 Choices the paper leaves open (all in :data:`DEFAULTS`):
 - ``rounds`` T: not given in the paper; default 20 rounds of E=5 local
@@ -38,18 +40,16 @@ Choices the paper leaves open (all in :data:`DEFAULTS`):
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedhet.algorithms.chfl_model import (HIDDEN, MLPColumn, UniqueColumn, common_to_flat,
-                                          flat_to_common, init_common_flat)
-from fedhet.algorithms.partition import HorizontalSplit, chfl_partition
-from fedhet.algorithms.toolkit import Scaler, derive_seed, resolve_device, seeded, shuffled_batches
+from fedhet.algorithms.chfl_model import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
+from fedhet.algorithms.partition import HorizontalSplit
+from fedhet.algorithms.toolkit import Scaler, derive_seed, seeded, shuffled_batches
 
 DEFAULTS = {
     "n_clients": 5,
@@ -67,9 +67,6 @@ DEFAULTS = {
     "standardize": True,
     "device": "cpu",
 }
-
-METHODS = ("common", "local", "chfl")
-
 
 def _adam(params, lr: float) -> torch.optim.Adam:
     params = list(params)
@@ -273,135 +270,6 @@ def aggregate(vectors: Sequence[np.ndarray], weights: Sequence[float] | None = N
     return (acc / w.sum()).astype(np.float32)
 
 
-# ------------------------------------------------------- setup from a cfg
-
-def resolved_cfg(cfg: dict | None) -> dict:
-    """DEFAULTS overlaid with ``cfg`` (unknown keys are kept for the caller)."""
-    out = dict(DEFAULTS)
-    out.update(cfg or {})
-    return out
-
-
-def build_client(cfg: dict, X: np.ndarray, y: np.ndarray, index: int,
-                 method: str = "chfl") -> "CHFLClient | LocalClient":
-    """Client ``index``'s model and data exactly as :func:`run_inprocess`
-    builds it, from cfg keys (n_clients, common_ratio, seed, feature_seed,
-    mu, lr, hidden, device...): what a federated client role calls once."""
-    c = resolved_cfg(cfg)
-    seed = int(c.get("seed", 0))
-    split = chfl_partition(X.shape[0], X.shape[1], int(c["n_clients"]), float(c["common_ratio"]),
-                           seed, c.get("feature_seed"))
-    data = client_data(X, y, split, index, int(np.max(y)) + 1, bool(c["standardize"]),
-                       resolve_device(c["device"]))
-    if method == "local":
-        return LocalClient(data, lr=float(c["lr"]), hidden=c["hidden"], seed=seed, index=index)
-    mus = [] if method == "common" else c["mu"] if isinstance(c["mu"], (list, tuple)) else [c["mu"]]
-    return CHFLClient(data, mus=mus, lr=float(c["lr"]), hidden=c["hidden"], seed=seed,
-                      index=index, reset_common_optim=bool(c["reset_common_optim"]))
-
-
-def initial_common(cfg: dict, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """theta_c^0 for ``cfg`` (what the server sends before round 0)."""
-    c = resolved_cfg(cfg)
-    n_common = len(chfl_partition(X.shape[0], X.shape[1], int(c["n_clients"]),
-                                  float(c["common_ratio"]), int(c.get("seed", 0)),
-                                  c.get("feature_seed")).common)
-    return init_common_flat(n_common, int(np.max(y)) + 1, c["hidden"],
-                            derive_seed(int(c.get("seed", 0)), "theta0"))
-
-
-# ------------------------------------------------------------------ driver
-
-def _labels(method: str, mus: Sequence[float]) -> list[str]:
-    if method == "local":
-        return ["local"]
-    return ["common"] + [f"chfl_mu={m:g}" for m in mus]
-
-
-def run_inprocess(method: str, dataset, K: int = 5, common_ratio: float = 0.3,
-                  mu: float | Sequence[float] = 0.5, lr: float = 1e-3, rounds: int = 20,
-                  seed: int = 0, device: str = "cpu", *, feature_seed: int | None = None,
-                  epochs: int = 5, batch_size: int = 64, hidden: Sequence[int] = HIDDEN,
-                  reset_common_optim: bool = True, standardize: bool = True,
-                  data_dir=None, aggregate_fn: Callable = aggregate,
-                  progress: Callable | None = None) -> dict:
-    """One federation (or K lone clients for ``method="local"``) in this process.
-
-    ``dataset``: a name for :func:`data_tabular.load_tabular`, or an
-    ``(X, y, ...)`` tuple.  ``mu`` may be a list: one unique column per
-    value, sharing the common column (one run gives Common and every CHFL
-    mu; the common column's trajectory is the same as alone).  Returns
-    per-round, per-client accuracies ``curves[label][part]`` as lists of
-    shape (rounds, K), plus the final mean test accuracy per label.
-    """
-    method = method.strip().lower()
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if int(rounds) < 1 or int(epochs) < 1 or int(batch_size) < 1:
-        raise ValueError("rounds, epochs and batch_size must be >= 1")
-    if isinstance(dataset, str):
-        from fedhet.algorithms.data_tabular import load_tabular
-        dataset = load_tabular(dataset, data_dir)
-    X, y = dataset[0], dataset[1]
-    name = dataset[2] if len(dataset) > 2 else "data"
-    mus = [float(m) for m in (mu if isinstance(mu, (list, tuple)) else [mu])]
-    if method == "common":
-        mus = []
-    if len(set(mus)) != len(mus):
-        raise ValueError(f"mu values repeat: {mus}")
-    labels = _labels(method, mus)
-    cfg = {"n_clients": int(K), "common_ratio": float(common_ratio), "seed": int(seed),
-           "feature_seed": feature_seed, "mu": mus, "lr": float(lr), "hidden": list(hidden),
-           "device": device, "standardize": standardize,
-           "reset_common_optim": reset_common_optim}
-    resolve_device(device)
-    clients = [build_client(cfg, X, y, k, method) for k in range(int(K))]
-    if method != "local":
-        theta = initial_common(cfg, X, y)
-        weights = [c.n_train for c in clients]
-
-    curves = {lab: {"val": [], "test": []} for lab in labels}
-    losses = []
-    t0 = time.perf_counter()
-    for t in range(int(rounds)):
-        if method == "local":
-            losses.append([c.train_round(epochs, batch_size)["loss"] for c in clients])
-        else:
-            vecs, rl = [], []
-            for c in clients:
-                c.set_common(theta)
-                rl.append(c.train_round(epochs, batch_size)["loss_common"])
-                vecs.append(c.get_common())
-            theta = aggregate_fn(vecs, weights)
-            for c in clients:  # evaluate with theta_c^(t+1), as Theta_k^t in the paper
-                c.set_common(theta)
-            losses.append(rl)
-        for part in ("val", "test"):
-            evs = [c.evaluate(part) for c in clients]
-            for lab in labels:
-                if lab == "local":
-                    row = [e["local"] for e in evs]
-                elif lab == "common":
-                    row = [e["common"] for e in evs]
-                else:
-                    j = labels.index(lab) - 1
-                    row = [e["heads"][j] for e in evs]
-                curves[lab][part].append(row)
-        if progress is not None:
-            progress(t + 1, int(rounds), loss=float(np.mean(losses[-1])),
-                     val=float(np.mean(curves[labels[-1]]["val"][-1])))
-    return {
-        "method": method, "dataset": name, "K": int(K), "common_ratio": float(common_ratio),
-        "mus": mus, "lr": float(lr), "rounds": int(rounds), "epochs": int(epochs),
-        "seed": int(seed), "feature_seed": int(seed if feature_seed is None else feature_seed),
-        "n_common": int(clients[0].data.d_common),
-        "n_unique": [int(c.data.d_unique) for c in clients],
-        "curves": curves, "train_loss": losses,
-        "final_test": {lab: float(np.mean(curves[lab]["test"][-1])) for lab in labels},
-        "seconds": time.perf_counter() - t0,
-    }
-
-
 # --------------------------------------------------------------- selection
 
 def select_per_client(candidates: Sequence[dict], select: str = "best_round") -> dict:
@@ -428,37 +296,10 @@ def select_per_client(candidates: Sequence[dict], select: str = "best_round") ->
     return {"test": chosen_test, "mean_test": float(np.mean(chosen_test)), "chosen": chosen_cfg}
 
 
-def sweep(dataset, K: int = 5, common_ratio: float = 0.3, rounds: int = 20, seed: int = 0,
-          feature_seed: int | None = None, lr_grid: Sequence[float] = (1e-3, 1e-4),
-          mu_grid: Sequence[float] = (0.1, 0.5, 1.0), select: str = "best_round",
-          device: str = "cpu", epochs: int = 5, batch_size: int = 64,
-          progress: Callable | None = None, **kw) -> dict:
-    """Table II's four numbers for one (feature split, seed): Common, Local,
-    CHFL mu=0 and CHFL mu>0, each client choosing lr (and mu, round) on its
-    validation rows.  One CHFL run per lr carries the mu=0 head and every
-    mu>0 head on one shared common column, which is also the Common model."""
-    if isinstance(dataset, str):
-        from fedhet.algorithms.data_tabular import load_tabular
-        dataset = load_tabular(dataset, kw.pop("data_dir", None))
-    mu_grid = [float(m) for m in mu_grid]
-    if any(not 0 < m <= 1 for m in mu_grid):
-        raise ValueError(f"mu_grid must hold values in (0, 1], got {mu_grid}")
-    cand = {"common": [], "local": [], "chfl_mu0": [], "chfl_mu>0": []}
-    runs = []
-    for lr in lr_grid:
-        common = dict(K=K, common_ratio=common_ratio, lr=lr, rounds=rounds, seed=seed,
-                      device=device, feature_seed=feature_seed, epochs=epochs,
-                      batch_size=batch_size, **kw)
-        r = run_inprocess("chfl", dataset, mu=[0.0] + mu_grid, progress=progress, **common)
-        runs.append(r)
-        cv = r["curves"]
-        cand["common"].append({**cv["common"], "config": {"lr": lr}})
-        cand["chfl_mu0"].append({**cv["chfl_mu=0"], "config": {"lr": lr, "mu": 0.0}})
-        for m in mu_grid:
-            cand["chfl_mu>0"].append({**cv[f"chfl_mu={m:g}"], "config": {"lr": lr, "mu": m}})
-        r = run_inprocess("local", dataset, progress=progress, **common)
-        runs.append(r)
-        cand["local"].append({**r["curves"]["local"], "config": {"lr": lr}})
-    out = {m: select_per_client(c, select) for m, c in cand.items()}
-    return {"results": out, "n_common": runs[0]["n_common"], "n_unique": runs[0]["n_unique"],
-            "seconds": sum(r["seconds"] for r in runs)}
+def sweep(dataset, *args, **kw) -> dict:
+    """Table II's four numbers for one (feature split, seed): :func:`fedhet.algorithms.chfl.sweep`,
+    which runs CHFL's federated roles in memory (same arguments, same result).  Kept under this
+    name for the benchmark scripts; new code calls ``chfl.sweep``."""
+    from fedhet.algorithms import chfl  # chfl's roles import this module
+
+    return chfl.sweep(dataset, *args, **kw)
