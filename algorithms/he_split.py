@@ -49,10 +49,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhet.algorithms import data_fate
-from fedhet.algorithms.toolkit import (ACTIVATIONS, HostRows, align_guest_rows, align_host_rows, batch_slices,
-                                       class_loss, crc32_seed, epoch_permutation, logit_width, make_activation,
-                                       mlp, predict_classes, seeded, sorted_intersection)
+from fedhet.algorithms import data_fate, split_driver
+from fedhet.algorithms.split_driver import (GuestBottom, HEGuestLink, HEHostLink, HostPart, LocalLink, PlainLinearLayer,
+                                            Schedule, serve_guest)
+from fedhet.algorithms.toolkit import (ACTIVATIONS, HostRows, align_guest_rows, align_host_rows, crc32_seed,
+                                       logit_width, make_activation, mlp, seeded, sorted_intersection)
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare
 from fedhet.protocols import he_interactive as hei
@@ -190,180 +191,32 @@ def host_optimizers(c: dict, model: HostModel):
     return adam, sgd
 
 
-def train_batches(c: dict, n_train: int, epoch: int) -> list[np.ndarray]:
-    return batch_slices(epoch_permutation([c["seed"], 0x4E5], epoch, n_train), c["batch_size"])
+def schedule(c: dict) -> Schedule:
+    """The host's schedule: batch order from ``[seed, 0x4E5]`` per epoch, ``max_batches`` budget,
+    ``evaluate``; the envelope round counts batches."""
+    return Schedule(c["epochs"], c["batch_size"], [c["seed"], 0x4E5], c["max_batches"], bool(c["evaluate"]),
+                    round_per="batch")
 
 
-# ------------------------------------------------------------------------------------------ the two sides
-class GuestTrainer:
-    """A guest's bottom model over its common rows."""
-
-    def __init__(self, c: dict, x_common: np.ndarray, name: str):
-        self.x = torch.as_tensor(np.asarray(x_common, dtype=np.float32))
-        self.model = build_guest(c, self.x.shape[1], name)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=c["lr"])
-        self._A = None
-
-    def activations(self, pos: np.ndarray, train: bool) -> np.ndarray:
-        if train:
-            self.model.train()
-            self._A = self.model(self.x[torch.as_tensor(pos, dtype=torch.long)])
-            return self._A.detach().double().numpy()
-        with torch.no_grad():
-            self.model.eval()
-            return self.model(self.x[torch.as_tensor(pos, dtype=torch.long)]).double().numpy()
-
-    def apply_input_grad(self, g: np.ndarray) -> None:
-        self.opt.zero_grad()
-        self._A.backward(torch.as_tensor(g, dtype=self._A.dtype))
-        self.opt.step()
-        self._A = None
+def host_part(c: dict, model: HostModel) -> HostPart:
+    """The host's side for the driver: bottom -> own part of the interactive layer, plus every
+    guest's part (the links' outputs), -> activation -> top model."""
+    return HostPart(model, lambda xb, zs: model.head(model.inter(model.bottom(xb)), zs),
+                    list(host_optimizers(c, model)))
 
 
-class FedLink:
-    """Host side of one guest link: the batch message plus the encrypted interactive layer."""
-
-    def __init__(self, party, guest: str, layer):
-        self.party, self.guest, self.layer = party, guest, layer
-
-    def begin(self, pos: np.ndarray, train: bool, round_: int) -> None:
-        self.party.send(self.guest, K_BATCH, {"pos": np.asarray(pos, dtype=np.uint32), "train": bool(train),
-                                               "stop": False, "round": int(round_)})
-        self.train = train
-
-    def start_forward(self) -> None:
-        self.layer.recv_acts()
-        self.layer.send_forward()
-
-    def finish_forward(self) -> np.ndarray:
-        return self.layer.recv_forward()
-
-    def send_gradient(self, delta_ps: np.ndarray) -> None:
-        self.layer.send_gradient(delta_ps)
-
-    def finish_backward(self) -> None:
-        self.layer.finish_backward()
-
-    def stop(self) -> None:
-        self.party.send(self.guest, K_BATCH, {"stop": True})
-
-
-class PlainLink:
-    """The same link computed in the clear in one process (reference for tests: a plaintext split network)."""
-
-    def __init__(self, trainer: GuestTrainer, W_init: np.ndarray, interactive_lr: float):
-        self.trainer, self.W, self.lr = trainer, np.array(W_init, dtype=np.float64), interactive_lr
-
-    def begin(self, pos, train, round_):
-        self.pos, self.train = pos, train
-
-    def start_forward(self):
-        self.A = self.trainer.activations(self.pos, self.train)
-
-    def finish_forward(self):
-        return self.A @ self.W
-
-    def send_gradient(self, delta_ps):
-        self.delta = np.asarray(delta_ps, dtype=np.float64)
-
-    def finish_backward(self):
-        b = len(self.pos)
-        g_in = self.delta @ self.W.T / b
-        self.W = self.W - self.lr * (self.A.T @ self.delta) / b
-        self.trainer.apply_input_grad(g_in)
-
-    def stop(self):
-        pass
-
-
-def host_step(model: HostModel, opts, links: list, xb: torch.Tensor, yb: torch.Tensor, n_classes: int) -> float:
-    """One training batch on the host, driving every link (guests work in parallel)."""
-    for ln in links:
-        ln.start_forward()
-    zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32, requires_grad=True) for ln in links]
-    logits = model.head(model.inter(model.bottom(xb)), zs)
-    loss = class_loss(logits, yb)
-    for o in opts:
-        o.zero_grad()
-    loss.backward()
-    rows = xb.shape[0]
-    for ln, z in zip(links, zs):
-        ln.send_gradient(z.grad.double().numpy() * rows)  # per-sample dL/dz
-    for o in opts:
-        o.step()
-    for ln in links:
-        ln.finish_backward()
-    return float(loss.detach())
-
-
-def host_eval(model: HostModel, links: list, x: np.ndarray, y: np.ndarray, pos: np.ndarray, c: dict,
-              n_classes: int, round_: int) -> float:
-    correct = 0
-    model.eval()
-    for i in range(0, len(pos), c["batch_size"]):
-        p = pos[i:i + c["batch_size"]]
-        for ln in links:
-            ln.begin(p, False, round_)
-        for ln in links:
-            ln.start_forward()
-        zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32) for ln in links]
-        with torch.no_grad():
-            logits = model.head(model.inter(model.bottom(torch.as_tensor(x[i:i + len(p)]))), zs)
-        correct += int((predict_classes(logits) == y[i:i + len(p)]).sum())
-    model.train()
-    return correct / max(1, len(pos))
+def guest_bottom(c: dict, x_common: np.ndarray, name: str) -> GuestBottom:
+    """A guest's bottom model (its own seed, from its party name) over its common rows, with Adam."""
+    model = build_guest(c, x_common.shape[1], name)
+    return GuestBottom(model, np.asarray(x_common, dtype=np.float32), torch.optim.Adam(model.parameters(), lr=c["lr"]))
 
 
 def train_host(c: dict, model: HostModel, links: list, hd: HostRows, n_classes: int, party=None) -> dict:
-    """The host's training loop (shared by the federated role and the in-process reference)."""
-    opts = host_optimizers(c, model)
-    xtr = torch.as_tensor(hd.x_train)
-    ytr = torch.as_tensor(hd.y_train)
-    n_train = len(hd.pos_train)
-    per_epoch = -(-n_train // c["batch_size"])
-    budget = c["epochs"] * per_epoch
-    if c["max_batches"] is not None:
-        budget = min(budget, c["max_batches"])
-    total_epochs = -(-budget // per_epoch)
-    done, losses = 0, []
-    b0 = _traffic(party)
-    t0 = time.perf_counter()
-    for epoch in range(c["epochs"]):
-        ep_loss = []
-        for idx in train_batches(c, n_train, epoch):
-            if done >= budget:
-                break
-            if party is not None:
-                party.round = done
-            for ln in links:
-                ln.begin(hd.pos_train[idx], True, done)
-            ep_loss.append(host_step(model, opts, links, xtr[idx], ytr[idx], n_classes))
-            done += 1
-        if ep_loss:
-            losses.append(float(np.mean(ep_loss)))
-            if party is not None:
-                party.metric(epoch=epoch + 1, loss=losses[-1], s=round(time.perf_counter() - t0, 3))
-                party.progress(epoch + 1, total_epochs, loss=round(losses[-1], 4))
-        if done >= budget:
-            break
-    train_s = time.perf_counter() - t0
-    b1 = _traffic(party)
-    te = time.perf_counter()
-    acc = host_eval(model, links, hd.x_test, hd.y_test, hd.pos_test, c, n_classes, done) if c["evaluate"] else None
-    eval_s = time.perf_counter() - te
-    s_batch = train_s / max(1, done)
-    epochs = done // per_epoch if done % per_epoch == 0 else done / per_epoch
-    return {"test_accuracy": acc, "train_s": train_s, "epochs": epochs, "batches": done,
-            "batches_per_epoch": per_epoch, "s_per_batch": s_batch,
-            "s_per_epoch": s_batch * per_epoch, "s_per_epoch_extrapolated": done % per_epoch != 0 or done == 0,
-            "eval_s": eval_s, "losses": losses,
-            "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
-
-
-def _traffic(party) -> tuple[int, int]:
-    if party is None:
-        return 0, 0
-    return int(sum(party.bytes_sent.values())), int(sum(party.bytes_received.values()))
+    """The host's training and test pass (``split_driver.train_host``), shared by the federated
+    role (HE links) and the in-process reference (local links)."""
+    out = split_driver.train_host(host_part(c, model), links, hd, n_classes, schedule(c), party)
+    del out["t_trained"], out["row_losses"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ roles
@@ -396,7 +249,7 @@ def host_role(party, cfg: dict, data: dict) -> dict:
     for ly in layers:
         ly.setup()
     setup_s = time.perf_counter() - t1
-    links = [FedLink(party, g, ly) for g, ly in zip(guests, layers)]
+    links = [HEHostLink(party, g, ly, K_BATCH) for g, ly in zip(guests, layers)]
     try:
         out = train_host(c, model, links, hd, int(data["n_classes"]), party)
     finally:
@@ -434,33 +287,18 @@ def guest_role(party, cfg: dict, data: dict) -> dict:
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
     x_common = align_guest_rows(data["x"], res.rows).x_common
-    trainer = GuestTrainer(c, x_common, party.name)
+    bottom = guest_bottom(c, x_common, party.name)
     party.send(host, K_WIDTH, {"width": c["guest_bottom_width"]})
     layer = hei.guest_layer(party, host, c["layer"], c["guest_bottom_width"], c["interactive_width"])
     layer.setup()
-    batches = 0
     try:
-        while True:
-            msg = party.recv(host, K_BATCH)
-            if not isinstance(msg, dict):
-                raise PartyError(f"{K_BATCH} from {host!r} is not a dict")
-            if msg.get("stop"):
-                break
-            pos = np.asarray(msg["pos"], dtype=np.int64)
-            if pos.ndim != 1 or len(pos) == 0 or pos.min() < 0 or pos.max() >= len(x_common):
-                raise PartyError(f"{K_BATCH}: positions outside the {len(x_common)} common rows")
-            party.round = int(msg.get("round", 0))
-            train = bool(msg.get("train"))
-            layer.forward(trainer.activations(pos, train), train)
-            if train:
-                trainer.apply_input_grad(layer.backward())
-                batches += 1
+        batches = serve_guest(bottom, HEGuestLink(party, host, layer, K_BATCH, len(x_common)))["train_batches"]
     finally:
         layer.close()
     out = {"n_common": int(len(res.rows)), "batches": batches, "he": c["he"], "bytes": _bytes(party),
            "layer_stats": layer.stats.as_dict()}
     if c["return_params"]:
-        out["params"] = {k: v.tolist() for k, v in trainer.model.state_dict().items()}
+        out["params"] = {k: v.tolist() for k, v in bottom.model.state_dict().items()}
         eps = layer.eps
         out["eps"] = [[str(v) for v in row] for row in eps.tolist()] if eps.dtype == object else eps.tolist()
     return out
@@ -479,12 +317,12 @@ def run_reference(cfg: dict, n_guests: int = 1, data_dir=None, guest_names: list
     ids = np.concatenate([hdat["ids_train"], hdat["ids_test"]])
     _, (rows, *guest_rows) = sorted_intersection(ids.tolist(), *[np.asarray(g["ids"]).tolist() for g in gdat])
     hd = align_host_rows(rows, hdat["x_train"], hdat["y_train"], hdat["x_test"], hdat["y_test"], order="common")
-    trainers = [GuestTrainer(c, align_guest_rows(g["x"], r).x_common, nm) for nm, g, r in zip(names, gdat, guest_rows)]
+    bottoms = [guest_bottom(c, align_guest_rows(g["x"], r).x_common, nm) for nm, g, r in zip(names, gdat, guest_rows)]
     model, Ws = build_host(c, hdat["x_train"].shape[1], [c["guest_bottom_width"]] * len(names),
                            int(hdat["n_classes"]))
-    links = [PlainLink(t, W, c["interactive_lr"]) for t, W in zip(trainers, Ws)]
+    links = [LocalLink(b, PlainLinearLayer(W, c["interactive_lr"])) for b, W in zip(bottoms, Ws)]
     out = train_host(c, model, links, hd, int(hdat["n_classes"]))
-    out.update({"model": model, "W": [ln.W for ln in links], "guest_models": [t.model for t in trainers],
+    out.update({"model": model, "W": [ln.layer.W for ln in links], "guest_models": [b.model for b in bottoms],
                 "n_common": hd.n_common})
     return out
 

@@ -76,13 +76,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from fedhet.algorithms import data_fate
+from fedhet.algorithms import data_fate, split_driver
 from fedhet.algorithms.datapath import dataset_path
+from fedhet.algorithms.split_driver import (ClearGuestLink, ClearHostLink, GuestBottom, HostPart, Schedule, SplitKinds,
+                                            serve_guest)
 from fedhet.algorithms.stfl_local import STFLConfig, encode, fit_vae, predict_host, stfl_seed, train_host
 from fedhet.algorithms.stfl_models import latent_width
-from fedhet.algorithms.toolkit import (accuracy, align_guest_rows, align_host_rows, as_tensor, class_loss,
-                                       epoch_permutation, label_tensor, logit_width, mlp, predict_classes,
-                                       seeded)
+from fedhet.algorithms.toolkit import accuracy, align_guest_rows, align_host_rows, epoch_permutation, logit_width, mlp, seeded
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import psi
@@ -324,7 +324,8 @@ def host_net(joint_dim: int, n_classes: int, c: STFLConfig) -> torch.nn.Module:
 
 
 def batch_order(seed: int, n_train: int, epoch: int) -> np.ndarray:
-    """The host's permutation of its training rows in one epoch."""
+    """The host's permutation of its training rows in one epoch (the split driver's schedule key
+    ``stfl_seed(seed, "split", "order")``)."""
     return epoch_permutation(stfl_seed(seed, "split", "order"), epoch, n_train)
 
 
@@ -371,7 +372,7 @@ def host(party, cfg: dict, data: data_fate.HostView) -> dict:
         out = _host_stfl(party, s, c, guests, len(res.rows), x_tr, y_tr, x_te, y_te, tr_pos, te_pos,
                          data.n_classes)
     else:
-        out = _host_split(party, s, c, guests, x_tr, y_tr, x_te, y_te, tr_pos, te_pos, data.n_classes)
+        out = _host_split(party, s, c, guests, rows, data.n_classes)
     t_end = time.perf_counter()
     out.update({"variant": s.variant, "dataset": s.dataset, "role": HOST, "epochs": c.epochs,
                 "train_s": out["t_trained"] - t_psi, "s_per_epoch": (out["t_trained"] - t_psi) / c.epochs,
@@ -424,59 +425,26 @@ def _host_stfl(party, s, c, guests, n_common, x_tr, y_tr, x_te, y_te, tr_pos, te
             "guest_order": order}
 
 
-def _host_split(party, s, c, guests, x_tr, y_tr, x_te, y_te, tr_pos, te_pos, n_classes) -> dict:
+SPLIT_KINDS = SplitKinds(K_BATCH, K_ACT, K_GRAD)
+
+
+def _host_split(party, s, c, guests, rows, n_classes) -> dict:
+    """Hierarchical: ``split_driver.train_host`` over clear links, guests in their reported order."""
     ready = party.gather(K_READY, frm=guests, timeout=s.recv_timeout)
     order = _by_index(ready, len(guests), K_READY)
-    dev = torch.device(c.torch_device())
     widths = latent_widths(s)
-    net = host_net(x_tr.shape[1] + sum(widths), n_classes, c).to(dev)
-    opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-    xt, yt = as_tensor(x_tr, dev), label_tensor(y_tr, n_classes, dev)
-
-    def exchange(op: str, rows: np.ndarray) -> list[torch.Tensor]:
-        for g in order:
-            party.send(g, K_BATCH, {"op": op, "rows": rows.tolist()})
-        acts = []
-        for g, w in zip(order, widths):
-            a = party.recv(g, K_ACT, timeout=s.recv_timeout).get("a")
-            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (len(rows), w):
-                raise PartyError(f"stfl: {K_ACT} from {g!r} must be float32 ({len(rows)}, {w}), got "
-                                 f"{getattr(a, 'dtype', type(a))}{list(getattr(a, 'shape', []))}")
-            acts.append(as_tensor(a, dev))
-        return acts
-
-    history = []
-    net.train()
-    for ep in range(c.epochs):
-        party.round = ep + 1
-        perm = batch_order(c.seed, len(tr_pos), ep)
-        total = 0.0
-        for b in range(0, len(perm), c.batch_size):
-            idx = perm[b:b + c.batch_size]
-            zs = [a.requires_grad_(True) for a in exchange("train", tr_pos[idx])]
-            loss = class_loss(net(torch.cat([xt[idx], *zs], dim=1)), yt[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for g, z in zip(order, zs):
-                party.send(g, K_GRAD, {"g": z.grad.detach().cpu().numpy().astype(np.float32, copy=False)})
-            opt.step()
-            total += float(loss.detach()) * len(idx)
-        history.append(total / len(perm))
-        party.progress(ep + 1, c.epochs, loss=round(history[-1], 4))
-    t_trained = time.perf_counter()
-    net.eval()
-    preds = []
-    x_te_t = as_tensor(x_te, dev)
-    with torch.no_grad():
-        for b in range(0, len(te_pos), c.batch_size):
-            acts = exchange("eval", te_pos[b:b + c.batch_size])
-            preds.append(predict_classes(net(torch.cat([x_te_t[b:b + c.batch_size], *acts], dim=1))))
-    for g in order:
-        party.send(g, K_BATCH, {"op": "stop", "rows": []})
-    acc = accuracy(np.concatenate(preds), y_te)
-    return {"test_accuracy": acc, "t_trained": t_trained, "eval_s": time.perf_counter() - t_trained,
-            "loss_first_last": [history[0], history[-1]], "latent_dims": widths, "guest_order": order,
-            "batches_per_epoch": -(-len(tr_pos) // c.batch_size),
+    net = host_net(rows.x_train.shape[1] + sum(widths), n_classes, c).to(c.torch_device())
+    host = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
+                    [torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)])
+    links = [ClearHostLink(party, g, SPLIT_KINDS, w, timeout=s.recv_timeout, name="stfl") for g, w in zip(order, widths)]
+    sched = Schedule(c.epochs, c.batch_size, order_key=stfl_seed(c.seed, "split", "order"), round_per="epoch")
+    res = split_driver.train_host(host, links, rows, n_classes, sched, party)
+    for ln in links:
+        ln.stop()
+    return {"test_accuracy": res["test_accuracy"], "t_trained": res["t_trained"],
+            "eval_s": time.perf_counter() - res["t_trained"],
+            "loss_first_last": [res["row_losses"][0], res["row_losses"][-1]], "latent_dims": widths,
+            "guest_order": order, "batches_per_epoch": res["batches_per_epoch"],
             **({"host_state": _state(net)} if s.return_weights else {})}
 
 
@@ -531,45 +499,13 @@ def guest(party, cfg: dict, data: dict) -> dict:
 
 
 def _guest_split(party, s, c, h, x_common, idx) -> dict:
-    dev = torch.device(c.torch_device())
-    net = guest_net(x_common.shape[1], c, idx).to(dev)
-    opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-    xt = as_tensor(x_common, dev)
+    """Hierarchical: ``split_driver.serve_guest`` with this guest's encoder over a clear link."""
+    net = guest_net(x_common.shape[1], c, idx).to(c.torch_device())
+    bottom = GuestBottom(net, x_common, torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay))
     party.send(h, K_READY, {"guest_index": idx})
-    n_train = n_eval = 0
-    used: set[int] = set()
-    while True:
-        msg = party.recv(h, K_BATCH, timeout=s.recv_timeout)
-        op, rows = msg.get("op"), msg.get("rows")
-        if op == "stop":
-            break
-        if op not in ("train", "eval") or not isinstance(rows, list) or not rows or len(rows) > c.batch_size \
-                or not all(isinstance(r, int) and 0 <= r < len(xt) for r in rows):
-            raise PartyError(f"stfl: bad {K_BATCH} from {h!r}: op {op!r}, rows must be 1..{c.batch_size} "
-                             f"positions in 0..{len(xt) - 1}")
-        rt = torch.as_tensor(rows, dtype=torch.long, device=dev)
-        if op == "eval":
-            net.eval()
-            with torch.no_grad():
-                a = net(xt[rt])
-            party.send(h, K_ACT, {"a": a.cpu().numpy().astype(np.float32, copy=False)})
-            n_eval += 1
-            continue
-        net.train()
-        a = net(xt[rt])
-        party.send(h, K_ACT, {"a": a.detach().cpu().numpy().astype(np.float32, copy=False)})
-        g = party.recv(h, K_GRAD, timeout=s.recv_timeout).get("g")
-        if not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.shape != tuple(a.shape):
-            raise PartyError(f"stfl: {K_GRAD} from {h!r} must be float32 {list(a.shape)}, got "
-                             f"{getattr(g, 'dtype', type(g))}{list(getattr(g, 'shape', []))}")
-        opt.zero_grad(set_to_none=True)
-        a.backward(as_tensor(g, dev))
-        opt.step()
-        n_train += 1
-        used.update(rows)
-        party.round = n_train
-    return {"train_batches": n_train, "eval_batches": n_eval, "rows_trained_on": len(used),
-            "latent_dim": int(net[-1].out_features),
+    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
+    stats = serve_guest(bottom, link)
+    return {**stats, "latent_dim": int(net[-1].out_features),
             **({"guest_state": _state(net)} if s.return_weights else {})}
 
 
