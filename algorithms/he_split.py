@@ -26,7 +26,10 @@ so the common rows are those, and only they are ever used.  Each epoch the host 
 rows (from the run seed) and sends each guest the positions, in the common list, of the next batch;
 after training, the test rows go through the encrypted forward pass and the host reports the test
 accuracy.  The guest standardises its columns with statistics of its rows outside the intersection
-(its self-taught rows, as ``data_fate`` does), or of all its rows if there are none.
+(its self-taught rows, as ``data_fate`` does), or of all its rows if there are none.  The loops are
+``fedhet.algorithms.split_driver``'s: HE links (``HEHostLink`` / ``HEGuestLink`` around
+``he_interactive``'s layers) in the federated roles, local links through a ``PlainLinearLayer``
+in ``run_reference`` (the same loop, batches and initialisation in one process, in the clear).
 
 Config keys (defaults in ``DEFAULTS``): ``dataset`` (cancer, payment, credit, vehicle, breast_sk or
 its alias breast_sklearn), ``selftaught_frac``, ``test_frac``, ``epochs``, ``max_batches`` (stop after

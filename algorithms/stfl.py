@@ -30,6 +30,9 @@ loss and sends back d loss / d activation (``split/gradient``, same shape), and 
 steps its own Adam.  Separate Adams over disjoint parameters equal one joint Adam, so the run
 equals in-process joint training with the same initial weights and batch order (tested).  The
 guest learns which common rows are training and which test rows (inherent to split learning).
+The loops are ``fedhet.algorithms.split_driver``'s (``train_host`` / ``serve_guest`` over
+``ClearHostLink`` / ``ClearGuestLink`` with the kinds ``SPLIT_KINDS``); this module supplies the
+networks (``host_net``, ``guest_net``), the batch order key and the guests' ordering.
 
 Determinism: every model's weights come from its own seed ``stfl_local.stfl_seed(seed, ...)``
 (STFL: the same seeds as ``stfl_local.stfl``), the host's batch order from ``seed``.
