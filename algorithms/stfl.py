@@ -85,7 +85,8 @@ from fedhet.algorithms.split_driver import (ClearGuestLink, ClearHostLink, Guest
                                             serve_guest)
 from fedhet.algorithms.stfl_local import STFLConfig, encode, fit_vae, predict_host, stfl_seed, train_host
 from fedhet.algorithms.stfl_models import latent_width
-from fedhet.algorithms.toolkit import accuracy, align_guest_rows, align_host_rows, epoch_permutation, logit_width, mlp, seeded
+from fedhet.algorithms.toolkit import (accuracy, align_guest_rows, align_host_rows, epoch_permutation, logit_width,
+                                       mlp, seeded)
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import psi
@@ -439,7 +440,8 @@ def _host_split(party, s, c, guests, rows, n_classes) -> dict:
     net = host_net(rows.x_train.shape[1] + sum(widths), n_classes, c).to(c.torch_device())
     host = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
                     [torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)])
-    links = [ClearHostLink(party, g, SPLIT_KINDS, w, timeout=s.recv_timeout, name="stfl") for g, w in zip(order, widths)]
+    links = [ClearHostLink(party, g, SPLIT_KINDS, w, timeout=s.recv_timeout, name="stfl")
+             for g, w in zip(order, widths)]
     sched = Schedule(c.epochs, c.batch_size, order_key=stfl_seed(c.seed, "split", "order"), round_per="epoch")
     res = split_driver.train_host(host, links, rows, n_classes, sched, party)
     for ln in links:

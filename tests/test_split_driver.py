@@ -62,7 +62,8 @@ def _host_net(n_classes):
 
 
 def _host_part(net):
-    return SD.HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)), [torch.optim.Adam(net.parameters(), lr=LR)])
+    return SD.HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
+                       [torch.optim.Adam(net.parameters(), lr=LR)])
 
 
 def _bottom(i, x):
