@@ -28,17 +28,21 @@ or the whole network cannot pass; in a Local run no aggregation message at all; 
 one ``chfl/result`` of scalars (per-client test accuracies, chosen hyper-parameters, counts,
 timings).  The server sends ``chfl/global``: the averaged common column(s), float32 (P_c,).
 
-Selection (as :func:`chfl_local.sweep`, done by each client alone on its validation rows):
+Selection (done by each client alone on its validation rows):
 ``lr`` may be a list (one common column per lr, each aggregated separately, each message still
 exactly P_c long) and ``mu`` a list; each client picks lr, mu and (``select = "best_round"``)
 the round on its own validation accuracy.  Reported groups: ``common``, ``chfl_mu0``,
 ``chfl_mu>0``, ``local`` -- the columns of Table II.
 
 Determinism: the models, batches and partition come from ``seed`` (and ``feature_seed``, default
-``seed``) exactly as in :func:`chfl_local.run_inprocess`; with plain aggregation the federated
-run computes the same numbers (bit-identical: the plain mean is the same float64 weighted sum,
-cast to float32).  Secure aggregation rounds each weighted input to the grid 2**-f, so its mean
-differs by at most the returned ``mean_error_bound``.
+``seed``; ``toolkit.derive_seed``); with plain aggregation the federated run computes the same
+numbers as plain FedAvg in one loop (bit-identical: the plain mean is the same float64 weighted
+sum as ``chfl_local.aggregate``, cast to float32; tested).  Secure aggregation rounds each
+weighted input to the grid 2**-f, so its mean differs by at most the returned ``mean_error_bound``.
+
+Experiments (the paper's tables, sweeps over seeds) run these same roles in memory:
+:func:`run_table` on an in-memory table, :func:`sweep` for Table II's four numbers of one
+(feature split, seed); there is no second copy of the round loop.
 
 Configuration (``[algorithm]`` keys; unknown keys are an error):
 
@@ -75,7 +79,7 @@ The device is each party's (``device`` in the federation file: cpu, cuda, auto).
 from __future__ import annotations
 
 import math
-import threading
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -83,10 +87,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhet.algorithms.chfl_local import (HIDDEN, CHFLClient, LocalClient, client_data, derive_seed,
-                                          select_per_client)
+from fedhet.algorithms.chfl_local import HIDDEN, CHFLClient, LocalClient, client_data, select_per_client
 from fedhet.algorithms.chfl_model import init_common_flat
 from fedhet.algorithms.partition import HorizontalSplit, chfl_partition, split_samples
+from fedhet.algorithms.toolkit import derive_seed, synchronize
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import aggregation
@@ -122,7 +126,6 @@ AGG_KEYS = {"aggregation", "plain_dtype", "aggregation_timeout"}
 # would break equality with the in-process mean.
 AGG_DEFAULTS = {"aggregation": "secure", "secagg_clip": 16.0}
 GROUPS = ("common", "chfl_mu0", "chfl_mu>0", "local")
-_INIT_LOCK = threading.Lock()
 
 
 # ------------------------------------------------------------------------------- settings
@@ -361,7 +364,7 @@ def _labels(s: Settings) -> list[str]:
 
 def _groups(s: Settings) -> dict[str, list[tuple[int, str, dict]]]:
     """Table II's columns -> the (lr index, label, config) candidates each client picks from, in the
-    order of ``chfl_local.sweep`` (lr outer, mu inner; ties keep the first)."""
+    order of :func:`sweep`'s candidates (lr outer, mu inner; ties keep the first)."""
     out: dict[str, list] = {}
     for j, lr in enumerate(s.lrs):
         if s.method == "local":
@@ -386,14 +389,13 @@ def client(party, cfg: dict, data: ClientRows) -> dict:
                          f"{len(party.peers_with_role('client')) + 1}")
     cd = own_client_data(data, s, party.device)
     k = data.index
-    # Models are drawn from torch's global RNG (forked and seeded): parties that are threads of
-    # one process (the in-memory transport) must not interleave there.
-    with _INIT_LOCK:
-        if s.method == "local":
-            models = [LocalClient(cd, lr=lr, hidden=s.hidden, seed=s.seed, index=k) for lr in s.lrs]
-        else:
-            models = [CHFLClient(cd, mus=s.mus, lr=lr, hidden=s.hidden, seed=s.seed, index=k,
-                                 reset_common_optim=s.reset_common_optim) for lr in s.lrs]
+    # Weights come from toolkit.seeded blocks, which parties that are threads of one process (the
+    # in-memory transport) never enter at once.
+    if s.method == "local":
+        models = [LocalClient(cd, lr=lr, hidden=s.hidden, seed=s.seed, index=k) for lr in s.lrs]
+    else:
+        models = [CHFLClient(cd, mus=s.mus, lr=lr, hidden=s.hidden, seed=s.seed, index=k,
+                             reset_common_optim=s.reset_common_optim) for lr in s.lrs]
     P = common_count(s)
     labels = _labels(s)
     n_train = cd.n_train
@@ -437,8 +439,7 @@ def client(party, cfg: dict, data: ClientRows) -> dict:
         for m in models:
             out = m.train_round(s.epochs, s.batch_size)
             rl.append(out["loss"] if s.method == "local" else out["loss_common"])
-        if party.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(party.device)
         train_s.append(time.perf_counter() - t0)
         losses.append(rl)
         if s.method != "local":
@@ -494,8 +495,7 @@ def server(party, cfg: dict, data) -> dict:
     round_s, agg_s, bound, dropped = [], [], 0.0, {}
     thetas = []
     if s.method != "local":
-        with _INIT_LOCK:
-            theta0 = init_common_flat(s.n_common, s.n_classes, s.hidden, derive_seed(s.seed, "theta0"))
+        theta0 = init_common_flat(s.n_common, s.n_classes, s.hidden, derive_seed(s.seed, "theta0"))
         thetas = [theta0] * s.G
         for r in range(s.rounds + 1):
             party.round = r
@@ -551,6 +551,84 @@ def server(party, cfg: dict, data) -> dict:
 
 
 ROLES = {"server": server, "client": client}
+
+
+# ------------------------------------------------------------------- experiments in memory
+
+def run_table(cfg: dict, X: np.ndarray, y: np.ndarray, n_clients: int, *, device: str = "cpu",
+              timeout: float = 3600.0) -> dict[str, Any]:
+    """CHFL's roles (``server``, ``client1..K``) run in memory on a table the caller holds.
+
+    ``cfg`` is an ``[algorithm]`` table; the table's shape is taken from ``X`` and ``y`` (labels
+    0..C-1) unless ``cfg`` gives it.  Each client gets its part of the table as ``load_data``
+    would cut it.  Returns party name -> role result (``fedhet.parties.inmemory.run_inmemory``).
+    """
+    from fedhet.parties.inmemory import run_inmemory
+
+    X, y = np.asarray(X), np.asarray(y)
+    cfg = {"dataset": "table", "n_samples": int(X.shape[0]), "n_features": int(X.shape[1]),
+           "n_classes": int(y.max()) + 1, **cfg}
+    s = settings(cfg)
+    names = [f"client{k + 1}" for k in range(int(n_clients))]
+    data: dict[str, Any] = {"server": None}
+    for k, name in enumerate(names):  # before any thread starts: a bad table fails here
+        data[name] = client_rows(s, X, y, k, len(names))
+    return run_inmemory(sys.modules[__name__], [("server", "server")] + [(n, "client") for n in names],
+                        cfg=cfg, seed=s.seed, data=data, device=device, timeout=timeout)
+
+
+def sweep(dataset, K: int = 5, common_ratio: float = 0.3, rounds: int = 20, seed: int = 0,
+          feature_seed: int | None = None, lr_grid=(1e-3, 1e-4), mu_grid=(0.1, 0.5, 1.0),
+          select: str = "best_round", device: str = "cpu", epochs: int = 5, batch_size: int = 64,
+          progress=None, *, hidden=HIDDEN, reset_common_optim: bool = True, standardize: bool = True,
+          data_dir=None, timeout: float = 3600.0) -> dict:
+    """Table II's four numbers for one (feature split, seed): Common, Local, CHFL mu=0 and CHFL
+    mu>0, each client choosing lr (and mu, round) on its own validation rows.
+
+    Two federations of the roles in memory, with plain aggregation: CHFL with every lr and the
+    heads mu = 0 and each of ``mu_grid`` on one shared common column per lr (which is also the
+    Common model), and Local.  ``dataset``: a name for :func:`load_table` or an ``(X, y[, name])``
+    tuple.  Each party thread uses the caller's torch thread count.  ``progress(round, rounds,
+    loss=, val=)`` is called per round of each (lr, method) after the runs, in the order CHFL
+    lr_1, Local lr_1, CHFL lr_2, ...; ``results[group]`` holds ``test`` (per client),
+    ``mean_test`` and ``chosen`` (per client: lr, mu, round).
+    """
+    if isinstance(dataset, str):
+        dataset = load_table(dataset, data_dir)
+    X, y = np.asarray(dataset[0]), np.asarray(dataset[1])
+    name = str(dataset[2]) if len(dataset) > 2 else "data"
+    mu_grid = [float(m) for m in mu_grid]
+    if any(not 0 < m <= 1 for m in mu_grid):
+        raise ValueError(f"mu_grid must hold values in (0, 1], got {mu_grid}")
+    lrs = [float(lr) for lr in lr_grid]
+    base = {"dataset": name, "common_ratio": float(common_ratio), "lr": lrs, "rounds": int(rounds),
+            "local_epochs": int(epochs), "batch_size": int(batch_size), "hidden": [int(h) for h in hidden],
+            "select": select, "seed": int(seed), "standardize": bool(standardize),
+            "feature_seed": None if feature_seed is None else int(feature_seed),
+            "reset_common_optim": bool(reset_common_optim), "n_clients": int(K),
+            "torch_threads": torch.get_num_threads()}
+    t0 = time.perf_counter()
+    runs = {"chfl": run_table({**base, "mu": [0.0] + mu_grid, "aggregation": "plain"}, X, y, K,
+                              device=device, timeout=timeout),
+            "local": run_table({**base, "method": "local"}, X, y, K, device=device, timeout=timeout)}
+    seconds = time.perf_counter() - t0
+    clients = [f"client{k + 1}" for k in range(int(K))]
+    if progress is not None:
+        last = {"chfl": f"chfl_mu={mu_grid[-1]:g}" if mu_grid else "chfl_mu=0", "local": "local"}
+        for j in range(len(lrs)):
+            for method in ("chfl", "local"):
+                res = [runs[method][c] for c in clients]
+                for t in range(int(rounds)):
+                    progress(t + 1, int(rounds), loss=float(np.mean([r["train_loss"][t][j] for r in res])),
+                             val=float(np.mean([r["curves"][j][last[method]]["val"][t] for r in res])))
+    results = {}
+    for method, groups in (("chfl", ("common", "chfl_mu0", "chfl_mu>0")), ("local", ("local",))):
+        for g in groups:
+            sel = runs[method]["server"]["selected"][g]
+            results[g] = {"test": sel["test"], "mean_test": sel["mean_test"], "chosen": sel["chosen"]}
+    return {"results": {g: results[g] for g in ("common", "local", "chfl_mu0", "chfl_mu>0")},
+            "n_common": runs["chfl"]["server"]["n_common"],
+            "n_unique": [runs["chfl"][c]["n_unique"] for c in clients], "seconds": seconds}
 
 
 # ------------------------------------------------------------------------- declarations

@@ -1,4 +1,4 @@
-"""CHFL local training, the baselines, and an in-process FedAvg driver.
+"""CHFL local training and the baselines: the numerics CHFL's federated roles call.
 
 Mori et al., "Continual Horizontal Federated Learning for Heterogeneous
 Data".  Per mini-batch of client k (Algorithm 2, lines 13-16):
@@ -17,10 +17,12 @@ even, as in the paper) and sends the result back.  Baselines (Sec. V-A2):
 common column of CHFL, whose training never depends on the unique column);
 **Local** = each client alone, one MLP on all its features (common+unique).
 
-The federated role functions are meant to be thin wrappers: a client builds
-a :class:`CHFLClient`, and per round does ``set_common(v)``,
-``train_round()``, sends ``get_common()``; the server calls
-:func:`aggregate` (or secure aggregation) and broadcasts.
+The federated role functions (:mod:`fedhet.algorithms.chfl`) are thin
+wrappers: a client builds a :class:`CHFLClient`, and per round does
+``set_common(v)``, ``train_round()``, sends ``get_common()``; the server
+averages (:mod:`fedhet.protocols.aggregation`; :func:`aggregate` is the same
+weighted mean in the clear) and broadcasts.  Experiments run those roles in
+memory (``chfl.run_table``, ``chfl.sweep``); there is no second round loop.
 
 Choices the paper leaves open (all in :data:`DEFAULTS`):
 - ``rounds`` T: not given in the paper; default 20 rounds of E=5 local
@@ -38,17 +40,16 @@ Choices the paper leaves open (all in :data:`DEFAULTS`):
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedhet.algorithms.chfl_model import (HIDDEN, MLPColumn, UniqueColumn, common_to_flat,
-                                          flat_to_common, init_common_flat)
-from fedhet.algorithms.partition import HorizontalSplit, chfl_partition
+from fedhet.algorithms.chfl_model import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
+from fedhet.algorithms.partition import HorizontalSplit
+from fedhet.algorithms.toolkit import Scaler, derive_seed, seeded, shuffled_batches
 
 DEFAULTS = {
     "n_clients": 5,
@@ -66,33 +67,6 @@ DEFAULTS = {
     "standardize": True,
     "device": "cpu",
 }
-
-METHODS = ("common", "local", "chfl")
-
-
-def derive_seed(seed: int, *tags) -> int:
-    """A 63-bit seed from the run seed and any tags (client index, role...)."""
-    words = [int(seed)]
-    for t in tags:
-        words.extend(t.encode() if isinstance(t, str) else [int(t)])
-    state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
-    return int.from_bytes(state.tobytes(), "little") & ((1 << 63) - 1)
-
-
-def resolve_device(device: str | None) -> torch.device:
-    d = (device or "cpu").strip().lower()
-    if d == "auto":
-        d = "cuda" if torch.cuda.is_available() else "cpu"
-    if d.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but CUDA is not available")
-    return torch.device(d)
-
-
-def _seeded(seed: int, build: Callable):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
 
 def _adam(params, lr: float) -> torch.optim.Adam:
     params = list(params)
@@ -140,11 +114,9 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
     dc = len(split.common)
     parts = {p: np.asarray(X[split.rows(k, p)][:, cols], dtype=np.float32)
              for p in ("train", "val", "test")}
-    if standardize:
-        mu = parts["train"].mean(0)
-        sd = parts["train"].std(0)
-        sd[sd < 1e-6] = 1.0  # constant on this client's rows: centre only
-        parts = {p: (v - mu) / sd for p, v in parts.items()}
+    if standardize:  # a column constant on this client's rows (std <= 1e-6) is centred only
+        scale = Scaler.fit(parts["train"], min_std=1e-6)
+        parts = {p: scale(v) for p, v in parts.items()}
     dev = torch.device(device)
     t = {p: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for p, v in parts.items()}
     return ClientData(
@@ -154,12 +126,6 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
            for p in ("train", "val", "test")},
         n_classes=int(n_classes if n_classes is not None else int(y.max()) + 1),
     )
-
-
-def _batches(n: int, batch_size: int, gen: torch.Generator) -> Iterable[torch.Tensor]:
-    perm = torch.randperm(n, generator=gen)
-    for s in range(0, n, batch_size):
-        yield perm[s:s + batch_size]
 
 
 @torch.no_grad()
@@ -187,14 +153,14 @@ class CHFLClient:
         self.reset_common_optim = bool(reset_common_optim)
         dev = data.y["train"].device
         C = data.n_classes
-        self.common = _seeded(derive_seed(seed, "common"),
-                              lambda: MLPColumn(data.d_common, C, hidden)).to(dev)
+        with seeded(derive_seed(seed, "common")):
+            self.common = MLPColumn(data.d_common, C, hidden).to(dev)
         # The same W init for every head (laterals drawn after), so mu=0 and
         # mu>0 heads differ only by the lateral term.
-        self.heads = [
-            _seeded(derive_seed(seed, index, "unique"),
-                    lambda m=m: UniqueColumn(data.d_unique, C, hidden, mu=m)).to(dev)
-            for m in self.mus]
+        self.heads = []
+        for m in self.mus:
+            with seeded(derive_seed(seed, index, "unique")):
+                self.heads.append(UniqueColumn(data.d_unique, C, hidden, mu=m).to(dev))
         self.opt_common = _adam(self.common.parameters(), self.lr)
         self.opt_heads = [_adam(h.parameters(), self.lr) for h in self.heads]
         self.gen = torch.Generator().manual_seed(derive_seed(seed, index, "batches"))
@@ -217,7 +183,7 @@ class CHFLClient:
         xc, xu, y = d.xc["train"], d.xu["train"], d.y["train"]
         lc, lh, nb = 0.0, [0.0] * len(self.heads), 0
         for _ in range(int(epochs)):
-            for idx in _batches(d.n_train, int(batch_size), self.gen):
+            for idx in shuffled_batches(d.n_train, int(batch_size), self.gen):
                 idx = idx.to(y.device)
                 bc, bu, by = xc[idx], xu[idx], y[idx]
                 # step 1: the common column alone (line 14)
@@ -259,9 +225,8 @@ class LocalClient:
             raise ValueError(f"lr must be > 0, got {lr}")
         self.data = data
         self.x = {p: torch.cat([data.xc[p], data.xu[p]], 1) for p in data.xc}
-        self.net = _seeded(derive_seed(seed, index, "local"),
-                           lambda: MLPColumn(self.x["train"].shape[1], data.n_classes, hidden)
-                           ).to(data.y["train"].device)
+        with seeded(derive_seed(seed, index, "local")):
+            self.net = MLPColumn(self.x["train"].shape[1], data.n_classes, hidden).to(data.y["train"].device)
         self.opt = _adam(self.net.parameters(), float(lr))
         self.gen = torch.Generator().manual_seed(derive_seed(seed, index, "batches"))
 
@@ -269,7 +234,7 @@ class LocalClient:
         x, y = self.x["train"], self.data.y["train"]
         tot, nb = 0.0, 0
         for _ in range(int(epochs)):
-            for idx in _batches(x.shape[0], int(batch_size), self.gen):
+            for idx in shuffled_batches(x.shape[0], int(batch_size), self.gen):
                 idx = idx.to(y.device)
                 loss = F.cross_entropy(self.net(x[idx]), y[idx])
                 self.opt.zero_grad(set_to_none=True)
@@ -305,135 +270,6 @@ def aggregate(vectors: Sequence[np.ndarray], weights: Sequence[float] | None = N
     return (acc / w.sum()).astype(np.float32)
 
 
-# ------------------------------------------------------- setup from a cfg
-
-def resolved_cfg(cfg: dict | None) -> dict:
-    """DEFAULTS overlaid with ``cfg`` (unknown keys are kept for the caller)."""
-    out = dict(DEFAULTS)
-    out.update(cfg or {})
-    return out
-
-
-def build_client(cfg: dict, X: np.ndarray, y: np.ndarray, index: int,
-                 method: str = "chfl") -> "CHFLClient | LocalClient":
-    """Client ``index``'s model and data exactly as :func:`run_inprocess`
-    builds it, from cfg keys (n_clients, common_ratio, seed, feature_seed,
-    mu, lr, hidden, device...): what a federated client role calls once."""
-    c = resolved_cfg(cfg)
-    seed = int(c.get("seed", 0))
-    split = chfl_partition(X.shape[0], X.shape[1], int(c["n_clients"]), float(c["common_ratio"]),
-                           seed, c.get("feature_seed"))
-    data = client_data(X, y, split, index, int(np.max(y)) + 1, bool(c["standardize"]),
-                       resolve_device(c["device"]))
-    if method == "local":
-        return LocalClient(data, lr=float(c["lr"]), hidden=c["hidden"], seed=seed, index=index)
-    mus = [] if method == "common" else c["mu"] if isinstance(c["mu"], (list, tuple)) else [c["mu"]]
-    return CHFLClient(data, mus=mus, lr=float(c["lr"]), hidden=c["hidden"], seed=seed,
-                      index=index, reset_common_optim=bool(c["reset_common_optim"]))
-
-
-def initial_common(cfg: dict, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """theta_c^0 for ``cfg`` (what the server sends before round 0)."""
-    c = resolved_cfg(cfg)
-    n_common = len(chfl_partition(X.shape[0], X.shape[1], int(c["n_clients"]),
-                                  float(c["common_ratio"]), int(c.get("seed", 0)),
-                                  c.get("feature_seed")).common)
-    return init_common_flat(n_common, int(np.max(y)) + 1, c["hidden"],
-                            derive_seed(int(c.get("seed", 0)), "theta0"))
-
-
-# ------------------------------------------------------------------ driver
-
-def _labels(method: str, mus: Sequence[float]) -> list[str]:
-    if method == "local":
-        return ["local"]
-    return ["common"] + [f"chfl_mu={m:g}" for m in mus]
-
-
-def run_inprocess(method: str, dataset, K: int = 5, common_ratio: float = 0.3,
-                  mu: float | Sequence[float] = 0.5, lr: float = 1e-3, rounds: int = 20,
-                  seed: int = 0, device: str = "cpu", *, feature_seed: int | None = None,
-                  epochs: int = 5, batch_size: int = 64, hidden: Sequence[int] = HIDDEN,
-                  reset_common_optim: bool = True, standardize: bool = True,
-                  data_dir=None, aggregate_fn: Callable = aggregate,
-                  progress: Callable | None = None) -> dict:
-    """One federation (or K lone clients for ``method="local"``) in this process.
-
-    ``dataset``: a name for :func:`data_tabular.load_tabular`, or an
-    ``(X, y, ...)`` tuple.  ``mu`` may be a list: one unique column per
-    value, sharing the common column (one run gives Common and every CHFL
-    mu; the common column's trajectory is the same as alone).  Returns
-    per-round, per-client accuracies ``curves[label][part]`` as lists of
-    shape (rounds, K), plus the final mean test accuracy per label.
-    """
-    method = method.strip().lower()
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if int(rounds) < 1 or int(epochs) < 1 or int(batch_size) < 1:
-        raise ValueError("rounds, epochs and batch_size must be >= 1")
-    if isinstance(dataset, str):
-        from fedhet.algorithms.data_tabular import load_tabular
-        dataset = load_tabular(dataset, data_dir)
-    X, y = dataset[0], dataset[1]
-    name = dataset[2] if len(dataset) > 2 else "data"
-    mus = [float(m) for m in (mu if isinstance(mu, (list, tuple)) else [mu])]
-    if method == "common":
-        mus = []
-    if len(set(mus)) != len(mus):
-        raise ValueError(f"mu values repeat: {mus}")
-    labels = _labels(method, mus)
-    cfg = {"n_clients": int(K), "common_ratio": float(common_ratio), "seed": int(seed),
-           "feature_seed": feature_seed, "mu": mus, "lr": float(lr), "hidden": list(hidden),
-           "device": device, "standardize": standardize,
-           "reset_common_optim": reset_common_optim}
-    resolve_device(device)
-    clients = [build_client(cfg, X, y, k, method) for k in range(int(K))]
-    if method != "local":
-        theta = initial_common(cfg, X, y)
-        weights = [c.n_train for c in clients]
-
-    curves = {lab: {"val": [], "test": []} for lab in labels}
-    losses = []
-    t0 = time.perf_counter()
-    for t in range(int(rounds)):
-        if method == "local":
-            losses.append([c.train_round(epochs, batch_size)["loss"] for c in clients])
-        else:
-            vecs, rl = [], []
-            for c in clients:
-                c.set_common(theta)
-                rl.append(c.train_round(epochs, batch_size)["loss_common"])
-                vecs.append(c.get_common())
-            theta = aggregate_fn(vecs, weights)
-            for c in clients:  # evaluate with theta_c^(t+1), as Theta_k^t in the paper
-                c.set_common(theta)
-            losses.append(rl)
-        for part in ("val", "test"):
-            evs = [c.evaluate(part) for c in clients]
-            for lab in labels:
-                if lab == "local":
-                    row = [e["local"] for e in evs]
-                elif lab == "common":
-                    row = [e["common"] for e in evs]
-                else:
-                    j = labels.index(lab) - 1
-                    row = [e["heads"][j] for e in evs]
-                curves[lab][part].append(row)
-        if progress is not None:
-            progress(t + 1, int(rounds), loss=float(np.mean(losses[-1])),
-                     val=float(np.mean(curves[labels[-1]]["val"][-1])))
-    return {
-        "method": method, "dataset": name, "K": int(K), "common_ratio": float(common_ratio),
-        "mus": mus, "lr": float(lr), "rounds": int(rounds), "epochs": int(epochs),
-        "seed": int(seed), "feature_seed": int(seed if feature_seed is None else feature_seed),
-        "n_common": int(clients[0].data.d_common),
-        "n_unique": [int(c.data.d_unique) for c in clients],
-        "curves": curves, "train_loss": losses,
-        "final_test": {lab: float(np.mean(curves[lab]["test"][-1])) for lab in labels},
-        "seconds": time.perf_counter() - t0,
-    }
-
-
 # --------------------------------------------------------------- selection
 
 def select_per_client(candidates: Sequence[dict], select: str = "best_round") -> dict:
@@ -460,37 +296,10 @@ def select_per_client(candidates: Sequence[dict], select: str = "best_round") ->
     return {"test": chosen_test, "mean_test": float(np.mean(chosen_test)), "chosen": chosen_cfg}
 
 
-def sweep(dataset, K: int = 5, common_ratio: float = 0.3, rounds: int = 20, seed: int = 0,
-          feature_seed: int | None = None, lr_grid: Sequence[float] = (1e-3, 1e-4),
-          mu_grid: Sequence[float] = (0.1, 0.5, 1.0), select: str = "best_round",
-          device: str = "cpu", epochs: int = 5, batch_size: int = 64,
-          progress: Callable | None = None, **kw) -> dict:
-    """Table II's four numbers for one (feature split, seed): Common, Local,
-    CHFL mu=0 and CHFL mu>0, each client choosing lr (and mu, round) on its
-    validation rows.  One CHFL run per lr carries the mu=0 head and every
-    mu>0 head on one shared common column, which is also the Common model."""
-    if isinstance(dataset, str):
-        from fedhet.algorithms.data_tabular import load_tabular
-        dataset = load_tabular(dataset, kw.pop("data_dir", None))
-    mu_grid = [float(m) for m in mu_grid]
-    if any(not 0 < m <= 1 for m in mu_grid):
-        raise ValueError(f"mu_grid must hold values in (0, 1], got {mu_grid}")
-    cand = {"common": [], "local": [], "chfl_mu0": [], "chfl_mu>0": []}
-    runs = []
-    for lr in lr_grid:
-        common = dict(K=K, common_ratio=common_ratio, lr=lr, rounds=rounds, seed=seed,
-                      device=device, feature_seed=feature_seed, epochs=epochs,
-                      batch_size=batch_size, **kw)
-        r = run_inprocess("chfl", dataset, mu=[0.0] + mu_grid, progress=progress, **common)
-        runs.append(r)
-        cv = r["curves"]
-        cand["common"].append({**cv["common"], "config": {"lr": lr}})
-        cand["chfl_mu0"].append({**cv["chfl_mu=0"], "config": {"lr": lr, "mu": 0.0}})
-        for m in mu_grid:
-            cand["chfl_mu>0"].append({**cv[f"chfl_mu={m:g}"], "config": {"lr": lr, "mu": m}})
-        r = run_inprocess("local", dataset, progress=progress, **common)
-        runs.append(r)
-        cand["local"].append({**r["curves"]["local"], "config": {"lr": lr}})
-    out = {m: select_per_client(c, select) for m, c in cand.items()}
-    return {"results": out, "n_common": runs[0]["n_common"], "n_unique": runs[0]["n_unique"],
-            "seconds": sum(r["seconds"] for r in runs)}
+def sweep(dataset, *args, **kw) -> dict:
+    """Table II's four numbers for one (feature split, seed): :func:`fedhet.algorithms.chfl.sweep`,
+    which runs CHFL's federated roles in memory (same arguments, same result).  Kept under this
+    name for the benchmark scripts; new code calls ``chfl.sweep``."""
+    from fedhet.algorithms import chfl  # chfl's roles import this module
+
+    return chfl.sweep(dataset, *args, **kw)

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhet.algorithms.toolkit import seeded
+
 HIDDEN = (512, 256, 128)  # Sec. V-A2: three hidden layers, 512-256-128
 
 
@@ -166,7 +168,6 @@ def init_common_flat(d_common: int, n_classes: int, hidden: Sequence[int] = HIDD
                      seed: int = 0) -> np.ndarray:
     """theta_c^0 from a seed (what a server sends before round 0), without
     touching torch's global RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
+    with seeded(seed):
         col = MLPColumn(d_common, n_classes, hidden)
     return common_to_flat(col)

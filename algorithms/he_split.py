@@ -26,7 +26,10 @@ so the common rows are those, and only they are ever used.  Each epoch the host 
 rows (from the run seed) and sends each guest the positions, in the common list, of the next batch;
 after training, the test rows go through the encrypted forward pass and the host reports the test
 accuracy.  The guest standardises its columns with statistics of its rows outside the intersection
-(its self-taught rows, as ``data_fate`` does), or of all its rows if there are none.
+(its self-taught rows, as ``data_fate`` does), or of all its rows if there are none.  The loops are
+``fedhet.algorithms.split_driver``'s: HE links (``HEHostLink`` / ``HEGuestLink`` around
+``he_interactive``'s layers) in the federated roles, local links through a ``PlainLinearLayer``
+in ``run_reference`` (the same loop, batches and initialisation in one process, in the clear).
 
 Config keys (defaults in ``DEFAULTS``): ``dataset`` (cancer, payment, credit, vehicle, breast_sk or
 its alias breast_sklearn), ``selftaught_frac``, ``test_frac``, ``epochs``, ``max_batches`` (stop after
@@ -44,16 +47,16 @@ where the label owner sends batch indices); the simulated split is computed by e
 from __future__ import annotations
 
 import time
-import zlib
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from fedhet.algorithms import data_fate
-from fedhet.algorithms.stfl_models import mlp, out_width
+from fedhet.algorithms import data_fate, split_driver
+from fedhet.algorithms.split_driver import (GuestBottom, HEGuestLink, HEHostLink, HostPart, LocalLink, PlainLinearLayer,
+                                            Schedule, serve_guest)
+from fedhet.algorithms.toolkit import (ACTIVATIONS, HostRows, align_guest_rows, align_host_rows, crc32_seed,
+                                       logit_width, make_activation, mlp, seeded, sorted_intersection)
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare
 from fedhet.protocols import he_interactive as hei
@@ -79,7 +82,6 @@ DEFAULTS = {
     "torch_threads": 1, "psi_timeout": None, "evaluate": True, "return_params": False,
 }
 ALIASES = {"breast_sklearn": "breast_sk"}
-_ACTS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU}
 
 
 def _settings(cfg: dict) -> dict:
@@ -105,8 +107,8 @@ def _settings(cfg: dict) -> dict:
     for k in ("lr", "interactive_lr", "selftaught_frac", "test_frac", "bottom_hidden_mult", "top_hidden_mult"):
         c[k] = float(c[k])
     for k in ("bottom_activation", "interactive_activation"):
-        if c[k] not in _ACTS:
-            raise ValueError(f"he_split: {k} must be one of {sorted(_ACTS)}, got {c[k]!r}")
+        if c[k] not in ACTIVATIONS:
+            raise ValueError(f"he_split: {k} must be one of {sorted(ACTIVATIONS)}, got {c[k]!r}")
     c["layer"] = layer_spec(c)
     return c
 
@@ -137,23 +139,15 @@ def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_
     raise ValueError(f"he_split has roles {sorted(ROLES)}, not {role!r}")
 
 
-def guest_rows(table: dict, common_rows: np.ndarray) -> np.ndarray:
-    """Standardised guest features of the common rows (scaler fitted on the guest's other rows)."""
-    x = np.asarray(table["x"], dtype=np.float32)
-    rest = np.ones(len(x), dtype=bool)
-    rest[np.asarray(common_rows, dtype=np.int64)] = False
-    sc = data_fate.Scaler.fit(x[rest] if rest.any() else x)
-    return sc(x[np.asarray(common_rows, dtype=np.int64)])
-
-
 # ------------------------------------------------------------------------------------------ models
-def _seed(seed: int, what: str) -> int:
-    return zlib.crc32(f"{seed}/he_split/{what}".encode())
+def model_seed(seed: int, what: str) -> int:
+    """The seed of one model: ``toolkit.crc32_seed`` of ``"{seed}/he_split/{what}"`` (frozen)."""
+    return crc32_seed(f"{seed}/he_split/{what}")
 
 
 def bottom_model(c: dict, d_in: int, width: int) -> nn.Module:
     return nn.Sequential(mlp(d_in, width, c["bottom_hidden_mult"], c["bottom_layers"], c["bottom_activation"]),
-                         _ACTS[c["bottom_activation"]]())
+                         make_activation(c["bottom_activation"]))
 
 
 class HostModel(nn.Module):
@@ -163,8 +157,8 @@ class HostModel(nn.Module):
         super().__init__()
         self.bottom = bottom_model(c, d_host, c["host_bottom_width"])
         self.inter = nn.Linear(c["host_bottom_width"], c["interactive_width"])
-        self.act = _ACTS[c["interactive_activation"]]()
-        self.top = mlp(c["interactive_width"], out_width(n_classes), c["top_hidden_mult"], c["top_layers"],
+        self.act = make_activation(c["interactive_activation"])
+        self.top = mlp(c["interactive_width"], logit_width(n_classes), c["top_hidden_mult"], c["top_layers"],
                        c["bottom_activation"])
 
     def head(self, z_host: torch.Tensor, z_guests: list) -> torch.Tensor:
@@ -177,8 +171,7 @@ class HostModel(nn.Module):
 def build_host(c: dict, d_host: int, guest_widths: list[int], n_classes: int):
     """(HostModel, initial W_g per guest) from the run seed; the interactive layer's fan-in is the
     concatenation of all bottoms, as one Linear over [A_h || A_g1 || ...] would have."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(c["seed"], "host"))
+    with seeded(model_seed(c["seed"], "host")):
         model = HostModel(c, d_host, n_classes)
         fan_in = c["host_bottom_width"] + sum(guest_widths)
         bound = 1.0 / np.sqrt(fan_in)
@@ -191,8 +184,7 @@ def build_host(c: dict, d_host: int, guest_widths: list[int], n_classes: int):
 
 
 def build_guest(c: dict, d_in: int, name: str) -> nn.Module:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(c["seed"], f"guest/{name}"))
+    with seeded(model_seed(c["seed"], f"guest/{name}")):
         return bottom_model(c, d_in, c["guest_bottom_width"])
 
 
@@ -202,203 +194,32 @@ def host_optimizers(c: dict, model: HostModel):
     return adam, sgd
 
 
-def loss_fn(logits: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    if n_classes == 2:
-        return F.binary_cross_entropy_with_logits(logits.squeeze(1), y.float())
-    return F.cross_entropy(logits, y.long())
+def schedule(c: dict) -> Schedule:
+    """The host's schedule: batch order from ``[seed, 0x4E5]`` per epoch, ``max_batches`` budget,
+    ``evaluate``; the envelope round counts batches."""
+    return Schedule(c["epochs"], c["batch_size"], [c["seed"], 0x4E5], c["max_batches"], bool(c["evaluate"]),
+                    round_per="batch")
 
 
-def predict(logits: torch.Tensor, n_classes: int) -> np.ndarray:
-    if n_classes == 2:
-        return (logits.squeeze(1) > 0).long().numpy()
-    return logits.argmax(dim=1).numpy()
+def host_part(c: dict, model: HostModel) -> HostPart:
+    """The host's side for the driver: bottom -> own part of the interactive layer, plus every
+    guest's part (the links' outputs), -> activation -> top model."""
+    return HostPart(model, lambda xb, zs: model.head(model.inter(model.bottom(xb)), zs),
+                    list(host_optimizers(c, model)))
 
 
-def train_batches(c: dict, n_train: int, epoch: int) -> list[np.ndarray]:
-    order = np.random.default_rng([c["seed"], 0x4E5, epoch]).permutation(n_train)
-    return [order[i:i + c["batch_size"]] for i in range(0, n_train, c["batch_size"])]
+def guest_bottom(c: dict, x_common: np.ndarray, name: str) -> GuestBottom:
+    """A guest's bottom model (its own seed, from its party name) over its common rows, with Adam."""
+    model = build_guest(c, x_common.shape[1], name)
+    return GuestBottom(model, np.asarray(x_common, dtype=np.float32), torch.optim.Adam(model.parameters(), lr=c["lr"]))
 
 
-# ------------------------------------------------------------------------------------------ the two sides
-class GuestTrainer:
-    """A guest's bottom model over its common rows."""
-
-    def __init__(self, c: dict, x_common: np.ndarray, name: str):
-        self.x = torch.as_tensor(np.asarray(x_common, dtype=np.float32))
-        self.model = build_guest(c, self.x.shape[1], name)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=c["lr"])
-        self._A = None
-
-    def activations(self, pos: np.ndarray, train: bool) -> np.ndarray:
-        if train:
-            self.model.train()
-            self._A = self.model(self.x[torch.as_tensor(pos, dtype=torch.long)])
-            return self._A.detach().double().numpy()
-        with torch.no_grad():
-            self.model.eval()
-            return self.model(self.x[torch.as_tensor(pos, dtype=torch.long)]).double().numpy()
-
-    def apply_input_grad(self, g: np.ndarray) -> None:
-        self.opt.zero_grad()
-        self._A.backward(torch.as_tensor(g, dtype=self._A.dtype))
-        self.opt.step()
-        self._A = None
-
-
-class FedLink:
-    """Host side of one guest link: the batch message plus the encrypted interactive layer."""
-
-    def __init__(self, party, guest: str, layer):
-        self.party, self.guest, self.layer = party, guest, layer
-
-    def begin(self, pos: np.ndarray, train: bool, round_: int) -> None:
-        self.party.send(self.guest, K_BATCH, {"pos": np.asarray(pos, dtype=np.uint32), "train": bool(train),
-                                               "stop": False, "round": int(round_)})
-        self.train = train
-
-    def start_forward(self) -> None:
-        self.layer.recv_acts()
-        self.layer.send_forward()
-
-    def finish_forward(self) -> np.ndarray:
-        return self.layer.recv_forward()
-
-    def send_gradient(self, delta_ps: np.ndarray) -> None:
-        self.layer.send_gradient(delta_ps)
-
-    def finish_backward(self) -> None:
-        self.layer.finish_backward()
-
-    def stop(self) -> None:
-        self.party.send(self.guest, K_BATCH, {"stop": True})
-
-
-class PlainLink:
-    """The same link computed in the clear in one process (reference for tests: a plaintext split network)."""
-
-    def __init__(self, trainer: GuestTrainer, W_init: np.ndarray, interactive_lr: float):
-        self.trainer, self.W, self.lr = trainer, np.array(W_init, dtype=np.float64), interactive_lr
-
-    def begin(self, pos, train, round_):
-        self.pos, self.train = pos, train
-
-    def start_forward(self):
-        self.A = self.trainer.activations(self.pos, self.train)
-
-    def finish_forward(self):
-        return self.A @ self.W
-
-    def send_gradient(self, delta_ps):
-        self.delta = np.asarray(delta_ps, dtype=np.float64)
-
-    def finish_backward(self):
-        b = len(self.pos)
-        g_in = self.delta @ self.W.T / b
-        self.W = self.W - self.lr * (self.A.T @ self.delta) / b
-        self.trainer.apply_input_grad(g_in)
-
-    def stop(self):
-        pass
-
-
-@dataclass
-class HostData:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    pos_train: np.ndarray  # positions in the common list
-    x_test: np.ndarray
-    y_test: np.ndarray
-    pos_test: np.ndarray
-
-
-def host_step(model: HostModel, opts, links: list, xb: torch.Tensor, yb: torch.Tensor, n_classes: int) -> float:
-    """One training batch on the host, driving every link (guests work in parallel)."""
-    for ln in links:
-        ln.start_forward()
-    zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32, requires_grad=True) for ln in links]
-    logits = model.head(model.inter(model.bottom(xb)), zs)
-    loss = loss_fn(logits, yb, n_classes)
-    for o in opts:
-        o.zero_grad()
-    loss.backward()
-    rows = xb.shape[0]
-    for ln, z in zip(links, zs):
-        ln.send_gradient(z.grad.double().numpy() * rows)  # per-sample dL/dz
-    for o in opts:
-        o.step()
-    for ln in links:
-        ln.finish_backward()
-    return float(loss.detach())
-
-
-def host_eval(model: HostModel, links: list, x: np.ndarray, y: np.ndarray, pos: np.ndarray, c: dict,
-              n_classes: int, round_: int) -> float:
-    correct = 0
-    model.eval()
-    for i in range(0, len(pos), c["batch_size"]):
-        p = pos[i:i + c["batch_size"]]
-        for ln in links:
-            ln.begin(p, False, round_)
-        for ln in links:
-            ln.start_forward()
-        zs = [torch.tensor(ln.finish_forward(), dtype=torch.float32) for ln in links]
-        with torch.no_grad():
-            logits = model.head(model.inter(model.bottom(torch.as_tensor(x[i:i + len(p)]))), zs)
-        correct += int((predict(logits, n_classes) == y[i:i + len(p)]).sum())
-    model.train()
-    return correct / max(1, len(pos))
-
-
-def train_host(c: dict, model: HostModel, links: list, hd: HostData, n_classes: int, party=None) -> dict:
-    """The host's training loop (shared by the federated role and the in-process reference)."""
-    opts = host_optimizers(c, model)
-    xtr = torch.as_tensor(hd.x_train)
-    ytr = torch.as_tensor(hd.y_train)
-    n_train = len(hd.pos_train)
-    per_epoch = -(-n_train // c["batch_size"])
-    budget = c["epochs"] * per_epoch
-    if c["max_batches"] is not None:
-        budget = min(budget, c["max_batches"])
-    total_epochs = -(-budget // per_epoch)
-    done, losses = 0, []
-    b0 = _traffic(party)
-    t0 = time.perf_counter()
-    for epoch in range(c["epochs"]):
-        ep_loss = []
-        for idx in train_batches(c, n_train, epoch):
-            if done >= budget:
-                break
-            if party is not None:
-                party.round = done
-            for ln in links:
-                ln.begin(hd.pos_train[idx], True, done)
-            ep_loss.append(host_step(model, opts, links, xtr[idx], ytr[idx], n_classes))
-            done += 1
-        if ep_loss:
-            losses.append(float(np.mean(ep_loss)))
-            if party is not None:
-                party.metric(epoch=epoch + 1, loss=losses[-1], s=round(time.perf_counter() - t0, 3))
-                party.progress(epoch + 1, total_epochs, loss=round(losses[-1], 4))
-        if done >= budget:
-            break
-    train_s = time.perf_counter() - t0
-    b1 = _traffic(party)
-    te = time.perf_counter()
-    acc = host_eval(model, links, hd.x_test, hd.y_test, hd.pos_test, c, n_classes, done) if c["evaluate"] else None
-    eval_s = time.perf_counter() - te
-    s_batch = train_s / max(1, done)
-    epochs = done // per_epoch if done % per_epoch == 0 else done / per_epoch
-    return {"test_accuracy": acc, "train_s": train_s, "epochs": epochs, "batches": done,
-            "batches_per_epoch": per_epoch, "s_per_batch": s_batch,
-            "s_per_epoch": s_batch * per_epoch, "s_per_epoch_extrapolated": done % per_epoch != 0 or done == 0,
-            "eval_s": eval_s, "losses": losses,
-            "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
-
-
-def _traffic(party) -> tuple[int, int]:
-    if party is None:
-        return 0, 0
-    return int(sum(party.bytes_sent.values())), int(sum(party.bytes_received.values()))
+def train_host(c: dict, model: HostModel, links: list, hd: HostRows, n_classes: int, party=None) -> dict:
+    """The host's training and test pass (``split_driver.train_host``), shared by the federated
+    role (HE links) and the in-process reference (local links)."""
+    out = split_driver.train_host(host_part(c, model), links, hd, n_classes, schedule(c), party)
+    del out["t_trained"], out["row_losses"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ roles
@@ -416,16 +237,11 @@ def host_role(party, cfg: dict, data: dict) -> dict:
         raise PartyError("he_split needs at least one guest")
     t0 = time.perf_counter()
     ids = np.concatenate([data["ids_train"], data["ids_test"]])
-    n_tr = len(data["ids_train"])
     res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=c["psi_timeout"])
-    rows = np.asarray(res.rows, dtype=np.int64)
-    is_tr = rows < n_tr
-    pos = np.arange(len(rows))
-    hd = HostData(data["x_train"][rows[is_tr]], data["y_train"][rows[is_tr]], pos[is_tr].astype(np.uint32),
-                  data["x_test"][rows[~is_tr] - n_tr], data["y_test"][rows[~is_tr] - n_tr],
-                  pos[~is_tr].astype(np.uint32))
+    hd = align_host_rows(res.rows, data["x_train"], data["y_train"], data["x_test"], data["y_test"], order="common")
+    n_train, n_test = len(hd.pos_train), len(hd.pos_test)
     psi_s = time.perf_counter() - t0
-    party.log.info("PSI: %d common rows (%d train, %d test) in %.2fs", len(rows), is_tr.sum(), (~is_tr).sum(), psi_s)
+    party.log.info("PSI: %d common rows (%d train, %d test) in %.2fs", hd.n_common, n_train, n_test, psi_s)
     t1 = time.perf_counter()
     widths = []
     for g in guests:
@@ -436,7 +252,7 @@ def host_role(party, cfg: dict, data: dict) -> dict:
     for ly in layers:
         ly.setup()
     setup_s = time.perf_counter() - t1
-    links = [FedLink(party, g, ly) for g, ly in zip(guests, layers)]
+    links = [HEHostLink(party, g, ly, K_BATCH) for g, ly in zip(guests, layers)]
     try:
         out = train_host(c, model, links, hd, int(data["n_classes"]), party)
     finally:
@@ -446,7 +262,7 @@ def host_role(party, cfg: dict, data: dict) -> dict:
             ly.close()
     if out["test_accuracy"] is not None:
         party.metric(test_accuracy=out["test_accuracy"])
-    out.update({"n_common": int(len(rows)), "n_train": int(is_tr.sum()), "n_test": int((~is_tr).sum()),
+    out.update({"n_common": int(hd.n_common), "n_train": int(n_train), "n_test": int(n_test),
                 "he": c["he"], "key_bits": c["key_bits"], "slot_bits": c["slot_bits"],
                 "mask_bits": c["mask_bits"], "interactive_width": c["interactive_width"],
                 "guest_widths": widths, "dataset": c["dataset"], "psi_s": psi_s, "setup_s": setup_s,
@@ -473,34 +289,19 @@ def guest_role(party, cfg: dict, data: dict) -> dict:
     res = psi.psi_feature_party(party, list(np.asarray(data["ids"]).tolist()), host, timeout=c["psi_timeout"])
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
-    x_common = guest_rows(data, res.rows)
-    trainer = GuestTrainer(c, x_common, party.name)
+    x_common = align_guest_rows(data["x"], res.rows).x_common
+    bottom = guest_bottom(c, x_common, party.name)
     party.send(host, K_WIDTH, {"width": c["guest_bottom_width"]})
     layer = hei.guest_layer(party, host, c["layer"], c["guest_bottom_width"], c["interactive_width"])
     layer.setup()
-    batches = 0
     try:
-        while True:
-            msg = party.recv(host, K_BATCH)
-            if not isinstance(msg, dict):
-                raise PartyError(f"{K_BATCH} from {host!r} is not a dict")
-            if msg.get("stop"):
-                break
-            pos = np.asarray(msg["pos"], dtype=np.int64)
-            if pos.ndim != 1 or len(pos) == 0 or pos.min() < 0 or pos.max() >= len(x_common):
-                raise PartyError(f"{K_BATCH}: positions outside the {len(x_common)} common rows")
-            party.round = int(msg.get("round", 0))
-            train = bool(msg.get("train"))
-            layer.forward(trainer.activations(pos, train), train)
-            if train:
-                trainer.apply_input_grad(layer.backward())
-                batches += 1
+        batches = serve_guest(bottom, HEGuestLink(party, host, layer, K_BATCH, len(x_common)))["train_batches"]
     finally:
         layer.close()
     out = {"n_common": int(len(res.rows)), "batches": batches, "he": c["he"], "bytes": _bytes(party),
            "layer_stats": layer.stats.as_dict()}
     if c["return_params"]:
-        out["params"] = {k: v.tolist() for k, v in trainer.model.state_dict().items()}
+        out["params"] = {k: v.tolist() for k, v in bottom.model.state_dict().items()}
         eps = layer.eps
         out["eps"] = [[str(v) for v in row] for row in eps.tolist()] if eps.dtype == object else eps.tolist()
     return out
@@ -517,27 +318,15 @@ def run_reference(cfg: dict, n_guests: int = 1, data_dir=None, guest_names: list
     hdat = load_data(cfg, "host", HOST, 0, 1, data_dir)
     gdat = [load_data(cfg, nm, GUEST, i, len(names), data_dir) for i, nm in enumerate(names)]
     ids = np.concatenate([hdat["ids_train"], hdat["ids_test"]])
-    common = set(ids.tolist())
-    for g in gdat:
-        common &= set(np.asarray(g["ids"]).tolist())
-    order = sorted(common)
-    hpos = {v: i for i, v in enumerate(ids.tolist())}
-    rows = np.array([hpos[v] for v in order], dtype=np.int64)
-    n_tr = len(hdat["ids_train"])
-    is_tr = rows < n_tr
-    pos = np.arange(len(rows))
-    hd = HostData(hdat["x_train"][rows[is_tr]], hdat["y_train"][rows[is_tr]], pos[is_tr],
-                  hdat["x_test"][rows[~is_tr] - n_tr], hdat["y_test"][rows[~is_tr] - n_tr], pos[~is_tr])
-    trainers = []
-    for nm, g in zip(names, gdat):
-        gp = {v: i for i, v in enumerate(np.asarray(g["ids"]).tolist())}
-        trainers.append(GuestTrainer(c, guest_rows(g, np.array([gp[v] for v in order])), nm))
+    _, (rows, *guest_rows) = sorted_intersection(ids.tolist(), *[np.asarray(g["ids"]).tolist() for g in gdat])
+    hd = align_host_rows(rows, hdat["x_train"], hdat["y_train"], hdat["x_test"], hdat["y_test"], order="common")
+    bottoms = [guest_bottom(c, align_guest_rows(g["x"], r).x_common, nm) for nm, g, r in zip(names, gdat, guest_rows)]
     model, Ws = build_host(c, hdat["x_train"].shape[1], [c["guest_bottom_width"]] * len(names),
                            int(hdat["n_classes"]))
-    links = [PlainLink(t, W, c["interactive_lr"]) for t, W in zip(trainers, Ws)]
+    links = [LocalLink(b, PlainLinearLayer(W, c["interactive_lr"])) for b, W in zip(bottoms, Ws)]
     out = train_host(c, model, links, hd, int(hdat["n_classes"]))
-    out.update({"model": model, "W": [ln.W for ln in links], "guest_models": [t.model for t in trainers],
-                "n_common": len(rows)})
+    out.update({"model": model, "W": [ln.layer.W for ln in links], "guest_models": [b.model for b in bottoms],
+                "n_common": hd.n_common})
     return out
 
 

@@ -30,8 +30,11 @@ loss and sends back d loss / d activation (``split/gradient``, same shape), and 
 steps its own Adam.  Separate Adams over disjoint parameters equal one joint Adam, so the run
 equals in-process joint training with the same initial weights and batch order (tested).  The
 guest learns which common rows are training and which test rows (inherent to split learning).
+The loops are ``fedhet.algorithms.split_driver``'s (``train_host`` / ``serve_guest`` over
+``ClearHostLink`` / ``ClearGuestLink`` with the kinds ``SPLIT_KINDS``); this module supplies the
+networks (``host_net``, ``guest_net``), the batch order key and the guests' ordering.
 
-Determinism: every model's weights come from its own seed ``stfl_local.derive_seed(seed, ...)``
+Determinism: every model's weights come from its own seed ``stfl_local.stfl_seed(seed, ...)``
 (STFL: the same seeds as ``stfl_local.stfl``), the host's batch order from ``seed``.
 Federated STFL equals ``stfl_local.stfl`` on the same rows in the same order; against
 ``stfl_local.prepare``'s views it differs only in the order of a guest's self-taught rows
@@ -76,11 +79,14 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from fedhet.algorithms import data_fate
+from fedhet.algorithms import data_fate, split_driver
 from fedhet.algorithms.datapath import dataset_path
-from fedhet.algorithms.stfl_local import (STFLConfig, _as_tensor, _cls_loss, _decide, _labels, _Seeded,
-                                          accuracy, derive_seed, encode, fit_vae, predict_host, train_host)
-from fedhet.algorithms.stfl_models import latent_width, mlp, out_width
+from fedhet.algorithms.split_driver import (ClearGuestLink, ClearHostLink, GuestBottom, HostPart, Schedule, SplitKinds,
+                                            serve_guest)
+from fedhet.algorithms.stfl_local import STFLConfig, encode, fit_vae, predict_host, stfl_seed, train_host
+from fedhet.algorithms.stfl_models import latent_width
+from fedhet.algorithms.toolkit import (accuracy, align_guest_rows, align_host_rows, epoch_permutation, logit_width,
+                                       mlp, seeded)
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import psi
@@ -311,19 +317,20 @@ def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_
 
 def guest_net(in_dim: int, c: STFLConfig, index: int) -> torch.nn.Module:
     """Hierarchical guest encoder (HierarchicalNet's guest part), its own seed."""
-    with _Seeded(derive_seed(c.seed, "split", "guest", index), torch.device("cpu")):
+    with seeded(stfl_seed(c.seed, "split", "guest", index)):
         return mlp(in_dim, latent_width(in_dim, c.latent_frac), c.vae_hidden_mult, c.hidden_layers, c.activation)
 
 
 def host_net(joint_dim: int, n_classes: int, c: STFLConfig) -> torch.nn.Module:
     """Hierarchical host MLP on [own features || activations], its own seed."""
-    with _Seeded(derive_seed(c.seed, "split", "host"), torch.device("cpu")):
-        return mlp(joint_dim, out_width(n_classes), c.host_hidden_mult, c.hidden_layers, c.activation)
+    with seeded(stfl_seed(c.seed, "split", "host")):
+        return mlp(joint_dim, logit_width(n_classes), c.host_hidden_mult, c.hidden_layers, c.activation)
 
 
 def batch_order(seed: int, n_train: int, epoch: int) -> np.ndarray:
-    """The host's permutation of its training rows in one epoch."""
-    return np.random.default_rng([derive_seed(seed, "split", "order"), epoch]).permutation(n_train)
+    """The host's permutation of its training rows in one epoch (the split driver's schedule key
+    ``stfl_seed(seed, "split", "order")``)."""
+    return epoch_permutation(stfl_seed(seed, "split", "order"), epoch, n_train)
 
 
 # -------------------------------------------------------------------------------- roles
@@ -355,25 +362,21 @@ def host(party, cfg: dict, data: data_fate.HostView) -> dict:
     res = psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
                               workers=s.psi_workers, timeout=s.recv_timeout)
     t_psi = time.perf_counter()
-    # Position in the common list of each of our rows (-1: some guest lacks the ID; unused).
-    pos = np.full(len(ids), -1, dtype=np.int64)
-    pos[res.rows] = np.arange(len(res.rows))
-    n_tr = len(data.ids_train)
-    keep_tr, keep_te = pos[:n_tr] >= 0, pos[n_tr:] >= 0
-    tr_pos, te_pos = pos[:n_tr][keep_tr], pos[n_tr:][keep_te]
-    x_tr, y_tr = data.x_train[keep_tr], data.y_train[keep_tr]
-    x_te, y_te = data.x_test[keep_te], data.y_test[keep_te]
+    # Our rows some guest lacks are dropped; the rest keep our order, each with its common position.
+    rows = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
+    tr_pos, te_pos = rows.pos_train, rows.pos_test
+    x_tr, y_tr, x_te, y_te = rows.x_train, rows.y_train, rows.x_test, rows.y_test
     if len(tr_pos) < 2 or len(te_pos) < 1:
         raise PartyError(f"stfl: only {len(tr_pos)} training and {len(te_pos)} test rows are common to all parties")
-    sizes = {"n_common": len(res.rows), "n_train": int(len(tr_pos)), "n_test": int(len(te_pos)),
-             "n_dropped": int((~keep_tr).sum() + (~keep_te).sum()), "host_features": int(x_tr.shape[1])}
+    sizes = {"n_common": rows.n_common, "n_train": int(len(tr_pos)), "n_test": int(len(te_pos)),
+             "n_dropped": int(rows.n_dropped), "host_features": int(x_tr.shape[1])}
     party.log.info("PSI: %d common IDs (%d train, %d test) in %.2fs", len(res.rows), len(tr_pos), len(te_pos),
                    t_psi - t0 - warm)
     if s.variant == "stfl":
         out = _host_stfl(party, s, c, guests, len(res.rows), x_tr, y_tr, x_te, y_te, tr_pos, te_pos,
                          data.n_classes)
     else:
-        out = _host_split(party, s, c, guests, x_tr, y_tr, x_te, y_te, tr_pos, te_pos, data.n_classes)
+        out = _host_split(party, s, c, guests, rows, data.n_classes)
     t_end = time.perf_counter()
     out.update({"variant": s.variant, "dataset": s.dataset, "role": HOST, "epochs": c.epochs,
                 "train_s": out["t_trained"] - t_psi, "s_per_epoch": (out["t_trained"] - t_psi) / c.epochs,
@@ -416,7 +419,7 @@ def _host_stfl(party, s, c, guests, n_common, x_tr, y_tr, x_te, y_te, tr_pos, te
         party.round = ep
         party.progress(ep, total, loss=round(loss, 4))
 
-    hf = train_host(x_tr, [z[tr_pos] for z in zs], y_tr, n_classes, c, seed=derive_seed(c.seed, "host"),
+    hf = train_host(x_tr, [z[tr_pos] for z in zs], y_tr, n_classes, c, seed=stfl_seed(c.seed, "host"),
                     on_epoch=on_epoch)
     t_trained = time.perf_counter()
     acc = accuracy(predict_host(hf, x_te, [z[te_pos] for z in zs]), y_te)
@@ -426,59 +429,27 @@ def _host_stfl(party, s, c, guests, n_common, x_tr, y_tr, x_te, y_te, tr_pos, te
             "guest_order": order}
 
 
-def _host_split(party, s, c, guests, x_tr, y_tr, x_te, y_te, tr_pos, te_pos, n_classes) -> dict:
+SPLIT_KINDS = SplitKinds(K_BATCH, K_ACT, K_GRAD)
+
+
+def _host_split(party, s, c, guests, rows, n_classes) -> dict:
+    """Hierarchical: ``split_driver.train_host`` over clear links, guests in their reported order."""
     ready = party.gather(K_READY, frm=guests, timeout=s.recv_timeout)
     order = _by_index(ready, len(guests), K_READY)
-    dev = torch.device(c.torch_device())
     widths = latent_widths(s)
-    net = host_net(x_tr.shape[1] + sum(widths), n_classes, c).to(dev)
-    opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-    xt, yt = _as_tensor(x_tr, dev), _labels(y_tr, n_classes, dev)
-
-    def exchange(op: str, rows: np.ndarray) -> list[torch.Tensor]:
-        for g in order:
-            party.send(g, K_BATCH, {"op": op, "rows": rows.tolist()})
-        acts = []
-        for g, w in zip(order, widths):
-            a = party.recv(g, K_ACT, timeout=s.recv_timeout).get("a")
-            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (len(rows), w):
-                raise PartyError(f"stfl: {K_ACT} from {g!r} must be float32 ({len(rows)}, {w}), got "
-                                 f"{getattr(a, 'dtype', type(a))}{list(getattr(a, 'shape', []))}")
-            acts.append(_as_tensor(a, dev))
-        return acts
-
-    history = []
-    net.train()
-    for ep in range(c.epochs):
-        party.round = ep + 1
-        perm = batch_order(c.seed, len(tr_pos), ep)
-        total = 0.0
-        for b in range(0, len(perm), c.batch_size):
-            idx = perm[b:b + c.batch_size]
-            zs = [a.requires_grad_(True) for a in exchange("train", tr_pos[idx])]
-            loss = _cls_loss(net(torch.cat([xt[idx], *zs], dim=1)), yt[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for g, z in zip(order, zs):
-                party.send(g, K_GRAD, {"g": z.grad.detach().cpu().numpy().astype(np.float32, copy=False)})
-            opt.step()
-            total += float(loss.detach()) * len(idx)
-        history.append(total / len(perm))
-        party.progress(ep + 1, c.epochs, loss=round(history[-1], 4))
-    t_trained = time.perf_counter()
-    net.eval()
-    preds = []
-    x_te_t = _as_tensor(x_te, dev)
-    with torch.no_grad():
-        for b in range(0, len(te_pos), c.batch_size):
-            acts = exchange("eval", te_pos[b:b + c.batch_size])
-            preds.append(_decide(net(torch.cat([x_te_t[b:b + c.batch_size], *acts], dim=1))))
-    for g in order:
-        party.send(g, K_BATCH, {"op": "stop", "rows": []})
-    acc = accuracy(np.concatenate(preds), y_te)
-    return {"test_accuracy": acc, "t_trained": t_trained, "eval_s": time.perf_counter() - t_trained,
-            "loss_first_last": [history[0], history[-1]], "latent_dims": widths, "guest_order": order,
-            "batches_per_epoch": -(-len(tr_pos) // c.batch_size),
+    net = host_net(rows.x_train.shape[1] + sum(widths), n_classes, c).to(c.torch_device())
+    host = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
+                    [torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)])
+    links = [ClearHostLink(party, g, SPLIT_KINDS, w, timeout=s.recv_timeout, name="stfl")
+             for g, w in zip(order, widths)]
+    sched = Schedule(c.epochs, c.batch_size, order_key=stfl_seed(c.seed, "split", "order"), round_per="epoch")
+    res = split_driver.train_host(host, links, rows, n_classes, sched, party)
+    for ln in links:
+        ln.stop()
+    return {"test_accuracy": res["test_accuracy"], "t_trained": res["t_trained"],
+            "eval_s": time.perf_counter() - res["t_trained"],
+            "loss_first_last": [res["row_losses"][0], res["row_losses"][-1]], "latent_dims": widths,
+            "guest_order": order, "batches_per_epoch": res["batches_per_epoch"],
             **({"host_state": _state(net)} if s.return_weights else {})}
 
 
@@ -498,25 +469,25 @@ def guest(party, cfg: dict, data: dict) -> dict:
     t_psi = time.perf_counter()
     if res.rows is None:
         raise PartyError("stfl: the host did not reveal the intersection")
-    x = np.asarray(data["x"], dtype=np.float32)
-    selftaught = np.ones(len(x), dtype=bool)
-    selftaught[res.rows] = False  # every row the host has no label for
-    if not selftaught.any():
+    # Self-taught rows: every row the host has no label for; the scaling uses only them (only the
+    # guest's own knowledge, as in data_fate.guest_view).
+    rows = align_guest_rows(data["x"], res.rows)
+    if not rows.rest.any():
         raise PartyError("stfl: every row of this guest is in the intersection; no self-taught rows to "
                          "standardise on (and, for STFL, to train the VAE on)")
-    scale = data_fate.Scaler.fit(x[selftaught])  # only the guest's own knowledge, as in data_fate.guest_view
-    x_self, x_common = scale(x[selftaught]), scale(x[res.rows])
+    x_self, x_common, selftaught = rows.x_rest, rows.x_common, rows.rest
     idx = int(data["index"])
     out = {"variant": s.variant, "dataset": s.dataset, "role": GUEST, "guest_index": idx,
            "test_accuracy": None, "epochs": c.epochs, "n_common": int(len(res.rows)),
-           "n_selftaught": int(selftaught.sum()), "n_rows": int(len(x)), "input_width": int(x.shape[1]),
+           "n_selftaught": int(selftaught.sum()), "n_rows": int(len(selftaught)),
+           "input_width": int(x_common.shape[1]),
            "psi_s": t_psi - t0 - warm, "warmup_s": warm}
     if s.variant == "stfl":
         def on_epoch(ep, total, loss):
             party.round = ep
             party.progress(ep, total, neg_elbo=round(loss, 3))
 
-        fit = fit_vae(x_self, c, seed=derive_seed(c.seed, "guest", idx), on_epoch=on_epoch)
+        fit = fit_vae(x_self, c, seed=stfl_seed(c.seed, "guest", idx), on_epoch=on_epoch)
         t1 = time.perf_counter()
         z = encode(fit.encoder, x_common)
         enc_s = time.perf_counter() - t1
@@ -533,45 +504,13 @@ def guest(party, cfg: dict, data: dict) -> dict:
 
 
 def _guest_split(party, s, c, h, x_common, idx) -> dict:
-    dev = torch.device(c.torch_device())
-    net = guest_net(x_common.shape[1], c, idx).to(dev)
-    opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-    xt = _as_tensor(x_common, dev)
+    """Hierarchical: ``split_driver.serve_guest`` with this guest's encoder over a clear link."""
+    net = guest_net(x_common.shape[1], c, idx).to(c.torch_device())
+    bottom = GuestBottom(net, x_common, torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay))
     party.send(h, K_READY, {"guest_index": idx})
-    n_train = n_eval = 0
-    used: set[int] = set()
-    while True:
-        msg = party.recv(h, K_BATCH, timeout=s.recv_timeout)
-        op, rows = msg.get("op"), msg.get("rows")
-        if op == "stop":
-            break
-        if op not in ("train", "eval") or not isinstance(rows, list) or not rows or len(rows) > c.batch_size \
-                or not all(isinstance(r, int) and 0 <= r < len(xt) for r in rows):
-            raise PartyError(f"stfl: bad {K_BATCH} from {h!r}: op {op!r}, rows must be 1..{c.batch_size} "
-                             f"positions in 0..{len(xt) - 1}")
-        rt = torch.as_tensor(rows, dtype=torch.long, device=dev)
-        if op == "eval":
-            net.eval()
-            with torch.no_grad():
-                a = net(xt[rt])
-            party.send(h, K_ACT, {"a": a.cpu().numpy().astype(np.float32, copy=False)})
-            n_eval += 1
-            continue
-        net.train()
-        a = net(xt[rt])
-        party.send(h, K_ACT, {"a": a.detach().cpu().numpy().astype(np.float32, copy=False)})
-        g = party.recv(h, K_GRAD, timeout=s.recv_timeout).get("g")
-        if not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.shape != tuple(a.shape):
-            raise PartyError(f"stfl: {K_GRAD} from {h!r} must be float32 {list(a.shape)}, got "
-                             f"{getattr(g, 'dtype', type(g))}{list(getattr(g, 'shape', []))}")
-        opt.zero_grad(set_to_none=True)
-        a.backward(_as_tensor(g, dev))
-        opt.step()
-        n_train += 1
-        used.update(rows)
-        party.round = n_train
-    return {"train_batches": n_train, "eval_batches": n_eval, "rows_trained_on": len(used),
-            "latent_dim": int(net[-1].out_features),
+    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
+    stats = serve_guest(bottom, link)
+    return {**stats, "latent_dim": int(net[-1].out_features),
             **({"guest_state": _state(net)} if s.return_weights else {})}
 
 

@@ -37,24 +37,26 @@ device                 "cpu"    "cpu", "cuda", "cuda:N" or "auto"
 seed                   0        every model's init and batch order derive from it
 =====================  =======  ===================================================
 
-Determinism: each fit draws its weights, batch order and VAE noise from its own seed inside
-``torch.random.fork_rng``, so results repeat for a given seed (on one device) and the caller's
-global RNG state is untouched.
+Determinism: each fit draws its weights, batch order and VAE noise from its own seed
+(``stfl_seed(seed, *tags)``) inside ``toolkit.seeded``, so results repeat for a given seed (on
+one device) and the caller's global RNG state is untouched.  Loss, decisions and label checks are
+``toolkit.class_loss`` / ``predict_classes`` / ``label_tensor``.
 """
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from fedhet.algorithms.data_fate import Views
-from fedhet.algorithms.stfl_models import VAE, Encoder, HierarchicalNet, mlp, out_width, vae_loss
+from fedhet.algorithms.stfl_models import VAE, Encoder, HierarchicalNet, vae_loss
+from fedhet.algorithms.toolkit import (accuracy, as_tensor, class_loss, crc32_seed, label_tensor, logit_width,
+                                       mlp, predict_classes, resolve_device, seeded, shuffled_batches,
+                                       synchronize)
 
 
 @dataclass
@@ -106,48 +108,18 @@ class STFLConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dev = torch.device(self.device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"STFL config device={self.device!r} but CUDA is not available")
-        return dev
+        return resolve_device(self.device)
 
 
-def derive_seed(seed: int, *tags) -> int:
-    """A 31-bit seed for one model from the run seed and tags (e.g. ("guest", 0))."""
-    return zlib.crc32(repr((int(seed), *tags)).encode()) & 0x7FFFFFFF
+def stfl_seed(seed: int, *tags) -> int:
+    """STFL's seed for one model or stream from the run seed and tags (e.g. ("guest", 0)):
+    ``toolkit.crc32_seed`` of the key ``repr((seed, *tags))``, 31 bits (frozen: every STFL model
+    was drawn from it)."""
+    return crc32_seed(repr((int(seed), *tags)), 31)
 
 
 # --------------------------------------------------------------------------------------------
 # shared machinery
-
-
-def _as_tensor(x, device, dtype=torch.float32) -> torch.Tensor:
-    t = torch.as_tensor(np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x, dtype=dtype)
-    return t.to(device)
-
-
-class _Seeded:
-    """fork_rng + manual_seed for CPU (and the CUDA device in use)."""
-
-    def __init__(self, seed: int, device: torch.device):
-        devs = [device.index or 0] if device.type == "cuda" else []
-        self._fork = torch.random.fork_rng(devices=devs)
-        self.seed = seed
-
-    def __enter__(self):
-        self._fork.__enter__()
-        torch.manual_seed(self.seed)
-        return self
-
-    def __exit__(self, *exc):
-        return self._fork.__exit__(*exc)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _train_loop(model: nn.Module, tensors: Sequence[torch.Tensor], step_loss: Callable,
@@ -162,10 +134,8 @@ def _train_loop(model: nn.Module, tensors: Sequence[torch.Tensor], step_loss: Ca
     history = []
     model.train()
     for ep in range(epochs):
-        perm = torch.randperm(n, device=device)
         total = torch.zeros((), device=device)
-        for s in range(0, n, batch_size):
-            idx = perm[s:s + batch_size]
+        for idx in shuffled_batches(n, batch_size, device=device):
             loss = step_loss(model, *(t[idx] for t in tensors))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -178,27 +148,6 @@ def _train_loop(model: nn.Module, tensors: Sequence[torch.Tensor], step_loss: Ca
     return history
 
 
-def _labels(y, n_classes: int, device) -> torch.Tensor:
-    y = np.asarray(y)
-    if y.ndim != 1:
-        raise ValueError(f"labels must be 1-D, got shape {y.shape}")
-    if len(y) and (y.min() < 0 or y.max() >= n_classes):
-        raise ValueError(f"labels must be in 0..{n_classes - 1}, got range {y.min()}..{y.max()}")
-    return _as_tensor(y, device, torch.float32 if n_classes == 2 else torch.long)
-
-
-def _cls_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if logits.shape[1] == 1:
-        return F.binary_cross_entropy_with_logits(logits.squeeze(1), y)
-    return F.cross_entropy(logits, y)
-
-
-def _decide(logits: torch.Tensor) -> np.ndarray:
-    if logits.shape[1] == 1:
-        return (logits.squeeze(1) > 0).long().cpu().numpy()
-    return logits.argmax(1).cpu().numpy()
-
-
 def _check_2d(name: str, x, n: int | None = None) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim != 2:
@@ -208,10 +157,6 @@ def _check_2d(name: str, x, n: int | None = None) -> np.ndarray:
     if not np.isfinite(x).all():
         raise ValueError(f"{name} contains NaN or inf")
     return x
-
-
-def accuracy(pred: np.ndarray, y: np.ndarray) -> float:
-    return float((np.asarray(pred) == np.asarray(y)).mean())
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,9 +178,9 @@ def fit_vae(x_unlabeled, cfg=None, seed: int | None = None,
     x = _check_2d("x_unlabeled", x_unlabeled)
     dev = c.torch_device()
     t0 = time.perf_counter()
-    with _Seeded(c.seed if seed is None else seed, dev):
+    with seeded(c.seed if seed is None else seed, dev):
         vae = VAE(x.shape[1], c.vae_hidden_mult, c.latent_frac, c.hidden_layers, c.activation).to(dev)
-        xt = _as_tensor(x, dev)
+        xt = as_tensor(x, dev)
 
         def step(model, xb):
             x_hat, mu, logvar = model(xb)
@@ -243,7 +188,7 @@ def fit_vae(x_unlabeled, cfg=None, seed: int | None = None,
 
         hist = _train_loop(vae, [xt], step, c.vae_epochs, c.batch_size, c.vae_lr,
                            c.weight_decay, on_epoch)
-    _sync(dev)
+    synchronize(dev)
     return VAEFit(vae, vae.encoder, hist, time.perf_counter() - t0)
 
 
@@ -260,7 +205,7 @@ def encode(encoder: Encoder, x, batch_size: int = 8192) -> np.ndarray:
         raise ValueError(f"encoder expects {encoder.in_dim} features, got {x.shape[1]}")
     dev = next(encoder.parameters()).device
     encoder.eval()
-    out = [encoder.mean(_as_tensor(x[s:s + batch_size], dev)).cpu()
+    out = [encoder.mean(as_tensor(x[s:s + batch_size], dev)).cpu()
            for s in range(0, len(x), batch_size)]
     if not out:
         return np.zeros((0, encoder.latent_dim), dtype=np.float32)
@@ -272,8 +217,8 @@ def vae_eval_loss(vae: VAE, x, seed: int = 0) -> dict:
     """Mean negative ELBO, reconstruction and KL of ``vae`` on ``x`` (fixed noise seed)."""
     dev = next(vae.parameters()).device
     vae.eval()
-    with _Seeded(seed, dev):
-        xt = _as_tensor(_check_2d("x", x), dev)
+    with seeded(seed, dev):
+        xt = as_tensor(_check_2d("x", x), dev)
         x_hat, mu, logvar = vae(xt)
         tot, rec, kl = vae_loss(x_hat, xt, mu, logvar)
         rec_mean = ((vae.decoder(mu) - xt) ** 2).sum(1).mean()
@@ -306,23 +251,23 @@ def train_host(x_host, latents: Sequence, y, n_classes: int, cfg=None, seed: int
     x = _joint(x_host, latents)
     dev = c.torch_device()
     t0 = time.perf_counter()
-    with _Seeded(c.seed if seed is None else seed, dev):
-        model = mlp(x.shape[1], out_width(n_classes), c.host_hidden_mult, c.hidden_layers,
+    with seeded(c.seed if seed is None else seed, dev):
+        model = mlp(x.shape[1], logit_width(n_classes), c.host_hidden_mult, c.hidden_layers,
                     c.activation).to(dev)
-        yt = _labels(y, n_classes, dev)
+        yt = label_tensor(y, n_classes, dev)
         if len(yt) != len(x):
             raise ValueError(f"{len(x)} host rows but {len(yt)} labels")
-        hist = _train_loop(model, [_as_tensor(x, dev), yt],
-                           lambda m, xb, yb: _cls_loss(m(xb), yb),
+        hist = _train_loop(model, [as_tensor(x, dev), yt],
+                           lambda m, xb, yb: class_loss(m(xb), yb),
                            c.epochs, c.batch_size, c.lr, c.weight_decay, on_epoch)
-    _sync(dev)
+    synchronize(dev)
     return HostFit(model, hist, time.perf_counter() - t0, n_classes)
 
 
 @torch.no_grad()
 def predict_host(fit: HostFit, x_host, latents: Sequence) -> np.ndarray:
     dev = next(fit.model.parameters()).device
-    return _decide(fit.model(_as_tensor(_joint(x_host, latents), dev)))
+    return predict_classes(fit.model(as_tensor(_joint(x_host, latents), dev)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,7 +288,7 @@ def stfl(v: Views, cfg=None) -> dict:
     t0 = time.perf_counter()
     vae_s, enc_s, z_tr, z_te, vae_hist = [], [], [], [], []
     for i, g in enumerate(v.guests):
-        fit = fit_vae(g.x_unlabeled, c, seed=derive_seed(c.seed, "guest", i))
+        fit = fit_vae(g.x_unlabeled, c, seed=stfl_seed(c.seed, "guest", i))
         vae_s.append(fit.seconds)
         vae_hist.append((fit.history[0], fit.history[-1]))
         t1 = time.perf_counter()
@@ -351,7 +296,7 @@ def stfl(v: Views, cfg=None) -> dict:
         z_te.append(encode(fit.encoder, g.x_test))
         enc_s.append(time.perf_counter() - t1)
     h = v.host
-    hf = train_host(h.x_train, z_tr, h.y_train, h.n_classes, c, seed=derive_seed(c.seed, "host"))
+    hf = train_host(h.x_train, z_tr, h.y_train, h.n_classes, c, seed=stfl_seed(c.seed, "host"))
     acc = accuracy(predict_host(hf, h.x_test, z_te), h.y_test)
     return {"method": "stfl", "accuracy": acc, "total_s": time.perf_counter() - t0,
             "vae_s": vae_s, "encode_s": enc_s, "host_s": hf.seconds,
@@ -387,15 +332,15 @@ def centralized(v: Views, cfg=None, all_data: bool = False) -> dict:
     x_test = np.concatenate([h.x_test, *[g.x_test for g in v.guests]], axis=1)
     dev = c.torch_device()
     t0 = time.perf_counter()
-    with _Seeded(derive_seed(c.seed, "centralized"), dev):
-        model = mlp(x.shape[1], out_width(h.n_classes), c.central_hidden_mult, c.hidden_layers,
+    with seeded(stfl_seed(c.seed, "centralized"), dev):
+        model = mlp(x.shape[1], logit_width(h.n_classes), c.central_hidden_mult, c.hidden_layers,
                     c.activation).to(dev)
-        _train_loop(model, [_as_tensor(x, dev), _labels(y, h.n_classes, dev)],
-                    lambda m, xb, yb: _cls_loss(m(xb), yb),
+        _train_loop(model, [as_tensor(x, dev), label_tensor(y, h.n_classes, dev)],
+                    lambda m, xb, yb: class_loss(m(xb), yb),
                     c.epochs, c.batch_size, c.lr, c.weight_decay)
     with torch.no_grad():
-        pred = _decide(model(_as_tensor(x_test, dev)))
-    _sync(dev)
+        pred = predict_classes(model(as_tensor(x_test, dev)))
+    synchronize(dev)
     return {"method": "centralized" + ("_all" if all_data else ""),
             "accuracy": accuracy(pred, h.y_test), "total_s": time.perf_counter() - t0,
             "n_train": int(len(y)), "n_test": int(len(h.y_test))}
@@ -409,16 +354,16 @@ def hierarchical(v: Views, cfg=None, all_data: bool = False) -> dict:
     h = v.host
     dev = c.torch_device()
     t0 = time.perf_counter()
-    with _Seeded(derive_seed(c.seed, "hierarchical"), dev):
+    with seeded(stfl_seed(c.seed, "hierarchical"), dev):
         net = HierarchicalNet(xh.shape[1], [a.shape[1] for a in xg], h.n_classes,
                               c.vae_hidden_mult, c.latent_frac, c.host_hidden_mult,
                               c.hidden_layers, c.activation).to(dev)
-        tensors = [_as_tensor(xh, dev), _labels(y, h.n_classes, dev)] + [_as_tensor(a, dev) for a in xg]
-        _train_loop(net, tensors, lambda m, xb, yb, *gs: _cls_loss(m(xb, list(gs)), yb),
+        tensors = [as_tensor(xh, dev), label_tensor(y, h.n_classes, dev)] + [as_tensor(a, dev) for a in xg]
+        _train_loop(net, tensors, lambda m, xb, yb, *gs: class_loss(m(xb, list(gs)), yb),
                     c.epochs, c.batch_size, c.lr, c.weight_decay)
     with torch.no_grad():
-        pred = _decide(net(_as_tensor(h.x_test, dev), [_as_tensor(g.x_test, dev) for g in v.guests]))
-    _sync(dev)
+        pred = predict_classes(net(as_tensor(h.x_test, dev), [as_tensor(g.x_test, dev) for g in v.guests]))
+    synchronize(dev)
     return {"method": "hierarchical" + ("_all" if all_data else ""),
             "accuracy": accuracy(pred, h.y_test), "total_s": time.perf_counter() - t0,
             "n_train": int(len(y)), "n_test": int(len(h.y_test))}

@@ -6,14 +6,16 @@
   ``vae_loss`` is the negative ELBO of eq. (5): reconstruction error + KL(q_phi(z|x) || N(0, I)).
   After self-taught training the decoder is dropped and the guest sends ``Encoder.mean(x)``
   (eq. (7): z = a(W x + b) through the encoder's layers).
-* ``mlp`` — the host's master model on [host features || guest latents] (eq. (6)), the
-  centralized baseline on all features, and the hierarchical baseline's parts.
+* ``toolkit.mlp`` — the host's master model on [host features || guest latents] (eq. (6)), the
+  centralized baseline on all features, and the hierarchical baseline's parts (one logit for two
+  classes, ``toolkit.logit_width``).
 * ``HierarchicalNet`` — paper §V-A "Hierarchical": the same structure as STFL (one encoder per
   guest, deterministic, feeding the host MLP) but trained jointly end to end by backprop on the
   labeled rows; the guest parts are not self-taught.
 
-Width rule: every hidden layer has ``round(mult * input width)`` units (at least 2).  The paper's
-multipliers were lost from the text; defaults live in ``stfl_local.STFLConfig``.
+Width rule: every hidden layer has ``round(mult * input width)`` units (at least 2,
+``toolkit.hidden_width``).  The paper's multipliers were lost from the text; defaults live in
+``stfl_local.STFLConfig``.
 """
 from __future__ import annotations
 
@@ -22,37 +24,14 @@ import math
 import torch
 from torch import nn
 
-_ACTS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU,
-         "sigmoid": nn.Sigmoid}
-
-
-def hidden_width(in_dim: int, mult: float) -> int:
-    if in_dim < 1 or mult <= 0:
-        raise ValueError(f"need in_dim >= 1 and mult > 0, got {in_dim}, {mult}")
-    return max(2, int(round(mult * in_dim)))
+from fedhet.algorithms.toolkit import hidden_width, logit_width, make_activation, mlp, mlp_from_widths
 
 
 def latent_width(in_dim: int, frac: float = 0.5) -> int:
+    """A guest's latent width: ``floor(frac * in_dim)``, at least 1 (paper: half the input)."""
     if not 0 < frac:
         raise ValueError(f"latent_frac must be > 0, got {frac}")
     return max(1, int(math.floor(frac * in_dim)))
-
-
-def mlp(in_dim: int, out_dim: int, hidden_mult: float = 2.0, layers: int = 1,
-        activation: str = "relu") -> nn.Sequential:
-    """``layers`` hidden layers of width ``hidden_mult * in_dim``, then a linear output."""
-    if activation not in _ACTS:
-        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(_ACTS)}")
-    if layers < 0:
-        raise ValueError(f"layers must be >= 0, got {layers}")
-    h = hidden_width(in_dim, hidden_mult)
-    mods: list[nn.Module] = []
-    d = in_dim
-    for _ in range(layers):
-        mods += [nn.Linear(d, h), _ACTS[activation]()]
-        d = h
-    mods.append(nn.Linear(d, out_dim))
-    return nn.Sequential(*mods)
 
 
 class Encoder(nn.Module):
@@ -67,7 +46,7 @@ class Encoder(nn.Module):
         trunk: list[nn.Module] = []
         d = in_dim
         for _ in range(layers):
-            trunk += [nn.Linear(d, h), _ACTS[activation]()]
+            trunk += [nn.Linear(d, h), make_activation(activation)]
             d = h
         self.trunk = nn.Sequential(*trunk)
         self.mu = nn.Linear(d, self.latent_dim)
@@ -88,23 +67,13 @@ class VAE(nn.Module):
         super().__init__()
         self.encoder = Encoder(in_dim, hidden_mult, latent_frac, layers, activation)
         # Decoder mirrors the encoder: same hidden width, back to the input width.
-        self.decoder = _mirror_decoder(self.encoder.latent_dim, in_dim,
-                                       hidden_width(in_dim, hidden_mult), layers, activation)
+        self.decoder = mlp_from_widths([self.encoder.latent_dim]
+                                       + [hidden_width(in_dim, hidden_mult)] * layers + [in_dim], activation)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mu, logvar = self.encoder(x)
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)  # reparameterisation trick
         return self.decoder(z), mu, logvar
-
-
-def _mirror_decoder(latent: int, out: int, h: int, layers: int, activation: str) -> nn.Sequential:
-    mods: list[nn.Module] = []
-    d = latent
-    for _ in range(layers):
-        mods += [nn.Linear(d, h), _ACTS[activation]()]
-        d = h
-    mods.append(nn.Linear(d, out))
-    return nn.Sequential(*mods)
 
 
 def vae_loss(x_hat: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
@@ -120,13 +89,6 @@ def vae_loss(x_hat: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: tor
     return rec + kl_weight * kl, rec, kl
 
 
-def out_width(n_classes: int) -> int:
-    """One logit for binary tasks (binary cross-entropy), one per class otherwise."""
-    if n_classes < 2:
-        raise ValueError(f"need at least 2 classes, got {n_classes}")
-    return 1 if n_classes == 2 else n_classes
-
-
 class HierarchicalNet(nn.Module):
     """Guest encoders (deterministic, same widths as STFL's) + host MLP, trained jointly."""
 
@@ -138,7 +100,7 @@ class HierarchicalNet(nn.Module):
             mlp(d, latent_width(d, latent_frac), enc_hidden_mult, layers, activation)
             for d in guest_dims)
         joint = host_dim + sum(latent_width(d, latent_frac) for d in guest_dims)
-        self.host_net = mlp(joint, out_width(n_classes), host_hidden_mult, layers, activation)
+        self.host_net = mlp(joint, logit_width(n_classes), host_hidden_mult, layers, activation)
 
     def forward(self, x_host: torch.Tensor, xs_guest: list[torch.Tensor]) -> torch.Tensor:
         zs = [net(x) for net, x in zip(self.guest_nets, xs_guest)]

@@ -2,9 +2,10 @@
 
 * Each client loads only its own rows and its common + unique columns; the partition every client
   computes alone is the shared ``chfl_partition`` (disjoint rows, same common set).
-* With plain aggregation the federated run equals ``chfl_local``'s in-process driver exactly
-  (per-client accuracy curves, losses, and the per-client lr/mu/round selection of ``sweep``), for
-  CHFL, Common and Local.
+* With plain aggregation the federated run equals plain FedAvg written out in one loop here
+  (``_fedavg_by_hand``: per-client accuracy curves, losses, the averaged common column), and the
+  per-client lr/mu/round selection (of the roles and of ``sweep``, which runs the roles in memory)
+  equals ``select_per_client`` on the by-hand curves, for CHFL, Common and Local.
 * Secure aggregation: the first averaged common column is within the stated error bound of the
   plain one, the accuracies close; clients send no clear vector.
 * The declarations accept exactly the common column's parameter count and reject the whole
@@ -23,13 +24,15 @@ import torch
 
 from fedhet.algorithms import chfl as C
 from fedhet.algorithms import chfl_local as L
-from fedhet.algorithms.chfl_model import MLPColumn, UniqueColumn, common_numel
+from fedhet.algorithms.chfl_model import MLPColumn, UniqueColumn, common_numel, init_common_flat
 from fedhet.algorithms.datapath import data_root
 from fedhet.parties import api, presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
+from fedhet.algorithms.partition import chfl_partition
+from fedhet.algorithms.toolkit import derive_seed
 from fedhet.protocols import aggregation, secagg
 
 TINY = {"dataset": "digits", "hidden": [32, 16], "local_epochs": 1, "rounds": 2}
@@ -37,9 +40,70 @@ K = 3
 AGG_KINDS = {d.kind for d in aggregation.DECLARATIONS}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # The roles use one torch thread (torch_threads = 1); so does the by-hand loop in this thread.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def digits():
     return C.load_table("digits")
+
+
+def _fedavg_by_hand(digits, method, lr, mus=(), k=K, rounds=2, seed=7, epochs=1, batch_size=64,
+                    hidden=(32, 16)) -> dict:
+    """Plain FedAvg (or K lone clients) in one loop over the whole table: the computation the
+    federated roles must reproduce.  curves[label][part] is (rounds, clients)."""
+    X, y, _ = digits
+    split = chfl_partition(len(y), X.shape[1], k, 0.3, seed)
+    n_classes = int(y.max()) + 1
+    data = [L.client_data(X, y, split, i, n_classes) for i in range(k)]
+    if method == "local":
+        clients = [L.LocalClient(d, lr=lr, hidden=hidden, seed=seed, index=i) for i, d in enumerate(data)]
+        labels = ["local"]
+    else:
+        clients = [L.CHFLClient(d, mus=mus, lr=lr, hidden=hidden, seed=seed, index=i) for i, d in enumerate(data)]
+        labels = ["common"] + [f"chfl_mu={m:g}" for m in mus]
+        theta = init_common_flat(len(split.common), n_classes, hidden, derive_seed(seed, "theta0"))
+    curves = {lab: {"val": [], "test": []} for lab in labels}
+    losses = []
+    for _ in range(rounds):
+        if method == "local":
+            losses.append([c.train_round(epochs, batch_size)["loss"] for c in clients])
+        else:
+            sent, rl = [], []
+            for c in clients:
+                c.set_common(theta)
+                rl.append(c.train_round(epochs, batch_size)["loss_common"])
+                sent.append(c.get_common())
+            theta = L.aggregate(sent, [c.n_train for c in clients])
+            for c in clients:  # Theta_k^t uses the aggregated common column
+                c.set_common(theta)
+            losses.append(rl)
+        for part in ("val", "test"):
+            evs = [c.evaluate(part) for c in clients]
+            for j, lab in enumerate(labels):
+                row = [e["local"] if lab == "local" else e["common"] if lab == "common" else e["heads"][j - 1]
+                       for e in evs]
+                curves[lab][part].append(row)
+    return {"curves": curves, "train_loss": losses, "theta": None if method == "local" else theta}
+
+
+def _selected_by_hand(digits, lrs, mus, select="best_round") -> dict:
+    """Table II's groups chosen per client from the by-hand runs (lr outer, mu inner)."""
+    cand = {"common": [], "chfl_mu0": [], "chfl_mu>0": [], "local": []}
+    for lr in lrs:
+        cv = _fedavg_by_hand(digits, "chfl", lr, mus=[0.0] + list(mus))["curves"]
+        cand["common"].append({**cv["common"], "config": {"lr": lr}})
+        cand["chfl_mu0"].append({**cv["chfl_mu=0"], "config": {"lr": lr, "mu": 0.0}})
+        for m in mus:
+            cand["chfl_mu>0"].append({**cv[f"chfl_mu={m:g}"], "config": {"lr": lr, "mu": m}})
+        cand["local"].append({**_fedavg_by_hand(digits, "local", lr)["curves"]["local"], "config": {"lr": lr}})
+    return {g: L.select_per_client(c, select) for g, c in cand.items()}
 
 
 @pytest.fixture
@@ -91,7 +155,7 @@ def test_each_client_loads_only_its_own_rows_and_columns(digits):
     X, y, _ = digits
     cfg = {"dataset": "digits", "seed": 4, "feature_seed": 9}
     assert C.load_data(cfg, "server", "server", 0, 1) is None
-    split = L.chfl_partition(len(y), X.shape[1], K, 0.3, 4, 9)
+    split = chfl_partition(len(y), X.shape[1], K, 0.3, 4, 9)
     seen = []
     for k in range(K):
         d = C.load_data(cfg, f"c{k}", "client", k, K)
@@ -121,32 +185,40 @@ def test_parameter_counts_match_the_models():
 # ---------------------------------------------------- federated == in-process (plain)
 
 
-def test_chfl_plain_equals_inprocess_driver(digits):
+def test_chfl_plain_equals_fedavg_by_hand(digits):
     res = _fed({"mu": [0.0, 0.5], "lr": 0.01, "aggregation": "plain", "return_weights": True})
-    ref = L.run_inprocess("chfl", digits, K=K, mu=[0.0, 0.5], lr=0.01, rounds=2, seed=7,
-                          epochs=1, hidden=[32, 16])
+    ref = _fedavg_by_hand(digits, "chfl", 0.01, mus=[0.0, 0.5])
+    split = chfl_partition(len(digits[1]), digits[0].shape[1], K, 0.3, 7)
     for k in range(K):
         c = res[f"client{k + 1}"]
-        assert c["n_unique"] == ref["n_unique"][k] and c["n_common"] == ref["n_common"]
+        assert c["n_unique"] == len(split.unique[k]) and c["n_common"] == len(split.common)
         for lab in ("common", "chfl_mu=0", "chfl_mu=0.5"):
             for part in ("val", "test"):
                 assert c["curves"][0][lab][part] == _column(ref["curves"], lab, part, k), (lab, part)
         assert [r[0] for r in c["train_loss"]] == [r[k] for r in ref["train_loss"]]
     srv = res["server"]
-    assert srv["final_test"] == pytest.approx(ref["final_test"], abs=0)
+    assert srv["theta"][0] == ref["theta"].tolist()  # the averaged common column, bit for bit
+    for lab in ("common", "chfl_mu=0", "chfl_mu=0.5"):
+        assert srv["final_test"][lab] == pytest.approx(np.mean(ref["curves"][lab]["test"][-1]), abs=1e-15)
     assert srv["final_test"]["chfl_mu=0"] > 0.5  # it learns
     assert srv["max_mean_error_bound"] == 0.0 and srv["aggregation"] == "plain"
     assert len(srv["theta"]) == 1 and len(srv["theta"][0]) == C.common_count({**TINY})
 
 
-def test_selection_equals_sweep_for_every_method(digits):
+def test_selection_and_sweep_equal_selection_by_hand(digits):
     grid = {"lr": [0.01, 0.001], "select": "best_round"}
     ch = _fed({**grid, "mu": [0.0, 0.5, 1.0], "aggregation": "plain"})["server"]["selected"]
     lo = _fed({**grid, "method": "local"})["server"]["selected"]
     co = _fed({**grid, "method": "common", "aggregation": "plain"})["server"]["selected"]
-    ref = L.sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
-                  epochs=1, hidden=[32, 16])["results"]
-    for got, groups in ((ch, ("common", "chfl_mu0", "chfl_mu>0")), (lo, ("local",)), (co, ("common",))):
+    ref = _selected_by_hand(digits, [0.01, 0.001], [0.5, 1.0])
+    sw = C.sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
+                 epochs=1, hidden=[32, 16])
+    # the benchmarks' name for it
+    assert L.sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
+                   epochs=1, hidden=[32, 16])["results"] == sw["results"]
+    assert sw["n_common"] == C.settings(TINY).n_common and len(sw["n_unique"]) == K
+    for got, groups in ((ch, ("common", "chfl_mu0", "chfl_mu>0")), (lo, ("local",)), (co, ("common",)),
+                        (sw["results"], ("common", "chfl_mu0", "chfl_mu>0", "local"))):
         assert set(got) == set(groups)
         for g in groups:
             assert got[g]["test"] == ref[g]["test"], g
@@ -154,9 +226,17 @@ def test_selection_equals_sweep_for_every_method(digits):
             assert got[g]["mean_test"] == pytest.approx(ref[g]["mean_test"], abs=1e-12)
 
 
+def test_sweep_reports_progress_per_round(digits):
+    seen = []
+    C.sweep(digits, K=2, rounds=2, seed=1, lr_grid=[0.01, 0.001], mu_grid=[0.5], epochs=1, hidden=[8],
+            progress=lambda done, total, **m: seen.append((done, total, sorted(m))))
+    # CHFL lr1, Local lr1, CHFL lr2, Local lr2: two rounds each
+    assert seen == [(r, 2, ["loss", "val"]) for _ in range(4) for r in (1, 2)]
+
+
 def test_local_sends_no_parameters(digits, delivered):
     res = _fed({"method": "local", "lr": 0.01})
-    ref = L.run_inprocess("local", digits, K=K, lr=0.01, rounds=2, seed=7, epochs=1, hidden=[32, 16])
+    ref = _fedavg_by_hand(digits, "local", 0.01)
     for k in range(K):
         assert res[f"client{k + 1}"]["curves"][0]["local"]["test"] == _column(ref["curves"], "local", "test", k)
     from_clients = [(kind, arrays) for to, frm, kind, arrays in delivered if frm.startswith("client")]
@@ -292,7 +372,7 @@ def test_covertype_partition_and_count():
     assert sum(len(p.y) for p in parts) == 15120
     cd = C.own_client_data(parts[0], C.settings(cfg), "cpu")
     X, y, _ = C.load_table("covertype")
-    ref = L.client_data(X, y, L.chfl_partition(len(y), X.shape[1], 5, 0.3, 1000, 0), 0, 7)
+    ref = L.client_data(X, y, chfl_partition(len(y), X.shape[1], 5, 0.3, 1000, 0), 0, 7)
     for p in ("train", "val", "test"):
         assert torch.equal(cd.xc[p], ref.xc[p]) and torch.equal(cd.xu[p], ref.xu[p])
     assert common_numel(MLPColumn(16, 7)) == C.common_count(cfg)

@@ -1,13 +1,15 @@
 """CHFL numerics: model (eqs. 6-7), flat common vector, Algorithm 2's two
-steps, FedAvg aggregation, the partitioner, the loaders, and a tiny run."""
+steps, FedAvg aggregation, the partitioner, the loaders, and a tiny run of
+the roles in memory (the equality of the roles with plain FedAvg in one loop
+is in test_chfl_federated.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from fedhet.algorithms.chfl_local import (CHFLClient, aggregate, client_data, run_inprocess,
-                                          select_per_client)
+from fedhet.algorithms import chfl
+from fedhet.algorithms.chfl_local import CHFLClient, aggregate, client_data, select_per_client
 from fedhet.algorithms.chfl_model import (CHFLNet, MLPColumn, UniqueColumn, common_numel,
                                           common_to_flat, flat_to_common, init_common_flat)
 from fedhet.algorithms.datapath import data_root
@@ -165,55 +167,39 @@ def test_select_uses_validation_not_test():
     assert s["test"] == [0.3, 0.99]
 
 
+def _curves(res, K, label, part="test"):
+    """(rounds, clients) accuracies of one label from the clients' results (one lr)."""
+    return np.array([res[f"client{k + 1}"]["curves"][0][label][part] for k in range(K)]).T
+
+
 def test_tiny_run_learns_above_chance():
     X, y = _toy(n=900, seed=4)
-    kw = dict(K=3, common_ratio=0.3, lr=3e-3, rounds=3, seed=0, epochs=2, batch_size=32,
-              hidden=SMALL)
-    r = run_inprocess("chfl", (X, y, "toy"), mu=[0.0, 0.5], **kw)
-    assert set(r["final_test"]) == {"common", "chfl_mu=0", "chfl_mu=0.5"}
-    assert np.asarray(r["curves"]["chfl_mu=0.5"]["test"]).shape == (3, 3)
-    for lab, acc in r["final_test"].items():
+    cfg = dict(common_ratio=0.3, lr=3e-3, rounds=3, seed=0, local_epochs=2, batch_size=32,
+               hidden=list(SMALL), aggregation="plain")
+    r = chfl.run_table({**cfg, "mu": [0.0, 0.5]}, X, y, 3)
+    assert set(r["server"]["final_test"]) == {"common", "chfl_mu=0", "chfl_mu=0.5"}
+    assert _curves(r, 3, "chfl_mu=0.5").shape == (3, 3)
+    for lab, acc in r["server"]["final_test"].items():
         assert acc > 0.6, (lab, acc)  # chance is 1/3
-    loc = run_inprocess("local", (X, y, "toy"), **kw)
-    assert loc["final_test"]["local"] > 0.6
+    loc = chfl.run_table({**cfg, "method": "local"}, X, y, 3)
+    assert loc["server"]["final_test"]["local"] > 0.6
     # Common alone follows exactly the common column of the CHFL run
-    com = run_inprocess("common", (X, y, "toy"), **kw)
-    assert com["curves"]["common"] == r["curves"]["common"]
+    com = chfl.run_table({**cfg, "method": "common"}, X, y, 3)
+    assert np.array_equal(_curves(com, 3, "common"), _curves(r, 3, "common"))
     # and a run is reproducible from its seed
-    again = run_inprocess("chfl", (X, y, "toy"), mu=[0.0, 0.5], **kw)
-    assert again["curves"] == r["curves"]
+    again = chfl.run_table({**cfg, "mu": [0.0, 0.5]}, X, y, 3)
+    for k in range(3):
+        assert again[f"client{k + 1}"]["curves"] == r[f"client{k + 1}"]["curves"]
 
 
-def test_thin_roles_match_inprocess_driver():
-    """What the federated roles will do -- clients: set, train, send the flat
-    vector; server: aggregate -- reproduces run_inprocess exactly."""
-    from fedhet.algorithms.chfl_local import build_client, initial_common
-    X, y = _toy(n=300, seed=5)
-    cfg = {"n_clients": 2, "common_ratio": 0.3, "seed": 3, "mu": [0.5], "lr": 3e-3,
-           "hidden": list(SMALL)}
-    ref = run_inprocess("chfl", (X, y), K=2, mu=[0.5], lr=3e-3, rounds=2, seed=3,
-                        epochs=1, batch_size=32, hidden=SMALL)
-    clients = [build_client(cfg, X, y, k) for k in range(2)]
-    theta = initial_common(cfg, X, y)
-    for _ in range(2):
-        sent = []
-        for c in clients:
-            c.set_common(theta)
-            c.train_round(epochs=1, batch_size=32)
-            sent.append(c.get_common())
-        theta = aggregate(sent, [c.n_train for c in clients])
-    for c in clients:
-        c.set_common(theta)
-    assert [c.evaluate("test")["heads"][0] for c in clients] == \
-        ref["curves"]["chfl_mu=0.5"]["test"][-1]
-
-
-def test_run_inprocess_rejects_bad_input():
+def test_run_table_rejects_bad_input():
     X, y = _toy(n=60)
     with pytest.raises(ValueError, match="method"):
-        run_inprocess("vfl", (X, y))
+        chfl.run_table({"method": "vfl"}, X, y, 2)
     with pytest.raises(ValueError, match="unique features"):
-        run_inprocess("chfl", (X, y), K=20, rounds=1)
+        chfl.run_table({"rounds": 1}, X, y, 20)
+    with pytest.raises(ValueError, match="mu_grid"):
+        chfl.sweep((X, y), K=2, mu_grid=[0.0])
 
 
 # ------------------------------------------------------------- partition

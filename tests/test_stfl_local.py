@@ -8,7 +8,8 @@ import torch
 from fedhet.algorithms import data_fate as D
 from fedhet.algorithms import stfl_local as L
 from fedhet.algorithms.datapath import data_root
-from fedhet.algorithms.stfl_models import VAE, HierarchicalNet, mlp, vae_loss
+from fedhet.algorithms.stfl_models import VAE, HierarchicalNet, vae_loss
+from fedhet.algorithms.toolkit import mlp
 
 FAST = {"epochs": 20, "vae_epochs": 20, "lr": 1e-2, "vae_lr": 1e-2}
 
