@@ -82,7 +82,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -91,7 +91,12 @@ from fedhet.algorithms.chfl_local import HIDDEN, CHFLClient, LocalClient, client
 from fedhet.algorithms.chfl_model import init_common_flat
 from fedhet.algorithms.partition import HorizontalSplit, chfl_partition, split_samples
 from fedhet.algorithms.toolkit import derive_seed, synchronize
+from fedhet.algorithms.party_table import DataFileError, DataSpecError, TableSpec, load_party_table
 from fedhet.parties.api import PartyError
+from fedhet.parties import schema as sch
+from fedhet.parties.contract import Algorithm, PartyContext
+from fedhet.parties.settings import TableView, setting
+from fedhet.protocols.aggregation_settings import AggregationSettings
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import aggregation
 
@@ -119,7 +124,12 @@ DEFAULTS: dict[str, Any] = {
     "select": "best_round", "feature_seed": None, "standardize": True, "reset_common_optim": True,
     "n_samples": None, "n_features": None, "n_classes": None, "n_clients": None,
     "torch_threads": 1, "recv_timeout": None, "return_weights": False, "seed": 0,
+    "common_features": None,
 }
+FILES = "files"  # dataset = "files": each client reads its own table ([[party]] data = {...})
+# A client's weight is its training-row count; from users' files no party knows the others', so
+# secure aggregation's public weight bound defaults to this (set secagg_max_weight to tighten it).
+FILES_MAX_WEIGHT = 1_000_000.0
 # Aggregation keys pass through to make_aggregator; these defaults apply when unset.
 AGG_KEYS = {"aggregation", "plain_dtype", "aggregation_timeout"}
 # plain_dtype stays the aggregator's float64: its float32 path forms w * x in float32, which
@@ -151,9 +161,12 @@ class Settings:
     torch_threads: int
     recv_timeout: float | None
     return_weights: bool
+    common_features: tuple[str, ...] | None = None  # dataset "files": the common columns, by name
 
     @property
     def n_common(self) -> int:
+        if self.common_features:
+            return len(self.common_features)
         # The rule of partition.split_features (checked against the real split in load_data).
         return int(round(self.common_ratio * self.shape[1]))
 
@@ -221,6 +234,20 @@ def settings(cfg: dict | None) -> Settings:
         raise ValueError(f"chfl: feature_seed must be an integer >= 0, got {fs!r}")
     known = SHAPES.get(dataset)
     given = [c["n_samples"], c["n_features"], c["n_classes"]]
+    common_features = c["common_features"]
+    if dataset == FILES:
+        if (not isinstance(common_features, (list, tuple)) or not common_features
+                or not all(isinstance(f, str) and f for f in common_features)
+                or len(set(common_features)) != len(common_features)):
+            raise ValueError("chfl: dataset 'files' needs common_features = [names of the columns every "
+                             f"client holds], got {common_features!r}")
+        if c["n_classes"] is None:
+            raise ValueError("chfl: dataset 'files' needs n_classes (every client declares the same classes)")
+        # Rows and unique columns are each client's own; only these enter the declarations.
+        known = (1, len(common_features) + 1, int(c["n_classes"]))
+        given = [None, None, c["n_classes"]]
+    elif common_features is not None:
+        raise ValueError("chfl: common_features is only for dataset 'files' (built-in sets split by common_ratio)")
     if known is None and None in given:
         raise ValueError(f"chfl: dataset {dataset!r} is not one of {sorted(SHAPES)}; give its "
                          "n_samples, n_features and n_classes in the config")
@@ -246,6 +273,7 @@ def settings(cfg: dict | None) -> Settings:
         standardize=bool(c["standardize"]), reset_common_optim=bool(c["reset_common_optim"]),
         shape=shape, n_clients=n_clients, torch_threads=_int(c, "torch_threads", 0),
         recv_timeout=None if rt is None else float(rt), return_weights=bool(c["return_weights"]),
+        common_features=tuple(common_features) if dataset == FILES else None,
     )
 
 
@@ -277,6 +305,8 @@ def max_train_rows(s: Settings, n_clients: int) -> int:
 
 
 def aggregation_defaults(s: Settings, n_clients: int) -> dict:
+    if s.dataset == FILES:
+        return {**AGG_DEFAULTS, "secagg_max_weight": FILES_MAX_WEIGHT}
     return {**AGG_DEFAULTS, "secagg_max_weight": float(max_train_rows(s, n_clients))}
 
 
@@ -333,8 +363,58 @@ def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_
         raise ValueError(f"chfl: unknown role {role!r}")
     if s.n_clients is not None and s.n_clients != n_of_role:
         raise ValueError(f"chfl: n_clients = {s.n_clients} but the federation has {n_of_role} clients")
+    if s.dataset == FILES:
+        raise ValueError(f"chfl: dataset 'files' but party {name!r} has no data file in the federation "
+                         "(give its [[party]] a data = { path = ..., label = ..., classes = [...] })")
     X, y, _ = load_table(s.dataset, data_dir)
     return client_rows(s, X, y, index, n_of_role)  # the rest of the table is dropped here
+
+
+def file_rows(s: Settings, ctx: PartyContext) -> ClientRows:
+    """A client's own rows from its own file: the common columns by name (the same at every
+    client), every other feature column unique to it; train | val | test = 60 | 20 | 20 % of its
+    rows in a seeded order.  Errors name the party, file and column before training starts."""
+    t = load_party_table(TableSpec.from_dict(dict(ctx.data or {}), party=ctx.name, base_dir=ctx.base_dir,
+                                             require=("label", "classes")))
+    if len(t.classes) != s.n_classes:
+        raise DataSpecError(f"party {ctx.name!r}, file '{t.path}': {len(t.classes)} classes declared "
+                            f"({list(t.classes)}) but the federation's n_classes is {s.n_classes}",
+                            party=ctx.name, path=str(t.path), key="classes")
+    missing = [f for f in s.common_features if f not in t.feature_names]
+    if missing:
+        raise DataFileError(f"party {ctx.name!r}, file '{t.path}': common feature column(s) {missing} "
+                            f"missing (its feature columns: {list(t.feature_names)})",
+                            party=ctx.name, path=str(t.path), column=missing[0])
+    common = [t.feature_names.index(f) for f in s.common_features]
+    unique = [i for i, f in enumerate(t.feature_names) if f not in s.common_features]
+    if not unique:
+        raise DataFileError(f"party {ctx.name!r}, file '{t.path}': no feature column besides the common "
+                            f"ones {list(s.common_features)}: CHFL needs a client's own features",
+                            party=ctx.name, path=str(t.path))
+    n = t.n_rows
+    if n < 5:
+        raise DataFileError(f"party {ctx.name!r}, file '{t.path}': {n} rows; at least 5 are needed for "
+                            "train/validation/test", party=ctx.name, path=str(t.path))
+    order = np.random.default_rng([s.seed, ctx.index, 7]).permutation(n)
+    n_tr, n_va = int(round(0.6 * n)), int(round(0.2 * n))
+    cols = common + unique
+    x = np.ascontiguousarray(t.X[order][:, cols], dtype=np.float32)
+    return ClientRows(x, np.asarray(t.y[order], np.int64), (n_tr, n_va, n - n_tr - n_va), len(common),
+                      s.n_classes, ctx.index, ctx.n_of_role)
+
+
+def load_party(cfg, ctx: PartyContext):
+    """The contract's ``load_data``: a client's own file when its section names one, else its
+    part of a built-in table."""
+    s = settings(cfg)
+    if ctx.role == "client" and ctx.data:
+        if s.dataset != FILES:
+            raise ValueError(f"chfl: party {ctx.name!r} names a data file, so set dataset = \"files\" and "
+                             "common_features in [algorithm]")
+        if s.n_clients is not None and s.n_clients != ctx.n_of_role:
+            raise ValueError(f"chfl: n_clients = {s.n_clients} but the federation has {ctx.n_of_role} clients")
+        return file_rows(s, ctx)
+    return load_data(cfg, ctx.name, ctx.role, ctx.index, ctx.n_of_role, ctx.data_dir)
 
 
 def own_client_data(rows: ClientRows, s: Settings, device) -> Any:
@@ -683,3 +763,72 @@ DECLARATIONS = [
             "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
             no_arrays),
 ] + [_guard(d) for d in aggregation.declarations(_update_length)]
+
+
+# ------------------------------------------------------------------------- the contract
+
+@dataclass(frozen=True)
+class Table(TableView):
+    """The ``[algorithm]`` keys, parsed and documented by the one settings parser; the roles
+    derive :class:`Settings` (lists of lr/mu, the table's shape) from it."""
+
+    method: Literal["chfl", "common", "local"] = setting("chfl", "chfl (Algorithm 2), common (FedAvg of the "
+                                                         "common column) or local (each client alone)")
+    dataset: str = setting("covertype", "covertype, sensorless, jannis, vehicle, helena, aloi, digits, wine, or "
+                           "'files' (each client's own table: [[party]] data = {...})")
+    common_ratio: float = setting(0.3, "share of features common to all clients (built-in sets)", lo=0,
+                                  lo_open=True, hi=1)
+    common_features: tuple[str, ...] | None = setting(None, "dataset 'files': names of the columns every client "
+                                                      "holds; a client's other feature columns are its own")
+    mu: float | tuple[float, ...] = setting(0.5, "lateral scale in [0, 1], or a list (one unique column each)",
+                                            lo=0, hi=1)
+    lr: float | tuple[float, ...] = setting(1e-3, "Adam's lr, or a list (one federation per lr, per-client pick)",
+                                            lo=0, lo_open=True)
+    rounds: int = setting(20, "T aggregation rounds", lo=1)
+    local_epochs: int = setting(5, "E local epochs per round", lo=1)
+    batch_size: int = setting(64, "mini-batch size", lo=1)
+    hidden: tuple[int, ...] = setting(tuple(HIDDEN), "both columns' hidden widths", lo=1, min_len=1)
+    select: Literal["best_round", "last"] = setting("best_round", "per-client pick on validation")
+    feature_seed: int | None = setting(None, "the feature split's seed (None: seed)", lo=0)
+    standardize: bool = setting(True, "scale with the client's own training-row statistics")
+    reset_common_optim: bool = setting(True, "fresh Adam for theta_c each round (plain FedAvg clients)")
+    n_samples: int | None = setting(None, "rows of a table not in SHAPES", lo=1)
+    n_features: int | None = setting(None, "features of a table not in SHAPES", lo=1)
+    n_classes: int | None = setting(None, "classes (required for dataset 'files')", lo=2)
+    n_clients: int | None = setting(None, "expected number of clients (checked against the federation)", lo=1)
+    torch_threads: int = setting(1, "torch.set_num_threads per party (0: torch's default)", lo=0)
+    recv_timeout: float | None = setting(None, "seconds to wait for one message (None: the federation's)",
+                                         lo=0, lo_open=True)
+    return_weights: bool = setting(False, "the server returns the final common vector(s) (tests)")
+    seed: int = setting(0, "splits the rows, seeds the models and batches", lo=0)
+    agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
+
+    def validate(self):
+        settings(self)  # the derived settings' own checks (the shape of the table, files mode)
+
+
+def sizes(t: Table) -> dict:
+    s = settings(t)
+    return {"P_c": common_count(s) if s.method != "local" else 0, "G": s.G}
+
+
+def _result_schema():
+    return sch.Scalars()
+
+
+def declarations(t: Table) -> list:
+    s = settings(t)
+    glob = sch.Fields({"r": sch.Int(lo=0), "theta": sch.ListOf(sch.Arr("<f4", ("P_c",)), length="G")})
+    return [
+        declare(K_GLOBAL, "server", "client",
+                "the averaged common column theta_c, one float32 (P_c,) vector per lr", _global_check,
+                payload=glob if s.method != "local" else None),
+        declare(K_RESULT, "client", "server",
+                "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
+                no_arrays, payload=_result_schema()),
+    ] + [_guard(d) for d in aggregation.declarations(_update_length)]
+
+
+ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and client-unique features "
+                      "(Mori et al.), with its Common and Local baselines", roles=ROLES, load_data=load_party,
+                      declarations=declarations, settings=Table, sizes=sizes)
