@@ -57,13 +57,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import get_context
+from concurrent.futures import Future
 from typing import Any, Iterable, Sequence
 
 import gmpy2
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from .pool import process_pool
 
 POINT_BYTES = 32
 SCALAR_BYTES = 32
@@ -259,7 +260,8 @@ class BlindPool:
     """Hash-and-blind / blind batches in worker processes; ``workers=0`` computes inline.
 
     Workers are started with ``spawn`` (safe inside a party process that
-    already runs ZeroMQ threads).  Each task carries its scalar, so one pool
+    already runs ZeroMQ threads) and exit when the party process does, even
+    when it is killed (``fedhet.crypto.pool``).  Each task carries its scalar, so one pool
     serves both blinding steps.  Tasks run in submission order (FIFO), and
     results come back as futures of flat point bytes.
     """
@@ -268,8 +270,7 @@ class BlindPool:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.workers = int(workers)
-        self._ex = (ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"))
-                    if self.workers > 0 else None)
+        self._ex = process_pool(self.workers) if self.workers > 0 else None
 
     def start(self) -> None:
         """Begin starting every worker now, without waiting, so start-up overlaps the caller's work."""

@@ -56,7 +56,6 @@ Default key length is 2048 bits (``DEFAULT_KEY_BITS``).
 
 from __future__ import annotations
 
-import multiprocessing
 import secrets
 import threading
 import weakref
@@ -67,6 +66,8 @@ from dataclasses import dataclass
 import gmpy2
 import numpy as np
 from phe import paillier as _phe
+
+from .pool import process_pool
 
 __all__ = [
     "DEFAULT_KEY_BITS",
@@ -630,7 +631,7 @@ def packed_matmul(enc: EncryptedArray, W, *, w_frac_bits: int = DEFAULT_WEIGHT_F
     kk = W.shape[1]
     own = None
     if executor is None and workers > 1:
-        own = executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        own = executor = process_pool(workers)
     try:
         if executor is None or kk < 2:
             out = _matmul_chunk(n2, enc.ciphertexts, w_int)
@@ -813,8 +814,7 @@ class PaillierContext:
     @property
     def executor(self) -> ProcessPoolExecutor | None:
         if self.workers > 1 and self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context(self._mp_context))
+            self._executor = process_pool(self.workers, self._mp_context)
             weakref.finalize(self, _shutdown, self._executor)
         return self._executor
 
