@@ -24,6 +24,8 @@ application sees any of it, whatever its length.  So:
   against its budget and the run before it keeps any data (:class:`_Streams`),
   and holds at most one unfinished message per sender;
 * ``ZMQ_RCVHWM`` bounds the complete messages libzmq queues per connection;
+  on the DEALERs, which never receive, a peer may leave one message of at
+  most ``DEALER_MAX_FRAME`` bytes;
 * :class:`_ConnectionGuard` watches, per TCP connection, the bytes libzmq has
   read off the socket (``TCP_INFO``) against the bytes it handed to us
   (``ZMQ_SRCFD`` of each received frame).  An honest connection never holds
@@ -66,6 +68,7 @@ HANDSHAKE_S = 10.0  # an unauthenticated connection must finish the CURVE handsh
 REJECTS_KEPT = 100  # reject reasons kept (and logged) verbatim; beyond, counted by reason
 # libzmq applies ZMQ_MAXMSGSIZE to the frame as it arrives, i.e. to the CURVE box around it (33 bytes more)
 WIRE_OVERHEAD = 64
+DEALER_MAX_FRAME = 64 << 10  # what a peer may send back on a connection we opened (it should send nothing)
 
 
 class InsecureTransportWarning(UserWarning):
@@ -150,12 +153,13 @@ class _ConnectionGuard(threading.Thread):
     """
 
     TICK_S = 0.01
-    _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_MONITOR_STOPPED
+    _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
-    def __init__(self, router: zmq.Socket, limit: int, total_limit: int, curve: bool, log):
+    def __init__(self, watched: list, total_limit: int, curve: bool, log):
+        """``watched``: [(socket, limit per connection)]; ``total_limit`` over all connections."""
         super().__init__(name="conn-guard", daemon=True)
-        self.limit, self.total_limit, self.curve, self.log = int(limit), int(total_limit), curve, log
-        self.mon = router.get_monitor_socket(self._EVENTS)
+        self.total_limit, self.curve, self.log = int(total_limit), curve, log
+        self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit)) for sock, limit in watched]
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
         self._conns: dict[int, dict] = {}  # fd -> {"base": int, "t": accept time}
@@ -192,21 +196,20 @@ class _ConnectionGuard(threading.Thread):
         return struct.unpack_from("<Q", info, 128)[0] - struct.unpack("<i", inq)[0]
 
     def _events(self) -> None:
-        while self.mon.poll(0):
-            try:
-                ev = parse_monitor_message(self.mon.recv_multipart())
-            except (zmq.ZMQError, ValueError):
-                return
-            fd = ev["value"]
-            if ev["event"] == zmq.EVENT_ACCEPTED:
-                got = self._received(fd)
-                with self._lock:
-                    base = 0 if got is None else got - self._credit[fd]
-                self._conns[fd] = {"base": base, "t": time.monotonic(), "tcp": got is not None}
-            elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                self._conns.pop(fd, None)
-            elif ev["event"] == zmq.EVENT_MONITOR_STOPPED:
-                self._halt.set()
+        for _sock, mon, limit in self.monitors:
+            while mon.poll(0):
+                try:
+                    ev = parse_monitor_message(mon.recv_multipart())
+                except (zmq.ZMQError, ValueError):
+                    break
+                fd = ev["value"]
+                if ev["event"] in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+                    got = self._received(fd)
+                    with self._lock:
+                        base = 0 if got is None else got - self._credit[fd]
+                    self._conns[fd] = {"base": base, "t": time.monotonic(), "tcp": got is not None, "limit": limit}
+                elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                    self._conns.pop(fd, None)
 
     def _shut(self, fd: int, held: int, why: str) -> None:
         try:
@@ -237,8 +240,8 @@ class _ConnectionGuard(threading.Thread):
         total = sum(max(0, h) for h in held.values())
         self.peak_held = max(self.peak_held, total)
         for fd, h in held.items():
-            if h > self.limit:
-                self._shut(fd, h, f"limit {self.limit} per connection")
+            if h > self._conns[fd]["limit"]:
+                self._shut(fd, h, f"limit {self._conns[fd]['limit']} per connection")
                 total -= h
         if total > self.total_limit:  # many connections at once: youngest first
             for fd in sorted((fd for fd in held if fd in self._conns and held[fd] > 0),
@@ -260,6 +263,14 @@ class _ConnectionGuard(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+
+    def close(self) -> None:
+        for sock, mon, _limit in self.monitors:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(linger=0)
 
 
 class _Stream:
@@ -397,18 +408,15 @@ class ZmqParty(Party):
             self.router.curve_secretkey = secret_key
             self.router.curve_publickey = public_keys[name]
             self.router.zap_domain = ZAP_DOMAIN.encode()
-        self._guard = None
-        if sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO"):
-            per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
-            self._guard = _ConnectionGuard(self.router, per_conn, (len(self.peers) + 2) * per_conn,
-                                           curve=not insecure, log=self.log)
-        self.router.bind(bind_endpoint or endpoints[name])
-        self._streams = _Streams(self)
         self.dealers: dict[str, zmq.Socket] = {}
         for peer in self.peers:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = int(self.timeout * 1000)
             s.sndhwm = 0  # never drop: a slow peer back-pressures instead
+            # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
+            # that sends on it anyway can make libzmq hold one small message, no more.
+            s.rcvhwm = 1
+            s.maxmsgsize = DEALER_MAX_FRAME
             # No fixed routing id: the ROUTER refuses a second connection with an id
             # in use, so a listed peer could lock us out by claiming ours (or a stale
             # connection could block our reconnect).  Identity comes from CURVE + ZAP.
@@ -416,8 +424,17 @@ class ZmqParty(Party):
                 s.curve_serverkey = public_keys[peer]
                 s.curve_publickey = public_keys[name]
                 s.curve_secretkey = secret_key
-            s.connect(endpoints[peer])
             self.dealers[peer] = s
+        self._guard = None
+        if sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO"):
+            per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
+            watched = [(self.router, per_conn)] + [(d, 2 * DEALER_MAX_FRAME) for d in self.dealers.values()]
+            self._guard = _ConnectionGuard(watched, (len(self.peers) + 2) * per_conn, curve=not insecure,
+                                           log=self.log)
+        self.router.bind(bind_endpoint or endpoints[name])
+        self._streams = _Streams(self)
+        for peer, s in self.dealers.items():
+            s.connect(endpoints[peer])
         self._halt = threading.Event()
         if self._guard is not None:
             self._guard.start()
@@ -540,11 +557,7 @@ class ZmqParty(Party):
         if self._guard is not None:
             self._guard.stop()
             self._guard.join(timeout=2)
-            try:
-                self.router.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._guard.mon.close(linger=0)
+            self._guard.close()
         for s in self.dealers.values():
             # a clean close lingers until queued messages reach the peer; a failed party passes a short
             # linger so messages queued for a dead peer do not hold its exit for the whole timeout

@@ -4,7 +4,8 @@
   making libzmq or the receiver buffer a message of 1.76x the party's message
   budget (three giant frames, a streamed message announcing more than the
   budget, one multipart message of many budget-legal frames, streams with a
-  wrong sequence number).  The victim's peak RSS may rise by at most 1/4 of
+  wrong sequence number, and answers on the connection the victim opened to
+  it, where the victim never reads).  The victim's peak RSS may rise by at most 1/4 of
   its budget (256 MiB for the default 1 GiB: 14 % of the 1.76 GiB attack),
   and an honest peer's messages still arrive intact during the flood.  The
   default suite runs it scaled down (64 MiB budget, 1 MiB frames); the
@@ -75,6 +76,7 @@ VICTIM = textwrap.dedent(r"""
                      public_keys={n: k.encode() for n, k in cfg["public"].items()},
                      secret_key=cfg["secret"].encode(), run_id=cfg["run"], timeout=120,
                      max_message_bytes=cfg["budget"], logger=log)
+    party.send("client2", "hello", 1)  # opens the victim's own connection to client2 (attack (e))
     # warm up every code path the honest exchange uses, then measure from here
     first = party.recv("client1", "honest")
     party.send("client1", "sum", float(np.sum(first["x"])))
@@ -95,9 +97,10 @@ VICTIM = textwrap.dedent(r"""
 class Attacker(threading.Thread):
     """client2, a listed insider, sends every over-budget form it can think of, at full speed."""
 
-    def __init__(self, keys, endpoint, budget: int, chunk: int, rounds: int):
+    def __init__(self, keys, endpoint, back_endpoint, budget: int, chunk: int, rounds: int):
         super().__init__(daemon=True)
         self.keys, self.endpoint, self.budget, self.chunk, self.rounds = keys, endpoint, budget, chunk, rounds
+        self.back_endpoint = back_endpoint
         self.sent = 0
         self.error = None
 
@@ -110,6 +113,15 @@ class Attacker(threading.Thread):
             s.curve_serverkey = self.keys["server"][0]
             s.curve_publickey, s.curve_secretkey = self.keys["client2"]
             s.connect(self.endpoint)
+            # client2's own endpoint, where the victim's DEALER connects: answers it never asked for
+            back = ctx.socket(zmq.ROUTER)
+            back.linger = 0
+            back.curve_server = True
+            back.curve_publickey, back.curve_secretkey = self.keys["client2"]
+            back_events = back.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            back.bind(self.back_endpoint)
+            assert back.poll(60_000), "the victim never connected to client2"
+            rid = back.recv_multipart()[0]
             big = int(1.76 * self.budget)
             giant = memoryview(np.zeros(big // 3, np.uint8))  # three of these: the issue's measured attack
             x = np.zeros(big // 4, np.float32)
@@ -131,6 +143,12 @@ class Attacker(threading.Thread):
                 for p in wrong_seq[1:]:
                     s.send(p, copy=False)
                 self.sent += 4 * big
+            # (e) on the connection the victim opened, where it never reads: a multipart message of
+            # small frames that libzmq would hold whole
+            small = memoryview(np.zeros(60_000, np.uint8))
+            back.send_multipart([rid] + [small] * (big // len(small)), copy=False)
+            self.sent += big
+            assert back_events.poll(60_000), "the victim never dropped the connection it was flooded on"
         except Exception as e:  # noqa: BLE001 - reported by the test
             self.error = e
         finally:
@@ -160,7 +178,7 @@ def run_flood(budget: int, chunk: int, rounds: int, messages: int, monkeypatch):
         honest.send("server", "honest", {"x": first})
         assert honest.recv("server", "sum") == float(np.sum(first))
         assert json.loads(victim.stdout.readline())["ready"]
-        attacker = Attacker(keys, endpoints["server"], budget, chunk, rounds)
+        attacker = Attacker(keys, endpoints["server"], endpoints["client2"], budget, chunk, rounds)
         attacker.start()
         for i in range(messages):
             x = rng.normal(size=(2 * chunk + 5) // 8 if i % 2 else 100)
@@ -182,16 +200,16 @@ def run_flood(budget: int, chunk: int, rounds: int, messages: int, monkeypatch):
 
 
 @pytest.mark.parametrize("budget,chunk,rounds", [
-    (128 * MiB, MiB // 2, 2),
+    (128 * MiB, MiB // 2, 1),
     pytest.param(codec.DEFAULT_MAX_MESSAGE_BYTES, codec.CHUNK_BYTES, 1, marks=pytest.mark.slow),
 ])
 def test_insider_flood_keeps_the_victims_memory_bounded_and_the_run_going(budget, chunk, rounds, monkeypatch):
     out, sent = run_flood(budget, chunk, rounds, messages=6, monkeypatch=monkeypatch)
     grew = out["peak"] - out["base"]
     bound = budget // 4  # 256 MiB for the default 1 GiB budget: 14 % of a 1.76x-budget message
-    assert sent >= 4 * 1.76 * budget * rounds * 0.99
+    assert sent >= (4 * rounds + 1) * 1.76 * budget * 0.99
     assert grew <= bound, f"victim RSS rose by {grew / MiB:.1f} MiB (bound {bound / MiB:.0f} MiB): {out}"
-    assert out["cut"] >= rounds, out  # the hostile multipart was cut off, not buffered whole
+    assert out["cut"] >= rounds + 1, out  # the hostile multiparts were cut off, not buffered whole
     assert out["rejects"] >= 2 * rounds, out  # (b) and (d) were refused from their headers
 
 
