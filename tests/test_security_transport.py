@@ -300,3 +300,29 @@ def test_torch_tagged_frame_does_not_import_torch_in_a_numpy_receiver():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got == {"type": "ndarray", "values": [0.0, 1.0, 2.0], "torch": False}
+
+
+# ------------------------------------------------------------ item 5: idle strangers are shed
+def test_idle_unauthenticated_connections_are_dropped_after_the_handshake_interval():
+    keys = {n: zmq.curve_keypair() for n in ROLES}
+    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    quiet = logging.getLogger("fedhet.test.shed")
+    quiet.setLevel(logging.CRITICAL)
+    party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                     secret_key=keys["server"][1], run_id=RUN, timeout=5, logger=quiet, handshake_s=0.5)
+    host, port = eps["server"][len("tcp://"):].split(":")
+    socks = []
+    try:
+        for _ in range(50):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            socks.append(s)
+        t0 = time.monotonic()
+        for s in socks:  # the party closes each one: we read the end of the stream (after its greeting)
+            s.settimeout(max(0.1, 20 - (time.monotonic() - t0)))
+            while s.recv(4096):
+                pass
+        assert time.monotonic() - t0 < 20
+    finally:
+        for s in socks:
+            s.close()
+        party._transport_close()
