@@ -57,13 +57,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import get_context
+import sys
+from concurrent.futures import Future
 from typing import Any, Iterable, Sequence
 
 import gmpy2
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from .pool import process_pool
 
 POINT_BYTES = 32
 SCALAR_BYTES = 32
@@ -88,22 +90,39 @@ def encode_item(item: Any) -> bytes:
     are compared as Python compares them (code points, no Unicode
     normalisation; lone surrogates are kept via ``surrogatepass``).  bool and
     float are refused: ``True == 1`` and ``1.0 == 1`` in Python, so they have
-    no unambiguous identity as IDs.
+    no unambiguous identity as IDs.  Integer IDs may have at most
+    ``sys.get_int_max_str_digits()`` decimal digits (4,300 by default,
+    Python's limit on int/str conversion); a longer one is refused with a
+    ValueError that says so (pass such IDs as str or bytes).
     """
     t = type(item)
     if t is str:
         return b"s" + item.encode("utf-8", "surrogatepass")
     if t is int:
-        return b"i" + str(item).encode()
+        return _encode_int(item)
     if isinstance(item, (bool, np.bool_)):
         raise TypeError(f"ID {item!r} is a bool; use int or str IDs")
     if isinstance(item, str):
         return b"s" + str(item).encode("utf-8", "surrogatepass")
     if isinstance(item, (int, np.integer)):
-        return b"i" + str(int(item)).encode()
+        return _encode_int(int(item))
     if isinstance(item, (bytes, bytearray, memoryview)):
         return b"b" + bytes(item)
     raise TypeError(f"ID {item!r} has type {type(item).__name__}; IDs must be str, int or bytes")
+
+
+def _encode_int(x: int) -> bytes:
+    try:
+        return b"i" + str(x).encode()
+    except ValueError:  # more digits than sys.get_int_max_str_digits() allows
+        raise _int_too_long(x) from None
+
+
+def _int_too_long(x: int) -> ValueError:
+    digits = int(x.bit_length() * 0.30103) + 1  # the value itself cannot be printed
+    return ValueError(f"an integer ID of about {digits} digits; integer IDs may have at most "
+                      f"{sys.get_int_max_str_digits()} digits (Python's int/str conversion limit): "
+                      "pass such IDs as str or bytes")
 
 
 def encode_items(items: Iterable[Any]) -> list[bytes]:
@@ -112,15 +131,17 @@ def encode_items(items: Iterable[Any]) -> list[bytes]:
     ap = out.append
     for i, x in enumerate(items):
         t = type(x)
-        if t is str:
-            ap(b"s" + x.encode("utf-8", "surrogatepass"))
-        elif t is int:
-            ap(b"i" + str(x).encode())
-        else:
-            try:
+        try:
+            if t is str:
+                ap(b"s" + x.encode("utf-8", "surrogatepass"))
+            elif t is int:
+                ap(b"i" + str(x).encode())
+            else:
                 ap(encode_item(x))
-            except TypeError as e:
-                raise TypeError(f"ID at position {i}: {e}") from None
+        except (TypeError, ValueError) as e:
+            if t is int:  # str() refused it: more digits than Python converts
+                e = _int_too_long(x)
+            raise type(e)(f"ID at position {i}: {e}") from None
     return out
 
 
@@ -259,7 +280,8 @@ class BlindPool:
     """Hash-and-blind / blind batches in worker processes; ``workers=0`` computes inline.
 
     Workers are started with ``spawn`` (safe inside a party process that
-    already runs ZeroMQ threads).  Each task carries its scalar, so one pool
+    already runs ZeroMQ threads) and exit when the party process does, even
+    when it is killed (``fedhet.crypto.pool``).  Each task carries its scalar, so one pool
     serves both blinding steps.  Tasks run in submission order (FIFO), and
     results come back as futures of flat point bytes.
     """
@@ -268,8 +290,7 @@ class BlindPool:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.workers = int(workers)
-        self._ex = (ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"))
-                    if self.workers > 0 else None)
+        self._ex = process_pool(self.workers) if self.workers > 0 else None
 
     def start(self) -> None:
         """Begin starting every worker now, without waiting, so start-up overlaps the caller's work."""

@@ -25,7 +25,6 @@ Default key length is 2048 bits (``DEFAULT_KEY_BITS``).
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import weakref
 from collections import deque
@@ -53,6 +52,7 @@ from .paillier_packing import (
     unpack_row,
     unpack_signed,
 )
+from .pool import process_pool
 
 __all__ = [
     "DEFAULT_KEY_BITS",
@@ -249,8 +249,7 @@ class PaillierContext:
     @property
     def executor(self) -> ProcessPoolExecutor | None:
         if self.workers > 1 and self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context(self._mp_context))
+            self._executor = process_pool(self.workers, self._mp_context)
             weakref.finalize(self, _shutdown, self._executor)
         return self._executor
 

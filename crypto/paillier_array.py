@@ -19,8 +19,7 @@ bytes (512 for a 2048-bit key), a ``uint8`` array ``(count, width)``
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 
 import gmpy2
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from .fixedpoint import quantize
 from .paillier_keys import key_view
 from .paillier_packing import DEFAULT_WEIGHT_FRAC_BITS, PackingSpec, check_bound, pack_rows
+from .pool import process_pool
 
 __all__ = [
     "EncryptedArray",
@@ -341,7 +341,7 @@ def packed_matmul(enc: EncryptedArray, W, *, w_frac_bits: int = DEFAULT_WEIGHT_F
     kk = W.shape[1]
     own = None
     if executor is None and workers > 1:
-        own = executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        own = executor = process_pool(workers)
     try:
         if executor is None or kk < 2:
             out = _matmul_chunk(n2, enc.ciphertexts, w_int)

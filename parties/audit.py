@@ -10,6 +10,19 @@
 
 The report is a per-party, per-kind table of messages and bytes plus the list
 of problems; any problem makes the audit fail (exit 1).
+
+Trust.  The signing keys that check the transcripts must come from outside
+the folder being audited: ``audit(run, federation="fed.toml")`` (``fedhet audit
+RUN --federation fed.toml``) takes every party's ``sign_key`` (and role) from
+the federation file the auditor trusts, and reports any party whose key or
+role in the run's ``config.json`` differs.  Without it the keys come from the
+folder's own ``config.json``, which anyone who can edit the folder can replace
+(and re-sign every transcript): the report then carries a loud warning.
+
+Robustness.  Records and config entries of the wrong shape (a ``null`` size,
+a list where a kind belongs, ...) are reported as problems naming the party,
+record and field; they never crash the audit (``record_problem``,
+``config_problems``).
 """
 from __future__ import annotations
 
@@ -21,6 +34,7 @@ from typing import Any, Callable
 
 from . import declare as decl
 from .contract import from_module, installed_algorithm, prepare
+from .codec import short
 from .keys import verify_key
 from .transcript import verify
 
@@ -29,6 +43,7 @@ from .transcript import verify
 class AuditReport:
     run_dir: Path
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     table: list[dict] = field(default_factory=list)  # party, kind, sent, sent_bytes, received, received_bytes
     messages: int = 0
 
@@ -54,9 +69,11 @@ def _declarations(config: dict, lookup: Callable[[str], Any] | None) -> tuple[di
     return declared, sizes, settings, []
 
 
-def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None) -> AuditReport:
-    """Audit a run folder; ``lookup`` maps the run's algorithm name to its Algorithm (the CLI
-    hands the algorithms' registry; by default the installed entry points)."""
+def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
+          federation: str | Path | None = None) -> AuditReport:
+    """Audit a run folder.  ``lookup`` maps the run's algorithm name to its Algorithm (the CLI
+    hands the algorithms' registry; by default the installed entry points); ``federation``: the
+    federation file whose signing keys the auditor trusts."""
     run_dir = Path(run_dir)
     rep = AuditReport(run_dir)
     cfg_path = run_dir / "config.json"
@@ -65,6 +82,11 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None) -> Au
     except (OSError, ValueError) as e:
         rep.problems.append(f"cannot read {cfg_path}: {e}")
         return rep
+    bad = config_problems(config)
+    if bad:
+        rep.problems += [f"{cfg_path}: {b}" for b in bad]
+        return rep
+    sign_keys = trusted_sign_keys(rep, config, federation)
     run_id = config.get("run_id", "")
     roles = {p["name"]: p["role"] for p in config.get("party", [])}
     declared, sizes, alg_cfg, errs = _declarations(config, lookup)
@@ -79,13 +101,13 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None) -> Au
         if not tpath.exists():
             rep.problems.append(f"{name}: transcript missing ({tpath})")
             continue
-        try:
-            pub = verify_key(p.get("sign_key", ""))
-        except ValueError:
-            pub = None
-        v = verify(tpath, name, run_id, pub)
+        v = verify(tpath, name, run_id, sign_keys.get(name))
         rep.problems += [f"{name}: {msg}" for msg in v.problems]
         for r in v.records:
+            bad = record_problem(r)
+            if bad is not None:
+                rep.problems.append(f"{name}: record {short(r.get('i'))}: {bad}")
+                continue
             rep.messages += 1
             c = counts[(name, r.get("kind"))]
             if r.get("dir") == "send":
@@ -126,6 +148,112 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None) -> Au
     return rep
 
 
+# ------------------------------------------------------- trust and robustness
+_RECORD_FIELDS = {  # field -> (test, what it must be)
+    "dir": (lambda v: v in ("send", "recv"), '"send" or "recv"'),
+    "peer": (lambda v: isinstance(v, str) and 0 < len(v) <= 256, "a party name"),
+    "kind": (lambda v: isinstance(v, str) and 0 < len(v) <= 256, "a message kind"),
+    "seq": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "round": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "sha256": (lambda v: isinstance(v, str) and len(v) == 64, "a SHA-256 hex digest"),
+    "arrays": (lambda v: isinstance(v, list) and all(
+        isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in a[1]) for a in v),
+        "a list of [dtype, shape] pairs"),
+}
+
+
+def record_problem(r: dict) -> str | None:
+    """What is wrong with a transcript record's fields (None: every field has the right type)."""
+    for name, (ok, what) in _RECORD_FIELDS.items():
+        if name not in r:
+            return f"field {name!r} is missing"
+        if not ok(r[name]):
+            return f"field {name!r} is {short(r[name])}, expected {what}"
+    return None
+
+
+def config_problems(config) -> list[str]:
+    """What is wrong with the shape of a run's config.json (the parts the audit reads)."""
+    if not isinstance(config, dict):
+        return [f"is {type(config).__name__}, expected a JSON object"]
+    out = []
+    parties = config.get("party")
+    if not isinstance(parties, list) or not parties:
+        return ["has no list of parties"]
+    for i, p in enumerate(parties):
+        if not isinstance(p, dict):
+            out.append(f"party #{i + 1} is {short(p)}, expected an object")
+            continue
+        for k in ("name", "role"):
+            if not isinstance(p.get(k), str) or not p.get(k):
+                out.append(f"party #{i + 1}: field {k!r} is {short(p.get(k))}, expected a string")
+        if not isinstance(p.get("sign_key", ""), str):
+            out.append(f"party #{i + 1}: field 'sign_key' is {short(p.get('sign_key'))}, expected a hex string")
+    names = [p.get("name") for p in parties if isinstance(p, dict)]
+    if len(set(map(str, names))) != len(names):
+        out.append("names a party twice")
+    for k, typ in (("run_id", str), ("algorithm", dict), ("algorithm_cfg", dict)):
+        if k in config and not isinstance(config[k], typ):
+            out.append(f"field {k!r} is {short(config[k])}, expected {typ.__name__}")
+    return out
+
+
+UNTRUSTED_KEYS_WARNING = (
+    "signing keys taken from the audited folder's own config.json: whoever can edit the folder can replace "
+    "them and re-sign every transcript, so the signatures prove nothing here. Pass the federation file you "
+    "trust: fedhet audit RUN --federation fed.toml")
+
+
+def trusted_sign_keys(rep: AuditReport, config: dict, federation: str | Path | None) -> dict:
+    """party name -> Ed25519 public key (None where there is no valid one), from the trusted file if given.
+
+    Differences between the trusted file and the run's config.json are problems.
+    """
+    keys: dict = {}
+    parties = config["party"]
+    if federation is None:
+        rep.warnings.append(UNTRUSTED_KEYS_WARNING)
+        for p in parties:
+            try:
+                keys[p["name"]] = verify_key(p.get("sign_key", ""))
+            except ValueError:
+                keys[p["name"]] = None
+        return keys
+    from .federation import FederationError, load
+
+    try:
+        fed = load(federation)
+    except FederationError as e:
+        rep.problems.append(f"trusted federation file: {e}")
+        return {p["name"]: None for p in parties}
+    trusted = {p.name: p for p in fed.parties}
+    for p in parties:
+        name = p["name"]
+        t = trusted.get(name)
+        keys[name] = None
+        if t is None:
+            rep.problems.append(f"{name}: not a party of the trusted federation file {federation}")
+            continue
+        if t.role != p["role"]:
+            rep.problems.append(f"{name}: role {p['role']!r} in config.json, {t.role!r} in {federation}")
+        if not t.sign_key:
+            rep.problems.append(f"{name}: no sign_key in the trusted federation file {federation}")
+            continue
+        try:
+            keys[name] = verify_key(t.sign_key)
+        except ValueError as e:
+            rep.problems.append(f"{name}: sign_key in {federation}: {e}")
+            continue
+        if p.get("sign_key", "") != t.sign_key:
+            rep.problems.append(f"{name}: config.json names a different signing key than {federation} "
+                                "(replaced in the run folder?)")
+    for name in sorted(set(trusted) - {p["name"] for p in parties}):
+        rep.problems.append(f"{name}: party of {federation} missing from the run")
+    return keys
+
+
 def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, sizes: dict, name: str, r: dict,
                     sender: str, receiver: str) -> None:
     kind = r.get("kind")
@@ -164,9 +292,12 @@ def render(rep: AuditReport, console: Any = None) -> None:
         t.add_row(row["party"], row["role"], str(row["kind"]), str(row["sent"]), f"{row['sent_bytes']:,}",
                   str(row["received"]), f"{row['received_bytes']:,}")
     console.print(t)
+    for w in rep.warnings:
+        console.print(f"[bold red]WARNING[/bold red]: {w}", highlight=False)
     if rep.ok:
         console.print(f"[green]audit passed[/green]: {rep.messages} records, chains and signatures verified, "
-                      "every send matched a receive, every message as declared")
+                      "every send matched a receive, every message as declared"
+                      + (" (signatures against the folder's own keys: see the warning)" if rep.warnings else ""))
     else:
         console.print(f"[red]audit FAILED[/red]: {len(rep.problems)} problem(s)")
         for p in rep.problems[:200]:

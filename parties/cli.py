@@ -4,7 +4,7 @@
     fedhet keys FILE [--name N]         make key pairs for the parties of FILE, print public keys
     fedhet party FILE --name N          run one party (one per machine)
     fedhet run FILE_OR_PRESET [--out D] run every party as a local process
-    fedhet audit RUN_DIR                verify transcripts and declared disclosures
+    fedhet audit RUN_DIR [--federation F] verify transcripts and declared disclosures
     fedhet messages ALGO                every message kind: sender, receiver, payload schema
     fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
     fedhet demo [--out D]               the headline job, end to end
@@ -199,10 +199,11 @@ def cmd_run(args) -> int:
 def cmd_audit(args) -> int:
     from .audit import audit, render
 
-    rep = audit(args.run_dir, _registry().get_algorithm)
+    rep = audit(args.run_dir, _registry().get_algorithm, federation=args.federation)
     render(rep, console)
     if args.json:
-        print(json.dumps({"ok": rep.ok, "problems": rep.problems, "table": rep.table}, indent=2))
+        print(json.dumps({"ok": rep.ok, "problems": rep.problems, "warnings": rep.warnings, "table": rep.table},
+                         indent=2))
     return 0 if rep.ok else 1
 
 
@@ -251,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("audit", help="verify a run's transcripts against the declared disclosures")
     p.add_argument("run_dir")
+    p.add_argument("--federation", metavar="FED_TOML",
+                   help="the federation file whose signing keys you trust (default: the run folder's own, with a warning)")
     p.add_argument("--json", action="store_true", help="also print the report as JSON")
     p.set_defaults(fn=cmd_audit)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")

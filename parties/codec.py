@@ -14,7 +14,22 @@ arrays.
 
 Decoding enforces limits (number of frames, header size, total bytes, array
 element counts match their buffers, nesting depth) and raises
-``MalformedMessage`` with a reason; callers log and drop such messages.
+``MalformedMessage`` with a reason; callers log and drop such messages.  A
+reason never quotes more than ``REFLECT_CHARS`` characters of anything the
+peer sent (:func:`short`), so hostile headers cannot inflate logs.
+
+Large arrays.  An array of more than ``CHUNK_BYTES`` travels as several data
+frames of at most ``chunk_bytes`` each (the header then carries
+``"chunk_bytes"``), so no frame on the wire is larger than the chunk size and
+a transport can cap every frame (``ZMQ_MAXMSGSIZE``) at that size; the header
+itself may not exceed ``MAX_HEADER_BYTES``.  :func:`plan` reads a header alone
+and says how many bytes of array data must follow, so a receiver can refuse a
+message that exceeds its budget before buffering any of it.
+
+Tensors.  A ``"torch"`` array becomes a ``torch.Tensor`` only where torch is
+already imported (the receiving algorithm uses it); elsewhere it is decoded as
+the same numpy array.  Importing torch costs a party seconds and ~200 MB, and
+a peer must not be able to make a numpy-only receiver pay that.
 """
 from __future__ import annotations
 
@@ -50,13 +65,43 @@ def _torch_dtypes() -> dict:
     }
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30  # 1 GiB decoded payload
-MAX_FRAMES = 4097
-MAX_HEADER_BYTES = 64 << 20
+CHUNK_BYTES = 4 << 20  # largest data frame an encoder makes (arrays are split above it)
+MAX_HEADER_BYTES = CHUNK_BYTES  # the header is one frame, so it obeys the same per-frame cap
+MAX_FRAMES = 8193
 MAX_DEPTH = 64
+MAX_NAME_CHARS = 128  # run, sender, receiver and kind strings
+REFLECT_CHARS = 200  # at most this much of a peer's value is quoted in a reason
+
+
+def short(value: Any, limit: int = REFLECT_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters: what reasons quote of a peer's data.
+
+    Large containers are cut before ``repr`` runs, so quoting a 2 MB list costs
+    no more than quoting a short one.
+    """
+    if isinstance(value, (list, tuple)) and len(value) > limit:
+        value = type(value)(value[:limit])
+    elif isinstance(value, dict) and len(value) > limit:
+        value = dict(list(value.items())[:limit])
+    elif isinstance(value, (str, bytes, bytearray)) and len(value) > limit:
+        value = value[:limit]
+    try:
+        text = repr(value)
+    except Exception as e:  # a repr that fails must not turn into a crash
+        text = f"<unprintable {type(value).__name__}: {type(e).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class MalformedMessage(ValueError):
     """A frame set that is not a valid fedhet envelope; the text says why."""
+
+
+class MessageTooLarge(MalformedMessage):
+    """A well-formed header announcing more than the receiver's budget; ``plan`` says what follows it."""
+
+    def __init__(self, reason: str, plan: "Plan"):
+        super().__init__(reason)
+        self.plan = plan
 
 
 @dataclass
@@ -113,8 +158,16 @@ def _flatten(obj: Any, arrays: list, bufs: list, depth: int = 0) -> Any:
     raise TypeError(f"cannot send a value of type {type(obj).__name__}")
 
 
-def encode(run: str, frm: str, to: str, kind: str, seq: int, payload: Any, round: int = 0) -> list:
-    """Frames for one message: [header bytes, array buffers...]."""
+def encode(run: str, frm: str, to: str, kind: str, seq: int, payload: Any, round: int = 0,
+           chunk_bytes: int | None = None) -> list:
+    """Frames for one message: [header bytes, array data frames...].
+
+    Each array is one frame, or ``ceil(nbytes / chunk_bytes)`` frames when it
+    is larger than ``chunk_bytes`` (default ``CHUNK_BYTES``).
+    """
+    chunk = CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+    if chunk < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk}")
     arrays: list = []
     bufs: list = []
     body = _flatten(payload, arrays, bufs)
@@ -123,7 +176,22 @@ def encode(run: str, frm: str, to: str, kind: str, seq: int, payload: Any, round
         "seq": int(seq), "round": int(round), "body": body, "arrays": arrays,
     }
     # A flat uint8 view of each array: zero-copy, and valid for empty arrays too.
-    return [msgpack.packb(header, use_bin_type=True)] + [memoryview(b.reshape(-1).view(np.uint8)) for b in bufs]
+    views = [memoryview(b.reshape(-1).view(np.uint8)) for b in bufs]
+    split = any(len(v) > chunk for v in views)
+    if split:  # only then: messages of small arrays keep exactly the frames they always had
+        header["chunk_bytes"] = chunk
+    head = msgpack.packb(header, use_bin_type=True)
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"message {kind!r}: header of {len(head)} bytes exceeds {MAX_HEADER_BYTES} "
+                         "(send large data as numpy arrays, not as lists or bytes in the body)")
+    if not split:
+        return [head] + views
+    frames = [head]
+    for v in views:
+        frames += [v[i:i + chunk] for i in range(0, len(v), chunk)] if len(v) else [v]
+    if len(frames) > MAX_FRAMES:
+        raise ValueError(f"message {kind!r} needs {len(frames)} frames, at most {MAX_FRAMES} allowed")
+    return frames
 
 
 def frames_digest(frames: list) -> tuple[str, int]:
@@ -144,7 +212,7 @@ def _rebuild(obj: Any, arrays: list, depth: int = 0) -> Any:
         if len(obj) == 1 and _REF in obj:
             i = obj[_REF]
             if not isinstance(i, int) or not 0 <= i < len(arrays) or arrays[i] is None:
-                raise MalformedMessage(f"bad array reference {i!r}")
+                raise MalformedMessage(f"bad array reference {short(i)}")
             a = arrays[i]
             arrays[i] = None  # each array is referenced exactly once
             return a
@@ -152,6 +220,105 @@ def _rebuild(obj: Any, arrays: list, depth: int = 0) -> Any:
     if isinstance(obj, list):
         return [_rebuild(v, arrays, depth + 1) for v in obj]
     return obj
+
+
+@dataclass
+class Plan:
+    """What a header announces: who sends what, and the data frames that must follow it."""
+
+    header: dict
+    run: str
+    frm: str
+    to: str
+    kind: str
+    seq: int
+    round: int
+    specs: list  # [(tag, dtype, shape, nbytes)] per array
+    frame_sizes: list  # byte length of each data frame, in order
+    chunk: int | None
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(self.frame_sizes)
+
+
+def _parse_header(mv: memoryview) -> dict:
+    if len(mv) > MAX_HEADER_BYTES:
+        raise MalformedMessage(f"header of {len(mv)} bytes, at most {MAX_HEADER_BYTES} allowed")
+    try:
+        # Container lengths are bounded by the header size itself, so a
+        # hostile header cannot make us allocate more than it sent.
+        n = len(mv)
+        header = msgpack.unpackb(
+            mv, raw=False, strict_map_key=False, max_str_len=n, max_bin_len=n,
+            max_array_len=n, max_map_len=n, max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises several exception types
+        raise MalformedMessage(f"header is not msgpack: {type(e).__name__}") from None
+    if not isinstance(header, dict):
+        raise MalformedMessage("header is not a map")
+    return header
+
+
+def plan(header_frame: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Plan:
+    """Validate a header frame on its own and say which data frames must follow.
+
+    Raises MalformedMessage when the header is invalid or announces more than
+    ``max_bytes`` in all (header included), before any data is received.
+    """
+    mv = memoryview(header_frame)
+    header = _parse_header(mv)
+    try:
+        v, run, frm, to, kind = (header[k] for k in ("v", "run", "frm", "to", "kind"))
+        seq, rnd, specs = (header[k] for k in ("seq", "round", "arrays"))
+        header["body"]
+    except KeyError as e:
+        raise MalformedMessage(f"header lacks field {short(e.args[0])}") from None
+    if v != PROTOCOL_VERSION:
+        raise MalformedMessage(f"protocol version {short(v)}, expected {PROTOCOL_VERSION}")
+    for name, val in (("run", run), ("frm", frm), ("to", to), ("kind", kind)):
+        if not isinstance(val, str) or not val or len(val) > MAX_NAME_CHARS:
+            raise MalformedMessage(f"header field {name!r} is not a string of 1..{MAX_NAME_CHARS} characters")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise MalformedMessage("bad sequence number")
+    if not isinstance(rnd, int) or isinstance(rnd, bool):
+        raise MalformedMessage("bad round")
+    chunk = header.get("chunk_bytes")
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise MalformedMessage(f"bad chunk_bytes {short(chunk)}")
+    if not isinstance(specs, list):
+        raise MalformedMessage("header field 'arrays' is not a list")
+    if len(specs) >= MAX_FRAMES:
+        raise MalformedMessage(f"{len(specs)} arrays, at most {MAX_FRAMES - 1} allowed")
+    out, sizes = [], []
+    total = len(mv)
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict):
+            raise MalformedMessage(f"array spec {i} is not a map")
+        t, dt, shape = spec.get("t"), spec.get("dtype"), spec.get("shape")
+        if t not in ("np", "torch") or not isinstance(dt, str) or dt not in _ALLOWED_DTYPES:
+            raise MalformedMessage(f"array {i}: type {short(t)} / dtype {short(dt)} not allowed")
+        if (not isinstance(shape, list) or len(shape) > 32
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+            raise MalformedMessage(f"array {i}: bad shape {short(shape)}")
+        count = int(np.prod(shape, dtype=object)) if shape else 1
+        nbytes = count * np.dtype(dt).itemsize
+        total += nbytes
+        n = 1 if chunk is None or nbytes <= chunk else -(-nbytes // chunk)
+        if len(sizes) + n >= MAX_FRAMES:
+            if total > max_bytes:
+                raise MalformedMessage(f"message of at least {total} bytes exceeds the limit of {max_bytes}")
+            raise MalformedMessage(f"message needs more than {MAX_FRAMES} frames")
+        if n == 1:
+            sizes.append(nbytes)
+        else:
+            full, rest = divmod(nbytes, chunk)
+            sizes += [chunk] * full + ([rest] if rest else [])
+        out.append((t, dt, tuple(shape), nbytes))
+    p = Plan(header, run, frm, to, kind, seq, rnd, out, sizes, chunk)
+    if total > max_bytes:
+        raise MessageTooLarge(f"message of {total} bytes exceeds the limit of {max_bytes}", p)
+    return p
 
 
 def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
@@ -164,76 +331,50 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope
     total = sum(len(m) for m in mvs)
     if total > max_bytes:
         raise MalformedMessage(f"message of {total} bytes exceeds the limit of {max_bytes}")
-    if len(mvs[0]) > MAX_HEADER_BYTES:
-        raise MalformedMessage("header too large")
-    try:
-        # Container lengths are bounded by the header size itself, so a
-        # hostile header cannot make us allocate more than it sent.
-        n = len(mvs[0])
-        header = msgpack.unpackb(
-            mvs[0], raw=False, strict_map_key=False, max_str_len=n, max_bin_len=n,
-            max_array_len=n, max_map_len=n, max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises several exception types
-        raise MalformedMessage(f"header is not msgpack: {type(e).__name__}") from None
-    if not isinstance(header, dict):
-        raise MalformedMessage("header is not a map")
-    try:
-        v, run, frm, to, kind = (header[k] for k in ("v", "run", "frm", "to", "kind"))
-        seq, rnd, body, specs = (header[k] for k in ("seq", "round", "body", "arrays"))
-    except KeyError as e:
-        raise MalformedMessage(f"header lacks field {e.args[0]!r}") from None
-    if v != PROTOCOL_VERSION:
-        raise MalformedMessage(f"protocol version {v!r}, expected {PROTOCOL_VERSION}")
-    for name, val in (("run", run), ("frm", frm), ("to", to), ("kind", kind)):
-        if not isinstance(val, str) or not val or len(val) > 256:
-            raise MalformedMessage(f"header field {name!r} is not a short string")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise MalformedMessage("bad sequence number")
-    if not isinstance(rnd, int) or isinstance(rnd, bool):
-        raise MalformedMessage("bad round")
-    if not isinstance(specs, list) or len(specs) != len(mvs) - 1:
+    p = plan(mvs[0], max_bytes)
+    data = mvs[1:]
+    if len(data) != len(p.frame_sizes):
         raise MalformedMessage(
-            f"header announces {len(specs) if isinstance(specs, list) else '?'} arrays "
-            f"but {len(mvs) - 1} data frames came"
+            f"header announces {len(p.specs)} arrays in {len(p.frame_sizes)} data frames "
+            f"but {len(data)} data frames came"
         )
+    for k, (want, mv) in enumerate(zip(p.frame_sizes, data)):
+        if len(mv) != want:
+            raise MalformedMessage(f"data frame {k}: {len(mv)} bytes where the header announces {want}")
+    torch = sys.modules.get("torch")  # tensors only for receivers that already use torch (see top)
     arrays = []
     meta = []
-    for i, (spec, mv) in enumerate(zip(specs, mvs[1:])):
-        if not isinstance(spec, dict):
-            raise MalformedMessage(f"array spec {i} is not a map")
-        t, dt, shape = spec.get("t"), spec.get("dtype"), spec.get("shape")
-        if t not in ("np", "torch") or not isinstance(dt, str) or dt not in _ALLOWED_DTYPES:
-            raise MalformedMessage(f"array {i}: type {t!r} / dtype {dt!r} not allowed")
-        if (not isinstance(shape, list) or len(shape) > 32
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
-            raise MalformedMessage(f"array {i}: bad shape {shape!r}")
+    pos = 0
+    for i, (t, dt, shape, nbytes) in enumerate(p.specs):
         dtype = np.dtype(dt)
-        count = int(np.prod(shape, dtype=object)) if shape else 1
-        if count * dtype.itemsize != len(mv):
-            raise MalformedMessage(
-                f"array {i}: shape {shape} of {dt} needs {count * dtype.itemsize} bytes, frame has {len(mv)}"
-            )
-        # Copy out of the transport's (read-only) buffer: receivers own what they get.
+        n_frames = 1 if p.chunk is None or nbytes <= p.chunk else -(-nbytes // p.chunk)
+        parts = data[pos:pos + n_frames]
+        pos += n_frames
+        # Copy out of the transport's (read-only) buffers: receivers own what they get.
         try:  # an empty frame can still declare dimensions numpy refuses, e.g. [0, 2**64-1]
-            a = np.frombuffer(mv, dtype=dtype).reshape(tuple(shape)).copy()
+            if n_frames == 1:
+                a = np.frombuffer(parts[0], dtype=dtype).reshape(shape).copy()
+            else:
+                a = np.empty(nbytes // dtype.itemsize, dtype=dtype)
+                flat = a.view(np.uint8)
+                at = 0
+                for part in parts:
+                    flat[at:at + len(part)] = np.frombuffer(part, dtype=np.uint8)
+                    at += len(part)
+                a = a.reshape(shape)
         except (ValueError, OverflowError) as e:
-            raise MalformedMessage(f"array {i}: shape {shape} cannot be built: {e}") from None
-        if t == "torch":
-            try:
-                import torch
-            except ImportError:
-                raise MalformedMessage("torch tensor received but torch is unavailable") from None
+            raise MalformedMessage(f"array {i}: shape {short(list(shape))} cannot be built: {short(str(e))}") from None
+        if t == "torch" and torch is not None:
             if dt not in _torch_dtypes().values():
                 raise MalformedMessage(f"array {i}: dtype {dt} is not a torch dtype")
             a = torch.from_numpy(a)
         arrays.append(a)
-        meta.append((dt, tuple(shape)))
-    payload = _rebuild(body, arrays)
+        meta.append((dt, shape))
+    payload = _rebuild(p.header["body"], arrays)
     if any(a is not None for a in arrays):
         raise MalformedMessage("array frames not referenced by the body")
     digest, n = frames_digest(mvs)
-    return Envelope(run=run, frm=frm, to=to, kind=kind, seq=seq, round=rnd,
+    return Envelope(run=p.run, frm=p.frm, to=p.to, kind=p.kind, seq=p.seq, round=p.round,
                     payload=payload, nbytes=n, digest=digest, arrays=meta)
 
 

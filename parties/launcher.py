@@ -1,19 +1,30 @@
 """``fedhet run``: every party of a federation as its own local process.
 
-The launcher makes a run folder, fresh key pairs for every party (kept in the
-run folder, mode 0600), assigns free loopback ports, writes the resolved
-federation file there, starts one ``fedhet party`` process per party, shows
-their progress, and stops everything as soon as any party fails, naming it
-and its reason.  No child outlives it.
+The launcher makes a run folder, fresh key pairs for every party (in a private
+temporary folder outside the run folder, mode 0700, removed when the run ends:
+the run folder is what users hand to an auditor, and a signing key there would
+let anyone re-sign its transcripts), assigns free loopback ports, writes the
+resolved federation file there, starts one ``fedhet party`` process per party,
+shows their progress, and stops everything as soon as any party fails.  No
+child outlives it: every party runs in its own process group, and every group
+is killed at the end, also those whose party has already exited (its pool
+workers live in it).
+
+``result.json`` of a failed run names the party that failed first and why
+(``"failed": {"party", "reason"}``; killed parties first, then the earliest
+``error.json``), and every party's entry says ``"state"``: ``done``,
+``failed`` or ``stopped`` (stopped by the launcher because another failed).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -44,10 +55,16 @@ def default_run_dir(fed: Federation) -> Path:
     return Path("runs") / f"{fed.algorithm_name}-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None) -> tuple[Federation, Path]:
-    """Fresh keys, loopback ports and a run id; returns the resolved federation and its file."""
+def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None,
+                  key_dir: Path | None = None) -> tuple[Federation, Path]:
+    """Fresh keys, loopback ports and a run id; returns the resolved federation and its file.
+
+    Secret keys go to ``key_dir`` (default: a new private temporary folder, never
+    inside ``run_dir``); the caller removes it when the run is over.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    key_dir = run_dir / "keys"
+    if key_dir is None:
+        key_dir = Path(tempfile.mkdtemp(prefix=f"fedhet-keys-{run_dir.name}-"))
     parties = []
     used: set[int] = set()
     for p in fed.parties:
@@ -98,25 +115,38 @@ def _reason(run_dir: Path, name: str, code: int) -> str:
 
 
 def _stop_all(procs: dict[str, subprocess.Popen], grace: float = 3.0) -> None:
-    for p in procs.values():
-        if p.poll() is None:
+    """SIGTERM every party's process group, SIGKILL what is left after ``grace`` seconds.
+
+    Groups are signalled even when their leader (the party) has exited: its
+    pool workers and other children live on in the group until killed.
+    """
+    def signal_groups(sig: int) -> None:
+        for p in procs.values():
             try:
-                os.killpg(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, sig)  # a party's group id is its pid (start_new_session)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    signal_groups(signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs.values():
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+    while time.monotonic() < deadline and any(_group_alive(p.pid) for p in procs.values()):
+        time.sleep(0.05)
+    signal_groups(signal.SIGKILL)
     for p in procs.values():
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.wait()
+        p.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
@@ -132,6 +162,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # children exit if we die (runtime.die_with_launcher)
     view = _Progress(resolved, run_dir) if progress else None
     restore_signals = _trap_termination()
+    failure: dict[str, Any] | None = None
     try:
         for p in resolved.parties:
             pdir = party_dir(run_dir, p.name)
@@ -151,25 +182,32 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             if failed:
                 # The first to fail is the cause; the rest usually failed waiting for it.
                 first = min(failed, key=lambda n: _failure_time(run_dir, n, codes[n]))
-                raise RunFailed(first, _reason(run_dir, first, codes[first]), run_dir)
+                failure = {"party": first, "reason": _reason(run_dir, first, codes[first])}
+                raise RunFailed(first, failure["reason"], run_dir)
             if all(c == 0 for c in codes.values()):
                 break
             if timeout is not None and time.perf_counter() - t0 > timeout:
                 running = [n for n, c in codes.items() if c is None]
-                raise RunFailed(running[0], f"still running after the {timeout:g}s run timeout "
-                                f"(also running: {running[1:]})", run_dir)
+                failure = {"party": running[0], "reason": f"still running after the {timeout:g}s run timeout "
+                                                          f"(also running: {running[1:]})"}
+                raise RunFailed(running[0], failure["reason"], run_dir)
             if view:
                 view.update()
             time.sleep(0.1)
-    except BaseException:
+    except BaseException as e:
         _stop_all(procs)
-        _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=False)
+        if failure is None:
+            failure = {"party": None, "reason": f"launcher stopped: {type(e).__name__}: {e}".rstrip(": ")}
+        _mark_stopped(resolved, run_dir, failure)
+        _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=False, failure=failure)
         raise
     finally:
         if view:
             view.stop()
         _stop_all(procs)
         restore_signals()
+        if resolved.key_dir is not None:
+            shutil.rmtree(resolved.key_dir, ignore_errors=True)
     return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True)
 
 
@@ -196,25 +234,71 @@ def _failure_time(run_dir: Path, name: str, code: int) -> float:
     """Order failures by cause: a killed process first, then the earliest error report.
 
     Peers of a dead party fail *because* of it (timeouts), so they sort after it.
+    An error report's own ``time`` (seconds since the epoch) counts where it has one,
+    else the file's modification time.
     """
     if code < 0:
         return -1.0
     err = party_dir(run_dir, name) / "error.json"
-    return err.stat().st_mtime if err.exists() else float("inf")
+    try:
+        t = json.loads(err.read_text()).get("time")
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            return float(t)
+        return err.stat().st_mtime
+    except (OSError, ValueError, AttributeError):
+        return float("inf")
 
 
-def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool) -> dict[str, Any]:
+def _read_json(path: Path) -> dict | None:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _mark_stopped(fed: Federation, run_dir: Path, failure: dict) -> None:
+    """Parties the launcher stopped (no result, no error of their own) must not read "running"."""
+    cause = (f"stopped by the launcher after {failure['party']!r} failed" if failure.get("party")
+             else f"stopped by the launcher ({failure.get('reason')})")
+    for p in fed.parties:
+        pdir = party_dir(run_dir, p.name)
+        if (pdir / "result.json").exists() or (pdir / "error.json").exists() or p.name == failure.get("party"):
+            continue
+        st = _read_json(pdir / "status.json") or {}
+        if st.get("state") in ("done", "failed", "stopped"):
+            continue
+        st.update({"party": p.name, "role": p.role, "state": "stopped", "reason": cause})
+        try:
+            write_json_atomic(pdir / "status.json", st)
+        except OSError:
+            pass
+
+
+def _party_summary(p, run_dir: Path, failure: dict | None) -> dict[str, Any]:
+    pdir = party_dir(run_dir, p.name)
+    res = _read_json(pdir / "result.json")
+    if res is not None:
+        return dict(res, state="done")
+    st = _read_json(pdir / "status.json") or {}
+    err = _read_json(pdir / "error.json")
+    if st.get("state") == "stopped" and (failure is None or failure.get("party") != p.name):
+        return {"role": p.role, "state": "stopped",
+                "error": st.get("reason") or (err or {}).get("error") or "stopped by the launcher"}
+    if err is not None:
+        return {"role": p.role, "state": "failed", "error": err.get("error")}
+    if failure is not None and failure.get("party") == p.name:
+        return {"role": p.role, "state": "failed", "error": failure.get("reason")}
+    return {"role": p.role, "state": st.get("state") or "unknown", "error": "no result"}
+
+
+def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
+                   failure: dict | None = None) -> dict[str, Any]:
     parties: dict[str, Any] = {}
     merged: list[dict] = []
     for p in fed.parties:
         pdir = party_dir(run_dir, p.name)
-        res = pdir / "result.json"
-        if res.exists():
-            parties[p.name] = json.loads(res.read_text())
-        elif (pdir / "error.json").exists():
-            parties[p.name] = {"role": p.role, "error": json.loads((pdir / "error.json").read_text()).get("error")}
-        else:
-            parties[p.name] = {"role": p.role, "error": "no result"}
+        parties[p.name] = _party_summary(p, run_dir, failure)
         m = pdir / "metrics.jsonl"
         if m.exists():
             for line in m.read_text().splitlines():
@@ -229,6 +313,8 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool) -> dic
         "wall_s": wall, "parties": parties,
         "bytes_total": sum(v.get("traffic", {}).get("bytes_sent_total", 0) for v in parties.values()),
     }
+    if failure is not None:
+        summary["failed"] = failure
     write_json_atomic(run_dir / "result.json", summary)
     return summary
 

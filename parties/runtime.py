@@ -13,6 +13,7 @@ child of ``fedhet run``.  Its part of the run directory::
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -54,6 +55,47 @@ def die_with_launcher() -> None:
         return
     if str(os.getppid()) != launcher:  # it died before the line above took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+# ---------------------------------------------------------------- file limits
+# Every TCP connection to a party costs it a file descriptor, so an outsider with
+# no key can open idle connections until the party cannot open its own files.
+FD_RETRY_S = 30.0  # how long a result or error write waits for descriptors to free up
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def _out_of_descriptors(e: OSError) -> bool:
+    return e.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def write_json_when_possible(path: Path, obj: dict, wait_s: float = FD_RETRY_S) -> None:
+    """write_json_atomic, retried while the process is out of file descriptors (idle connections
+    are dropped by the transport's handshake timeout, which frees them)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            write_json_atomic(path, obj)
+            return
+        except OSError as e:
+            if not _out_of_descriptors(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def party_dir(run_dir: Path, name: str) -> Path:
@@ -109,6 +151,7 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
 
     die_with_launcher()
     _stop_on_sigterm()
+    raise_open_file_limit()
     run_dir = Path(run_dir)
     spec = fed.party(name)
     pdir = party_dir(run_dir, name)
@@ -123,7 +166,11 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
 
     def status(st: dict) -> None:
         st.update({"party": name, "role": spec.role, "state": st.get("state", "running")})
-        write_json_atomic(pdir / "status.json", st)
+        try:
+            write_json_atomic(pdir / "status.json", st)
+        except OSError as e:  # progress is advisory: out of descriptors must not fail the party
+            if not _out_of_descriptors(e):
+                raise
 
     try:
         write_json_atomic(run_dir / "config.json", config_record(fed, run_id, insecure))
@@ -165,7 +212,7 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
         party.close()
         transcript.close()
         wall = time.perf_counter() - t0
-        write_json_atomic(pdir / "result.json", {
+        write_json_when_possible(pdir / "result.json", {
             "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
             "result": result, "traffic": party.traffic(), "wall_s": wall,
             "role_wall_s": time.perf_counter() - t_train, "device": party.device, "insecure": insecure,
@@ -183,7 +230,7 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
         if party is not None and not stopped and not isinstance(e, PartyAborted):
             party.notify_failure(f"{name}: {reason}")
         try:
-            write_json_atomic(pdir / "error.json", {
+            write_json_when_possible(pdir / "error.json", {
                 "party": name, "role": spec.role, "error": reason, "stopped": stopped,
                 "aborted_by_peer": isinstance(e, PartyAborted), "caused_by": caused_by,
                 "time": time.time(), "traceback": traceback.format_exc(),

@@ -23,11 +23,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 GENESIS = "0" * 64
 
 
-def _canon(rec: dict) -> bytes:
+def canonical(rec: dict) -> bytes:
+    """The exact bytes of a record's line (sorted keys, no spaces, ASCII): what the chain hashes."""
     return json.dumps(rec, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _head_message(run_id: str, party: str, count: int, head: str) -> bytes:
+def head_message(run_id: str, party: str, count: int, head: str) -> bytes:
+    """What the head signature signs."""
     return f"fedhet-transcript-v1|{run_id}|{party}|{count}|{head}".encode()
 
 
@@ -58,7 +60,7 @@ class Transcript:
             if self._closed:
                 return
             rec["i"], rec["prev"] = self._count, self._prev
-            line = _canon(rec)
+            line = canonical(rec)
             self._prev = hashlib.sha256(line).hexdigest()
             self._count += 1
             self._f.write(line.decode() + "\n")
@@ -72,8 +74,8 @@ class Transcript:
             head = {"type": "head", "party": self.party, "run": self.run_id,
                     "count": self._count, "head": self._prev, "sig": None}
             if self._key is not None:
-                head["sig"] = self._key.sign(_head_message(self.run_id, self.party, self._count, self._prev)).hex()
-            self._f.write(_canon(head).decode() + "\n")
+                head["sig"] = self._key.sign(head_message(self.run_id, self.party, self._count, self._prev)).hex()
+            self._f.write(canonical(head).decode() + "\n")
             self._f.flush()
             self._f.close()
 
@@ -114,7 +116,7 @@ def verify(path: str | Path, party: str, run_id: str, public_key: Ed25519PublicK
         if not isinstance(rec, dict):
             problems.append(f"line {n + 1}: not a record")
             break
-        if _canon(rec) != raw:
+        if canonical(rec) != raw:
             problems.append(f"line {n + 1}: not in canonical form (edited?)")
         if rec.get("type") == "head":
             head = rec
@@ -141,7 +143,7 @@ def verify(path: str | Path, party: str, run_id: str, public_key: Ed25519PublicK
             problems.append("head is not signed")
         else:
             try:
-                public_key.verify(bytes.fromhex(sig), _head_message(run_id, party, len(records), prev))
+                public_key.verify(bytes.fromhex(sig), head_message(run_id, party, len(records), prev))
             except (InvalidSignature, ValueError):
                 problems.append("head signature does not verify")
     return Verified(party, records, not problems, problems)

@@ -5,27 +5,70 @@ server) and connects one DEALER to each peer's endpoint (a CURVE client
 pinned to that peer's public key).  A ZAP handler on the ROUTER admits only
 the public keys of the federation and reports the matching party name as the
 connection's User-Id; ``Party._deliver`` then rejects any envelope whose
-sender differs from that authenticated name.  ZMQ_MAXMSGSIZE bounds what a
-peer can make us buffer; the codec bounds what we decode.
+sender differs from that authenticated name.
 
 CURVE is libzmq's CurveZMQ (X25519 key agreement, XSalsa20-Poly1305 boxes,
 perfect forward secrecy per connection); nothing cryptographic is done here
 beyond configuring it.  ``insecure=True`` turns it off, for measuring its cost
 only: the sender can then no longer be authenticated, and a warning says so.
+
+Bounded memory against a listed peer.  libzmq caps each *frame*
+(``ZMQ_MAXMSGSIZE``) but buffers a multipart message whole before the
+application sees any of it, whatever its length.  So:
+
+* every frame is capped at ``frame_bytes`` (the codec's chunk size, or the
+  message budget if smaller); the codec splits large arrays into such chunks;
+* a message that fits in one frame budget goes as one multipart message, as
+  always; a larger one is *streamed*: ``[STREAM_START, header]`` and then each
+  data frame as its own single-part message.  The receiver checks the header
+  against its budget and the run before it keeps any data (:class:`_Streams`),
+  and holds at most one unfinished message per sender;
+* ``ZMQ_RCVHWM`` bounds the complete messages libzmq queues per connection;
+  on the DEALERs, which never receive, a peer may leave one message of at
+  most ``DEALER_MAX_FRAME`` bytes;
+* :class:`_ConnectionGuard` watches, per TCP connection, the bytes libzmq has
+  read off the socket (``TCP_INFO``) against the bytes it handed to us
+  (``ZMQ_SRCFD`` of each received frame).  An honest connection never holds
+  more than its queue plus one frame in between; a connection that holds more
+  (a hostile multipart message that libzmq is still assembling) is shut down,
+  which makes libzmq drop what it buffered.  Linux only.
+
+Outsiders: unauthenticated connections never get past the CURVE handshake,
+which must finish within ``handshake_s`` (``ZMQ_HANDSHAKE_IVL``) or the
+connection is dropped, so idle connections cannot pile up.
 """
 from __future__ import annotations
 
+import collections
+import errno
+import fcntl
+import socket
+import struct
+import sys
+import termios
 import threading
+import time
 import warnings
 from typing import Any
 
 import zmq
 import zmq.utils.z85
+from zmq.utils.monitor import parse_monitor_message
 
+from . import codec
 from .api import Party
+from .codec import MalformedMessage, MessageTooLarge, short
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = "fedhet"
+# First part of the two-part message that opens a streamed message (header follows).
+STREAM_START = b"\x00fedhet-stream-1"
+RCV_HWM = 4  # complete messages libzmq may queue per connection before it stops reading it
+HANDSHAKE_S = 10.0  # an unauthenticated connection must finish the CURVE handshake within this
+REJECTS_KEPT = 100  # reject reasons kept (and logged) verbatim; beyond, counted by reason
+# libzmq applies ZMQ_MAXMSGSIZE to the frame as it arrives, i.e. to the CURVE box around it (33 bytes more)
+WIRE_OVERHEAD = 64
+DEALER_MAX_FRAME = 64 << 10  # what a peer may send back on a connection we opened (it should send nothing)
 
 
 class InsecureTransportWarning(UserWarning):
@@ -67,24 +110,252 @@ class _ZapHandler(threading.Thread):
                         status, text, user = b"200", b"OK", name.encode()
                     else:
                         self.denied += 1
-                        self.log.warning("ZAP: refused CURVE key %s from %s (not in the federation)",
-                                         key.decode(), address.decode(errors="replace"))
+                        self._warn("ZAP: refused CURVE key %s from %s (not in the federation)",
+                                   key.decode(), short(address.decode(errors="replace")))
                 elif mechanism == b"NULL" and self.insecure:
                     status, text = b"200", b"OK (insecure)"
                 else:
                     self.denied += 1
-                    self.log.warning("ZAP: refused %s connection from %s",
-                                     mechanism.decode(errors="replace"), address.decode(errors="replace"))
+                    self._warn("ZAP: refused %s connection from %s", short(mechanism.decode(errors="replace")),
+                               short(address.decode(errors="replace")))
                 self.sock.send_multipart([version, request_id, status, text, user, b""])
             except Exception as e:  # a garbled ZAP request must not kill the handler
-                self.log.warning("ZAP: bad request: %s", e)
+                self._warn("ZAP: bad request: %s", short(str(e)))
                 try:
                     self.sock.send_multipart([b"1.0", b"", b"500", b"error", b"", b""])
                 except zmq.ZMQError:
                     pass
 
+    def _warn(self, fmt: str, *args) -> None:
+        # An outsider can knock as often as it likes: log the first refusals, then every 1000th.
+        if self.denied <= REJECTS_KEPT or self.denied % 1000 == 0:
+            self.log.warning(fmt + (f" ({self.denied} refused so far)" if self.denied > REJECTS_KEPT else ""), *args)
+
     def stop(self) -> None:
         self._halt.set()
+
+
+def _wire_bytes(n: int, curve: bool) -> int:
+    """Bytes one frame of ``n`` bytes takes on the wire (ZMTP 3 framing, CURVE MESSAGE box)."""
+    body = n + (33 if curve else 0)  # "\\x07MESSAGE" + 8-byte nonce + 16-byte MAC + flags byte
+    return body + (2 if body <= 255 else 9)
+
+
+class _ConnectionGuard(threading.Thread):
+    """Shuts down connections on which libzmq buffers more than ``limit`` bytes we were not given.
+
+    Per accepted TCP connection (socket monitor: ACCEPTED / DISCONNECTED give
+    its fd): received = bytes TCP took in (``TCP_INFO.tcpi_bytes_received``)
+    minus bytes still in the kernel queue (``FIONREAD``); credited = wire size
+    of every frame the receive loop read from that fd (``ZMQ_SRCFD``).  The
+    difference is what libzmq holds: the partial frame, the queued complete
+    messages (``RCV_HWM``) and any multipart message still being assembled.
+    """
+
+    TICK_S = 0.01
+    _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
+    def __init__(self, watched: list, total_limit: int, curve: bool, log):
+        """``watched``: [(socket, limit per connection)]; ``total_limit`` over all connections."""
+        super().__init__(name="conn-guard", daemon=True)
+        self.total_limit, self.curve, self.log = int(total_limit), curve, log
+        self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit)) for sock, limit in watched]
+        self._lock = threading.Lock()
+        self._credit: dict[int, int] = collections.defaultdict(int)
+        self._conns: dict[int, dict] = {}  # fd -> {"base": int, "t": accept time}
+        self._halt = threading.Event()
+        self.cut = 0  # connections shut down
+        self.peak_held = 0  # largest total held bytes seen (for tests and logs)
+
+    # called by the receive loop for every message it reads
+    def credit(self, frames: list) -> None:
+        try:
+            fd = frames[0].get(zmq.SRCFD)
+        except zmq.ZMQError:
+            return
+        n = sum(_wire_bytes(len(f), self.curve) for f in frames)
+        with self._lock:
+            self._credit[fd] += n
+
+    def _received(self, fd: int) -> int | None:
+        """Bytes libzmq took off this socket (None: not a TCP socket, or gone)."""
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            return None
+        try:
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            inq = bytearray(4)
+            fcntl.ioctl(fd, termios.FIONREAD, inq)
+        except OSError:
+            return None
+        finally:
+            s.detach()
+        if len(info) < 136:  # kernel without tcpi_bytes_received (Linux < 4.1)
+            return None
+        return struct.unpack_from("<Q", info, 128)[0] - struct.unpack("<i", inq)[0]
+
+    def _events(self) -> None:
+        for _sock, mon, limit in self.monitors:
+            while mon.poll(0):
+                try:
+                    ev = parse_monitor_message(mon.recv_multipart())
+                except (zmq.ZMQError, ValueError):
+                    break
+                fd = ev["value"]
+                if ev["event"] in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+                    got = self._received(fd)
+                    with self._lock:
+                        base = 0 if got is None else got - self._credit[fd]
+                    self._conns[fd] = {"base": base, "t": time.monotonic(), "tcp": got is not None, "limit": limit}
+                elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                    self._conns.pop(fd, None)
+
+    def _shut(self, fd: int, held: int, why: str) -> None:
+        try:
+            s = socket.socket(fileno=fd)
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # libzmq sees the end of the stream and drops what it holds
+            finally:
+                s.detach()
+        except OSError:
+            return
+        self.cut += 1
+        self._conns.pop(fd, None)
+        if self.cut <= REJECTS_KEPT or self.cut % 100 == 0:
+            self.log.warning("dropped a connection holding %d bytes of unfinished messages (%s; %d dropped so far)",
+                             held, why, self.cut)
+
+    def check(self) -> None:
+        self._events()
+        held: dict[int, int] = {}
+        for fd, c in list(self._conns.items()):
+            if not c["tcp"]:
+                continue
+            got = self._received(fd)
+            if got is None:
+                continue
+            with self._lock:
+                held[fd] = got - self._credit[fd] - c["base"]
+        total = sum(max(0, h) for h in held.values())
+        self.peak_held = max(self.peak_held, total)
+        for fd, h in held.items():
+            if h > self._conns[fd]["limit"]:
+                self._shut(fd, h, f"limit {self._conns[fd]['limit']} per connection")
+                total -= h
+        if total > self.total_limit:  # many connections at once: youngest first
+            for fd in sorted((fd for fd in held if fd in self._conns and held[fd] > 0),
+                             key=lambda fd: -self._conns[fd]["t"]):
+                if total <= self.total_limit:
+                    break
+                total -= held[fd]
+                self._shut(fd, held[fd], f"limit {self.total_limit} over all connections")
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.check()
+            except zmq.ZMQError:
+                break
+            except Exception as e:  # the guard must never take the party down
+                self.log.warning("connection guard: %s: %s", type(e).__name__, short(str(e)))
+            self._halt.wait(self.TICK_S)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def close(self) -> None:
+        for sock, mon, _limit in self.monitors:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(linger=0)
+
+
+class _Stream:
+    __slots__ = ("user", "plan", "header", "frames", "skip", "seen")
+
+    def __init__(self, user, plan, header, skip: bool):
+        self.user, self.plan, self.header, self.skip = user, plan, header, skip
+        self.frames: list = []
+        self.seen = 0
+
+
+class _Streams:
+    """Reassembles streamed messages per connection; at most one unfinished message per sender."""
+
+    def __init__(self, party: "ZmqParty"):
+        self.party = party
+        self.open: dict[bytes, _Stream] = {}  # routing id -> stream
+        self.by_user: dict[Any, bytes] = {}
+
+    def feed(self, rid: bytes, user: str | None, frames: list) -> None:
+        st = self.open.get(rid)
+        if len(frames) == 2 and len(frames[0]) == len(STREAM_START) and frames[0].bytes == STREAM_START:
+            if st is not None:
+                self._drop(rid, st, "superseded by a new message")
+            self._start(rid, user, frames[1])
+            return
+        if st is not None and len(frames) == 1:
+            self._data(rid, st, frames[0])
+            return
+        if st is not None:
+            self._drop(rid, st, "interrupted by another message")
+        self.party._deliver([f.buffer for f in frames], authenticated=user)
+
+    def _start(self, rid: bytes, user: str | None, header) -> None:
+        p = self.party
+        who = user or "?"
+        why = None
+        try:
+            plan = codec.plan(header.buffer, p.max_message_bytes)
+        except MessageTooLarge as e:  # refused, but its data frames are known: read and drop them
+            plan, why = e.plan, f"malformed from {who}: {e}"
+        except MalformedMessage as e:
+            p._reject(f"malformed from {who}: {e}")
+            return
+        if not plan.frame_sizes:
+            if why is not None:
+                p._reject(why)
+            else:
+                p._deliver([header.buffer], authenticated=user)
+            return
+        key = user if user is not None else rid
+        old = self.by_user.get(key)
+        if old is not None and old in self.open:
+            self._drop(old, self.open[old], "superseded by a new message on another connection")
+        why = why or p._stream_refusal(plan, user)
+        self.open[rid] = _Stream(user, plan, header, skip=why is not None)
+        self.by_user[key] = rid
+        if why is not None:  # refused before any data is kept; its data frames are read and dropped
+            p._reject(why)
+
+    def _data(self, rid: bytes, st: _Stream, frame) -> None:
+        sizes = st.plan.frame_sizes
+        k = st.seen
+        if len(frame) != sizes[k]:
+            self._drop(rid, st, f"data frame {k} has {len(frame)} bytes where the header announced {sizes[k]}")
+            return
+        st.seen += 1
+        if not st.skip:
+            st.frames.append(frame.buffer)
+        if st.seen == len(sizes):
+            self._close(rid, st)
+            if not st.skip:
+                self.party._deliver([st.header.buffer] + st.frames, authenticated=st.user)
+
+    def _close(self, rid: bytes, st: _Stream) -> None:
+        self.open.pop(rid, None)
+        key = st.user if st.user is not None else rid
+        if self.by_user.get(key) == rid:
+            del self.by_user[key]
+
+    def _drop(self, rid: bytes, st: _Stream, why: str) -> None:
+        self._close(rid, st)
+        if not st.skip:
+            self.party._reject(f"unfinished {st.plan.kind!r} message from {st.user or '?'} "
+                               f"({st.seen} of {len(st.plan.frame_sizes)} data frames) dropped: {why}")
 
 
 class ZmqParty(Party):
@@ -99,6 +370,7 @@ class ZmqParty(Party):
         secret_key: bytes | None = None,
         insecure: bool = False,
         bind_endpoint: str | None = None,
+        handshake_s: float = HANDSHAKE_S,
         **kw: Any,
     ) -> None:
         super().__init__(name, roles, **kw)
@@ -116,6 +388,10 @@ class ZmqParty(Party):
                 raise RuntimeError("this libzmq was built without CURVE support")
             if secret_key is None or public_keys is None or name not in public_keys:
                 raise ValueError("CURVE needs this party's secret key and every party's public key")
+        # Largest frame on the wire in either direction (see the module docstring).
+        self.frame_bytes = max(1, min(self.max_message_bytes, codec.CHUNK_BYTES))
+        self.reject_count = 0
+        self.rejects_by_reason: collections.Counter = collections.Counter()
         self.ctx = zmq.Context()
         self._zap = None
         if not insecure:
@@ -124,19 +400,23 @@ class ZmqParty(Party):
             self._zap.start()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.linger = 0
-        self.router.maxmsgsize = self.max_message_bytes
-        self.router.rcvhwm = 0
+        self.router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
+        self.router.rcvhwm = RCV_HWM
+        self.router.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
         if not insecure:
             self.router.curve_server = True
             self.router.curve_secretkey = secret_key
             self.router.curve_publickey = public_keys[name]
             self.router.zap_domain = ZAP_DOMAIN.encode()
-        self.router.bind(bind_endpoint or endpoints[name])
         self.dealers: dict[str, zmq.Socket] = {}
         for peer in self.peers:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = int(self.timeout * 1000)
             s.sndhwm = 0  # never drop: a slow peer back-pressures instead
+            # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
+            # that sends on it anyway can make libzmq hold one small message, no more.
+            s.rcvhwm = 1
+            s.maxmsgsize = DEALER_MAX_FRAME
             # No fixed routing id: the ROUTER refuses a second connection with an id
             # in use, so a listed peer could lock us out by claiming ours (or a stale
             # connection could block our reconnect).  Identity comes from CURVE + ZAP.
@@ -144,15 +424,39 @@ class ZmqParty(Party):
                 s.curve_serverkey = public_keys[peer]
                 s.curve_publickey = public_keys[name]
                 s.curve_secretkey = secret_key
-            s.connect(endpoints[peer])
             self.dealers[peer] = s
+        self._guard = None
+        if sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO"):
+            per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
+            watched = [(self.router, per_conn)] + [(d, 2 * DEALER_MAX_FRAME) for d in self.dealers.values()]
+            self._guard = _ConnectionGuard(watched, (len(self.peers) + 2) * per_conn, curve=not insecure,
+                                           log=self.log)
+        self.router.bind(bind_endpoint or endpoints[name])
+        self._streams = _Streams(self)
+        for peer, s in self.dealers.items():
+            s.connect(endpoints[peer])
         self._halt = threading.Event()
+        if self._guard is not None:
+            self._guard.start()
         self._rx = threading.Thread(target=self._receive_loop, name=f"rx-{name}", daemon=True)
         self._rx.start()
 
+    # ----------------------------------------------------------------- sending
     def _transport_send(self, to: str, frames: list) -> None:
-        self.dealers[to].send_multipart(frames, copy=len(frames) == 1)
+        sock = self.dealers[to]
+        if sum(len(memoryview(f)) for f in frames) <= self.frame_bytes:
+            sock.send_multipart(frames, copy=len(frames) == 1)
+            return
+        # Too large for one frame budget: stream it, one bounded frame per message.
+        if len(memoryview(frames[0])) > self.frame_bytes or any(len(memoryview(f)) > self.frame_bytes
+                                                                for f in frames[1:]):
+            raise ValueError(f"party {self.name!r}: a frame of this message exceeds the {self.frame_bytes}-byte "
+                             "frame limit (the message is larger than max_message_mb allows)")
+        sock.send_multipart([STREAM_START, frames[0]])
+        for f in frames[1:]:
+            sock.send(f, copy=False)
 
+    # --------------------------------------------------------------- receiving
     def _receive_loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
@@ -165,23 +469,95 @@ class ZmqParty(Party):
                 if self._halt.is_set():
                     break
                 continue
-            if len(parts) < 2:
-                self._reject("empty message")
-                continue
-            user = None
-            if not self.insecure:
-                try:
-                    user = parts[1].get("User-Id")
-                except zmq.ZMQError:
-                    user = None
-                if not user:
-                    self._reject("message on a connection without an authenticated key")
-                    continue
-            self._deliver([p.buffer for p in parts[1:]], authenticated=user)
+            try:
+                self._received(parts)
+            except Exception as e:  # belt and braces: nothing a peer sends may stop the receive loop
+                self._reject(f"receive loop: {type(e).__name__}: {short(str(e))}")
 
+    def _received(self, parts: list) -> None:
+        if len(parts) < 2:
+            self._reject("empty message")
+            return
+        frames = parts[1:]
+        if self._guard is not None:
+            self._guard.credit(frames)
+        user = None
+        if not self.insecure:
+            try:
+                user = frames[0].get("User-Id")
+            except zmq.ZMQError:
+                user = None
+            if not user:
+                self._reject("message on a connection without an authenticated key")
+                return
+        self._streams.feed(parts[0].bytes, user, frames)
+
+    def _stream_refusal(self, plan: codec.Plan, user: str | None) -> str | None:
+        """Why a streamed message is refused from its header alone (None: keep its data).
+
+        The same checks as ``_deliver`` makes on a whole message, made before
+        any data is buffered, plus :meth:`admit_stream`.
+        """
+        if plan.run != self.run_id:
+            return f"message of another run {short(plan.run)} (ours {self.run_id!r}) from {short(plan.frm)}"
+        if plan.to != self.name:
+            return f"message addressed to {short(plan.to)} delivered to {self.name!r}"
+        if plan.frm not in self.roles or plan.frm == self.name:
+            return f"message from unknown party {short(plan.frm)}"
+        if user is not None and user != plan.frm:
+            return f"party {user!r} tried to send as {short(plan.frm)}"
+        expected = self._seq_in.get(plan.frm, 0)
+        if plan.seq != expected:
+            what = "replayed" if plan.seq < expected else "out-of-order"
+            return f"{what} message from {plan.frm!r}: seq {plan.seq}, expected {expected}"
+        return self.admit_stream(plan.frm, plan.kind, plan.data_bytes)
+
+    def admit_stream(self, frm: str, kind: str, nbytes: int) -> str | None:
+        """Hook: refuse a streamed message of ``nbytes`` array bytes before it is buffered.
+
+        Returns the reason, or None to accept.  The default accepts anything
+        within ``max_message_bytes`` (already checked).
+        """
+        return None
+
+    # ------------------------------------------------------- bounded reporting
+    def _reject(self, reason: str, *args: Any, **kw: Any) -> None:
+        """Keep (and log) the first ``REJECTS_KEPT`` reasons; beyond, count them by reason."""
+        reason = reason if len(reason) <= 4 * codec.REFLECT_CHARS else reason[:4 * codec.REFLECT_CHARS] + "..."
+        with self._reject_lock:
+            self.reject_count += 1
+            n = self.reject_count
+        if n <= REJECTS_KEPT:
+            super()._reject(reason, *args, **kw)
+            return
+        key = reason.split(":", 1)[0][:codec.REFLECT_CHARS]
+        with self._reject_lock:
+            self.rejects_by_reason[key] += 1
+        if n & (n - 1) == 0:  # a summary at 128, 256, 512, ... rejections
+            self.log.warning("rejected %d messages in all; beyond the first %d, by reason: %s", n, REJECTS_KEPT,
+                             short(dict(self.rejects_by_reason.most_common(10)), 4 * codec.REFLECT_CHARS))
+
+    def traffic(self) -> dict:
+        t = super().traffic()
+        t["rejected"] = max(t.get("rejected", 0), self.reject_count)
+        return t
+
+    def metric(self, **values: Any) -> None:
+        try:
+            super().metric(**values)
+        except OSError as e:  # e.g. EMFILE under a connection flood: lose a metrics line, not the party
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOSPC):
+                raise
+            self.log.warning("metrics line not written: %s", e)
+
+    # ----------------------------------------------------------------- closing
     def _transport_close(self, linger_s: float | None = None) -> None:
         self._halt.set()
         self._rx.join(timeout=5)
+        if self._guard is not None:
+            self._guard.stop()
+            self._guard.join(timeout=2)
+            self._guard.close()
         for s in self.dealers.values():
             # a clean close lingers until queued messages reach the peer; a failed party passes a short
             # linger so messages queued for a dead peer do not hold its exit for the whole timeout

@@ -148,8 +148,8 @@ def _dedupe(items: list, who: str) -> tuple[list[bytes], np.ndarray]:
     """(unique encodings in first-occurrence order, the row of each one's first occurrence)."""
     try:
         enc = grp.encode_items(items)
-    except TypeError as e:
-        raise TypeError(f"{who}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{who}: {e}") from None
     if len(dict.fromkeys(enc)) == len(enc):  # no duplicates: the common case, at C speed
         uniq, rows = enc, np.arange(len(enc), dtype=np.int64)
     else:

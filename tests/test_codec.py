@@ -68,15 +68,15 @@ def _header(**over):
     ([b"\xc1"], "not msgpack"),
     ([msgpack.packb([1, 2])], "not a map"),
     ([_header(v=9), b"\0" * 8], "version"),
-    ([_header(), b"\0" * 7], "needs 8 bytes"),
+    ([_header(), b"\0" * 7], "7 bytes where the header announces 8"),
     ([_header()], "announces"),
     ([_header(arrays=[{"t": "np", "dtype": "|O", "shape": [1]}]), b"\0" * 8], "not allowed"),
     ([_header(arrays=[{"t": "np", "dtype": "<f4", "shape": [-1]}]), b"\0" * 8], "bad shape"),
     ([_header(body={"__fedhet_array__": 5}), b"\0" * 8], "bad array reference"),
     ([_header(body=None), b"\0" * 8], "not referenced"),
     ([_header(seq=-1), b"\0" * 8], "sequence"),
-    ([_header(frm=""), b"\0" * 8], "short string"),
-    ([_header(arrays=[{"t": "np", "dtype": "<f4", "shape": [1 << 40, 1 << 40]}]), b"\0" * 8], "needs"),
+    ([_header(frm=""), b"\0" * 8], "not a string of 1..128"),
+    ([_header(arrays=[{"t": "np", "dtype": "<f4", "shape": [1 << 40, 1 << 40]}]), b"\0" * 8], "exceeds the limit"),
 ])
 def test_malformed_frames_are_rejected_with_a_reason(frames, why):
     with pytest.raises(MalformedMessage, match=why):
@@ -98,3 +98,36 @@ def test_empty_and_zero_dimensional_arrays_roundtrip():
     for a in (np.zeros((0, 5)), np.zeros((3, 0), dtype=np.int32), np.full((), 2.5, dtype=np.float32), torch.zeros(0, 3)):
         got = roundtrip(a).payload
         assert tuple(got.shape) == tuple(a.shape) and type(got) is type(a)
+
+
+def test_large_arrays_are_chunked_into_bounded_frames_and_roundtrip():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(1000, 37))  # 296,000 bytes
+    b = np.arange(10, dtype=np.int32)
+    frames = codec.encode("r", "a", "b", "k", 0, {"a": a, "b": b, "t": torch.arange(5)}, chunk_bytes=4096)
+    sizes = [len(memoryview(f)) for f in frames[1:]]
+    assert max(sizes) <= 4096 and len(sizes) == -(-a.nbytes // 4096) + 2
+    env = codec.decode([bytes(f) for f in frames])
+    assert env.payload["a"].tobytes() == a.tobytes() and env.payload["a"].shape == a.shape
+    assert np.array_equal(env.payload["b"], b) and torch.equal(env.payload["t"], torch.arange(5))
+    assert env.arrays == [("<f8", (1000, 37)), ("<i4", (10,)), ("<i8", (5,))]
+    p = codec.plan(frames[0])
+    assert p.frame_sizes == sizes and p.chunk == 4096
+    # a missing or resized chunk is refused
+    with pytest.raises(MalformedMessage, match="data frames came"):
+        codec.decode([bytes(f) for f in frames[:-1]])
+    with pytest.raises(MalformedMessage, match="where the header announces"):
+        codec.decode([bytes(f) for f in frames[:1]] + [bytes(frames[1])[:-8] + b"\0" * 4]
+                     + [bytes(f) for f in frames[2:]])
+
+
+def test_messages_below_the_chunk_size_keep_their_frames():
+    payload = {"w": np.ones(1000), "n": 3}
+    frames = codec.encode("r", "a", "b", "k", 0, payload)
+    head = msgpack.unpackb(bytes(frames[0]))
+    assert "chunk_bytes" not in head and len(frames) == 2 and len(memoryview(frames[1])) == 8000
+
+
+def test_header_over_the_frame_limit_is_refused_on_send():
+    with pytest.raises(ValueError, match="header of"):
+        codec.encode("r", "a", "b", "k", 0, {"blob": b"x" * (codec.MAX_HEADER_BYTES + 1)})

@@ -350,3 +350,22 @@ def test_psi_preset_runs_as_processes_and_passes_the_audit(tmp_path):
     rep = audit(tmp_path / "run")
     assert rep.ok, rep.problems
     assert {row["kind"] for row in rep.table} >= {psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L, psi.K_RESULT}
+
+
+def test_integer_id_too_long_for_python_is_named_with_party_and_position():
+    """Issue 11 item 11: an int ID of more than 4,300 digits used to fail inside str() with
+    Python's own message, naming neither the party nor the ID's position."""
+    huge = 10 ** 5000
+    with pytest.raises(ValueError, match=r"ID at position 3: an integer ID of about 5001 digits.*at most 4300"):
+        grp.encode_items([1, 2, 3, huge])
+    with pytest.raises(ValueError, match="at most 4300 digits"):
+        grp.encode_item(huge)
+    with pytest.raises(FederationFailed) as ei:
+        run_psi([1, 2, 3], [[4, 2, "x", huge, 1]])
+    err = ei.value.failures["f0"]
+    assert isinstance(err, ValueError)
+    assert "feature party 'f0'" in str(err) and "position 3" in str(err) and "str or bytes" in str(err)
+    # the same ID as a string works
+    text = "1" + "0" * 5000
+    res = run_psi([1, text], [[text, 2]])
+    assert res["lo"].ids == [text]

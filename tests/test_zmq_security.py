@@ -19,7 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from fedhet.parties import codec
 from fedhet.parties.api import PeerTimeout
-from fedhet.parties.zmq_transport import InsecureTransportWarning, ZmqParty
+from fedhet.parties.zmq_transport import WIRE_OVERHEAD, InsecureTransportWarning, ZmqParty
 
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "run-under-test"
@@ -176,7 +176,7 @@ def test_oversized_frame_drops_the_connection_and_the_party_keeps_running():
     limit = 64 << 10
     lv = Live(max_message_bytes=limit)
     try:
-        assert lv.party.router.maxmsgsize == limit
+        assert lv.party.router.maxmsgsize == limit + WIRE_OVERHEAD
         c1 = lv.as_party("client1")
         mon = c1.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         big = env(payload={"x": np.zeros(1 << 18, dtype=np.float32)})  # one 1 MiB frame

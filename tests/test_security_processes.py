@@ -1,0 +1,224 @@
+"""Attacks and accidents at the process level, each with the bound it must keep (issue 11, items 5, 6, 7).
+
+* 2,000 idle TCP connections from a client with no key, against a party
+  started with the common 1,024 open-file limit: the party raises its own
+  limit, sheds idle handshakes, and the run completes (before: it died
+  opening its own files, without even an ``error.json``).
+* ``kill -9`` of the PSI label owner mid-PSI, and separately of the
+  launcher: no process of the run (parties, their pool workers, their
+  helpers) is left 5 s later.
+* A failed run's ``result.json`` names the party that failed first and why;
+  the parties the launcher stopped say ``stopped``, in ``result.json`` and in
+  their own ``status.json``, never ``running``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fedhet.parties import presets
+from fedhet.parties.federation import load
+
+STARTUP = 120.0  # hang guard for parties coming up on a loaded machine
+ORPHAN_BOUND_S = 5.0  # no process of the run may be left this long after a kill
+
+
+def psi_fed(tmp_path: Path, **algorithm) -> Path:
+    fed = load(presets.path("psi"))
+    fed = replace(fed, timeout=60.0, source="<memory>", algorithm=dict(fed.algorithm, **algorithm))
+    f = tmp_path / "fed.toml"
+    f.write_text(fed.to_toml())
+    return f
+
+
+def fedhet_run(fed_file: Path, run_dir: Path, preexec_fn=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fedhet.parties.cli", "run", str(fed_file), "--out", str(run_dir),
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=preexec_fn)
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state) of a live process, None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return int(fields[1]), fields[0]
+
+
+def descendants(root: int) -> set[int]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None:
+                kids.setdefault(st[0], []).append(int(d))
+    out, todo = set(), [root]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def alive(pids) -> set[int]:
+    """Those still running (a zombie has exited: only its exit status waits to be collected)."""
+    return {p for p in pids if (st := _stat(p)) is not None and st[1] != "Z"}
+
+
+def status(run_dir: Path, name: str) -> dict:
+    try:
+        return json.loads((run_dir / "parties" / name / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def party_pid(launcher: int, name: str) -> int | None:
+    for pid in descendants(launcher):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"party" in args and name.encode() in args:
+            return pid
+    return None
+
+
+def wait_mid_psi(proc: subprocess.Popen, run_dir: Path, name: str) -> int:
+    """Wait until ``name`` reports PSI progress and has its pool workers; return its pid."""
+    deadline = time.monotonic() + STARTUP
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended before {name} got going"
+        pid = party_pid(proc.pid, name)
+        if pid and status(run_dir, name).get("done", 0) >= 1 and len(descendants(pid)) >= 2:
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"{name} did not get going within {STARTUP}s")
+
+
+def stop(proc: subprocess.Popen, pids) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for p in alive(pids):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------------------ item 6: orphans
+@pytest.mark.parametrize("victim", ["owner", "launcher"])
+def test_kill_9_mid_psi_leaves_no_process_of_the_run(tmp_path, victim):
+    run_dir = tmp_path / "run"
+    proc = fedhet_run(psi_fed(tmp_path, n=30000, workers=2), run_dir)
+    everything: set[int] = set()
+    try:
+        owner = wait_mid_psi(proc, run_dir, "owner")
+        for name in ("feature1", "feature2"):  # every party's pool is up
+            wait_mid_psi(proc, run_dir, name)
+        everything = descendants(proc.pid) | {proc.pid}
+        workers = descendants(owner)
+        assert len(workers) >= 2, "the owner should be running pool workers"
+        t_kill = time.monotonic()
+        os.kill(owner if victim == "owner" else proc.pid, signal.SIGKILL)
+        left = alive(everything)
+        while left and time.monotonic() - t_kill < ORPHAN_BOUND_S:
+            time.sleep(0.05)
+            left = alive(everything)
+        took = time.monotonic() - t_kill
+    finally:
+        stop(proc, everything)
+    assert not left, f"{len(left)} processes of the run still alive {took:.1f}s after kill -9 of the {victim}"
+    if victim == "owner":
+        summary = json.loads((run_dir / "result.json").read_text())
+        assert summary["failed"]["party"] == "owner" and "SIGKILL" in summary["failed"]["reason"], summary["failed"]
+        for name in ("feature1", "feature2"):
+            assert summary["parties"][name]["state"] in ("stopped", "failed"), summary["parties"][name]
+            assert status(run_dir, name).get("state") != "running"
+
+
+# ------------------------------------------------------------ item 7: naming
+def test_failed_run_names_the_first_failure_and_stopped_parties_say_so(tmp_path):
+    fed = load(presets.path("psi"))
+    parties = list(fed.parties)
+    parties[2] = replace(parties[2], role="no_such_role")  # feature2 fails at once, with an error.json
+    fed = replace(fed, parties=parties, timeout=60.0, source="<memory>", algorithm=dict(fed.algorithm, n=60000))
+    f = tmp_path / "fed.toml"
+    f.write_text(fed.to_toml())
+    run_dir = tmp_path / "run"
+    proc = fedhet_run(f, run_dir)
+    try:
+        code = proc.wait(timeout=STARTUP)
+    finally:
+        stop(proc, ())
+    assert code == 1
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["ok"] is False
+    assert summary["failed"]["party"] == "feature2", summary["failed"]
+    assert "no_such_role" in summary["failed"]["reason"]
+    assert summary["parties"]["feature2"]["state"] == "failed"
+    for name in ("owner", "feature1"):
+        p = summary["parties"][name]
+        assert p["state"] == "stopped" and "feature2" in p["error"], p
+        assert status(run_dir, name).get("state") == "stopped", status(run_dir, name)
+
+
+# ------------------------------------------------------------ item 5: file descriptors
+def test_two_thousand_idle_connections_from_a_stranger_do_not_stop_a_run(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2600:
+        pytest.skip(f"the hard open-file limit ({hard}) cannot hold 2,000 connections")
+    want = 2600 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if soft < want:  # our own 2,000 client sockets
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    run_dir = tmp_path / "run"
+
+    def common_limit():  # what many systems give a process: 1,024 open files (the hard limit stays)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    proc = fedhet_run(psi_fed(tmp_path, n=20000, workers=0), run_dir, preexec_fn=common_limit)
+    socks: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + STARTUP
+        while not (run_dir / "federation.toml").exists() or not status(run_dir, "owner"):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.05)
+        host, port = load(run_dir / "federation.toml").party("owner").endpoint[len("tcp://"):].split(":")
+        probe = socket.socket()
+        while probe.connect_ex((host, int(port))) != 0:  # the owner is listening
+            assert time.monotonic() < deadline and proc.poll() is None, "the owner never listened"
+            time.sleep(0.02)
+            probe.close()
+            probe = socket.socket()
+        socks.append(probe)
+        while len(socks) < 2000:  # connect and say nothing
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex((host, int(port)))
+            socks.append(s)
+        assert proc.poll() is None, "the run ended before the connections were made: make it longer"
+        code = proc.wait(timeout=300)
+    finally:
+        for s in socks:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert code == 0 and summary["ok"], summary.get("failed")
+    assert {p["result"]["size"] for p in summary["parties"].values()} == {10000}
