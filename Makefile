@@ -21,6 +21,8 @@ demo: $(STAMP)
 	$(VENV)/bin/fedhet demo
 
 test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy parties crypto
 	$(PY) -m pytest -q
 
 test-all: $(STAMP)

@@ -232,7 +232,7 @@ def render_md(meta: dict, summ: dict, png: str | None = None, env: dict | None =
         for key, row in sec.items():
             if "error" in row and not row["runs"]:
                 L.append(f"| {key} | " + " | ".join(["n/a"] * len(METHODS))
-                         + f" | 0 | | | ")
+                         + " | 0 | | | ")
                 L.append(f"|  | *{row['error'][:160]}* |" + " |" * (len(METHODS) + 2))
                 continue
             cl = row.get("claim", {})

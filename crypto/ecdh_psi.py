@@ -127,7 +127,7 @@ def _int_too_long(x: int) -> ValueError:
 
 def encode_items(items: Iterable[Any]) -> list[bytes]:
     """:func:`encode_item` over a collection; the error names the position of a bad ID."""
-    out = []
+    out: list = []
     ap = out.append
     for i, x in enumerate(items):
         t = type(x)
@@ -138,7 +138,7 @@ def encode_items(items: Iterable[Any]) -> list[bytes]:
                 ap(b"i" + str(x).encode())
             else:
                 ap(encode_item(x))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError):
             if t is int:  # str() refused it: more digits than Python converts
                 e = _int_too_long(x)
             raise type(e)(f"ID at position {i}: {e}") from None
@@ -209,7 +209,7 @@ def hash_to_points(encoded: Sequence[bytes], context: bytes = b"") -> bytes:
     pm = _P_MPZ
     mask = _MASK
     p = P
-    out = []
+    out: list = []
     ap = out.append
     # The loop is the hot path of hashing: locals only, two candidates per hash.
     for x in encoded:

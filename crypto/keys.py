@@ -125,7 +125,7 @@ def private_key_from_bytes(data: bytes, kind: str) -> PrivateKey:
 
 def _as_public(key, kind: str):
     if isinstance(key, _Bytes):
-        return public_key_from_bytes(key, kind)
+        return public_key_from_bytes(bytes(key), kind)
     if isinstance(key, (X25519PrivateKey, Ed25519PrivateKey)):
         key = key.public_key()
     if _kind(key) != kind:

@@ -104,9 +104,9 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
         v = verify(tpath, name, run_id, sign_keys.get(name))
         rep.problems += [f"{name}: {msg}" for msg in v.problems]
         for r in v.records:
-            bad = record_problem(r)
-            if bad is not None:
-                rep.problems.append(f"{name}: record {short(r.get('i'))}: {bad}")
+            fault = record_problem(r)
+            if fault is not None:
+                rep.problems.append(f"{name}: record {short(r.get('i'))}: {fault}")
                 continue
             rep.messages += 1
             c = counts[(name, r.get("kind"))]
@@ -270,7 +270,7 @@ def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, siz
     arrays = r.get("arrays", [])
     paths = r.get("paths")
     try:
-        recs = [(dt, tuple(shape)) for dt, shape in arrays]
+        recs: list = [(dt, tuple(shape)) for dt, shape in arrays]
         if isinstance(paths, list) and len(paths) == len(recs):
             recs = [(str(p), dt, shape) for p, (dt, shape) in zip(paths, recs)]
         msg = decl.check_record(d, recs, cfg, sizes)

@@ -102,6 +102,8 @@ def cmd_messages(args) -> int:
     table = dict(fed.algorithm_cfg()) if fed is not None else {}
     table.update(_parse_overrides(args.set))
     settings, declared, sizes = prepare(algo, table)
+    if declared is None:
+        raise ValueError(f"{algo.name} declares no message kinds")
     if args.json:
         print(json.dumps({k: {"sender": list(d.sender), "receiver": list(d.receiver), "what": d.what,
                               "payload": d.payload.render() if d.payload is not None else None}

@@ -290,7 +290,8 @@ def plan(header_frame: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Plan:
         raise MalformedMessage("header field 'arrays' is not a list")
     if len(specs) >= MAX_FRAMES:
         raise MalformedMessage(f"{len(specs)} arrays, at most {MAX_FRAMES - 1} allowed")
-    out, sizes = [], []
+    out: list = []
+    sizes: list[int] = []
     total = len(mv)
     for i, spec in enumerate(specs):
         if not isinstance(spec, dict):
@@ -312,6 +313,7 @@ def plan(header_frame: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Plan:
         if n == 1:
             sizes.append(nbytes)
         else:
+            assert chunk is not None  # n > 1 only when chunking
             full, rest = divmod(nbytes, chunk)
             sizes += [chunk] * full + ([rest] if rest else [])
         out.append((t, dt, tuple(shape), nbytes))

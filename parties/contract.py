@@ -135,7 +135,7 @@ def installed_algorithm(name: str) -> Algorithm:
 
     # Every distribution's metadata, not only the first of each name: a stale fedhet.egg-info
     # in a source tree on sys.path would otherwise hide the installed entry points.
-    eps = {}
+    eps: dict = {}
     for dist in distributions():
         for ep in dist.entry_points:
             if ep.group == ENTRY_POINT_GROUP:
@@ -156,7 +156,7 @@ def role_index(parties: list[tuple[str, str]]) -> dict[str, tuple[int, int]]:
     return {name: (pos[name], counts[role]) for name, role in parties}
 
 
-def prepare(algorithm: Algorithm, table: Mapping[str, Any] | None) -> tuple[Any, dict, dict]:
+def prepare(algorithm: Algorithm, table: Mapping[str, Any] | None) -> tuple[Any, dict | None, dict]:
     """Parse the settings, build the declarations and sizes; errors name the key."""
     s = algorithm.parse(table)
     try:

@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from .atomic import write_atomic
 
-_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
 class KeyError_(FileNotFoundError):
@@ -53,7 +52,7 @@ def generate(key_dir: str | os.PathLike, name: str, overwrite: bool = False) -> 
     raw = sk.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                            serialization.NoEncryption())
     write_atomic(d / f"{name}.sign.key", raw.hex() + "\n", mode=0o600)
-    spub = sk.public_key().public_bytes(**_RAW).hex()
+    spub = sk.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
     write_atomic(d / f"{name}.sign.pub", spub + "\n", mode=0o644)
     return PublicKeys(pub.decode(), spub)
 

@@ -181,8 +181,8 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             failed = [n for n, c in codes.items() if c not in (None, 0)]
             if failed:
                 # The first to fail is the cause; the rest usually failed waiting for it.
-                first = min(failed, key=lambda n: _failure_time(run_dir, n, codes[n]))
-                failure = {"party": first, "reason": _reason(run_dir, first, codes[first])}
+                first = min(failed, key=lambda n: _failure_time(run_dir, n, codes[n] or 0))
+                failure = {"party": first, "reason": _reason(run_dir, first, codes[first] or 0)}
                 raise RunFailed(first, failure["reason"], run_dir)
             if all(c == 0 for c in codes.values()):
                 break

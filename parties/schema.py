@@ -434,7 +434,7 @@ def check_arrays(spec: Spec | None, arrays: Sequence, sizes: Sizes | None = None
             cands = [leaf] if isinstance(leaf, Arr) else [o for o in getattr(leaf, "options", ()) if isinstance(o, Arr)]
             if not cands:
                 return f"array at field {path!r}, which is declared {leaf.render()}"
-            errs = []
+            errs: list[str] = []
             for c in cands:
                 try:
                     c.check_meta(dt, shape, path, sizes)

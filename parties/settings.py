@@ -21,6 +21,7 @@ documentation (``fedhet presets --describe NAME`` prints it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import difflib
 import math
 import types
@@ -66,7 +67,7 @@ def setting(default: Any = _MISSING, doc: str = "", *, choices: tuple | None = N
     meta = {"doc": doc, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open,
             "min_len": min_len, "flatten": flatten}
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        return dataclasses.field(default_factory=functools.partial(type(default), default), metadata=meta)
     if default is _MISSING and flatten:
         raise TypeError("a flattened settings group needs a default (its own defaults)")
     return dataclasses.field(default=default, metadata=meta)
@@ -161,10 +162,10 @@ def _coerce(value: Any, tp: Any, key: str, algo: str) -> Any:
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise fail(f"a {_type_name(tp)}")
-        args = [a for a in get_args(tp) if a is not Ellipsis]
-        item_tp = args[0] if args else Any
-        items = [_coerce(v, item_tp, f"{key}[{i}]", algo) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        item_args = [a for a in get_args(tp) if a is not Ellipsis]
+        item_tp = item_args[0] if item_args else Any
+        coerced = [_coerce(v, item_tp, f"{key}[{i}]", algo) for i, v in enumerate(value)]
+        return tuple(coerced) if origin is tuple else coerced
     if origin is dict:
         if not isinstance(value, dict):
             raise fail("a table")

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -48,7 +49,7 @@ class Transcript:
 
     def record(self, direction: str, peer: str, kind: str, round: int, seq: int,
                nbytes: int, digest: str, arrays, paths: list[str] | None = None) -> None:
-        rec = {
+        rec: dict[str, Any] = {
             "type": "msg", "i": self._count, "t": round_t(time.time()), "party": self.party,
             "dir": direction, "peer": peer, "kind": kind, "round": int(round), "seq": int(seq),
             "bytes": int(nbytes), "sha256": digest,

@@ -392,6 +392,7 @@ class ZmqParty(Party):
         self.frame_bytes = max(1, min(self.max_message_bytes, codec.CHUNK_BYTES))
         self.reject_count = 0
         self.rejects_by_reason: collections.Counter = collections.Counter()
+        public_keys = public_keys or {}  # --insecure runs have none
         self.ctx = zmq.Context()
         self._zap = None
         if not insecure:
