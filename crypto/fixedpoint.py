@@ -76,6 +76,7 @@ class FixedPoint:
         self._bound_f = bf if int(bf) <= self.bound else float(np.nextafter(bf, 0.0))
         self.max_abs = math.ldexp(self._bound_f, -frac_bits)
         self.resolution = math.ldexp(1.0, -frac_bits)
+        self._scale = math.ldexp(1.0, frac_bits)
 
     def __repr__(self) -> str:
         return (f"FixedPoint(frac_bits={self.frac_bits}, modulus={self.modulus}, "
@@ -88,7 +89,7 @@ class FixedPoint:
             return self.encode(x.reshape(1)).reshape(())
         if x.dtype.kind not in "fiub":
             raise TypeError(f"fixed-point encode needs a real numeric array, got dtype {x.dtype}")
-        scaled = np.ldexp(x.astype(np.float64, copy=False), self.frac_bits)
+        scaled = np.multiply(x.astype(np.float64, copy=False), self._scale)  # == ldexp(x, f), several times faster
         np.rint(scaled, out=scaled)
         if scaled.size:
             lo, hi = float(scaled.min()), float(scaled.max())
@@ -101,11 +102,9 @@ class FixedPoint:
                     f"representable range |x| <= {self.max_abs:.6g} (frac_bits={self.frac_bits}, "
                     f"modulus={self.modulus}, summands={self.summands}); it would wrap around"
                 )
+        if self.ring_bits:  # in range (checked above): straight to the ring's two's complement
+            return scaled.astype(np.int32 if self.ring_bits == 32 else np.int64).view(self.dtype)
         v = scaled.astype(np.int64)
-        if self.ring_bits == 64:
-            return v.view(np.uint64)
-        if self.ring_bits == 32:
-            return v.astype(np.int32).view(np.uint32)
         # negative v -> v + modulus, branch-free: (v >> 63) is all ones exactly when v < 0
         neg = np.right_shift(v, 63)
         np.bitwise_and(neg, np.int64(self.modulus), out=neg)
