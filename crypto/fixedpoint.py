@@ -53,8 +53,8 @@ _EXACT_INT64 = 2.0 ** 62  # below this a rounded float64 converts through int64 
 
 def round_scaled(x, frac_bits: int) -> np.ndarray:
     """``round(x * 2**frac_bits)`` as float64 (round half to even); no range or finiteness checks."""
-    scaled = np.asarray(x).astype(np.float64)  # a copy, so both steps can work in place
-    np.ldexp(scaled, int(frac_bits), out=scaled)
+    # Multiplying by the power of two is exact (== ldexp) and several times faster.
+    scaled = np.multiply(np.asarray(x, dtype=np.float64), math.ldexp(1.0, int(frac_bits)))
     return np.rint(scaled, out=scaled)
 
 
@@ -128,6 +128,7 @@ class FixedPoint:
         self._bound_f = bf if int(bf) <= self.bound else float(np.nextafter(bf, 0.0))
         self.max_abs = math.ldexp(self._bound_f, -frac_bits)
         self.resolution = math.ldexp(1.0, -frac_bits)
+        self._scale = math.ldexp(1.0, frac_bits)
 
     def __repr__(self) -> str:
         return (f"FixedPoint(frac_bits={self.frac_bits}, modulus={self.modulus}, "
@@ -152,11 +153,9 @@ class FixedPoint:
                     f"representable range |x| <= {self.max_abs:.6g} (frac_bits={self.frac_bits}, "
                     f"modulus={self.modulus}, summands={self.summands}); it would wrap around"
                 )
+        if self.ring_bits:  # in range (checked above): straight to the ring's two's complement
+            return scaled.astype(np.int32 if self.ring_bits == 32 else np.int64).view(self.dtype)
         v = scaled.astype(np.int64)
-        if self.ring_bits == 64:
-            return v.view(np.uint64)
-        if self.ring_bits == 32:
-            return v.astype(np.int32).view(np.uint32)
         # negative v -> v + modulus, branch-free: (v >> 63) is all ones exactly when v < 0
         neg = np.right_shift(v, 63)
         np.bitwise_and(neg, np.int64(self.modulus), out=neg)

@@ -40,7 +40,8 @@ import numpy as np
 from fedhet.parties.declare import MessageDecl, declare
 
 from . import secagg
-from .secagg import RoundInbox, SecAggClient, SecAggConfig, SecAggError, SecAggServer, SubmitResult
+from .secagg import (Faults, RoundInbox, SecAggClient, SecAggConfig, SecAggError, SecAggServer, SubmitResult,
+                     check_input, check_round)
 
 __all__ = ["Aggregator", "PlainAggregator", "SecureAggregator", "AggregateResult", "SubmitResult",
            "AggregationError", "make_aggregator", "declarations", "DECLARATIONS", "KIND_PLAIN", "METHODS"]
@@ -93,8 +94,8 @@ class PlainAggregator(Aggregator):
 
     def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
         r = int(round)
-        secagg._check_round(self._last, r)
-        x, w = secagg.check_input(vector, weight, math.inf)
+        check_round(self._last, r)
+        x, w = check_input(vector, weight, math.inf)
         self._last = r
         amax = max(float(x.max()), -float(x.min())) if x.size and self.dtype == np.float32 else 0.0
         party.send(server, KIND_PLAIN, {"r": r, "x": x.astype(self.dtype, copy=False), "w": w, "amax": amax})
@@ -102,7 +103,7 @@ class PlainAggregator(Aggregator):
 
     def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
         r = int(round)
-        secagg._check_round(self._last, r)
+        check_round(self._last, r)
         self._last = r
         if self._inbox is None:
             self._inbox = RoundInbox(party.log)
@@ -147,16 +148,18 @@ class SecureAggregator(Aggregator):
 
     method = "secure"
 
-    def __init__(self, config: SecAggConfig | None = None, observer: Callable | None = None):
+    def __init__(self, config: SecAggConfig | None = None, observer: Callable | None = None,
+                 faults: Faults | None = None):
         self.config = config or SecAggConfig()
         self._client: SecAggClient | None = None
         self._server: SecAggServer | None = None
         self._observer = observer
+        self._faults = faults  # tests only: see secagg.Faults
 
-    def submit(self, party, server, vector, weight=1.0, round=0, **faults) -> SubmitResult:
+    def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
         if self._client is None:
-            self._client = SecAggClient(self.config)
-        return self._client.submit(party, server, vector, weight, round, **faults)
+            self._client = SecAggClient(self.config, self._faults)
+        return self._client.submit(party, server, vector, weight, round)
 
     def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
         if self._server is None:

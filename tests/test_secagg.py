@@ -11,7 +11,7 @@ from fedhet.crypto.shamir import reconstruct, share
 from fedhet.crypto.field import F61
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import secagg
-from fedhet.protocols.secagg import (KIND_KEYS, KIND_MASKED, KIND_SHARES, KIND_UNMASK, SecAggClient,
+from fedhet.protocols.secagg import (KIND_KEYS, KIND_MASKED, KIND_SHARES, KIND_UNMASK, Faults, SecAggClient,
                                      SecAggConfig, SecAggError, SecAggServer, neighbours)
 
 
@@ -23,8 +23,7 @@ def run(cfg, xs, ws, rounds=(0,), faults=None, observer=None, seed=0, barrier=Fa
     """One server and len(xs) clients in memory; returns (server results per round, client results).
 
     ``xs[name]`` is a vector or a list of vectors (one per round); ``faults[name]``
-    is ``{round: {"stop_after": ...} | {"delay": (step, s)}}``; a client that
-    stops takes part in no later round.  ``barrier``: the server starts a round
+    is ``{round: Faults(...)}``; a client that stops takes part in no later round.  ``barrier``: the server starts a round
     only when every client finished the last one (as a training loop's model
     broadcast would make it).
     """
@@ -40,14 +39,13 @@ def run(cfg, xs, ws, rounds=(0,), faults=None, observer=None, seed=0, barrier=Fa
         return out
 
     def client(party, c, d):
-        cl = SecAggClient(cfg)
+        cl = SecAggClient(cfg, faults.get(party.name))
         out = []
         for i, r in enumerate(rounds):
             x = xs[party.name][i] if isinstance(xs[party.name], list) else xs[party.name]
-            f = faults.get(party.name, {}).get(r, {})
             if barrier and i:
                 party.send("server", "test/ready", None)
-            res = cl.submit(party, "server", x, ws[party.name], r, **f)
+            res = cl.submit(party, "server", x, ws[party.name], r)
             out.append(res)
             if res.status == "stopped":
                 break
@@ -114,7 +112,7 @@ def test_dropouts_at_each_step_still_give_the_right_sum(step, graph):
     xs = {u: rng.uniform(-4, 4, 100) for u in names(k)}
     ws = {u: float(rng.uniform(1, 10)) for u in names(k)}
     gone = names(k)[1:3]
-    faults = {u: {0: {"stop_after": step}} for u in gone}
+    faults = {u: {0: Faults(stop_after=step)} for u in gone}
     (res,), clients = run(cfg, xs, ws, faults=faults)
     # after sending its masked input a client's input counts even if it vanishes
     who = names(k) if step == "masked" else [u for u in names(k) if u not in gone]
@@ -128,8 +126,8 @@ def test_dropouts_at_every_step_in_one_round():
     cfg = SecAggConfig(clip=4.0, max_weight=10.0, timeout=0.5)
     xs = {u: rng.uniform(-4, 4, 300) for u in names(k)}
     ws = {u: float(rng.uniform(1, 10)) for u in names(k)}
-    faults = {"c01": {0: {"stop_after": "advertise"}}, "c03": {0: {"stop_after": "share"}},
-              "c05": {0: {"stop_after": "masked"}}, "c07": {0: {"stop_after": "share"}}}
+    faults = {"c01": {0: Faults(stop_after="advertise")}, "c03": {0: Faults(stop_after="share")},
+              "c05": {0: Faults(stop_after="masked")}, "c07": {0: Faults(stop_after="share")}}
     (res,), _ = run(cfg, xs, ws, faults=faults)
     assert res.threshold == 5
     assert_close(res, cfg, xs, ws, [u for u in names(k) if u not in ("c01", "c03", "c07")])
@@ -144,7 +142,7 @@ def test_fewer_than_t_clients_fail_cleanly(step, where):
     cfg = SecAggConfig(clip=4.0, timeout=0.5)
     xs = {u: np.ones(20) for u in names(k)}
     ws = {u: 1.0 for u in names(k)}
-    faults = {u: {0: {"stop_after": step}} for u in names(k)[:3]}
+    faults = {u: {0: Faults(stop_after=step)} for u in names(k)[:3]}
     with pytest.raises(FederationFailed) as e:
         run(cfg, xs, ws, faults=faults)
     err = e.value.failures["server"]
@@ -163,7 +161,7 @@ def test_a_late_client_is_ignored_and_cannot_corrupt_the_next_round():
     cfg = SecAggConfig(clip=4.0, max_weight=10.0, timeout=0.4)
     xs = {u: [rng.uniform(-4, 4, 200), rng.uniform(-4, 4, 200)] for u in names(k)}
     ws = {u: float(rng.uniform(1, 10)) for u in names(k)}
-    faults = {"c02": {0: {"delay": ("masked", 1.2)}}}
+    faults = {"c02": {0: Faults(delay=("masked", 1.2))}}
     (r0, r1), clients = run(cfg, xs, ws, rounds=(0, 1), faults=faults, barrier=True)
     assert clients["c02"][0].status == "dropped"
     assert r0.dropped == ["c02"] and r1.dropped == []
@@ -218,7 +216,7 @@ def test_the_server_never_gets_both_secrets_of_one_client():
             for v in p["s_of"]:
                 got.setdefault(v, set()).add("s")
 
-    faults = {"c02": {0: {"stop_after": "share"}}, "c04": {0: {"stop_after": "masked"}}}
+    faults = {"c02": {0: Faults(stop_after="share")}, "c04": {0: Faults(stop_after="masked")}}
     (res,), _ = run(cfg, xs, ws, faults=faults, observer=observer)
     assert got["c02"] == {"s"}       # dropped before its input: only its mask key is opened
     assert got["c04"] == {"b"}       # its input counts: only its self-mask is opened
@@ -233,9 +231,9 @@ def test_fewer_than_t_shares_do_not_reconstruct():
     sh = share(F61.bytes_to_elements(seed), n, t)
     pts = [1, 3, 5, 6]
     rows = [sh[x - 1] for x in pts]
-    assert secagg._reconstruct_secret(rows, pts, t, "seed") == seed
+    assert secagg.reconstruct_secret(rows, pts, t, "seed") == seed
     with pytest.raises(SecAggError, match="threshold is t=4"):
-        secagg._reconstruct_secret(rows[:3], pts[:3], t, "seed")
+        secagg.reconstruct_secret(rows[:3], pts[:3], t, "seed")
     # interpolating t - 1 shares anyway gives something else
     wrong = reconstruct(np.stack(rows[:3]), pts[:3])
     assert not np.array_equal(wrong, F61.bytes_to_elements(seed))
@@ -266,18 +264,26 @@ def test_tampered_keys_or_shares_are_detected_by_the_clients():
     assert any("fail authentication" in str(err) for err in e.value.failures.values())
 
 
-def test_harary_graph_is_symmetric_logarithmic_and_agreed():
+def test_harary_graph_is_symmetric_sparse_and_agreed():
     cfg = SecAggConfig(graph="harary")
     u = [f"p{i}" for i in range(50)]
     g = neighbours(u, cfg, seed=7, run_id="run", r=3)
     k = cfg.k(50)
-    assert k == 12 and all(len(g[a]) == k for a in u)
+    assert k == 28 and all(len(g[a]) == k for a in u)  # the documented default for n = 50
     assert all(a in g[b] for a in u for b in g[a])
     assert g == neighbours(list(u), cfg, seed=7, run_id="run", r=3)
     assert g != neighbours(u, cfg, seed=7, run_id="run", r=4)  # a fresh placement each round
-    assert cfg.t(50) == 26 and cfg.t_local(50) == 7  # ceil(26 * 13 / 50)
+    assert cfg.t(50) == 26 and cfg.t_local(50) == 6
+    # the degree grows far slower than n
+    assert cfg.k(1000) == 170 and cfg.k(5000) < 250
     # small federations fall back to the complete graph
     assert all(len(s) == 4 for s in neighbours(u[:5], cfg, 0, "r", 0).values())
+    # an explicit degree keeps the earlier local threshold, t scaled to the neighbourhood
+    old = SecAggConfig(graph="harary", degree=12)
+    assert (old.k(50), old.t_local(50)) == (12, 7)  # ceil(26 * 13 / 50)
+    assert SecAggConfig(graph="harary", degree=12, local_threshold=4).t_local(50) == 4
+    with pytest.raises(SecAggError, match="local_threshold=14 exceeds the 13 share holders"):
+        SecAggConfig(graph="harary", degree=12, local_threshold=14).t_local(50)
 
 
 def test_bad_inputs_and_settings_are_named():
@@ -302,10 +308,17 @@ def test_bad_inputs_and_settings_are_named():
 
 
 def test_round_numbers_must_increase():
-    cl = SecAggClient(SecAggConfig())
-    cl._last_round = 3
+    secagg.check_round(None, 0)
+    secagg.check_round(2, 3)
     with pytest.raises(ValueError, match="round 3 is not after"):
-        cl.submit(types.SimpleNamespace(), "server", np.zeros(2), 1.0, 3)
+        secagg.check_round(3, 3)
+    with pytest.raises(ValueError, match="non-negative"):
+        secagg.check_round(None, -1)
+    # the client and the server both refuse to run a round number twice
+    xs = {u: np.zeros(4) for u in names(3)}
+    with pytest.raises(FederationFailed) as e:
+        run(SecAggConfig(), xs, {u: 1.0 for u in xs}, rounds=(1, 1))
+    assert any("round 1 is not after the previous round 1" in str(err) for err in e.value.failures.values())
 
 
 def test_declarations_accept_ring_vectors_only():

@@ -1,6 +1,7 @@
 """Shamir-shared arrays between parties: plain-computation equality, any t of m, t - 1 learn nothing, audit."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -14,6 +15,7 @@ from fedhet.parties import codec
 from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import shamir_share as ss
+from fedhet.protocols import shared_array
 
 ALPHA = 1e-4
 SLACK = 1e-9  # relative: float64 rounding of the plain reference computation
@@ -120,8 +122,8 @@ def test_public_matmul_equals_the_generic_field_product(top, p):
         a = fld.random(shape, prg(K))
         a[..., :1] = p - 1
         for ms in (rng.integers(-top, top + 1, (K, 3)), rng.integers(-top, top + 1, K), np.full((K, 2), -top)):
-            pub = ss._Public(fld.from_int(ms), ms.astype(np.int64), ms.astype(np.float64), 0)
-            assert np.array_equal(ss._public_matmul(a, pub, fld), fld.matmul(a, pub.enc)), (K, ms.shape)
+            pub = shared_array.PublicOperand(fld.from_int(ms), ms.astype(np.int64), ms.astype(np.float64), 0)
+            assert np.array_equal(shared_array.public_matmul(a, pub, fld), fld.matmul(a, pub.enc)), (K, ms.shape)
 
 
 def test_fixedpoint_products_add_fractional_bits():
@@ -282,7 +284,7 @@ def _corrupt_holder(party, cfg, data):
     sh = ss.receive_shares(party, party.peers_with_role("owner"))
     y = ss.sum_shares(sh.values())
     if party.name == "h2":
-        y = y._like(F61.add(y.values, 1))
+        y = dataclasses.replace(y, values=F61.add(y.values, 1))
     ss.send_to_coordinator(party, "c", y)
     return {}
 

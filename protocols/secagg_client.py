@@ -1,0 +1,332 @@
+"""Secure aggregation, client side: one function per round of Bonawitz et al. (Fig. 4).
+
+:meth:`SecAggClient.submit` runs one protocol instance; each of its four
+messages is computed by one function of this module, from the round's state
+(:class:`ClientRound`) and what the server sent:
+
+=================  ===============================================  ==================
+function           computes                                         sends
+=================  ===============================================  ==================
+advertise_keys     round key pairs c_u, s_u, self-mask seed b_u,    ``secagg/keys``
+                   the signed advertisement
+share_keys         checks the key list (signatures, distinct keys),  ``secagg/shares``
+                   t_local-of-(k + 1) shares of b_u and s_u^SK
+                   sealed to each neighbour
+masked_input       opens the relayed shares, y_u = q_u + masks       ``secagg/masked``
+unmask_shares      the share of b_v for v in U3, of s_v^SK for v    ``secagg/unmask``
+                   in U2 minus U3, never both
+=================  ===============================================  ==================
+
+:class:`Faults` injects misbehaviour for tests (vanish after a step, send
+late, send a stale copy of a message); it is given to the client object, so
+no test hook appears in :meth:`SecAggClient.submit`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import msgpack
+import numpy as np
+
+from fedhet.crypto import keys as ck
+from fedhet.crypto.field import F61
+from fedhet.crypto.prg import random_seed
+
+from .secagg_config import SecAggConfig, SecAggError, neighbours
+from .secagg_masks import apply_masks, share_secrets
+from .secagg_messages import (KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY, KIND_SHARES,
+                              KIND_UNMASK, KIND_UNMASK_REQUEST, SECRET_ELEMS, STEPS, RoundInbox, check_round,
+                              is_bytes, keys_signed_message, round_context, seed_commitment)
+from .secagg_quantizer import Quantizer, check_input
+
+__all__ = ["SecAggClient", "SubmitResult", "Faults", "ClientRound", "advertise_keys", "share_keys",
+           "masked_input", "unmask_shares"]
+
+_KIND_OF_STEP = {"advertise": KIND_KEYS, "share": KIND_SHARES, "masked": KIND_MASKED, "unmask": KIND_UNMASK}
+
+
+@dataclass
+class SubmitResult:
+    status: str  # "ok" (unmasking shares sent) or "dropped" (the server went on without us) or "stopped"
+    round: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Misbehaviour injected into one client's round, for tests of dropouts and late or stale messages.
+
+    ``stop_after``: ``"start"`` (before advertising keys) or a step of
+    :data:`~fedhet.protocols.secagg_messages.STEPS`; the client sends that
+    step's message and then vanishes from the round (``submit`` returns
+    status ``"stopped"``).  ``delay``: ``(step, seconds)``, sleep before
+    sending that step's message.  ``stale``: a step whose message is preceded
+    by a copy labelled with the previous round (a late message of an earlier
+    round, which the server must discard).
+    """
+
+    stop_after: str | None = None
+    delay: tuple[str, float] | None = None
+    stale: str | None = None
+
+    def __post_init__(self):
+        if self.stop_after is not None and self.stop_after not in ("start",) + STEPS:
+            raise ValueError(f"stop_after must be one of {('start',) + STEPS}, got {self.stop_after!r}")
+        if self.delay is not None and (len(self.delay) != 2 or self.delay[0] not in STEPS or self.delay[1] < 0):
+            raise ValueError(f"delay must be (step in {STEPS}, seconds >= 0), got {self.delay!r}")
+        if self.stale is not None and self.stale not in STEPS:
+            raise ValueError(f"stale must be one of {STEPS}, got {self.stale!r}")
+
+
+@dataclass
+class ClientRound:
+    """One client's state through one round (what :func:`advertise_keys` ... :func:`unmask_shares` share)."""
+
+    cfg: SecAggConfig
+    me: str
+    run_id: str
+    seed: int
+    r: int
+    x: np.ndarray
+    w: float
+    ctx: bytes
+    # round 0
+    c_sk: object = None
+    s_sk: object = None
+    c_pk: bytes = b""
+    s_pk: bytes = b""
+    b: bytes = b""
+    commit: bytes = b""
+    # round 1 (from the key list)
+    universe: list[str] = field(default_factory=list)
+    t: int = 0
+    tl: int = 0
+    quant: Quantizer | None = None
+    nbrs: frozenset = frozenset()
+    idx: dict[str, int] = field(default_factory=dict)
+    peer_keys: dict[str, tuple[bytes, bytes, bytes]] = field(default_factory=dict)
+    enc: dict[str, bytes] = field(default_factory=dict)
+    own_share: np.ndarray | None = None
+    # round 2
+    u2: set[str] = field(default_factory=set)
+    held: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------ the rounds
+def advertise_keys(st: ClientRound, ident_sk) -> dict:
+    """Round 0: fresh key pairs and self-mask seed; the signed ``secagg/keys`` payload."""
+    st.c_sk, st.s_sk = ck.generate_x25519(), ck.generate_x25519()
+    st.c_pk, st.s_pk = ck.public_bytes(st.c_sk), ck.public_bytes(st.s_sk)
+    st.b = random_seed()
+    st.commit = seed_commitment(st.b)
+    sig = ck.sign(ident_sk, keys_signed_message(st.cfg.tag, st.run_id, st.r, st.me, st.c_pk, st.s_pk, st.commit))
+    return {"r": st.r, "c_pk": st.c_pk, "s_pk": st.s_pk, "commit": st.commit, "sig": sig}
+
+
+def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role: str,
+               ident_of: Callable[[str], bytes]) -> dict:
+    """Round 1: check the server's key list ``p``; the sealed shares (``secagg/shares`` payload).
+
+    ``ident_of(v)`` is v's identity public key (received directly from v).
+    """
+    cfg, r, me = st.cfg, st.r, st.me
+    universe = p.get("universe")
+    if not (isinstance(universe, list) and all(isinstance(u, str) for u in universe)
+            and len(set(universe)) == len(universe) and me in universe):
+        raise SecAggError(f"round {r}: the server's client list is malformed or lacks {me!r}")
+    universe = sorted(universe)
+    strangers = [u for u in universe if u != me and peer_roles.get(u) != own_role]
+    if strangers:
+        raise SecAggError(f"round {r}: the server listed parties that are not {own_role}s: {strangers}")
+    n = len(universe)
+    st.universe, st.t, st.tl = universe, cfg.t(n), cfg.t_local(n)
+    quant = st.quant = cfg.quantizer(n)
+    if (p.get("frac_bits"), p.get("ring_bits")) != (quant.frac_bits, quant.ring_bits):
+        raise SecAggError(f"round {r}: the server encodes with frac_bits={p.get('frac_bits')}, ring_bits="
+                          f"{p.get('ring_bits')}; this client's configuration gives {quant.frac_bits}, "
+                          f"{quant.ring_bits} (do both use the same secagg_* settings?)")
+    st.nbrs = neighbours(universe, cfg, st.seed, st.run_id, r)[me]
+    keys = p.get("keys")
+    if not isinstance(keys, dict) or me not in keys:
+        raise SecAggError(f"round {r}: the key list lacks this client's own keys")
+    seen: set[bytes] = set()
+    for v, entry in keys.items():
+        if v != me and v not in st.nbrs:
+            raise SecAggError(f"round {r}: the key list holds {v!r}, not a neighbour of {me!r}")
+        if not (isinstance(entry, list) and len(entry) == 4 and all(is_bytes(e) for e in entry)):
+            raise SecAggError(f"round {r}: malformed key entry for {v!r}")
+        vc, vs, vcommit, vsig = (bytes(e) for e in entry)
+        if v == me:
+            if (vc, vs, vcommit) != (st.c_pk, st.s_pk, st.commit):
+                raise SecAggError(f"round {r}: the server relayed keys for {me!r} that are not its own")
+        elif not ck.verify(ident_of(v), keys_signed_message(cfg.tag, st.run_id, r, v, vc, vs, vcommit), vsig):
+            raise SecAggError(f"round {r}: the signature on {v!r}'s keys does not verify")
+        if vc in seen or vs in seen or vc == vs:
+            raise SecAggError(f"round {r}: public keys in the key list are not distinct")
+        seen.update((vc, vs))
+        st.peer_keys[v] = (vc, vs, vcommit)
+    if len(st.peer_keys) < st.tl:
+        raise SecAggError(f"round {r}: only {len(st.peer_keys)} share holders, below the threshold {st.tl}")
+    st.idx = {u: i for i, u in enumerate(universe)}
+    shares = share_secrets([st.b, ck.private_bytes(st.s_sk)], n, st.tl)  # row i: for universe[i], x = i + 1
+    st.own_share = shares[st.idx[me]].copy()
+    ct = {}
+    for v, (vc, _, _) in st.peer_keys.items():
+        if v == me:
+            continue
+        st.enc[v] = ck.agree(st.c_sk, vc, info=b"enc" + st.ctx)  # the same key opens v's shares for us
+        ct[v] = ck.seal(st.enc[v], shares[st.idx[v]].tobytes(), aad=st.ctx + msgpack.packb([me, v]))
+    return {"r": r, "ct": ct}
+
+
+def masked_input(st: ClientRound, p: dict) -> dict:
+    """Round 2: open the shares relayed in ``p``; the masked input (``secagg/masked`` payload)."""
+    r, me = st.r, st.me
+    u2 = p.get("u2")
+    relayed = p.get("ct")
+    if not (isinstance(u2, list) and isinstance(relayed, dict) and me in u2 and set(u2) <= set(st.universe)
+            and (st.nbrs & set(u2)) <= set(st.peer_keys)):
+        raise SecAggError(f"round {r}: malformed relay of shares (U2 must hold {me!r} and only "
+                          "clients whose keys were listed)")
+    st.u2 = set(u2)
+    if len(st.u2) < st.t:
+        raise SecAggError(f"round {r}: only {len(st.u2)} clients shared keys, below t={st.t}")
+    mask_peers = sorted((st.nbrs & st.u2) - {me})
+    if set(relayed) != set(mask_peers):
+        raise SecAggError(f"round {r}: relayed shares come from {sorted(relayed)}, expected {mask_peers}")
+    st.held = {me: st.own_share}
+    for v in mask_peers:
+        try:
+            raw = ck.open_sealed(st.enc[v], relayed[v], aad=st.ctx + msgpack.packb([v, me]))
+        except (ck.AuthenticationError, TypeError) as e:
+            raise SecAggError(f"round {r}: the shares from {v!r} fail authentication: {e}") from None
+        row = np.frombuffer(raw, dtype=np.uint64)
+        if row.size != 2 * SECRET_ELEMS:
+            raise SecAggError(f"round {r}: the shares from {v!r} have the wrong size")
+        st.held[v] = F61.asarray(row.copy(), f"shares from {v}")
+    masks = [(st.b, +1)]
+    for v in mask_peers:
+        seed = ck.agree(st.s_sk, st.peer_keys[v][1], info=b"mask" + st.ctx)
+        masks.append((seed, +1 if st.idx[me] < st.idx[v] else -1))
+    y = np.empty(st.x.size + 1, dtype=st.quant.dtype)
+    apply_masks(y, masks, st.quant, st.x, st.w)
+    return {"r": r, "y": y}
+
+
+def unmask_shares(st: ClientRound, p: dict) -> dict:
+    """Round 3: for the unmask request ``p`` (U3), the shares the server may have (``secagg/unmask`` payload)."""
+    r, me = st.r, st.me
+    u3 = p.get("u3")
+    if not (isinstance(u3, list) and me in u3 and set(u3) <= st.u2):
+        raise SecAggError(f"round {r}: malformed unmask request (U3 must hold {me!r} and lie within U2)")
+    u3 = set(u3)
+    if len(u3) < st.t:
+        raise SecAggError(f"round {r}: only {len(u3)} masked inputs, below t={st.t}; refusing to unmask")
+    b_of = sorted(v for v in st.held if v in u3)
+    s_of = sorted(v for v in st.held if v not in u3)  # dropped after sharing: reveal its mask key only
+    # One array, b-shares then s-shares: never empty (it holds our own b-share).
+    rows = [st.held[v][:SECRET_ELEMS] for v in b_of] + [st.held[v][SECRET_ELEMS:] for v in s_of]
+    return {"r": r, "b_of": b_of, "s_of": s_of, "shares": np.stack(rows)}
+
+
+# ----------------------------------------------------------------- client
+class SecAggClient:
+    """The client side.  One object per party and run: it holds the run's identity key.
+
+    ``faults`` (tests only): a :class:`Faults` for every round, or a mapping
+    round -> :class:`Faults`.
+    """
+
+    def __init__(self, config: SecAggConfig | None = None, faults: Faults | Mapping[int, Faults] | None = None):
+        self.cfg = config or SecAggConfig()
+        self.faults = faults
+        self._ident = ck.generate_ed25519()
+        self._ident_pk = ck.public_bytes(self._ident)
+        self._peer_ident: dict[str, bytes] = {}
+        self._ident_sent = False
+        self._inbox = None
+        self._last_round: int | None = None
+
+    def _timeout(self, party) -> float:
+        if self.cfg.client_timeout is not None:
+            return float(self.cfg.client_timeout)
+        return float(party.timeout) + float(self.cfg.timeout or party.timeout)
+
+    def _ident_of(self, party, v: str) -> bytes:
+        if v not in self._peer_ident:
+            p = party.recv(v, KIND_IDENT, timeout=self._timeout(party))
+            if not isinstance(p, dict) or not is_bytes(p.get("pk"), ck.KEY_BYTES):
+                raise SecAggError(f"client {v!r} sent a malformed identity key")
+            self._peer_ident[v] = bytes(p["pk"])
+        return self._peer_ident[v]
+
+    def _from_server(self, party, server: str, kind: str, r: int) -> dict:
+        p = self._inbox.recv(party, server, kind, r, time.monotonic() + self._timeout(party))
+        if p is None:
+            raise SecAggError(f"client {party.name!r}: no {kind!r} from {server!r} for round {r} within "
+                              f"{self._timeout(party):g}s")
+        if p.get("abort"):
+            raise SecAggError(f"round {r} aborted by the server: {p['abort']}")
+        return p
+
+    def _faults_for(self, r: int) -> Faults:
+        f = self.faults
+        if isinstance(f, Mapping):
+            f = f.get(r)
+        return f or Faults()
+
+    def submit(self, party, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
+        """Take part in one aggregation with ``weight * clip(vector)``.
+
+        Raises ValueError / TypeError naming this party if the input is not a
+        finite 1-D vector or the weight is outside ``(0, max_weight]``: nothing
+        is sent, and the server goes on without this client.
+        """
+        r = int(round)
+        check_round(self._last_round, r)
+        x, w = check_input(vector, weight, self.cfg.max_weight, who=getattr(party, "name", ""))
+        self._last_round = r
+        if self._inbox is None:
+            self._inbox = RoundInbox(party.log)
+        faults = self._faults_for(r)
+        if not self._ident_sent:
+            for v in party.peers_with_role(party.role):
+                party.send(v, KIND_IDENT, {"pk": self._ident_pk})
+            self._ident_sent = True
+        if faults.stop_after == "start":
+            return SubmitResult("stopped", r, "before advertising keys")
+        st = ClientRound(self.cfg, party.name, party.run_id, party.seed, r, x, w,
+                         round_context(self.cfg.tag, party.run_id, r))
+
+        def send(step: str, payload: dict) -> bool:
+            """Send ``step``'s message as the faults say; True when the client vanishes after it."""
+            if faults.delay is not None and faults.delay[0] == step:
+                time.sleep(float(faults.delay[1]))
+            if faults.stale == step:
+                party.send(server, _KIND_OF_STEP[step], {**payload, "r": r - 1})
+            party.send(server, _KIND_OF_STEP[step], payload)
+            return faults.stop_after == step
+
+        if send("advertise", advertise_keys(st, self._ident)):
+            return SubmitResult("stopped", r, "after advertising keys")
+
+        p = self._from_server(party, server, KIND_KEYLIST, r)
+        if p.get("dropped"):
+            return SubmitResult("dropped", r, "excluded at the key list")
+        payload = share_keys(st, p, party.roles, party.role, lambda v: self._ident_of(party, v))
+        if send("share", payload):
+            return SubmitResult("stopped", r, "after sharing keys")
+
+        p = self._from_server(party, server, KIND_RELAY, r)
+        if p.get("dropped"):
+            return SubmitResult("dropped", r, "excluded after sharing keys")
+        if send("masked", masked_input(st, p)):
+            return SubmitResult("stopped", r, "after sending the masked input")
+
+        p = self._from_server(party, server, KIND_UNMASK_REQUEST, r)
+        if p.get("dropped"):
+            return SubmitResult("dropped", r, "excluded after the masked input")
+        send("unmask", unmask_shares(st, p))
+        return SubmitResult("ok", r)

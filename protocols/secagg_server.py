@@ -1,0 +1,328 @@
+"""Secure aggregation, server side: one function per round of Bonawitz et al. (Fig. 4).
+
+:meth:`SecAggServer.aggregate` runs one protocol instance as four functions
+on the round's state (:class:`ServerRound`):
+
+=====================  ==========================================================
+function               collects, then sends
+=====================  ==========================================================
+advertise_round        ``secagg/keys`` -> U1; each client of U1 its neighbours'
+                       signed keys (``secagg/keylist``)
+share_round            ``secagg/shares`` -> U2; each client of U2 the shares
+                       sealed to it (``secagg/relay``)
+masked_round           ``secagg/masked`` -> U3, summed as they arrive;
+                       ``secagg/unmask_request`` to U3
+unmask_round           ``secagg/unmask`` -> U4; reconstructs b_u (u in U3) and
+                       s_v^SK (v in U2 minus U3), removes their masks, decodes
+=====================  ==========================================================
+
+Each step waits until all expected clients answered or ``timeout`` passed;
+the silent and those whose message is malformed (named, with the reason, in
+:attr:`SecAggResult.rejected`) are dropped from then on.  On SecAgg+ a client
+whose secrets have fewer than t_local possible holders left is dropped too
+(:func:`prune`).  Fewer than t clients left: the round fails
+(:class:`~fedhet.protocols.secagg_config.SecAggError`), the waiting clients
+get an ``abort`` notice, and nothing is released.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from fedhet.crypto import keys as ck
+from fedhet.crypto.field import F61
+
+from .secagg_config import SecAggConfig, SecAggError, neighbours
+from .secagg_masks import apply_masks, reconstruct_secret
+from .secagg_messages import (KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY, KIND_SHARES, KIND_UNMASK,
+                              KIND_UNMASK_REQUEST, SECRET_ELEMS, RoundInbox, check_round, is_bytes,
+                              round_context, seed_commitment)
+from .secagg_quantizer import Quantizer
+
+__all__ = ["SecAggServer", "SecAggResult", "ServerRound", "prune", "advertise_round", "share_round",
+           "masked_round", "unmask_round"]
+
+
+@dataclass
+class SecAggResult:
+    """What the server learns: the weighted sum, the weight sum, and who contributed."""
+
+    sum: np.ndarray
+    weight: float
+    mean: np.ndarray
+    contributors: list[str]
+    dropped: list[str]
+    sum_error_bound: float
+    mean_error_bound: float
+    round: int
+    frac_bits: int
+    ring_bits: int
+    threshold: int
+    threshold_local: int
+    graph: str
+    degree: int
+    steps: dict = field(default_factory=dict)  # step -> clients that completed it, and seconds
+    rejected: dict = field(default_factory=dict)  # client -> why its message was refused (it is in dropped)
+
+
+def prune(alive: set[str], nbrs: dict[str, frozenset], t: int, tl: int) -> set[str]:
+    """``alive`` without the clients whose secrets have fewer than ``tl`` possible holders (repeatedly).
+
+    Such a client could never be unmasked (SecAgg+); on the complete graph
+    this removes nobody while ``len(alive) >= t``.  Below t nothing is
+    removed: the round fails anyway, and the count reported is the true one.
+    """
+    if len(alive) < t:
+        return alive
+    while True:
+        weak = {u for u in alive if len((nbrs[u] & alive) | {u}) < tl}
+        if not weak:
+            return alive
+        alive = alive - weak
+
+
+@dataclass
+class ServerRound:
+    """The server's state through one round."""
+
+    party: Any
+    cfg: SecAggConfig
+    r: int
+    universe: list[str]
+    t: int
+    tl: int
+    k: int
+    quant: Quantizer
+    nbrs: dict[str, frozenset]
+    inbox: RoundInbox
+    timeout: float
+    observer: Callable[[str, str, Any], None] | None = None
+    steps: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.universe)
+
+    def collect(self, kind: str, frm: Iterable[str], valid: Callable[[str, dict], str | None]) -> dict[str, dict]:
+        """Round-r messages of ``kind`` from ``frm`` until the timeout; the silent and the malformed are left out."""
+        party, r, log = self.party, self.r, self.party.log
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        got = {}
+        for u in frm:
+            p = self.inbox.recv(party, u, kind, r, deadline)
+            if p is None:
+                log.info("secagg round %d: %s dropped (no %s within %gs)", r, u, kind, self.timeout)
+                continue
+            why = valid(u, p)
+            if why:
+                log.warning("secagg round %d: dropped %s: bad %s message: %s", r, u, kind, why)
+                self.rejected[u] = f"{kind}: {why}"
+                continue
+            if self.observer is not None:
+                self.observer(kind, u, p)
+            got[u] = p
+        self.steps[kind] = {"clients": len(got), "seconds": time.monotonic() - t0}
+        return got
+
+    def fail(self, waiting: Iterable[str], next_kind: str, reason: str):
+        """Tell everyone who may be waiting for ``next_kind`` why there is none, and raise."""
+        msg = f"secure aggregation round {self.r} failed: {reason}; no sum is released"
+        for u in sorted(waiting):
+            self.party.send(u, next_kind, {"r": self.r, "abort": msg})
+        raise SecAggError(msg)
+
+    def tell_dropped(self, who: Iterable[str], next_kind: str) -> None:
+        for u in sorted(who):
+            self.party.send(u, next_kind, {"r": self.r, "dropped": True})
+
+    def enough(self, responded: set[str], waiting: Iterable[str], next_kind: str, did: str) -> set[str]:
+        """``responded`` after :func:`prune`; fails the round (naming both counts) below t."""
+        kept = prune(responded, self.nbrs, self.t, self.tl)
+        if len(kept) < self.t:
+            if len(kept) == len(responded):
+                why = f"only {len(responded)} of {self.n} clients {did}"
+            else:
+                why = (f"{len(responded)} of {self.n} clients {did}, but only {len(kept)} of them keep at least "
+                       f"t_local={self.tl} live share holders among their k={self.k} neighbours (SecAgg+)")
+            self.fail(waiting, next_kind, f"{why}, below the threshold t={self.t}")
+        return kept
+
+
+# ------------------------------------------------------------ the rounds
+def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
+    """Round 0: collect the signed keys (U1) and send each client of U1 its neighbours' keys."""
+    def valid_keys(u, p):
+        if not all(is_bytes(p.get(f), ck.KEY_BYTES) for f in ("c_pk", "s_pk", "commit")):
+            return "keys must be 32 bytes each"
+        if not is_bytes(p.get("sig"), 64):
+            return "signature must be 64 bytes"
+        return None
+
+    adv = st.collect(KIND_KEYS, st.universe, valid_keys)
+    u1 = st.enough(set(adv), st.universe, KIND_KEYLIST, "advertised keys")
+    st.tell_dropped(set(st.universe) - u1, KIND_KEYLIST)
+    entry = {u: [adv[u]["c_pk"], adv[u]["s_pk"], adv[u]["commit"], adv[u]["sig"]] for u in u1}
+    for u in sorted(u1):
+        st.party.send(u, KIND_KEYLIST, {"r": st.r, "universe": st.universe, "frac_bits": st.quant.frac_bits,
+                                        "ring_bits": st.quant.ring_bits,
+                                        "keys": {v: entry[v] for v in sorted((st.nbrs[u] & u1) | {u})}})
+    return adv, u1
+
+
+def share_round(st: ServerRound, u1: set[str]) -> set[str]:
+    """Round 1: collect the sealed shares (U2) and relay to each client of U2 the shares addressed to it."""
+    def valid_shares(u, p):
+        ct = p.get("ct")
+        if not isinstance(ct, dict) or set(ct) != (st.nbrs[u] & u1):
+            return "sealed shares must be addressed to exactly the neighbours in U1"
+        if not all(is_bytes(c, 2 * SECRET_ELEMS * 8 + ck.SEAL_OVERHEAD) for c in ct.values()):
+            return "sealed shares have the wrong size"
+        return None
+
+    sh = st.collect(KIND_SHARES, sorted(u1), valid_shares)
+    u2 = st.enough(set(sh), u1, KIND_RELAY, "shared keys")
+    st.tell_dropped(u1 - u2, KIND_RELAY)
+    for v in sorted(u2):
+        st.party.send(v, KIND_RELAY, {"r": st.r, "u2": sorted(u2),
+                                      "ct": {u: sh[u]["ct"][v] for u in sorted(st.nbrs[v] & u2)}})
+    return u2
+
+
+def masked_round(st: ServerRound, u2: set[str], length: int | None) -> tuple[np.ndarray, set[str]]:
+    """Round 2: sum the masked inputs as they arrive (U3); ask U3 for unmasking shares."""
+    acc = None
+    want = None if length is None else int(length) + 1
+    quant = st.quant
+
+    def valid_masked(u, p):
+        nonlocal acc, want
+        y = p.get("y")
+        if not isinstance(y, np.ndarray) or y.dtype != quant.dtype or y.ndim != 1:
+            return f"masked input must be a 1-D {quant.dtype} array"
+        if want is None:
+            want = y.size
+        if y.size != want:
+            return f"masked input has {y.size} elements, expected {want}"
+        if acc is None:
+            acc = y.copy()
+        else:
+            np.add(acc, y, out=acc)  # the sum is all the server keeps
+        return None
+
+    u3 = set(st.collect(KIND_MASKED, sorted(u2), valid_masked))
+    if len(u3) < st.t:
+        st.fail(u2, KIND_UNMASK_REQUEST,
+                f"only {len(u3)} of {st.n} masked inputs arrived, below the threshold t={st.t}")
+    st.tell_dropped(u2 - u3, KIND_UNMASK_REQUEST)
+    for u in sorted(u3):
+        st.party.send(u, KIND_UNMASK_REQUEST, {"r": st.r, "u3": sorted(u3)})
+    return acc, u3
+
+
+def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[str],
+                 acc: np.ndarray) -> SecAggResult:
+    """Round 3: collect the shares (U4), reconstruct the secrets, remove their masks from ``acc``, decode."""
+    r, nbrs, tl = st.r, st.nbrs, st.tl
+    idx = {u: i for i, u in enumerate(st.universe)}
+    holders = {u: ((nbrs[u] & u2) | {u}) for u in u2}
+
+    def valid_unmask(u, p):
+        b_of, s_of = p.get("b_of"), p.get("s_of")
+        if not (isinstance(b_of, list) and isinstance(s_of, list)):
+            return "share owner lists missing"
+        if set(b_of) != holders[u] & u3 or set(s_of) != holders[u] - u3:
+            return "shares are not for exactly the expected clients"
+        a = p.get("shares")
+        rows = len(b_of) + len(s_of)
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint64 or a.shape != (rows, SECRET_ELEMS):
+            return f"shares must be a uint64 array of shape ({rows}, {SECRET_ELEMS})"
+        try:
+            F61.asarray(a, "shares")
+        except ValueError as e:
+            return str(e)
+        return None
+
+    un = st.collect(KIND_UNMASK, sorted(u3), valid_unmask)
+    if len(un) < st.t:
+        raise SecAggError(f"secure aggregation round {r} failed: only {len(un)} of {st.n} clients sent "
+                          f"unmasking shares, below the threshold t={st.t}; no sum is released")
+    b_rows: dict[str, list] = {u: [] for u in u3}
+    s_rows: dict[str, list] = {v: [] for v in u2 - u3}
+    for h in sorted(un, key=idx.get):  # ascending x = idx + 1
+        p = un[h]
+        nb = len(p["b_of"])
+        for v, row in zip(p["b_of"], p["shares"][:nb]):
+            b_rows[v].append((idx[h] + 1, row))
+        for v, row in zip(p["s_of"], p["shares"][nb:]):
+            s_rows[v].append((idx[h] + 1, row))
+    masks: list[tuple[bytes, int]] = []
+    try:
+        for u in sorted(u3):
+            pts = [x for x, _ in b_rows[u]]
+            bu = reconstruct_secret([row for _, row in b_rows[u]], pts, tl, f"the self-mask seed of {u!r}")
+            if seed_commitment(bu) != adv[u]["commit"]:
+                raise SecAggError(f"the reconstructed self-mask seed of {u!r} does not match its commitment")
+            masks.append((bu, -1))
+        ctx = round_context(st.cfg.tag, st.party.run_id, r)
+        for v in sorted(u2 - u3):
+            pts = [x for x, _ in s_rows[v]]
+            sk_raw = reconstruct_secret([row for _, row in s_rows[v]], pts, tl, f"the mask key of {v!r}")
+            sk = ck.private_key_from_bytes(sk_raw, "x25519")
+            if ck.public_bytes(sk) != adv[v]["s_pk"]:
+                raise SecAggError(f"the reconstructed mask key of {v!r} does not match its public key")
+            for u in sorted(nbrs[v] & u3):
+                seed = ck.agree(sk, adv[u]["s_pk"], info=b"mask" + ctx)
+                # u added +PRG(s_uv) when u sorts before v: take it back out.
+                masks.append((seed, -1 if idx[u] < idx[v] else +1))
+    except SecAggError as e:
+        raise SecAggError(f"secure aggregation round {r} failed: {e}; no sum is released") from None
+    t0 = time.monotonic()
+    apply_masks(acc, masks)
+    total, wsum = st.quant.decode(acc)
+    st.steps["unmask_compute"] = {"seconds": time.monotonic() - t0}
+    e_sum, e_mean = st.quant.bounds(len(u3), wsum)
+    if not wsum > 0:
+        raise SecAggError(f"secure aggregation round {r}: the weights sum to {wsum}")
+    return SecAggResult(
+        sum=total, weight=wsum, mean=total / wsum, contributors=sorted(u3), dropped=sorted(set(st.universe) - u3),
+        sum_error_bound=e_sum, mean_error_bound=e_mean, round=r, frac_bits=st.quant.frac_bits,
+        ring_bits=st.quant.ring_bits, threshold=st.t, threshold_local=tl, graph=st.cfg.graph, degree=st.k,
+        steps=st.steps, rejected=dict(st.rejected))
+
+
+# ----------------------------------------------------------------- server
+class SecAggServer:
+    """The server side.  ``observer(kind, client, payload)`` sees every accepted message (its whole view)."""
+
+    def __init__(self, config: SecAggConfig | None = None, observer: Callable[[str, str, Any], None] | None = None):
+        self.cfg = config or SecAggConfig()
+        self.observer = observer
+        self._inbox = None
+        self._last_round: int | None = None
+
+    def aggregate(self, party, clients: Iterable[str], round: int = 0, length: int | None = None) -> SecAggResult:
+        """Run one round with ``clients``; returns the weighted sum (``length`` checks the vector length)."""
+        cfg = self.cfg
+        r = int(round)
+        check_round(self._last_round, r)
+        self._last_round = r
+        if self._inbox is None:
+            self._inbox = RoundInbox(party.log)
+        universe = sorted(set(clients))
+        bad = [u for u in universe if u not in party.roles or u == party.name]
+        if bad:
+            raise ValueError(f"secagg: {bad} are not peers of {party.name!r}")
+        n = len(universe)
+        st = ServerRound(party=party, cfg=cfg, r=r, universe=universe, t=cfg.t(n), tl=cfg.t_local(n), k=cfg.k(n),
+                         quant=cfg.quantizer(n), nbrs=neighbours(universe, cfg, party.seed, party.run_id, r),
+                         inbox=self._inbox, timeout=float(cfg.timeout if cfg.timeout is not None else party.timeout),
+                         observer=self.observer)
+        adv, u1 = advertise_round(st)
+        u2 = share_round(st, u1)
+        acc, u3 = masked_round(st, u2, length)
+        return unmask_round(st, adv, u2, u3, acc)
