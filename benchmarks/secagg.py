@@ -44,11 +44,9 @@ import time
 import numpy as np
 
 import harness
-from fedhet.parties.declare import declare, no_arrays
-from fedhet.protocols import aggregation
-from fedhet.protocols.aggregation import make_aggregator
+from fedhet.algorithms import secagg_job
 
-CLIP, MAX_WEIGHT = 4.0, 100.0
+CLIP, MAX_WEIGHT = secagg_job.CLIP, secagg_job.MAX_WEIGHT
 METHODS = {
     "plain": {"aggregation": "plain", "plain_dtype": "float32"},
     "secure": {"aggregation": "secure", "secagg_graph": "complete"},
@@ -57,79 +55,14 @@ METHODS = {
 for _v in METHODS.values():
     _v.update(secagg_clip=CLIP, secagg_max_weight=MAX_WEIGHT, aggregation_timeout=600)
 
-# The benchmark's job as an algorithm (NAME, ROLES, load_data, DECLARATIONS).  Configuration: m (vector
-# length), bench_rounds (timed rounds; one warm-up round more is run), input_seed, and the aggregation keys
-# of METHODS; n_clients (K, for the server's exact reference mean).  The launcher starts registered
-# algorithms only: registering these roles under NAME (a copy in fedhet.algorithms) turns the process
-# rows on.
-NAME = "secagg_bench"
-K_GO, K_DONE = "bench/go", "bench/done"
+# The benchmark's job is the registered algorithm secagg_bench (fedhet.algorithms.secagg_job): the
+# same role functions run in memory and, through the launcher, as processes.
+NAME = secagg_job.NAME
 PROCESS_HOW = ("every party its own process over CURVE ZeroMQ on loopback, started by fedhet's launcher "
                "(registered algorithm `secagg_bench`), the run audited")
 INMEMORY_HOW = ("every party a thread on the in-memory transport (`run_inmemory`: the real codec and byte "
                 "counting, no sockets), the same role functions")
-
-
-def client_names(k):
-    return [f"c{i:02d}" for i in range(k)]
-
-
-def make_inputs(k, m, seed):
-    rng = np.random.default_rng(seed)
-    xs = {c: rng.uniform(-1, 1, m) for c in client_names(k)}
-    ws = {c: float(rng.integers(1, int(MAX_WEIGHT) + 1)) for c in client_names(k)}
-    return xs, ws
-
-
-def exact_mean(xs, ws):
-    return sum(ws[c] * np.clip(xs[c], -CLIP, CLIP) for c in xs) / sum(ws.values())
-
-
-def load_data(cfg, name, role, index, n_of_role, data_dir=None):
-    """A client's vector and weight; the server's: the exact weighted mean (to report the error)."""
-    xs, ws = make_inputs(int(cfg["n_clients"]), int(cfg["m"]), int(cfg["input_seed"]))
-    if role == "server":
-        return {"exact": exact_mean(xs, ws)}
-    return {"x": xs[name], "w": ws[name]}
-
-
-def server(party, cfg, data):
-    """``bench_rounds + 1`` aggregations (the first a warm-up), each timed at the server."""
-    clients = party.peers_with_role("client")
-    agg = make_aggregator(cfg)
-    exact = data["exact"]
-    out = []
-    for r in range(int(cfg["bench_rounds"]) + 1):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        party.broadcast(K_GO, r, to=clients)
-        res = agg.aggregate(party, clients, r)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        done = party.gather(K_DONE, frm=clients)
-        out.append({"wall": wall, "server_cpu": cpu, "clients": done,
-                    "max_err": float(np.max(np.abs(res.mean - exact))),
-                    "bound": float(res.mean_error_bound), "contributors": len(res.contributors)})
-    return out
-
-
-def client(party, cfg, data):
-    agg = make_aggregator(cfg)
-    srv = party.peers_with_role("server")[0]
-    for r in range(int(cfg["bench_rounds"]) + 1):
-        party.recv(srv, K_GO)
-        s0, r0 = sum(party.bytes_sent.values()), sum(party.bytes_received.values())
-        c0 = time.thread_time()
-        agg.submit(party, srv, data["x"], data["w"], r)
-        cpu = time.thread_time() - c0
-        party.send(srv, K_DONE, {"cpu": cpu, "up": sum(party.bytes_sent.values()) - s0,
-                                 "down": sum(party.bytes_received.values()) - r0})
-    return {}
-
-
-ROLES = {"server": server, "client": client}
-DECLARATIONS = [
-    declare(K_GO, "server", "client", "the round number (start signal)", no_arrays),
-    declare(K_DONE, "client", "server", "the client's CPU seconds and bytes in the round (scalars)", no_arrays),
-] + aggregation.declarations(lambda cfg: int(cfg["m"]))
+client_names, make_inputs, exact_mean = secagg_job.client_names, secagg_job.make_inputs, secagg_job.exact_mean
 
 
 def job_cfg(k, m, method, rounds, seed):
@@ -156,8 +89,7 @@ def summarise(rounds_out):
 def bench_inmemory(k, m, method, rounds, seed):
     xs, ws = make_inputs(k, m, seed)
     data = {"server": {"exact": exact_mean(xs, ws)}, **{c: {"x": xs[c], "w": ws[c]} for c in xs}}
-    algo = harness.roles_algorithm(NAME, ROLES, load_data, DECLARATIONS)
-    run = harness.run_roles(algo, [("server", "server")] + [(c, "client") for c in client_names(k)],
+    run = harness.run_roles(secagg_job.ALGORITHM, [("server", "server")] + [(c, "client") for c in client_names(k)],
                             cfg=job_cfg(k, m, method, rounds, seed), seed=seed, data=data, timeout=900)
     return summarise(run.results["server"])
 

@@ -23,13 +23,14 @@ SMALLEST = {
     "stfl": ("stfl", {"epochs": 2, "vae_epochs": 2}),
     "he_split": ("he_split", {"epochs": 1, "max_batches": 1, "key_bits": 1024}),
     "chfl": ("chfl_small", {"rounds": 1, "local_epochs": 1, "hidden": [16]}),
+    "secagg_bench": ("secagg", {"m": 200}),
 }
 
 # Keys whose values are measurements of this run (time, load, the transport's framing: a run
 # id's length changes header bytes), not results.
-_TIMING = ("_s", "time", "wall", "elapsed", "warmup", "throughput", "s_per_", "bytes")
+_TIMING = ("_s", "time", "wall", "elapsed", "warmup", "throughput", "s_per_", "bytes", "cpu")
 # Execution statistics (worker pools exist in processes only), not results.
-_EXECUTION = ("stats",)
+_EXECUTION = ("stats", "up", "down")
 
 
 def _comparable(x, key: str = ""):

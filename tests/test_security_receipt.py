@@ -133,14 +133,17 @@ def fedavg_run(tmp_path_factory):
 
 def _resign(run_dir: Path, name: str, mutate) -> None:
     """Rewrite one party's transcript with ``mutate`` applied to its records and sign it again
-    with the party's own key: only the declarations can catch what was changed."""
-    fed = load(run_dir / "federation.toml")
+    with a key written into the folder's config.json: signatures and chains verify, so only
+    the declarations can catch what was changed."""
     config = json.loads((run_dir / "config.json").read_text())
     path = run_dir / "parties" / name / "transcript.jsonl"
-    sign = next(p["sign_key"] for p in config["party"] if p["name"] == name)
-    recs = verify(path, name, config["run_id"], keyfiles.verify_key(sign)).records
+    entry = next(p for p in config["party"] if p["name"] == name)
+    recs = verify(path, name, config["run_id"], keyfiles.verify_key(entry["sign_key"])).records
+    key_dir = run_dir.parent / f"{run_dir.name}-forger-keys"
+    entry["sign_key"] = keyfiles.generate(key_dir, name, overwrite=True).sign
+    (run_dir / "config.json").write_text(json.dumps(config))
     path.unlink()
-    t = Transcript(path, name, config["run_id"], keyfiles.load_signing_key(fed.key_dir, name))
+    t = Transcript(path, name, config["run_id"], keyfiles.load_signing_key(key_dir, name))
     for r in recs:
         r = mutate(dict(r))
         t.record(r["dir"], r["peer"], r["kind"], r["round"], r["seq"], r["bytes"], r["sha256"],
