@@ -138,10 +138,10 @@ def encode_items(items: Iterable[Any]) -> list[bytes]:
                 ap(b"i" + str(x).encode())
             else:
                 ap(encode_item(x))
-        except (TypeError, ValueError):
-            if t is int:  # str() refused it: more digits than Python converts
-                e = _int_too_long(x)
-            raise type(e)(f"ID at position {i}: {e}") from None
+        except (TypeError, ValueError) as err:
+            # an int that str() refused has more digits than Python converts
+            cause = _int_too_long(x) if t is int else err
+            raise type(cause)(f"ID at position {i}: {cause}") from None
     return out
 
 

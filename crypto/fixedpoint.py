@@ -54,7 +54,8 @@ _EXACT_INT64 = 2.0 ** 62  # below this a rounded float64 converts through int64 
 def round_scaled(x, frac_bits: int) -> np.ndarray:
     """``round(x * 2**frac_bits)`` as float64 (round half to even); no range or finiteness checks."""
     # Multiplying by the power of two is exact (== ldexp) and several times faster.
-    scaled = np.multiply(np.asarray(x, dtype=np.float64), math.ldexp(1.0, int(frac_bits)))
+    scaled = np.array(x, dtype=np.float64)  # a copy (0-d stays an array), worked on in place
+    scaled *= math.ldexp(1.0, int(frac_bits))
     return np.rint(scaled, out=scaled)
 
 

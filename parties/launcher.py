@@ -263,10 +263,12 @@ def _mark_stopped(fed: Federation, run_dir: Path, failure: dict) -> None:
              else f"stopped by the launcher ({failure.get('reason')})")
     for p in fed.parties:
         pdir = party_dir(run_dir, p.name)
-        if (pdir / "result.json").exists() or (pdir / "error.json").exists() or p.name == failure.get("party"):
+        err = _read_json(pdir / "error.json")
+        own_failure = err is not None and not err.get("stopped")  # a party stopped by SIGTERM says so
+        if (pdir / "result.json").exists() or own_failure or p.name == failure.get("party"):
             continue
         st = _read_json(pdir / "status.json") or {}
-        if st.get("state") in ("done", "failed", "stopped"):
+        if st.get("state") in ("done", "failed") or st.get("reason"):
             continue
         st.update({"party": p.name, "role": p.role, "state": "stopped", "reason": cause})
         try:

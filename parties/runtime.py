@@ -129,9 +129,19 @@ class Stopped(BaseException):
     """SIGTERM reached the party (the launcher or a user stopped it)."""
 
 
-def _stop_on_sigterm() -> None:
+def _stop_on_sigterm(report=None) -> None:
+    """On SIGTERM: record that this party was stopped (``report``: status "stopped" and
+    error.json), then exit at once.  Exiting from the handler, rather than unwinding, keeps the
+    launcher's promise that a stopped or orphaned party is gone within seconds even while it
+    sits in a long C call; its pool workers follow it (they watch their parent)."""
     def handler(signum, frame):
-        raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
+        why = f"stopped by signal {signal.Signals(signum).name}"
+        if report is not None:
+            try:
+                report(why)
+            finally:
+                os._exit(143)
+        raise Stopped(why)
 
     try:
         signal.signal(signal.SIGTERM, handler)
@@ -150,7 +160,6 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     from .zmq_transport import ZmqParty
 
     die_with_launcher()
-    _stop_on_sigterm()
     raise_open_file_limit()
     run_dir = Path(run_dir)
     spec = fed.party(name)
@@ -171,6 +180,15 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
         except OSError as e:  # progress is advisory: out of descriptors must not fail the party
             if not _out_of_descriptors(e):
                 raise
+
+    def stopped(why: str) -> None:
+        write_json_when_possible(pdir / "error.json", {
+            "party": name, "role": spec.role, "error": f"Stopped: {why}", "stopped": True,
+            "aborted_by_peer": False, "caused_by": None, "time": time.time(), "traceback": "",
+            "wall_s": time.perf_counter() - t0})
+        status({"state": "stopped", "error": f"Stopped: {why}"})
+
+    _stop_on_sigterm(stopped)
 
     try:
         write_json_atomic(run_dir / "config.json", config_record(fed, run_id, insecure))
