@@ -407,8 +407,12 @@ def launch_audited(fed, *, overrides: dict | None = None, run_dir: str | os.Path
 
 def roles_algorithm(name: str, roles: dict[str, Callable], load_data: Callable | None = None,
                     declarations: Sequence = ()) -> types.SimpleNamespace:
-    """An algorithm-shaped object for a script's own role functions (``run_inmemory`` takes it)."""
-    return types.SimpleNamespace(NAME=name, ROLES=dict(roles), DECLARATIONS=list(declarations),
+    """An algorithm-shaped object for a script's own role functions (``run_inmemory`` takes it).
+
+    Without ``declarations`` its parties accept any message kind (the contract's ad-hoc mode);
+    with them, receipt is strict as in a registered algorithm."""
+    extra = {"DECLARATIONS": list(declarations)} if declarations else {}
+    return types.SimpleNamespace(NAME=name, ROLES=dict(roles), **extra,
                                  load_data=load_data or (lambda cfg, name, role, index, n, data_dir=None: None))
 
 

@@ -67,8 +67,7 @@ def run_layer(spec: hei.LayerSpec, A, W_g, eps, delta=None, steps: int = 1):
         box["g"] = g
         return {}
 
-    mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None,
-                                DECLARATIONS=[])
+    mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None)  # declares nothing: parties accept any kind
     run_inmemory(mod, [("h", "host"), ("g", "guest")], data={"h": None, "g": None})
     return box
 

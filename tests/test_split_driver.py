@@ -157,8 +157,7 @@ def _clear_module(n_classes, bad_guest=False):
         link = SD.ClearGuestLink(party, "host", KINDS, b.n_rows, 4 if bad_guest else BS)
         return {**SD.serve_guest(b, link), "net": b.model}
 
-    return types.SimpleNamespace(NAME="split-test", ROLES={"host": host, "guest": guest}, load_data=None,
-                                 DECLARATIONS=[])
+    return types.SimpleNamespace(NAME="split-test", ROLES={"host": host, "guest": guest}, load_data=None)  # declares nothing: parties accept any kind
 
 
 def test_clear_links_between_parties_equal_local_links():
