@@ -87,7 +87,9 @@ from fedhet.algorithms.stfl_local import STFLConfig, encode, fit_vae, predict_ho
 from fedhet.algorithms.stfl_models import latent_width
 from fedhet.algorithms.toolkit import (accuracy, align_guest_rows, align_host_rows, epoch_permutation, logit_width,
                                        mlp, seeded)
+from fedhet.algorithms.party_table import DataSpecError, TableSpec, check_features, load_party_table
 from fedhet.parties.api import PartyError
+from fedhet.parties.contract import Algorithm, PartyContext
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import psi
 
@@ -113,7 +115,10 @@ K_READY, K_BATCH, K_ACT, K_GRAD = "split/ready", "split/batch", "split/activatio
 
 OWN_DEFAULTS = {"variant": "stfl", "dataset": "breast_sk", "n_guests": 1, "selftaught_frac": 0.4,
                 "test_frac": 0.2, "psi_order": "sorted", "psi_workers": None, "recv_timeout": None,
-                "torch_threads": 1, "return_weights": False}
+                "torch_threads": 1, "return_weights": False, "guest_features": None, "n_classes": None}
+# dataset = "files": every party reads its own table ([[party]] data = {...}); the declarations'
+# widths then come from guest_features (one input width per guest) and n_classes.
+FILES = "files"
 _STFL_KEYS = {f.name for f in fields(STFLConfig)} - {"device"}
 
 
@@ -133,6 +138,8 @@ class Settings:
     torch_threads: int
     return_weights: bool
     model: STFLConfig
+    guest_features: tuple[int, ...] | None = None  # dataset "files": each guest's input width
+    n_classes: int | None = None                   # dataset "files": the host's declared classes
 
     @property
     def seed(self) -> int:
@@ -149,11 +156,25 @@ def settings(cfg: dict) -> Settings:
     if own["variant"] not in VARIANTS:
         raise ValueError(f"stfl: variant must be one of {VARIANTS}, got {own['variant']!r}")
     ds = ALIASES.get(own["dataset"], own["dataset"])
-    if ds not in SHAPES:
+    gf = own["guest_features"]
+    if ds == FILES:
+        if (not isinstance(gf, (list, tuple)) or not gf
+                or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in gf)):
+            raise ValueError("stfl: dataset 'files' needs guest_features = [input width of each guest], "
+                             f"got {gf!r}")
+        if len(gf) != own["n_guests"]:
+            raise ValueError(f"stfl: guest_features lists {len(gf)} width(s) but n_guests = {own['n_guests']}")
+        nc = own["n_classes"]
+        if isinstance(nc, bool) or not isinstance(nc, int) or nc < 2:
+            raise ValueError(f"stfl: dataset 'files' needs n_classes (an int >= 2), got {nc!r}")
+    elif gf is not None or own["n_classes"] is not None:
+        raise ValueError("stfl: guest_features and n_classes are only for dataset 'files'")
+    if ds != FILES and ds not in SHAPES:
         raise ValueError(f"stfl: unknown dataset {own['dataset']!r}; choose one of "
                          f"{sorted(SHAPES) + sorted(ALIASES)}")
     n_guests = own["n_guests"]
-    if not isinstance(n_guests, int) or isinstance(n_guests, bool) or not 1 <= n_guests <= SHAPES[ds][2]:
+    max_guests = len(gf) if ds == FILES else SHAPES[ds][2]
+    if not isinstance(n_guests, int) or isinstance(n_guests, bool) or not 1 <= n_guests <= max_guests:
         raise ValueError(f"stfl: n_guests must be an int in 1..{SHAPES[ds][2]} (guest columns of {ds}), "
                          f"got {n_guests!r}")
     if own["psi_order"] not in psi.ORDERS:
@@ -165,11 +186,14 @@ def settings(cfg: dict) -> Settings:
     return Settings(own["variant"], ds, n_guests, float(own["selftaught_frac"]), float(own["test_frac"]),
                     own["psi_order"], None if own["psi_workers"] is None else int(own["psi_workers"]),
                     None if own["recv_timeout"] is None else float(own["recv_timeout"]), threads,
-                    bool(own["return_weights"]), model)
+                    bool(own["return_weights"]), model,
+                    tuple(gf) if ds == FILES else None, own["n_classes"] if ds == FILES else None)
 
 
 def guest_widths(s: Settings) -> list[int]:
     """Input width of each guest (the guest columns cut into n_guests contiguous blocks)."""
+    if s.guest_features is not None:
+        return list(s.guest_features)
     return [len(b) for b in np.array_split(np.arange(SHAPES[s.dataset][2]), s.n_guests)]
 
 
@@ -179,7 +203,10 @@ def latent_widths(s: Settings) -> list[int]:
 
 
 def expected_common(s: Settings) -> int:
-    """Size of the intersection: the host's labelled rows (every guest holds every ID)."""
+    """Size of the intersection: the host's labelled rows (every guest holds every ID); None for
+    users' files, whose overlap only the PSI knows."""
+    if s.dataset == FILES:
+        return None
     n = SHAPES[s.dataset][0]
     return n - int(round(s.selftaught_frac * n))
 
@@ -209,7 +236,7 @@ def latent_check(arrays: list, cfg: dict) -> str | None:
         return (f"latent codes must be d_latent = {widths} wide ({s.dataset}, {s.n_guests} guest(s), "
                 f"input widths {guest_widths(s)} x latent_frac {s.model.latent_frac}), got width {shape[1]}")
     n = expected_common(s)
-    if shape[0] != n:
+    if n is not None and shape[0] != n:
         return f"latent codes must cover exactly the {n} intersected rows, got {shape[0]} rows"
     return None
 
@@ -310,6 +337,47 @@ def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_
         table, _ = _own_table(s, GUEST, index, data_dir)
         return {"ids": table.ids, "x": table.x, "columns": table.columns, "index": index}
     raise ValueError(f"stfl: unknown role {role!r} (roles: {HOST}, {GUEST})")
+
+
+def file_data(s: Settings, ctx: PartyContext):
+    """A party's own file (dataset "files").  The host: ``id``, ``label`` (with ``classes``) and
+    features; its rows are split into train | test (``test_frac``, seeded); it keeps no
+    self-taught rows of its own.  A guest: ``id`` and exactly ``guest_features[i]`` feature
+    columns; its rows whose IDs the PSI does not match are its unlabelled (self-taught) rows."""
+    if ctx.role == HOST:
+        t = load_party_table(TableSpec.from_dict(dict(ctx.data or {}), party=ctx.name, base_dir=ctx.base_dir,
+                                                 require=("id", "label", "classes")))
+        if len(t.classes) != s.n_classes:
+            raise DataSpecError(f"party {ctx.name!r}, file '{t.path}': {len(t.classes)} classes declared "
+                                f"({list(t.classes)}) but n_classes = {s.n_classes} in [algorithm]",
+                                party=ctx.name, path=str(t.path), key="classes")
+        table = data_fate.PartyTable(np.asarray(t.ids).astype(str), t.X, list(t.feature_names), t.y)
+        own = data_fate.VerticalData(FILES, s.n_classes, table, [])
+        return data_fate.host_view(own, data_fate.make_split(own, s.seed, 0.0, s.test_frac), with_selftaught=False)
+    if ctx.role == GUEST:
+        t = load_party_table(TableSpec.from_dict(dict(ctx.data or {}), party=ctx.name, base_dir=ctx.base_dir,
+                                                 require=("id",)))
+        check_features(t, guest_widths(s)[ctx.index], "guest_features in [algorithm]")
+        return {"ids": np.asarray(t.ids).astype(str), "x": t.X, "columns": list(t.feature_names),
+                "index": ctx.index}
+    raise ValueError(f"stfl: unknown role {ctx.role!r} (roles: {HOST}, {GUEST})")
+
+
+def load_party(cfg, ctx: PartyContext):
+    """The contract's ``load_data``: the party's own file with dataset "files", else its part of a
+    built-in data set."""
+    s = settings(cfg)
+    if s.dataset == FILES:
+        if not ctx.data:
+            raise ValueError(f"stfl: dataset 'files' but party {ctx.name!r} names no data file "
+                             "(give its [[party]] a data = { path = ..., id = ... })")
+        if ctx.role == GUEST and ctx.n_of_role != s.n_guests:
+            raise ValueError(f"stfl: the federation has {ctx.n_of_role} guest(s) but n_guests = {s.n_guests}")
+        return file_data(s, ctx)
+    if ctx.data:
+        raise ValueError(f"stfl: party {ctx.name!r} names a data file: set dataset = \"files\" (and "
+                         "guest_features, n_classes) in [algorithm]")
+    return load_data(cfg, ctx.name, ctx.role, ctx.index, ctx.n_of_role, ctx.data_dir)
 
 
 # ------------------------------------------------------------------------------ networks
@@ -515,3 +583,8 @@ def _guest_split(party, s, c, h, x_common, idx) -> dict:
 
 
 ROLES = {HOST: host, GUEST: guest}
+
+
+ALGORITHM = Algorithm(name=NAME, summary="STFL: self-taught vertical FL (guests send VAE latent codes once), "
+                      "and the hierarchical split network", roles=ROLES, load_data=load_party,
+                      declarations=lambda cfg: list(DECLARATIONS))
