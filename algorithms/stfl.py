@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
+from typing import Literal
 
 import numpy as np
 import torch
@@ -90,6 +91,7 @@ from fedhet.algorithms.toolkit import (accuracy, align_guest_rows, align_host_ro
 from fedhet.algorithms.party_table import DataSpecError, TableSpec, check_features, load_party_table
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import Algorithm, PartyContext
+from fedhet.parties.settings import TableView, setting
 from fedhet.parties.declare import declare, no_arrays
 from fedhet.protocols import psi
 
@@ -585,6 +587,46 @@ def _guest_split(party, s, c, h, x_common, idx) -> dict:
 ROLES = {HOST: host, GUEST: guest}
 
 
+@dataclass(frozen=True)
+class Table(TableView):
+    """The ``[algorithm]`` keys, parsed and documented by the one settings parser; the roles derive
+    :class:`Settings` (with the model's :class:`STFLConfig`) from it."""
+
+    variant: Literal["stfl", "hierarchical"] = setting("stfl", "stfl (latent codes once) or hierarchical "
+                                                       "(split network trained jointly, plaintext)")
+    dataset: str = setting("breast_sk", "breast_sk (scikit-learn), cancer, payment, credit, vehicle, or 'files' "
+                           "(each party's own table: [[party]] data = {...})")
+    n_guests: int = setting(1, "guests (the guest columns are cut into this many blocks)", lo=1)
+    selftaught_frac: float = setting(0.4, "built-in sets: share of rows whose host rows are dropped (the guests' "
+                                     "unlabelled rows)", lo=0, hi=0.95)
+    test_frac: float = setting(0.2, "share of the host's rows held out for testing", lo=0, lo_open=True, hi=0.9)
+    guest_features: tuple[int, ...] | None = setting(None, "dataset 'files': each guest's feature count", lo=1)
+    n_classes: int | None = setting(None, "dataset 'files': the host's number of classes", lo=2)
+    psi_order: Literal["sorted", "label_owner"] = setting("sorted", "order of the common ID list")
+    psi_workers: int | None = setting(None, "PSI worker processes (None: automatic)", lo=0)
+    recv_timeout: float | None = setting(None, "seconds to wait for one message (None: the federation's)",
+                                         lo=0, lo_open=True)
+    torch_threads: int = setting(1, "torch.set_num_threads per party (0: torch's default)", lo=0)
+    return_weights: bool = setting(False, "return the trained weights (tests)")
+    epochs: int = setting(100, "host (or split network) training epochs", lo=1)
+    vae_epochs: int = setting(100, "each guest's VAE epochs", lo=1)
+    batch_size: int = setting(128, "mini-batch size", lo=1)
+    lr: float = setting(1e-3, "Adam's learning rate (host / split network)", lo=0, lo_open=True)
+    vae_lr: float = setting(1e-3, "Adam's learning rate of the VAEs", lo=0, lo_open=True)
+    weight_decay: float = setting(0.0, "Adam's weight decay", lo=0)
+    vae_hidden_mult: float = setting(2.0, "VAE hidden width = input width x this", lo=0, lo_open=True)
+    latent_frac: float = setting(0.5, "d_latent = guest input width x this (paper: half)", lo=0, lo_open=True, hi=1)
+    host_hidden_mult: float = setting(2.0, "host MLP hidden width = joint width x this", lo=0, lo_open=True)
+    central_hidden_mult: float = setting(2.0, "Centralized baseline hidden width multiplier", lo=0, lo_open=True)
+    hidden_layers: int = setting(1, "hidden layers of the MLPs", lo=0)
+    activation: str = setting("relu", "hidden activation (relu, tanh, sigmoid, elu, leaky_relu)")
+    kl_weight: float = setting(1.0, "weight of the VAE's KL term", lo=0)
+    seed: int = setting(0, "seeds the split, the models and the batches", lo=0)
+
+    def validate(self):
+        settings(self)  # the derived settings' own checks (data set, guests, widths)
+
+
 ALGORITHM = Algorithm(name=NAME, summary="STFL: self-taught vertical FL (guests send VAE latent codes once), "
                       "and the hierarchical split network", roles=ROLES, load_data=load_party,
-                      declarations=lambda cfg: list(DECLARATIONS))
+                      declarations=lambda cfg: list(DECLARATIONS), settings=Table)
