@@ -47,6 +47,8 @@ where the label owner sends batch indices); the simulated split is computed by e
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -57,6 +59,8 @@ from fedhet.algorithms.split_driver import (GuestBottom, HEGuestLink, HEHostLink
                                             Schedule, serve_guest)
 from fedhet.algorithms.toolkit import (ACTIVATIONS, HostRows, align_guest_rows, align_host_rows, crc32_seed,
                                        logit_width, make_activation, mlp, seeded, sorted_intersection)
+from fedhet.parties.contract import Algorithm
+from fedhet.parties.settings import TableView, setting
 from fedhet.parties.api import PartyError
 from fedhet.parties.declare import declare
 from fedhet.protocols import he_interactive as hei
@@ -350,3 +354,56 @@ DECLARATIONS = (
     + hei.declarations(HOST, GUEST, defaults={"interactive_width": DEFAULTS["interactive_width"],
                                               "key_bits": DEFAULTS["key_bits"], "slot_bits": DEFAULTS["slot_bits"]})
 )
+
+
+@dataclass(frozen=True)
+class Table(TableView):
+    """The ``[algorithm]`` keys, parsed and documented by the one settings parser."""
+
+    dataset: str = setting("breast_sk", "breast_sk (scikit-learn), cancer, payment, credit, vehicle")
+    selftaught_frac: float = setting(0.4, "share of rows dropped from the host (as STFL's self-taught rows)",
+                                     lo=0, hi=0.95)
+    test_frac: float = setting(0.2, "share of the host's rows held out for testing", lo=0, lo_open=True, hi=0.9)
+    epochs: int = setting(100, "training epochs", lo=1)
+    max_batches: int | None = setting(None, "stop after this many batches in all (timing runs)", lo=1)
+    batch_size: int = setting(128, "mini-batch size", lo=1)
+    lr: float = setting(0.01, "learning rate of the bottom and top models", lo=0, lo_open=True)
+    interactive_lr: float = setting(0.3, "learning rate of the interactive layer", lo=0, lo_open=True)
+    host_bottom_width: int = setting(8, "output width of the host's bottom model", lo=1)
+    guest_bottom_width: int = setting(8, "output width of each guest's bottom model", lo=1)
+    bottom_layers: int = setting(0, "hidden layers of the bottom models", lo=0)
+    bottom_hidden_mult: float = setting(2.0, "bottom hidden width multiplier", lo=0, lo_open=True)
+    bottom_activation: str = setting("relu", "bottom activation", choices=tuple(sorted(ACTIVATIONS)))
+    interactive_width: int = setting(8, "output width of the interactive layer", lo=1)
+    interactive_activation: str = setting("relu", "activation after the interactive layer",
+                                          choices=tuple(sorted(ACTIVATIONS)))
+    top_layers: int = setting(0, "hidden layers of the host's top model", lo=0)
+    top_hidden_mult: float = setting(2.0, "top hidden width multiplier", lo=0, lo_open=True)
+    he: Literal["paillier", "naive", "ckks"] = setting("paillier", "packed Paillier, one value per phe "
+                                                      "ciphertext (naive), or CKKS")
+    key_bits: int = setting(2048, "Paillier modulus bits", lo=512)
+    slot_bits: int = setting(hei.LayerSpec.slot_bits, "bits per packed Paillier slot", lo=8)
+    mask_bits: int = setting(hei.LayerSpec.mask_bits, "statistical masking bits", lo=0)
+    a_int_bits: int = setting(hei.LayerSpec.a_int_bits, "integer bits of activations", lo=0)
+    a_frac_bits: int = setting(hei.LayerSpec.a_frac_bits, "fraction bits of activations", lo=0)
+    w_frac_bits: int = setting(hei.LayerSpec.w_frac_bits, "fraction bits of the interactive weights", lo=0)
+    d_int_bits: int = setting(hei.LayerSpec.d_int_bits, "integer bits of the gradients", lo=0)
+    d_frac_bits: int = setting(hei.LayerSpec.d_frac_bits, "fraction bits of the gradients", lo=0)
+    ckks_mask: float = setting(hei.LayerSpec.ckks_mask, "CKKS noise mask amplitude", lo=0, lo_open=True)
+    pool: bool = setting(True, "precompute Paillier obfuscators in a pool")
+    he_workers: int = setting(1, "worker processes for the HE arithmetic", lo=1)
+    torch_threads: int = setting(1, "torch.set_num_threads per party", lo=0)
+    psi_timeout: float | None = setting(None, "seconds to wait for any one PSI message", lo=0, lo_open=True)
+    evaluate: bool = setting(True, "evaluate on the test rows after every epoch")
+    return_params: bool = setting(False, "return the trained parameters (tests)")
+    seed: int = setting(0, "seeds the split, the models, the batches", lo=0)
+
+    def validate(self):
+        _settings(dict(self))  # the derived settings' own checks (data set, widths)
+
+
+ALGORITHM = Algorithm(name=NAME, summary="FATE-style hetero NN: a packed Paillier (or phe, CKKS) interactive "
+                      "layer between guests' bottom models and the host's top model", roles=ROLES,
+                      load_data=lambda cfg, ctx: load_data(cfg, ctx.name, ctx.role, ctx.index, ctx.n_of_role,
+                                                           ctx.data_dir),
+                      declarations=lambda cfg: list(DECLARATIONS), settings=Table)
