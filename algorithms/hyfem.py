@@ -115,6 +115,7 @@ class Settings(TableView):
     inference_hidden: int = setting(64, "hidden width of the inference MLP", lo=1)
     allow_plain_views: bool = setting(False, "a view held by too few clients for secure aggregation "
                                       "goes to the server in the clear instead of refusing")
+    return_models: bool = setting(False, "the server's result includes the final theta_0,d and theta_0 (tests)")
     torch_threads: int = setting(1, "torch.set_num_threads per party (0: torch's default)", lo=0)
     seed: int = setting(0, "split, partition, initialisation, batches and matching", lo=0)
     agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
@@ -453,7 +454,11 @@ def server(party, s: Settings, data) -> dict:
         state, _ = H.match_inference(state, spec, layers, cfg, r)
         round_s.append(time.perf_counter() - t0)
         party.progress(r + 1, s.rounds, global_acc=round(g["accuracy"], 4))
-    return {**curves, "rounds": s.rounds, "clients": len(names), "method": s.method, "mu": s.mu,
+    models = {}
+    if s.return_models:
+        models = {"extractors": [state.extractors[d].tolist() for d in range(D)],
+                  "inference": [[W.tolist(), b.tolist()] for W, b in state.inference]}
+    return {**curves, **models, "rounds": s.rounds, "clients": len(names), "method": s.method, "mu": s.mu,
             "dataset": s.dataset, "scenario": s.scenario, "partition": list(s.partition()),
             "client_views": {str(m): list(v) for m, v in client_views.items()},
             "view_aggregation": {str(d): view_method.get(d) for d in range(D)},

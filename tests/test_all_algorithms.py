@@ -23,6 +23,8 @@ SMALLEST = {
     "stfl": ("stfl", {"epochs": 2, "vae_epochs": 2}),
     "he_split": ("he_split", {"epochs": 1, "max_batches": 1, "key_bits": 1024}),
     "chfl": ("chfl_small", {"rounds": 1, "local_epochs": 1, "hidden": [16]}),
+    "hyfem": ("hyfem", {"rounds": 2, "local_steps": 4, "max_rows": 300, "extractor_hidden": 16,
+                        "inference_hidden": 16, "embed_dim": 8}),
 }
 
 # Keys whose values are measurements of this run (time, load, the transport's framing: a run
