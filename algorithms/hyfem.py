@@ -270,14 +270,20 @@ def aggregation_method(s: Settings) -> str:
     return s.agg.table().get("aggregation", AGGREGATION_DEFAULTS["aggregation"])
 
 
-def load_data(s: Settings, ctx: PartyContext):
-    views, y = load_views(s)
+def prepared_views(s: Settings, data_dir=None):
+    """(views scaled as every party scales them, labels, training rows, evaluation rows)."""
+    views, y = load_views(s, data_dir)
     train, test = split_rows(s, len(y))
     # Public standardisation: the evaluation rows' column statistics (features only).
     stats = [(v[test].mean(0), v[test].std(0) + 1e-6) for v in views]
     scale = [((v - mu) / sd).astype(np.float32) if s.dataset == "handwritten" else v
              for v, (mu, sd) in zip(views, stats)]
-    x_test = {d: scale[d][test] for d in range(len(views))}
+    return scale, y, train, test
+
+
+def load_data(s: Settings, ctx: PartyContext):
+    scale, y, train, test = prepared_views(s)
+    x_test = {d: scale[d][test] for d in range(len(scale))}
     out = {"x_test": x_test, "y_test": y[test]}
     if ctx.role == "server":
         return out
