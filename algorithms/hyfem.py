@@ -192,6 +192,13 @@ def extractor_size(e: ExtractorSpec) -> int:
     return total + c * e.embed_dim + e.embed_dim
 
 
+def _plain_view_allowed(arrays, cfg) -> str | None:
+    """The audit's check: a view's extractor in the clear only where the run allowed it."""
+    if not cfg.get("allow_plain_views", False):
+        return "a view's extractor was sent in the clear although allow_plain_views is false"
+    return None
+
+
 def declarations(s: Settings) -> list:
     D = s.partition()[0]
     theta = [declare(K_THETA.format(d), "server", "client", f"theta_0,{d}: view {d}'s averaged extractor",
@@ -209,6 +216,7 @@ def declarations(s: Settings) -> list:
         declare(K_PLAIN_VIEW, "client", "server",
                 "DISCLOSED (allow_plain_views only): the extractor of a view too few clients hold for "
                 "secure aggregation, in the clear",
+                check=_plain_view_allowed,
                 payload=sch.Fields({"round": sch.Int(lo=0), "view": sch.Int(lo=0, hi=D - 1),
                                     "theta": sch.Arr("<f4", (None,))})),
         declare(K_REPORT, "client", "server", "scores of the received local model on the evaluation "

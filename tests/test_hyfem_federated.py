@@ -126,3 +126,23 @@ def test_process_run_passes_audit_and_no_label_shaped_array_leaves_a_client(tmp_
                 assert not shape or shape[0] != n_train, (r["kind"], dt, shape)
                 if r["kind"] == hyfem.K_INFERENCE:
                     assert [dt, shape] == ["<f4", [sz["n_inference"]]]
+
+
+def test_12view_coil20_preset_runs_as_processes_and_passes_audit(tmp_path):
+    fed = load(presets.path("hyfem_12view"))
+    over = {"rounds": 1, "local_steps": 2, "max_rows": 200, "cnn_channels": 4, "embed_dim": 4,
+            "inference_hidden": 8}
+    summary = launch(fed, tmp_path / "run", progress=False, timeout=240, overrides=over)
+    rep = audit(tmp_path / "run")
+    assert rep.ok, rep.problems[:5]
+    srv = summary["parties"]["server"]["result"]
+    assert srv["dataset"] == "coil20" and len(srv["view_aggregation"]) == 12
+    assert set(srv["view_aggregation"].values()) == {"secure"}
+    assert all(len(v) == 9 for v in srv["client_views"].values())
+
+
+def test_audit_flags_a_plain_view_when_not_allowed():
+    decl = {d.kind: d for d in hyfem.declarations(parse_settings(hyfem.Settings, {}))}
+    chk = decl[hyfem.K_PLAIN_VIEW].check
+    assert chk([("<f4", (10,))], {}) is not None
+    assert chk([("<f4", (10,))], {"allow_plain_views": True}) is None
