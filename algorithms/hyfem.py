@@ -50,7 +50,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-
 from fedhet.algorithms import hyfem_steps as H
 from fedhet.algorithms.hyfem_models import ExtractorSpec, HyFEMModelSpec
 from fedhet.algorithms.partition import hybrid_partition
@@ -257,20 +256,32 @@ def make_partition(s: Settings, y_train: np.ndarray, n_clients: int):
     return hybrid_partition(y_train, n_clients, D, v, classes_arg(c), u, seed=s.seed)
 
 
-def check_holders(s: Settings, client_views: list, who: str) -> dict[int, list[int]]:
-    """View -> holder indices; refuses views secure aggregation cannot serve (unless allowed)."""
-    D = s.partition()[0]
-    holders = {d: [m for m, v in enumerate(client_views) if d in v] for d in range(D)}
-    if aggregation_method(s) != "secure" or s.allow_plain_views:
-        return holders
+def plain_views(s: Settings, holders: dict[int, list[int]]) -> dict[int, str]:
+    """Views whose holders are too few for secure aggregation (SecAggConfig.t) -> why; empty
+    unless aggregation is secure."""
+    if aggregation_method(s) != "secure":
+        return {}
     cfg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS).config
+    out = {}
     for d, h in holders.items():
         try:
             cfg.t(len(h))
         except SecAggError as e:
-            raise PartyError(f"hyfem ({who}): view {d} is held by {len(h)} client(s) {h}; secure "
-                             f"aggregation of its extractor is impossible ({e}). Give clients more "
-                             f"views, or set allow_plain_views = true to send it in the clear") from None
+            out[d] = str(e)
+    return out
+
+
+def check_holders(s: Settings, client_views: list, who: str) -> dict[int, list[int]]:
+    """View -> holder indices; refuses views secure aggregation cannot serve (unless allowed)."""
+    D = s.partition()[0]
+    holders = {d: [m for m, v in enumerate(client_views) if d in v] for d in range(D)}
+    if s.allow_plain_views:
+        return holders
+    for d, e in plain_views(s, holders).items():
+        h = holders[d]
+        raise PartyError(f"hyfem ({who}): view {d} is held by {len(h)} client(s) {h}; secure "
+                         f"aggregation of its extractor is impossible ({e}). Give clients more "
+                         f"views, or set allow_plain_views = true to send it in the clear")
     return holders
 
 
@@ -344,11 +355,11 @@ def client(party, s: Settings, data) -> dict:
     spec = model_spec(s)
     D = spec.n_views
     holders = check_holders(s, data["all_views"], party.name)
+    in_clear = plain_views(s, holders)
     views = tuple(data["views"])
     m = int(data["index"])
     cfg = s.config(party.device)
     agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
-    secure = agg.method == "secure"
     clip = float(s.agg.table().get("secagg_clip", AGGREGATION_DEFAULTS["secagg_clip"]))
     widths = spec.inference_widths(views)
     train = H.ClientData(data["x_train"], data["y_train"])
@@ -378,7 +389,7 @@ def client(party, s: Settings, data) -> dict:
         train_loss.append(info["loss"])
         for d in views:   # ascending: every aggregator's rounds increase
             vec = H.extractor_share(trained, d, 1.0)
-            if len(holders[d]) < 2 and secure:   # allowed by check_holders: in the clear
+            if d in in_clear:   # allowed by check_holders (allow_plain_views): in the clear
                 party.send(srv, K_PLAIN_VIEW, {"round": r, "view": d, "theta": vec.astype(np.float32)})
                 continue
             a = float(np.abs(vec).max())
@@ -389,7 +400,7 @@ def client(party, s: Settings, data) -> dict:
                 raise PartyError(f"hyfem round {r}: view {d} aggregation {res.status} ({res.reason})")
         party.send(srv, K_INFERENCE, {"round": r, "w": flat_layers(trained.inference)})
         party.progress(r + 1, s.rounds, loss=round(info["loss"], 4))
-    if clipped and secure:
+    if clipped and agg.method == "secure":
         party.log.warning("hyfem: |theta_md| reached %.3g > secagg_clip %g in %d submissions: clipped",
                           max_abs, clip, clipped)
     return {"index": m, "views": list(views), "n_train": train.n, "local_curve": curve,
@@ -412,6 +423,7 @@ def server(party, s: Settings, data) -> dict:
     by_index = {i: n for n, i in index.items()}
     client_views = {index[n]: tuple(int(d) for d in hello[n]["views"]) for n in names}
     holders = check_holders(s, [client_views[m] for m in range(len(names))], party.name)
+    in_clear = plain_views(s, holders)
     orphan = [d for d, h in holders.items() if not h]
     if orphan:
         raise PartyError(f"hyfem: view(s) {orphan} are held by no client")
@@ -445,13 +457,13 @@ def server(party, s: Settings, data) -> dict:
         means = {}
         for d in range(D):
             h = [by_index[m] for m in holders[d]]
-            if len(h) < 2 and agg.method == "secure":
+            if d in in_clear:
                 msg = party.recv(h[0], K_PLAIN_VIEW)
                 _check_round(msg, r, K_PLAIN_VIEW, h[0])
                 if msg["view"] != d or np.shape(msg["theta"]) != state.extractors[d].shape:
                     raise PartyError(f"hyfem: {h[0]} sent a malformed plain view {msg['view']} for view {d}")
                 means[d] = np.asarray(msg["theta"], dtype=np.float32)
-                view_method[d] = "plain (single holder)"
+                view_method[d] = "plain (too few holders)"
                 continue
             res = agg.aggregate(party, h, round=r * D + d, length=int(state.extractors[d].size))
             if res.dropped:

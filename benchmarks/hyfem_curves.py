@@ -28,11 +28,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
-
-from fedhet.algorithms import hyfem  # noqa: E402
-from fedhet.algorithms import hyfem_steps as H  # noqa: E402
-from fedhet.parties.settings import parse_settings  # noqa: E402
+import harness
+from fedhet.algorithms import hyfem
+from fedhet.algorithms import hyfem_steps as H
+from fedhet.parties.settings import parse_settings
 
 NAME = "hyfem_curves"
 STAND_IN = ("ModelNet40 is not available offline; UCI Handwritten (mfeat, 6 feature views, "

@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 import pytest
-
 from fedhet.algorithms import hyfem
 from fedhet.algorithms.datapath import data_root
 from fedhet.parties import presets
@@ -72,7 +71,7 @@ def test_a_view_with_one_holder_is_refused_under_secure_aggregation():
 
 def test_allow_plain_views_sends_single_holder_views_in_the_clear():
     srv = run({**ONE_HOLDER, "aggregation": "secure", "allow_plain_views": True})["server"]
-    assert set(srv["view_aggregation"].values()) == {"plain (single holder)"}
+    assert set(srv["view_aggregation"].values()) == {"plain (too few holders)"}
     assert np.isfinite(srv["global_accuracy"][-1])
 
 
