@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -177,6 +178,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     rounds = args.rounds or (10 if args.quick else 32)
     seeds = list(range(args.seeds))
+    torch.set_num_threads(1)   # as every party does (2 shared cores)
     sess = harness.Session(NAME, __file__, argv)
     print(f"hyfem_curves: {STAND_IN} rounds {rounds}, seeds {seeds}", flush=True)
     doc = {"benchmark": NAME, "quick": args.quick, "note": STAND_IN, "rounds": rounds, "seeds": seeds,
