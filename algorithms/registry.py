@@ -19,6 +19,7 @@ ALGORITHMS: dict[str, str] = {
     "chfl": "fedhet.algorithms.chfl",
     "shamir": "fedhet.algorithms.shamir_job",
     "secagg_bench": "fedhet.algorithms.secagg_job",
+    "hyfem": "fedhet.algorithms.hyfem",
 }
 
 

@@ -24,6 +24,8 @@ SMALLEST = {
     "he_split": ("he_split", {"epochs": 1, "max_batches": 1, "key_bits": 1024}),
     "chfl": ("chfl_small", {"rounds": 1, "local_epochs": 1, "hidden": [16]}),
     "secagg_bench": ("secagg", {"m": 200}),
+    "hyfem": ("hyfem", {"rounds": 2, "local_steps": 4, "max_rows": 300, "extractor_hidden": 16,
+                        "inference_hidden": 16, "embed_dim": 8}),
 }
 
 # Keys whose values are measurements of this run (time, load, the transport's framing: a run
