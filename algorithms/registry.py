@@ -18,6 +18,7 @@ ALGORITHMS: dict[str, str] = {
     "he_split": "fedhet.algorithms.he_split",
     "chfl": "fedhet.algorithms.chfl",
     "shamir": "fedhet.algorithms.shamir_job",
+    "mmvfl": "fedhet.algorithms.mmvfl",
 }
 
 

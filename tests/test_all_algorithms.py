@@ -23,6 +23,7 @@ SMALLEST = {
     "stfl": ("stfl", {"epochs": 2, "vae_epochs": 2}),
     "he_split": ("he_split", {"epochs": 1, "max_batches": 1, "key_bits": 1024}),
     "chfl": ("chfl_small", {"rounds": 1, "local_epochs": 1, "hidden": [16]}),
+    "mmvfl": ("mmvfl", {"train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 100]}),
 }
 
 # Keys whose values are measurements of this run (time, load, the transport's framing: a run
