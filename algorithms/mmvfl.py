@@ -411,7 +411,8 @@ def participant(party, s: Settings, data) -> dict:
            "solve_s": solve_s, "zstep_s": zstep_s, "psi_s": psi_s,
            "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())}
     if s.report_model:
-        out.update({"W": state.W.tolist(), "Z_k": state.Z_k.tolist(), "rows": rows.tolist()})
+        out.update({"W": state.W.tolist(), "Z_k": state.Z_k.tolist(),
+                    "ids": [int(i) for i in res.ids]})
     return out
 
 
