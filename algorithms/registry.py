@@ -20,6 +20,7 @@ ALGORITHMS: dict[str, str] = {
     "shamir": "fedhet.algorithms.shamir_job",
     "secagg_bench": "fedhet.algorithms.secagg_job",
     "hyfem": "fedhet.algorithms.hyfem",
+    "mmvfl": "fedhet.algorithms.mmvfl",
 }
 
 

@@ -1,0 +1,109 @@
+"""MMVFL as a federation against the centralised oracle, as processes with the audit, and what leaves a party."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedhet.algorithms import mmvfl, mmvfl_core as core
+from fedhet.algorithms.data_multiview import load_multiview
+from fedhet.parties.inmemory import run_inmemory
+from fedhet.parties.settings import parse_settings
+
+PARTIES = [("server", "server")] + [(f"p{i}", "participant") for i in range(1, 6)]
+SMALL = {"dataset": "handwritten", "train_per_class": 12, "val_per_class": 6, "max_iter": 4,
+         "percents": [10, 50, 100], "report_model": True}
+
+
+def _oracle(cfg):
+    s = parse_settings(mmvfl.Settings, cfg, "mmvfl")
+    mv = load_multiview(s.dataset)
+    train, _ = mmvfl.fold_rows(s, mv.y)
+    rows = mmvfl.common_rows(s, train, len(mv.views))
+    views = []
+    for X in mv.views:
+        Xr = np.asarray(X, dtype=np.float64)[rows]
+        m, sc = core.fit_standardizer(Xr)
+        views.append(core.standardize(Xr, m, sc))
+    return rows, core.run_centralized(views, mv.y[rows], np.arange(rows.size), s.core())
+
+
+def _compare(res, ref, rows, atol):
+    assert res["server"]["iterations"] == ref.iterations
+    np.testing.assert_allclose(np.array(res["server"]["Z"]), ref.Z, rtol=0, atol=atol)
+    for k, (name, _) in enumerate(PARTIES[1:]):
+        r = res[name]
+        assert r["index"] == k and r["ids"] == rows.tolist()
+        np.testing.assert_allclose(np.array(r["W"]), ref.W[k], rtol=1e-9, atol=atol)
+        np.testing.assert_allclose(np.array(r["Z_k"]), ref.Z_views[k], rtol=0, atol=atol)
+
+
+def test_plain_federated_run_equals_the_centralised_oracle():
+    cfg = {**SMALL, "aggregation": "plain"}
+    rows, ref = _oracle(cfg)
+    res = run_inmemory("mmvfl", PARTIES, cfg, seed=0)
+    assert len(rows) == mmvfl.n_common_rows(parse_settings(mmvfl.Settings, cfg, "mmvfl"))
+    _compare(res, ref, rows, atol=1e-9)
+    np.testing.assert_allclose(res["server"]["smoothed"], ref.smoothed, rtol=1e-12)
+
+
+def test_secure_federated_run_within_the_quantisation_bound():
+    # one round: Z is one aggregation of identical inputs, so the stated bound applies directly
+    cfg = {**SMALL, "aggregation": "secure", "max_iter": 1}
+    rows, ref = _oracle(cfg)
+    res = run_inmemory("mmvfl", PARTIES, cfg, seed=0)
+    bound = res["server"]["max_mean_error_bound"]
+    assert 0 < bound < 1e-10
+    assert np.max(np.abs(np.array(res["server"]["Z"]) - ref.Z)) <= bound
+    # several rounds: the error stays at the bound's scale
+    cfg = {**SMALL, "aggregation": "secure"}
+    rows, ref = _oracle(cfg)
+    res = run_inmemory("mmvfl", PARTIES, cfg, seed=0)
+    _compare(res, ref, rows, atol=1e3 * res["server"]["max_mean_error_bound"] + 1e-12)
+
+
+def test_label_holder_must_be_first(tmp_path):
+    cfg = {**SMALL, "aggregation": "plain", "max_iter": 1}
+    s = parse_settings(mmvfl.Settings, cfg, "mmvfl")
+    assert mmvfl.sizes(s)["n_rows"] == 12 * 10 - 5 * 2
+    with pytest.raises(ValueError, match="n_folds"):
+        parse_settings(mmvfl.Settings, {**cfg, "fold": 5}, "mmvfl")
+
+
+def test_processes_audit_and_nothing_label_or_x_shaped_leaves(tmp_path):
+    from fedhet.parties import presets
+    from fedhet.parties.audit import audit
+    from fedhet.parties.federation import load
+    from fedhet.parties.launcher import launch
+    from fedhet.algorithms import registry
+
+    over = {"train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 100]}
+    fed = load(presets.path("mmvfl"))
+    summary = launch(fed, tmp_path / "run", progress=False, overrides=over, timeout=240)
+    rep = audit(tmp_path / "run", registry.get_algorithm)
+    assert rep.ok, rep.problems[:5]
+    s = parse_settings(mmvfl.Settings, {**fed.algorithm_cfg(), **over}, "mmvfl")
+    z_len = mmvfl.sizes(s)["z_len"]
+    n_rows = mmvfl.sizes(s)["n_rows"]
+    dims = {240, 76, 216, 47, 64}
+    import json
+    seen_masked = 0
+    for tr in (tmp_path / "run").rglob("*transcript*"):
+        for line in tr.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("dir", "send") != "send" and "dir" in rec:
+                continue
+            kind = rec.get("kind", "")
+            arrays = rec.get("arrays") or []
+            for a in arrays:
+                shape = tuple(a[-1])
+                # no X-shaped (rows x d_k) and no label-shaped (rows,) arrays from anyone
+                assert not (len(shape) == 2 and shape[1] in dims), (kind, shape)
+                # (PSI's result is the common rows' positions, uint32, not labels)
+                assert not (len(shape) == 1 and shape[0] == n_rows and kind != "psi/result"), (kind, shape)
+                if kind == "secagg/masked":
+                    seen_masked += 1
+                    assert shape[0] in (z_len + 1, 3), shape
+            if kind == "mmvfl/report":
+                assert all(len(a[-1]) == 0 or a[-1] == [] for a in arrays)
+    assert seen_masked > 0  # the transcripts were read
+    assert summary["parties"]["server"]["result"]["iterations"] >= 1
