@@ -749,7 +749,7 @@ def _guard(d):
         merged = {**AGG_DEFAULTS, **cfg}
         return None if inner is None else inner(arrays, merged)
 
-    return declare(d.kind, d.sender, d.receiver, d.what, check)
+    return declare(d.kind, d.sender, d.receiver, d.what, check, d.payload)
 
 
 def _update_length(cfg: dict) -> int:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape  # schemas render lists as [item], which rich would read as markup
 
 console = Console(stderr=False)
 
@@ -114,7 +115,7 @@ def cmd_messages(args) -> int:
         t.add_column(c, overflow="fold")
     for k, d in declared.items():
         t.add_row(k, ", ".join(d.sender), ", ".join(d.receiver),
-                  d.payload.render() if d.payload is not None else "(arrays checked by the audit)", d.what)
+                  escape(d.payload.render()) if d.payload is not None else "(arrays checked by the audit)", d.what)
     console.print(t)
     if sizes:
         console.print("sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.items()), highlight=False)

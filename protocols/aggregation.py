@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 
 from . import secagg
@@ -213,7 +214,9 @@ def _plain_check(length: Callable[[dict], int] | None):
 def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDecl]:
     """Every kind either aggregator sends; a plain update in a secure run fails the audit."""
     return [declare(KIND_PLAIN, "client", "server", "a client's vector in the clear, its weight (and max |x|)",
-                    _plain_check(length))] + secagg.declarations(length)
+                    _plain_check(length), payload=sch.Fields({
+                        "r": sch.Int(), "x": sch.Arr(("<f4", "<f8"), (None,)), "w": sch.Float(),
+                        "amax": sch.Float()}))] + secagg.declarations(length)
 
 
 DECLARATIONS = declarations()

@@ -58,6 +58,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedhet.crypto.fixedpoint import dequantize
+from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 
 from .he_ckks_layer import CKKSGuest, CKKSHost
@@ -123,6 +124,23 @@ def _cfg_spec(cfg: dict, defaults: dict) -> dict:
     return out
 
 
+MAX_CIPHERTEXTS = 1 << 20  # bound on the CKKS vectors of one message
+_PACKED_META = sch.Fields({"shape": sch.ListOf(sch.Int(lo=0), max_len=8), "frac_bits": sch.Int(lo=0),
+                           "bound": sch.Str(max_len=4096), "spec": sch.ListOf(sch.Int(lo=0), length=3),
+                           "key_bits": sch.Int(lo=1)})
+_NAIVE_META = sch.Fields({"shape": sch.ListOf(sch.Int(lo=0), max_len=8)})
+# Paillier (packed or naive): fixed-width ciphertexts, one per row; CKKS: a list of serialised vectors.
+PAILLIER_CT = sch.Fields({"meta": sch.OneOf((_PACKED_META, _NAIVE_META)), "ct": sch.Arr("|u1", (None, None))})
+CKKS_CT = sch.ListOf(sch.Arr("|u1", (None,)), max_len=MAX_CIPHERTEXTS)
+CIPHERTEXTS = sch.OneOf((PAILLIER_CT, CKKS_CT))
+MASKED = sch.OneOf((sch.Arr("|u1", (None, None, None)), sch.Arr("<f8", (None, None))))
+PUBKEY = sch.Fields({"scheme": sch.Str(max_len=32), "key": sch.Arr("|u1", (None,))})
+ACTS = sch.OneOf((
+    sch.Fields({"rows": sch.Int(lo=0), "fwd": PAILLIER_CT, "grad": PAILLIER_CT}, optional=("grad",)),
+    sch.Fields({"rows": sch.Int(lo=0), "all": PAILLIER_CT}),
+    sch.Fields({"rows": sch.Int(lo=0), "ckks": CKKS_CT})))
+
+
 def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = "he",
                  width_key: str = "interactive_width", defaults: dict | None = None) -> list[MessageDecl]:
     """The layer's message kinds with checks on dtypes and shapes; ``cfg[scheme_key]`` picks the scheme."""
@@ -175,21 +193,21 @@ def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = 
               "(slot_bits + 16) // 8 (22 for 160-bit slots); CKKS: float64 {ck}")
     return [
         declare(K_PUBKEY, guest, host, "guest's public key: Paillier n as uint8 (key_bits/8,), or a TenSEAL "
-                "context without the secret key as 1-D uint8", key_check),
+                "context without the secret key as 1-D uint8", key_check, payload=PUBKEY),
         declare(K_ACTS, guest, host, "guest's bottom-model output encrypted under its own key, packed along "
-                "the batch and (training) along the features" + ct, ct_check),
+                "the batch and (training) along the features" + ct, ct_check, payload=ACTS),
         declare(K_NOISE, guest, host, "guest's accumulated weight noise eps, encrypted under its own key" + ct,
-                ct_check),
+                ct_check, payload=CIPHERTEXTS),
         declare(K_FWD_CT, host, guest, "[[A_g W_g + e_B]]: host's product on the guest's ciphertexts plus "
-                "the host's mask, rerandomized" + ct, ct_check),
+                "the host's mask, rerandomized" + ct, ct_check, payload=CIPHERTEXTS),
         declare(K_FWD_MASKED, guest, host, "A_g W + e_B: the layer output still masked by the host's noise"
-                + masked.format(dims="K, rows", ck="(rows, K)"), masked_check),
+                + masked.format(dims="K, rows", ck="(rows, K)"), masked_check, payload=MASKED),
         declare(K_GRAD_CT, host, guest, "[[A_g^T delta + e_W]]: weight gradient masked by the host, "
-                "rerandomized" + ct, ct_check),
+                "rerandomized" + ct, ct_check, payload=CIPHERTEXTS),
         declare(K_GRAD_MASKED, guest, host, "G + e_W + nu: weight gradient masked by both parties' noise"
-                + masked.format(dims="K, d", ck="(K, d)"), masked_check),
+                + masked.format(dims="K, d", ck="(K, d)"), masked_check, payload=MASKED),
         declare(K_INGRAD_CT, host, guest, "[[delta (W_g + eps)^T]]: the guest's input gradient, encrypted, "
-                "rerandomized" + ct, ct_check),
+                "rerandomized" + ct, ct_check, payload=CIPHERTEXTS),
     ]
 
 

@@ -20,12 +20,14 @@ import numpy as np
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import SEED_BYTES
 from fedhet.parties.api import PeerTimeout
+from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare, no_arrays
 
 __all__ = [
     "KIND_IDENT", "KIND_KEYS", "KIND_KEYLIST", "KIND_SHARES", "KIND_RELAY", "KIND_MASKED",
     "KIND_UNMASK_REQUEST", "KIND_UNMASK", "STEPS", "SECRET_ELEMS", "RoundInbox", "check_round", "round_context",
-    "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS",
+    "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
+    "MAX_CLIENTS",
 ]
 
 KIND_IDENT = "secagg/ident"
@@ -127,6 +129,35 @@ def _share_arrays(arrays: list, cfg: dict) -> str | None:
     return None
 
 
+# ----------------------------------------------------------- payload schemas
+MAX_CLIENTS = 10_000  # bound on every list/table of clients
+_R = sch.Int()  # a stale copy (a fault injected on purpose) carries r - 1, so no lower bound here
+_NAMES = sch.ListOf(sch.Str(), max_len=MAX_CLIENTS)
+_KEY = sch.Bytes(length=32)
+# A sealed share: 2 * SECRET_ELEMS uint64 plus the AEAD nonce and tag.
+_SEALED = sch.Bytes(max_len=1024)
+
+
+def _notice(**fields: sch.Spec) -> sch.Spec:
+    """A server message, or the ``dropped`` / ``abort`` notice sent in its place."""
+    return sch.OneOf((sch.Fields({"r": _R, **fields}),
+                      sch.Fields({"r": _R, "dropped": sch.Bool()}),
+                      sch.Fields({"r": _R, "abort": sch.Str(max_len=4096)})))
+
+
+SCHEMAS: dict[str, sch.Spec] = {
+    KIND_KEYS: sch.Fields({"r": _R, "c_pk": _KEY, "s_pk": _KEY, "commit": _KEY, "sig": sch.Bytes(length=64)}),
+    KIND_KEYLIST: _notice(universe=_NAMES, frac_bits=sch.Int(lo=0, hi=64), ring_bits=sch.Int(lo=1, hi=64),
+                          keys=sch.MapOf(sch.ListOf(sch.Bytes(max_len=64), length=4), max_len=MAX_CLIENTS)),
+    KIND_SHARES: sch.Fields({"r": _R, "ct": sch.MapOf(_SEALED, max_len=MAX_CLIENTS)}),
+    KIND_RELAY: _notice(u2=_NAMES, ct=sch.MapOf(_SEALED, max_len=MAX_CLIENTS)),
+    KIND_MASKED: sch.Fields({"r": _R, "y": sch.Arr(("<u4", "<u8"), (None,))}),
+    KIND_UNMASK_REQUEST: _notice(u3=_NAMES),
+    KIND_UNMASK: sch.Fields({"r": _R, "b_of": _NAMES, "s_of": _NAMES,
+                             "shares": sch.Arr("<u8", (None, SECRET_ELEMS), max_elems=MAX_CLIENTS * SECRET_ELEMS)}),
+}
+
+
 def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDecl]:
     """The protocol's message kinds; ``length(cfg)`` (optional) pins the vector length for the audit."""
     def masked(arrays, cfg):
@@ -134,19 +165,24 @@ def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDec
 
     return [
         declare(KIND_IDENT, "client", "client", "a client's per-run Ed25519 identity public key (32 bytes)",
-                no_arrays),
+                no_arrays, payload=sch.Fields({"pk": sch.Bytes(length=32)})),
         declare(KIND_KEYS, "client", "server",
-                "two X25519 public keys, a hash of the self-mask seed, an Ed25519 signature", no_arrays),
+                "two X25519 public keys, a hash of the self-mask seed, an Ed25519 signature", no_arrays,
+                payload=SCHEMAS[KIND_KEYS]),
         declare(KIND_KEYLIST, "server", "client", "the signed public keys of the client's neighbours, or a "
-                "dropped/abort notice", no_arrays),
+                "dropped/abort notice", no_arrays, payload=SCHEMAS[KIND_KEYLIST]),
         declare(KIND_SHARES, "client", "server",
-                "Shamir shares of the self-mask seed and mask key, AES-GCM sealed to each neighbour", no_arrays),
-        declare(KIND_RELAY, "server", "client", "sealed shares addressed to the client, and U2", no_arrays),
+                "Shamir shares of the self-mask seed and mask key, AES-GCM sealed to each neighbour", no_arrays,
+                payload=SCHEMAS[KIND_SHARES]),
+        declare(KIND_RELAY, "server", "client", "sealed shares addressed to the client, and U2", no_arrays,
+                payload=SCHEMAS[KIND_RELAY]),
         declare(KIND_MASKED, "client", "server", "the masked, quantised, weighted input (a uniform ring vector)",
-                masked),
-        declare(KIND_UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived", no_arrays),
+                masked, payload=SCHEMAS[KIND_MASKED]),
+        declare(KIND_UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived", no_arrays,
+                payload=SCHEMAS[KIND_UNMASK_REQUEST]),
         declare(KIND_UNMASK, "client", "server",
-                "self-mask seed shares of U3 and mask-key shares of U2 minus U3", _share_arrays),
+                "self-mask seed shares of U3 and mask-key shares of U2 minus U3", _share_arrays,
+                payload=SCHEMAS[KIND_UNMASK]),
     ]
 
 

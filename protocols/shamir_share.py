@@ -53,6 +53,7 @@ from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.fixedpoint import DEFAULT_FRAC_BITS
 from fedhet.crypto.prg import PRG
 from fedhet.parties.api import PeerTimeout
+from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 
 from .shared_array import (PUBLIC_FRAC_BITS, SharedArray, ShamirError, ShareRangeError, add, add_public,
@@ -310,6 +311,17 @@ def _shares_check(what: str, shape: ShapeFn | None):
     return check
 
 
+MAX_SHARE_NDIM = 4  # arrays of up to this many axes may be shared
+
+
+def share_schema() -> sch.Spec:
+    """The payload of a share or result-share message (what :func:`_meta` builds)."""
+    arrays = tuple(sch.Arr("<u8", (None,) * d) for d in range(MAX_SHARE_NDIM + 1))
+    return sch.Fields({"v": sch.Int(), "tag": sch.Str(max_len=1024), "x": sch.Int(lo=1), "t": sch.Int(lo=1),
+                       "p": sch.Int(lo=2), "frac_bits": sch.Int(lo=0, hi=63), "bound": sch.Int(lo=0),
+                       "err": sch.Float(), "shares": sch.OneOf(arrays)})
+
+
 def declarations(kind_prefix: str = DEFAULT_PREFIX, owner: str | Sequence[str] = "owner",
                  holder: str | Sequence[str] = "holder", coordinator: str | Sequence[str] = "coordinator",
                  share_shape: ShapeFn | None = None, result_shape: ShapeFn | None = None) -> list[MessageDecl]:
@@ -322,10 +334,10 @@ def declarations(kind_prefix: str = DEFAULT_PREFIX, owner: str | Sequence[str] =
     return [
         declare(k_share, owner, holder, "one holder's Shamir share of an owner's fixed-point array (uniform "
                 "field elements, uint64) with public metadata: point, t, p, frac_bits, bound, err, tag",
-                _shares_check("shares", share_shape)),
+                _shares_check("shares", share_shape), payload=share_schema()),
         declare(k_result, holder, coordinator, "one holder's share of a linear function of the shared arrays "
-                "(uint64 field elements) with the same public metadata", _shares_check("result shares",
-                                                                                        result_shape)),
+                "(uint64 field elements) with the same public metadata",
+                _shares_check("result shares", result_shape), payload=share_schema()),
     ]
 
 

@@ -67,7 +67,10 @@ def run_layer(spec: hei.LayerSpec, A, W_g, eps, delta=None, steps: int = 1):
         box["g"] = g
         return {}
 
-    mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None)  # declares nothing: parties accept any kind
+    mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None,
+                                DECLARATIONS=hei.declarations(defaults={"he": spec.scheme, "key_bits": spec.key_bits,
+                                                                         "slot_bits": spec.slot_bits,
+                                                                         "interactive_width": K}))
     run_inmemory(mod, [("h", "host"), ("g", "guest")], data={"h": None, "g": None})
     return box
 
