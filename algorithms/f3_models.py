@@ -1,0 +1,132 @@
+"""F³ models (f3.txt): the owners' local model (eq. 3) and the global fusion model (eq. 8), torch.
+
+Eq. (3) local model           -> LocalLSTM (LSTM(1 -> d) over the series, h = last hidden, linear softmax head)
+Eq. (8) global model          -> GlobalGCN: softmax((1/n) 1ᵀ Â ReLU(Â H W_0) W_1), H rows = P_i h^i
+Alignment P_i                 -> soft (Xavier, unconstrained), hard (sinkhorn, 10 iterations), tied, none
+Eq. (9) ICDF Bernoulli graph  -> icdf_sample: z = sigmoid((Φ⁻¹(θ) − s) / τ), s ~ N(0, 1)
+Â                             -> normalise_adj: D^-1/2 (A + I) D^-1/2
+Baselines                     -> mean pooling (E, eq. 5) and concatenation (G): MeanPool, Concat
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["LocalLSTM", "sinkhorn", "icdf_sample", "normalise_adj", "GlobalGCN", "MeanPool", "Concat"]
+
+
+class LocalLSTM(nn.Module):
+    """Owner i's model: LSTM over (batch, T, 1) -> h (batch, hidden) -> logits. ``lengths`` picks each sample's last step."""
+
+    def __init__(self, n_classes: int, hidden: int = 16, in_dim: int = 1):
+        super().__init__()
+        self.lstm = nn.LSTM(in_dim, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, n_classes)
+
+    def represent(self, x, lengths=None):
+        out, _ = self.lstm(x)
+        if lengths is None:
+            return out[:, -1]
+        idx = (torch.as_tensor(lengths, device=out.device) - 1).clamp(min=0)
+        return out[torch.arange(out.shape[0], device=out.device), idx]
+
+    def forward(self, x, lengths=None):
+        return self.head(self.represent(x, lengths))
+
+
+def sinkhorn(logits, iters: int = 10):
+    """Doubly stochastic matrix from logits by alternating row/column normalisation in log space."""
+    la = logits
+    for _ in range(iters):
+        la = la - torch.logsumexp(la, dim=-1, keepdim=True)
+        la = la - torch.logsumexp(la, dim=-2, keepdim=True)
+    return la.exp()
+
+
+def icdf_sample(theta, tau: float = 0.1, generator=None):
+    """Eq. (9): relaxed Bernoulli(θ) via the inverse CDF of N(0,1); θ clamped to [1e-4, 0.9999]; in (0, 1)."""
+    th = theta.clamp(1e-4, 0.9999)
+    s = torch.randn(th.shape, generator=generator, device=th.device, dtype=th.dtype)
+    q = math.sqrt(2.0) * torch.erfinv(2 * th - 1)
+    return torch.sigmoid((q - s) / tau)
+
+
+def normalise_adj(a):
+    """Symmetrise, add self-loops, D^-1/2 A D^-1/2 (works on (n, n) or (batch, n, n))."""
+    a = 0.5 * (a + a.transpose(-1, -2))
+    a = a + torch.eye(a.shape[-1], device=a.device, dtype=a.dtype)
+    d = a.sum(-1).rsqrt()
+    return d.unsqueeze(-1) * a * d.unsqueeze(-2)
+
+
+class GlobalGCN(nn.Module):
+    """Eq. (8) over n owners' representations (batch, n, d_i) with alignment and a graph option."""
+
+    def __init__(self, n: int, dims, d: int, hidden: int, n_classes: int, align: str = "soft",
+                 graph: str = "icdf", given=None, tau: float = 0.1, test_samples: int = 10):
+        super().__init__()
+        if align not in ("none", "soft", "hard", "tied") or graph not in ("none", "given", "icdf"):
+            raise ValueError(f"align {align!r} / graph {graph!r} not supported")
+        self.n, self.align, self.graph, self.tau, self.test_samples = n, align, graph, tau, test_samples
+        if align == "soft":
+            self.P = nn.ParameterList([nn.Parameter(nn.init.xavier_uniform_(torch.empty(d, di))) for di in dims])
+        elif align == "hard":
+            self.P = nn.ParameterList([nn.Parameter(torch.randn(d, di) * 0.1) for di in dims])
+        elif align == "tied":
+            self.P = nn.Parameter(nn.init.xavier_uniform_(torch.empty(d, dims[0])))
+        if graph == "icdf":
+            self.theta = nn.Parameter(torch.full((n, n), 0.5))
+        if graph == "given":
+            self.register_buffer("a_given", normalise_adj((torch.as_tensor(given) > 0).float()))
+        self.W0 = nn.Linear(d, hidden, bias=False)
+        self.W1 = nn.Linear(hidden, n_classes, bias=False)
+
+    def stack(self, hs):
+        if self.align == "none":
+            return torch.stack(hs, 1)
+        if self.align == "tied":
+            return torch.stack([h @ self.P.T for h in hs], 1)
+        Ps = [sinkhorn(p) if self.align == "hard" else p for p in self.P]
+        return torch.stack([h @ p.T for h, p in zip(hs, Ps)], 1)
+
+    def adj(self, batch: int):
+        if self.graph == "none":
+            return torch.eye(self.n, device=self.W0.weight.device)
+        if self.graph == "given":
+            return self.a_given
+        th = self.theta.clamp(1e-4, 0.9999).expand(batch, self.n, self.n)
+        return normalise_adj(icdf_sample(th, self.tau))   # a fresh graph per sample
+
+    def forward(self, hs):
+        H = self.stack(hs)
+        reps = self.test_samples if (self.graph == "icdf" and not self.training) else 1
+        out = 0
+        for _ in range(reps):
+            A = self.adj(H.shape[0])
+            Z = torch.relu(A @ self.W0(H))
+            out = out + torch.softmax(self.W1((A @ Z).mean(1)), -1)
+        return out / reps          # class probabilities
+
+
+class MeanPool(nn.Module):
+    """Baseline E (eq. 5): mean of the owners' representations, linear softmax head."""
+
+    def __init__(self, d: int, n_classes: int):
+        super().__init__()
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, hs):
+        return torch.softmax(self.head(torch.stack(hs, 1).mean(1)), -1)
+
+
+class Concat(nn.Module):
+    """Baseline G: concatenated representations, linear softmax head."""
+
+    def __init__(self, dims, n_classes: int):
+        super().__init__()
+        self.head = nn.Linear(sum(dims), n_classes)
+
+    def forward(self, hs):
+        return torch.softmax(self.head(torch.cat(hs, 1)), -1)

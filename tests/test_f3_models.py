@@ -1,0 +1,46 @@
+import torch
+
+from fedhet.algorithms import f3_models as fm
+
+
+def test_local_lstm_shapes():
+    torch.manual_seed(0)
+    m = fm.LocalLSTM(9, hidden=16)
+    x = torch.randn(5, 29, 1)
+    assert m(x, lengths=[7, 29, 10, 3, 20]).shape == (5, 9)
+    assert m.represent(x).shape == (5, 16)
+
+
+def test_icdf_in_unit_interval_and_gradients_flow():
+    torch.manual_seed(0)
+    th = torch.full((4, 4), 0.3, requires_grad=True)
+    z = fm.icdf_sample(th, 0.1)
+    assert ((z > 0) & (z < 1)).all()
+    z.sum().backward()
+    assert th.grad is not None and th.grad.abs().sum() > 0
+    hi = fm.icdf_sample(torch.full((2000,), 0.9), 0.1)
+    assert 0.85 < (hi > 0.5).float().mean() < 0.95
+
+
+def test_sinkhorn_doubly_stochastic():
+    p = fm.sinkhorn(torch.randn(6, 6) * 3, iters=10)
+    assert torch.allclose(p.sum(0), torch.ones(6), atol=1e-4)
+    assert torch.allclose(p.sum(1), torch.ones(6), atol=0.05)
+
+
+def test_gcn_learns_tiny_problem():
+    torch.manual_seed(0)
+    n, d, N = 5, 4, 400
+    y = torch.randint(0, 2, (N,))
+    hs = [torch.randn(N, d) * 0.5 + (y[:, None].float() * 2 - 1) * (1.0 if i == 0 else 0.0) for i in range(n)]
+    for align, graph in [("soft", "icdf"), ("hard", "none"), ("none", "given")]:
+        g = fm.GlobalGCN(n, [d] * n, d, 8, 2, align=align, graph=graph, given=torch.ones(n, n))
+        opt = torch.optim.Adam(g.parameters(), 0.05)
+        for _ in range(60):
+            opt.zero_grad()
+            loss = torch.nn.functional.nll_loss(torch.log(g(hs) + 1e-9), y)
+            loss.backward()
+            opt.step()
+        g.eval()
+        acc = (g(hs).argmax(1) == y).float().mean()
+        assert acc > 0.85, (align, graph, acc)
