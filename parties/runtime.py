@@ -181,14 +181,14 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
             if not _out_of_descriptors(e):
                 raise
 
-    def stopped(why: str) -> None:
+    def record_stop(why: str) -> None:
         write_json_when_possible(pdir / "error.json", {
             "party": name, "role": spec.role, "error": f"Stopped: {why}", "stopped": True,
             "aborted_by_peer": False, "caused_by": None, "time": time.time(), "traceback": "",
             "wall_s": time.perf_counter() - t0})
         status({"state": "stopped", "error": f"Stopped: {why}"})
 
-    _stop_on_sigterm(stopped)
+    _stop_on_sigterm(record_stop)
 
     try:
         write_json_atomic(run_dir / "config.json", config_record(fed, run_id, insecure))
