@@ -12,18 +12,32 @@ and never looks at which one it got.  ``cfg["aggregation"]`` picks it:
 * ``"secure"`` (default): :mod:`fedhet.protocols.secagg` (Bonawitz et al.,
   SecAgg+ with ``secagg_graph = "harary"``); the server sees masked ring
   vectors only.  Settings: ``secagg_graph``, ``secagg_degree``,
-  ``secagg_threshold``, ``secagg_ring_bits``, ``secagg_clip``,
-  ``secagg_max_weight``, ``secagg_frac_bits``, ``secagg_timeout``.
+  ``secagg_threshold``, ``secagg_local_threshold``, ``secagg_collusion``,
+  ``secagg_ring_bits``, ``secagg_clip``, ``secagg_max_weight``,
+  ``secagg_frac_bits``, ``secagg_timeout``.
 * ``"plain"``: each client sends its vector (``plain_dtype``: float64, the
   default, or float32, which has the bytes of a 32-bit secure ring) and its
   weight; the server computes the weighted sum in float64.
+
+Both compute ``sum_u w_u clip(x_u)`` with the same public bounds:
+``secagg_clip`` (default 8; ``|x|`` is clipped to it) and, when set,
+``secagg_max_weight`` (``0 < w <= max_weight``; secure aggregation always
+needs it, default 1).  A client refuses its own input when it is not a finite
+1-D vector or its weight is out of range (ValueError naming the party; nothing
+is sent).  The plain server also checks what it receives, since a client
+may run other code: an update that is malformed, holds NaN or inf, exceeds
+the clipping bound or carries a weight out of range is rejected, the
+offending client named in the log and in ``AggregateResult.rejected``, and
+the round goes on without it, as for a client that stayed silent.  (The
+secure server cannot see under the masks: it rejects malformed messages, but
+a client with modified code can put any ring vector there.)
 
 Both drop clients that stay silent past the per-step collection timeout
 (``aggregation_timeout``, default the party's receive timeout) and aggregate
 the rest; both ignore messages of earlier rounds, so a late client cannot
 corrupt a later round.  ``mean_error_bound`` is the largest possible
 difference, per coordinate, between ``mean`` and the exact weighted mean of
-the inputs (for secure aggregation: of the clipped inputs): 0 for plain
+the clipped inputs: 0 for plain
 float64 (exact up to float64 arithmetic), ``max |x| * 2**-24`` for plain
 float32, and the quantisation bound of :class:`~fedhet.protocols.secagg.Quantizer`
 for secure aggregation.
@@ -64,6 +78,7 @@ class AggregateResult:
     round: int
     method: str
     details: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)  # client -> why its update was refused (it is in dropped)
 
 
 class Aggregator:
@@ -79,28 +94,68 @@ class Aggregator:
 
 
 class PlainAggregator(Aggregator):
-    """Clients send vectors in the clear; the reference the secure path is compared with."""
+    """Clients send vectors in the clear; the reference the secure path is compared with.
+
+    ``clip`` and ``max_weight``: the public bounds (see the module docstring).
+    """
 
     method = "plain"
 
-    def __init__(self, dtype: str = "float64", timeout: float | None = None):
+    def __init__(self, dtype: str = "float64", timeout: float | None = None, clip: float = SecAggConfig.clip,
+                 max_weight: float = math.inf):
         if dtype not in ("float32", "float64"):
             raise ValueError(f"plain_dtype must be 'float32' or 'float64', got {dtype!r}")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"aggregation_timeout must be positive, got {timeout!r}")
+        if not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
+            raise ValueError(f"the clipping bound (secagg_clip) must be a positive finite number, got {clip!r}")
+        if not (isinstance(max_weight, (int, float)) and max_weight > 0):
+            raise ValueError(f"max_weight (secagg_max_weight) must be positive, got {max_weight!r}")
         self.dtype = np.dtype(dtype)
         self.timeout = timeout
+        self.clip = float(clip)
+        self.max_weight = float(max_weight)
+        # What an honest client's clipped update can hold once cast to the wire dtype.
+        self._wire_clip = float(self.dtype.type(self.clip))
         self._inbox: RoundInbox | None = None
         self._last: int | None = None
 
     def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
         r = int(round)
         check_round(self._last, r)
-        x, w = check_input(vector, weight, math.inf)
+        x, w = check_input(vector, weight, self.max_weight, who=party.name)
         self._last = r
+        if x.size and (float(x.max()) > self.clip or float(x.min()) < -self.clip):
+            x = np.clip(x, -self.clip, self.clip)
         amax = max(float(x.max()), -float(x.min())) if x.size and self.dtype == np.float32 else 0.0
         party.send(server, KIND_PLAIN, {"r": r, "x": x.astype(self.dtype, copy=False), "w": w, "amax": amax})
         return SubmitResult("ok", r)
+
+    def check_update(self, p, length: int | None, size: int | None) -> str | None:
+        """Why the server refuses a received update ``p`` (None: it is acceptable).
+
+        ``size``: the length of the updates accepted so far this round.
+        """
+        if not isinstance(p, dict):
+            return "not an update message"
+        x, w, amax = p.get("x"), p.get("w"), p.get("amax")
+        if not isinstance(x, np.ndarray) or x.dtype != self.dtype or x.ndim != 1:
+            return f"the update must be a 1-D {self.dtype.name} vector, got {getattr(x, 'dtype', type(x).__name__)}"
+        want = length if length is not None else size
+        if want is not None and x.size != want:
+            return f"the update has {x.size} elements, expected {want}"
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and 0 < w <= self.max_weight):
+            return f"the weight must be a number in (0, max_weight={self.max_weight:g}], got {w!r}"[:200]
+        if isinstance(amax, bool) or not isinstance(amax, (int, float)) or not (math.isfinite(amax) and amax >= 0):
+            return f"amax must be a finite number >= 0, got {amax!r}"[:200]
+        finite = np.isfinite(x)
+        if not finite.all():
+            i = int(np.argmin(finite))
+            return f"the update contains NaN or inf (first at index {i}: {x[i]})"
+        top = float(np.max(np.abs(x))) if x.size else 0.0
+        if top > self._wire_clip:
+            return f"|x| reaches {top:.6g}, beyond the public clipping bound {self.clip:g} (secagg_clip)"
+        return None
 
     def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
         r = int(round)
@@ -115,17 +170,19 @@ class PlainAggregator(Aggregator):
         acc = tmp = None
         wsum = e_sum = amax = 0.0
         got = []
+        rejected = {}
         for u in clients:
             p = self._inbox.recv(party, u, KIND_PLAIN, r, deadline)
             if p is None:
                 party.log.info("plain aggregation round %d: %s dropped (silent for %gs)", r, u, timeout)
                 continue
-            x, w = p.get("x"), p.get("w")
-            if (not isinstance(x, np.ndarray) or x.dtype != self.dtype or x.ndim != 1
-                    or (length is not None and x.size != length) or (acc is not None and x.size != acc.size)
-                    or not isinstance(w, (int, float)) or not w > 0):
-                party.log.warning("plain aggregation round %d: dropped %s: malformed update", r, u)
+            why = self.check_update(p, length, None if acc is None else acc.size)
+            if why:
+                party.log.warning("plain aggregation round %d: rejected the update of %s and dropped it: %s",
+                                  r, u, why)
+                rejected[u] = why
                 continue
+            x, w = p["x"], p["w"]
             if acc is None:
                 acc, tmp = np.zeros(x.size), np.empty(x.size)
             np.multiply(x, float(w), out=tmp, dtype=np.float64)  # w*x in float64 even for float32 updates
@@ -136,12 +193,15 @@ class PlainAggregator(Aggregator):
             amax = max(amax, a)
             got.append(u)
         if not got:
-            raise AggregationError(f"plain aggregation round {r}: no client sent an update within {timeout:g}s")
+            detail = f"; rejected: {rejected}" if rejected else ""
+            raise AggregationError(f"plain aggregation round {r}: no client sent an acceptable update within "
+                                   f"{timeout:g}s{detail}")
         eps = 2.0 ** -24 * (1 + 2.0 ** -23) if self.dtype == np.float32 else 0.0
         return AggregateResult(sum=acc, weight=wsum, mean=acc / wsum, contributors=got,
                                dropped=sorted(set(clients) - set(got)), sum_error_bound=e_sum * eps,
                                mean_error_bound=amax * eps, round=r, method="plain",
-                               details={"dtype": self.dtype.name, "seconds": time.monotonic() - t0})
+                               details={"dtype": self.dtype.name, "seconds": time.monotonic() - t0},
+                               rejected=rejected)
 
 
 class SecureAggregator(Aggregator):
@@ -172,7 +232,8 @@ class SecureAggregator(Aggregator):
             method="secure",
             details={"graph": res.graph, "degree": res.degree, "threshold": res.threshold,
                      "threshold_local": res.threshold_local, "frac_bits": res.frac_bits,
-                     "ring_bits": res.ring_bits, "steps": res.steps})
+                     "ring_bits": res.ring_bits, "steps": res.steps},
+            rejected=res.rejected)
 
 
 def make_aggregator(cfg: dict | str | None = None, defaults: dict[str, Any] | None = None) -> Aggregator:
@@ -187,7 +248,9 @@ def make_aggregator(cfg: dict | str | None = None, defaults: dict[str, Any] | No
     method = merged.get("aggregation", "secure")
     timeout = merged.get("aggregation_timeout")
     if method == "plain":
-        return PlainAggregator(merged.get("plain_dtype", "float64"), timeout)
+        bounds = SecAggConfig.from_cfg({k: merged[k] for k in ("secagg_clip", "secagg_max_weight") if k in merged})
+        return PlainAggregator(merged.get("plain_dtype", "float64"), timeout, clip=bounds.clip,
+                               max_weight=bounds.max_weight if "secagg_max_weight" in merged else math.inf)
     if method == "secure":
         if timeout is not None:
             merged.setdefault("secagg_timeout", timeout)
