@@ -59,6 +59,7 @@ from fedhet.algorithms.split_driver import (GuestBottom, HEGuestLink, HEHostLink
                                             Schedule, serve_guest)
 from fedhet.algorithms.toolkit import (ACTIVATIONS, HostRows, align_guest_rows, align_host_rows, crc32_seed,
                                        logit_width, make_activation, mlp, seeded, sorted_intersection)
+from fedhet.parties import schema as sch
 from fedhet.parties.contract import Algorithm
 from fedhet.parties.settings import TableView, setting
 from fedhet.parties.api import PartyError
@@ -348,9 +349,13 @@ def _batch_check(arrays, cfg):
 DECLARATIONS = (
     psi.declarations(HOST, GUEST)
     + [declare(K_BATCH, HOST, GUEST, "positions, in the PSI common list, of the next batch's rows "
-               "(uint32, <= batch_size), train/eval flag, or stop", _batch_check),
+               "(uint32, <= batch_size), train/eval flag, or stop", _batch_check,
+               payload=sch.OneOf((sch.Fields({"pos": sch.Arr("<u4", (None,)), "train": sch.Bool(),
+                                              "stop": sch.Bool(), "round": sch.Int(lo=0)}),
+                                  sch.Fields({"stop": sch.Bool()})))),
        declare(K_WIDTH, GUEST, HOST, "the guest's bottom-model output width; no arrays",
-               lambda arrays, cfg: None if not arrays else "width message carries arrays")]
+               lambda arrays, cfg: None if not arrays else "width message carries arrays",
+               payload=sch.Fields({"width": sch.Int(lo=1)}))]
     + hei.declarations(HOST, GUEST, defaults={"interactive_width": DEFAULTS["interactive_width"],
                                               "key_bits": DEFAULTS["key_bits"], "slot_bits": DEFAULTS["slot_bits"]})
 )

@@ -90,6 +90,7 @@ from fedhet.algorithms.toolkit import (accuracy, align_guest_rows, align_host_ro
                                        mlp, seeded)
 from fedhet.algorithms.party_table import DataSpecError, TableSpec, check_features, load_party_table
 from fedhet.parties.api import PartyError
+from fedhet.parties import schema as sch
 from fedhet.parties.contract import Algorithm, PartyContext
 from fedhet.parties.settings import TableView, setting
 from fedhet.parties.declare import declare, no_arrays
@@ -268,14 +269,18 @@ def _control_check(arrays: list, cfg: dict) -> str | None:
 
 DECLARATIONS = psi.declarations(HOST, GUEST) + [
     declare(K_LATENT, GUEST, HOST, "STFL: a guest's frozen-encoder latent means of the intersected rows, "
-            "once: float32 (n_common, d_latent = guest input width * latent_frac)", latent_check),
-    declare(K_READY, GUEST, HOST, "hierarchical: a guest's index among the guests; no arrays", _control_check),
+            "once: float32 (n_common, d_latent = guest input width * latent_frac)", latent_check,
+            payload=sch.Fields({"z": sch.Arr("<f4", (None, None)), "guest_index": sch.Int(lo=0)})),
+    declare(K_READY, GUEST, HOST, "hierarchical: a guest's index among the guests; no arrays", _control_check,
+            payload=sch.Fields({"guest_index": sch.Int(lo=0)})),
     declare(K_BATCH, HOST, GUEST, "hierarchical: op (train/eval/stop) and the batch's positions in the "
-            "common list as a plain list; no arrays", _control_check),
+            "common list as a plain list; no arrays", _control_check,
+            payload=sch.Fields({"op": sch.Str(choices=("train", "eval", "stop")),
+                                "rows": sch.ListOf(sch.Int(lo=0), max_len=1 << 16)})),
     declare(K_ACT, GUEST, HOST, "hierarchical: guest encoder outputs of one batch, plaintext: "
-            "float32 (batch, d_latent)", split_check),
+            "float32 (batch, d_latent)", split_check, payload=sch.Fields({"a": sch.Arr("<f4", (None, None))})),
     declare(K_GRAD, HOST, GUEST, "hierarchical: d loss / d activation of one batch, plaintext: "
-            "float32 (batch, d_latent)", split_check),
+            "float32 (batch, d_latent)", split_check, payload=sch.Fields({"g": sch.Arr("<f4", (None, None))})),
 ]
 
 
