@@ -70,6 +70,7 @@ class GlobalGCN(nn.Module):
         if align not in ("none", "soft", "hard", "tied") or graph not in ("none", "given", "icdf"):
             raise ValueError(f"align {align!r} / graph {graph!r} not supported")
         self.n, self.align, self.graph, self.tau, self.test_samples = n, align, graph, tau, test_samples
+        self.generator: torch.Generator | None = None   # ICDF draws (None: torch's global RNG)
         if align == "soft":
             self.P = nn.ParameterList([nn.Parameter(nn.init.xavier_uniform_(torch.empty(d, di))) for di in dims])
         elif align == "hard":
@@ -97,17 +98,33 @@ class GlobalGCN(nn.Module):
         if self.graph == "given":
             return self.a_given
         th = self.theta.clamp(1e-4, 0.9999).expand(batch, self.n, self.n)
-        return normalise_adj(icdf_sample(th, self.tau))   # a fresh graph per sample
+        return normalise_adj(icdf_sample(th, self.tau, self.generator))   # a fresh graph per sample
 
-    def forward(self, hs):
-        H = self.stack(hs)
+    def alignments(self) -> list | None:
+        """The alignment matrices P_i, (d, d_i) each (hard: after sinkhorn; tied: one P repeated); None for 'none'."""
+        if self.align == "none":
+            return None
+        if self.align == "tied":
+            return [self.P] * self.n
+        return [sinkhorn(p) if self.align == "hard" else p for p in self.P]
+
+    def fuse(self, first_layer, batch: int):
+        """Eq. (8) given the first layer's pre-activations: ``first_layer(A)`` -> Â H W_0, (batch, n, hidden).
+
+        Split out so that Â H W_0, the only part linear in the owners' representations, can be computed
+        elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3`) while the rest runs here.
+        """
         reps = self.test_samples if (self.graph == "icdf" and not self.training) else 1
         out = 0
         for _ in range(reps):
-            A = self.adj(H.shape[0])
-            Z = torch.relu(A @ self.W0(H))
+            A = self.adj(batch)
+            Z = torch.relu(first_layer(A))
             out = out + torch.softmax(self.W1((A @ Z).mean(1)), -1)
         return out / reps          # class probabilities
+
+    def forward(self, hs):
+        H = self.stack(hs)
+        return self.fuse(lambda A: A @ self.W0(H), H.shape[0])
 
 
 class MeanPool(nn.Module):

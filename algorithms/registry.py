@@ -21,6 +21,7 @@ ALGORITHMS: dict[str, str] = {
     "secagg_bench": "fedhet.algorithms.secagg_job",
     "hyfem": "fedhet.algorithms.hyfem",
     "mmvfl": "fedhet.algorithms.mmvfl",
+    "f3": "fedhet.algorithms.f3",
 }
 
 

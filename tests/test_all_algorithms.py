@@ -27,6 +27,7 @@ SMALLEST = {
     "hyfem": ("hyfem", {"rounds": 2, "local_steps": 4, "max_rows": 300, "extractor_hidden": 16,
                         "inference_hidden": 16, "embed_dim": 8}),
     "mmvfl": ("mmvfl", {"train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 100]}),
+    "f3": ("f3_small", {"local_epochs": 2, "epochs": 2, "graph": "icdf", "test_samples": 2}),
 }
 
 # Keys whose values are measurements of this run (time, load, the transport's framing: a run

@@ -1,0 +1,135 @@
+"""F³ on shares (algorithms/f3.py): the first layer and its gradients computed by the holders on Shamir
+shares equal the plain computation within the error bound the shares report; shared and trusted inference
+agree; the federation runs in memory in both fusion modes and a hostile coordinator's request is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedhet.algorithms import f3
+from fedhet.algorithms import f3_training as T
+from fedhet.parties.settings import parse_settings
+
+N, DIMS, D, HID, CLASSES, ROWS = 5, [4, 6, 4, 5, 4], 4, 3, 3, 40
+
+
+def _settings(**kw):
+    return parse_settings(f3.Settings, {"d": D, "hidden": HID, **kw}, "f3")
+
+
+def _reps(seed=0, dims=DIMS):
+    rng = np.random.default_rng(seed)
+    return [np.tanh(rng.normal(size=(ROWS, w))) for w in dims]
+
+
+def _model(align, graph, dims=DIMS, seed=0):
+    cfg = T.GlobalConfig(d=D, hidden=HID, align=align, graph=graph, seed=seed, test_samples=2)
+    m = T.build_global(N, dims, CLASSES, cfg)
+    m.generator = torch.Generator().manual_seed(7)
+    return m
+
+
+def _grads(model, first, rows, y):
+    model.zero_grad()
+    model.generator = torch.Generator().manual_seed(11)
+    probs = model.fuse(first(rows), len(rows))
+    T.nll(probs, torch.as_tensor(y[rows])).backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, probs.detach()
+
+
+CASES = [("none", "none"), ("soft", "none"), ("soft", "icdf"), ("hard", "icdf"), ("tied", "icdf"), ("none", "icdf")]
+
+
+@pytest.mark.parametrize("align,graph", CASES)
+def test_gradients_on_shares_equal_plain_autograd(align, graph):
+    dims = [D] * N if align in ("none", "tied") else DIMS
+    reps = _reps(1, dims)
+    s = _settings(align=align, graph=graph)
+    y = np.random.default_rng(2).integers(0, CLASSES, ROWS)
+    rows = np.arange(3, 3 + 17)
+    model = _model(align, graph, dims)
+    g_plain, p_plain = _grads(model, T.plain_first_layer(model, reps), rows, y)
+    holders = f3.InProcessHolders(reps, s, m=3, seed=5)
+    g_shared, p_shared = _grads(model, f3.SharedFirstLayer(model, holders, dims), rows, y)
+    assert set(g_plain) == set(g_shared) and g_plain
+    assert holders.max_err > 0
+    for k in g_plain:
+        scale = float(g_plain[k].abs().max()) + 1e-6
+        assert torch.allclose(g_shared[k], g_plain[k], atol=2e-3 * scale + 1e-5), (k, g_shared[k], g_plain[k])
+    assert torch.allclose(p_shared, p_plain, atol=1e-3)
+
+
+def test_pre_activations_on_shares_lie_within_the_reported_error_bound():
+    reps = _reps(3)
+    s = _settings(align="soft", graph="icdf")
+    model = _model("soft", "icdf")
+    rows = np.arange(ROWS)
+    A = model.adj(len(rows)).detach()
+    with torch.no_grad():
+        exact = T.plain_first_layer(model, reps)(rows)(A.double().float()).double().numpy()
+        C = [c.detach().double().numpy() for c in f3.SharedFirstLayer(model, None, DIMS).publics(
+            model.W0.weight, model.alignments())]
+    holders = f3.InProcessHolders(reps, s, m=4, seed=1)
+    U = holders.forward(rows, A.numpy(), C, keep=False)
+    # float32 torch reference: allow its own rounding on top of the shares' bound
+    assert np.abs(U - exact).max() <= holders.max_err + 1e-5
+    # and against the float64 computation the bound is stated for
+    H = np.stack([h @ c for h, c in zip(reps, C)], 1)
+    exact64 = A.double().numpy() @ H
+    assert np.abs(U - exact64).max() <= holders.max_err
+
+
+def test_shared_and_trusted_inference_agree():
+    reps = _reps(4)
+    s = _settings(align="soft", graph="icdf")
+    model = _model("soft", "icdf")
+    pos = np.arange(ROWS)
+    model.generator = torch.Generator().manual_seed(3)
+    p_trusted = T.predict(model, T.plain_first_layer(model, reps), pos, 16)
+    model.generator = torch.Generator().manual_seed(3)
+    holders = f3.InProcessHolders(reps, s, m=3, seed=2)
+    p_shared = T.predict(model, f3.SharedFirstLayer(model, holders, DIMS), pos, 16)
+    assert np.abs(p_shared - p_trusted).max() < 1e-3
+    assert (p_shared.argmax(1) == p_trusted.argmax(1)).mean() >= 0.95
+
+
+def test_t_minus_one_holders_shares_do_not_depend_on_the_representations():
+    """One holder's share (t = 2) of two different representation arrays: both look uniform on the field."""
+    s = _settings()
+    a = f3.InProcessHolders([np.zeros((ROWS, 4))] * N, s, m=3, seed=9).shares[0][0].values
+    b = f3.InProcessHolders([np.full((ROWS, 4), 0.9)] * N, s, m=3, seed=10).shares[0][0].values
+    p = (1 << 61) - 1
+    for v in (a, b):
+        assert v.max() < p and abs(v.astype(np.float64).mean() / p - 0.5) < 0.15
+
+
+def test_holder_refuses_rows_outside_the_shared_arrays(shared_data):
+    from fedhet.parties.inmemory import run_inmemory
+    s = {"dataset": "vowels", "local_epochs": 1, "epochs": 1}
+
+    def hostile(party, st, data):
+        holders = party.peers_with_role(f3.HOLDER)
+        order = f3.owners_in_order(party)
+        party.recv(order[0], f3.K_LABELS)
+        party.broadcast(f3.K_OP, {"op": "forward", "step": 1, "rows": np.array([10 ** 6], dtype=np.uint32),
+                                  "A": np.eye(12, dtype=np.float32), "C": [np.zeros((16, 16))] * 12, "keep": False},
+                        to=holders)
+        return {}
+
+    algo = f3.ALGORITHM
+    roles = dict(algo.roles)
+    roles[f3.COORDINATOR] = hostile
+    import dataclasses
+    algo = dataclasses.replace(algo, roles=roles)
+    parties = [("c", "coordinator"), ("h1", "holder"), ("h2", "holder")] + [(f"o{i}", "owner") for i in range(12)]
+    with pytest.raises(Exception, match="rows outside"):
+        run_inmemory(algo, parties, s, timeout=60, data_dir=shared_data)
+
+
+def test_settings_errors_name_the_problem():
+    with pytest.raises(ValueError, match="given"):
+        _settings(graph="given")
+    s = _settings(owner_hidden=[4, 4])
+    with pytest.raises(ValueError, match="owner_hidden"):
+        f3.owner_widths(s, 3)
