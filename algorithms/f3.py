@@ -257,20 +257,37 @@ def owners_in_order(party) -> list[str]:
     return [n for n, r in party.roles.items() if r == OWNER]
 
 
-def owner(party, s: Settings, data) -> dict:
-    order = owners_in_order(party)
-    idx = order.index(party.name)
-    width = owner_widths(s, len(order))[idx]
+@dataclass
+class LocalStage:
+    """One owner's Algorithm 1 lines 1-4: its frozen model's representations of every sample and more."""
+    reps: np.ndarray           # (n_rows, d_i): train, validation, test rows in that order
+    y: np.ndarray              # the owner's labels of the same rows
+    test_probabilities: np.ndarray
+    info: dict
+    seconds: float
+
+
+def pretrain_owner(s, data, index: int, n_owners: int, device: str = "cpu", progress=None) -> LocalStage:
+    """Eq. (3) on owner ``index``'s own series (``load_data``'s output), alone, then h_k^i for every sample."""
+    width = owner_widths(s, n_owners)[index]
     sp = data["splits"]
     (x, ln, y), (xv, lv, yv), (xt, lt, yt) = sp["train"], sp["val"], sp["test"]
     cfg = T.LocalConfig(hidden=width, epochs=s.local_epochs, patience=s.local_patience, lr=s.local_lr,
-                        batch=s.local_batch, seed=s.seed * 100_003 + idx, device=party.device)
+                        batch=s.local_batch, seed=s.seed * 100_003 + index, device=device)
     t0 = time.perf_counter()
-    model, info = T.train_local(x, ln, y, xv, lv, yv, data["n_classes"], cfg,
-                                progress=lambda e, v: party.progress(e, s.local_epochs, val_loss=round(v, 4)))
-    local_s = time.perf_counter() - t0
-    reps = np.concatenate([T.represent(model, a, b, party.device) for a, b in ((x, ln), (xv, lv), (xt, lt))])
-    pt = T.local_probabilities(model, xt, lt, party.device)
+    model, info = T.train_local(x, ln, y, xv, lv, yv, data["n_classes"], cfg, progress=progress)
+    reps = np.concatenate([T.represent(model, a, b, device) for a, b in ((x, ln), (xv, lv), (xt, lt))])
+    pt = T.local_probabilities(model, xt, lt, device)
+    return LocalStage(reps, np.concatenate([y, yv, yt]).astype(np.int64), pt, {**info, "width": width},
+                      time.perf_counter() - t0)
+
+
+def owner(party, s: Settings, data) -> dict:
+    order = owners_in_order(party)
+    idx = order.index(party.name)
+    st = pretrain_owner(s, data, idx, len(order), party.device,
+                        progress=lambda e, v: party.progress(e, s.local_epochs, val_loss=round(v, 4)))
+    reps, yt = st.reps, data["splits"]["test"][2]
     t0 = time.perf_counter()
     if s.fusion == "shamir":
         holders = party.peers_with_role(HOLDER)
@@ -279,13 +296,12 @@ def owner(party, s: Settings, data) -> dict:
     else:
         party.send(party.peers_with_role(COORDINATOR)[0], K_REP, {"h": reps})
     if idx == 0:
-        party.send(party.peers_with_role(COORDINATOR)[0], K_LABELS,
-                   {"y": np.concatenate([y, yv, yt]).astype(np.int64)})
+        party.send(party.peers_with_role(COORDINATOR)[0], K_LABELS, {"y": st.y})
     upload_s = time.perf_counter() - t0
-    return {"index": idx, "width": width, "local_epochs": info["epochs"], "local_val_loss": info["val_loss"],
-            "local_test": T.scores(pt, yt, data["n_classes"]),
-            "local_test_entropy": [float(v) for v in T.entropy(pt)],
-            "local_s": local_s, "upload_s": upload_s,
+    return {"index": idx, "width": st.info["width"], "local_epochs": st.info["epochs"],
+            "local_val_loss": st.info["val_loss"], "local_test": T.scores(st.test_probabilities, yt, data["n_classes"]),
+            "local_test_entropy": [float(v) for v in T.entropy(st.test_probabilities)],
+            "local_s": st.seconds, "upload_s": upload_s,
             "bytes_sent": sum(party.bytes_sent.values())}
 
 
