@@ -36,7 +36,7 @@ its alias breast_sklearn), ``selftaught_frac``, ``test_frac``, ``epochs``, ``max
 this many training batches; ``s_per_epoch`` is then extrapolated from ``s_per_batch``),
 ``batch_size``, ``lr``, ``interactive_lr``, the widths above, ``he``, ``key_bits``, and the
 protocol's ``slot_bits``, ``mask_bits``, ``a_int_bits``, ``a_frac_bits``, ``w_frac_bits``,
-``d_int_bits``, ``d_frac_bits``, ``ckks_mask``, ``pool``, ``he_workers``; ``torch_threads``;
+``d_int_bits``, ``d_frac_bits``, ``ckks_mask``, ``pool``, ``he_workers``, ``obfuscation``; ``torch_threads``;
 ``evaluate`` (false: skip the final test pass, ``test_accuracy`` is then None; for timing runs);
 ``return_params`` (tests: put the trained parameters in the results).
 
@@ -84,6 +84,7 @@ DEFAULTS = {
     "a_frac_bits": hei.LayerSpec.a_frac_bits, "w_frac_bits": hei.LayerSpec.w_frac_bits,
     "d_int_bits": hei.LayerSpec.d_int_bits, "d_frac_bits": hei.LayerSpec.d_frac_bits,
     "ckks_mask": hei.LayerSpec.ckks_mask, "pool": True, "he_workers": 1,
+    "obfuscation": hei.LayerSpec.obfuscation,
     "torch_threads": 1, "psi_timeout": None, "evaluate": True, "return_params": False,
 }
 ALIASES = {"breast_sklearn": "breast_sk"}
@@ -124,7 +125,7 @@ def layer_spec(c: dict) -> hei.LayerSpec:
         a_int_bits=int(c["a_int_bits"]), a_frac_bits=int(c["a_frac_bits"]), w_frac_bits=int(c["w_frac_bits"]),
         d_int_bits=int(c["d_int_bits"]), d_frac_bits=int(c["d_frac_bits"]), mask_bits=int(c["mask_bits"]),
         lr=float(c["interactive_lr"]), batch_size=int(c["batch_size"]), ckks_mask=float(c["ckks_mask"]),
-        pool=bool(c["pool"]), workers=int(c["he_workers"]))
+        pool=bool(c["pool"]), workers=int(c["he_workers"]), obfuscation=str(c["obfuscation"]))
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -397,6 +398,8 @@ class Table(TableView):
     ckks_mask: float = setting(hei.LayerSpec.ckks_mask, "CKKS noise mask amplitude", lo=0, lo_open=True)
     pool: bool = setting(True, "precompute Paillier obfuscators in a pool")
     he_workers: int = setting(1, "worker processes for the HE arithmetic", lo=1)
+    obfuscation: Literal["short_exponent", "standard"] = setting(
+        hei.LayerSpec.obfuscation, "Paillier obfuscators: DJN short exponent h**x (fast) or standard r**n")
     torch_threads: int = setting(1, "torch.set_num_threads per party", lo=0)
     psi_timeout: float | None = setting(None, "seconds to wait for any one PSI message", lo=0, lo_open=True)
     evaluate: bool = setting(True, "evaluate on the test rows after every epoch")

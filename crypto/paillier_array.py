@@ -32,35 +32,85 @@ from .pool import process_pool
 __all__ = [
     "EncryptedArray",
     "packed_matmul",
+    "packed_matmul_ints",
+    "multi_pow",
+    "multiexp_window",
+    "window_table",
     "ciphertexts_to_bytes",
     "ciphertexts_from_bytes",
 ]
 
 
+def multiexp_window(max_bits: int, uses: int) -> int:
+    """Window width (bits) of the tables of :func:`multi_pow`: a table of ``2**w`` powers per base is
+    paid once and reused by ``uses`` products, each costing ``max_bits / w`` multiplications per base."""
+    if max_bits <= 1:
+        return 1
+    return min(range(1, 8), key=lambda w: ((1 << w) - 2) / max(1, uses) + -(-max_bits // w))
+
+
+def window_table(c, n2, w: int) -> list:
+    """``[1, c, c**2, ..., c**(2**w - 1)] mod n2``."""
+    tab = [gmpy2.mpz(1), c]
+    for _ in range((1 << w) - 2):
+        tab.append(tab[-1] * c % n2)
+    return tab
+
+
+def multi_pow(tables: list, exps: list, n2, w: int):
+    """``prod_i base_i**e_i mod n2`` (Straus: one chain of squarings shared by all bases).
+
+    ``tables[i]`` is :func:`window_table` of base i with window ``w``; ``e_i >= 0``.
+    """
+    top = max((e.bit_length() for e in exps), default=0)
+    if top == 0:
+        return gmpy2.mpz(1)
+    mask = (1 << w) - 1
+    acc = None
+    for i in range(-(-top // w) - 1, -1, -1):
+        if acc is not None:
+            for _ in range(w):
+                acc = acc * acc % n2
+        sh = i * w
+        for tab, e in zip(tables, exps):
+            dgt = (e >> sh) & mask
+            if dgt:
+                acc = tab[dgt] if acc is None else acc * tab[dgt] % n2
+    return gmpy2.mpz(1) if acc is None else acc
+
+
 def _matmul_chunk(n2, cts: np.ndarray, w_cols: np.ndarray) -> np.ndarray:
-    """``out[k, t] = prod_j cts[j, t] ** w_cols[j, k] mod n2`` (signed exponents)."""
+    """``out[k, t] = prod_j cts[j, t] ** w_cols[j, k] mod n2`` (signed exponents).
+
+    A multi-exponentiation per output (:func:`multi_pow`) with window tables per input
+    ciphertext shared by all columns; a negative weight uses the table of the ciphertext's
+    inverse.  The result is the same number as the product of single powers.
+    """
     n2 = gmpy2.mpz(n2)
     d, n_ct = cts.shape
     kk = w_cols.shape[1]
-    inv: list = [None] * d  # per row j: the inverses of its ciphertexts, made when a weight is negative
+    W = [[int(w_cols[j, kcol]) for kcol in range(kk)] for j in range(d)]
+    max_bits = max((abs(v).bit_length() for row in W for v in row), default=0)
+    win = multiexp_window(max_bits, kk)
     out = np.empty((kk, n_ct), dtype=object)
-    for kcol in range(kk):
-        acc = [gmpy2.mpz(1)] * n_ct
-        for j in range(d):
-            w = int(w_cols[j, kcol])
-            if w == 0:
-                continue
-            if w < 0:
-                if inv[j] is None:
-                    inv[j] = [gmpy2.invert(c, n2) for c in cts[j]]
-                base, e = inv[j], -w
-            else:
-                base, e = cts[j], w
-            if e == 1:
-                acc = [a * b % n2 for a, b in zip(acc, base)]
-            else:
-                acc = [a * gmpy2.powmod(b, e, n2) % n2 for a, b in zip(acc, base)]
-        out[kcol] = acc
+    for t in range(n_ct):
+        pos: dict = {}
+        neg: dict = {}
+        for kcol in range(kk):
+            tables, exps = [], []
+            for j in range(d):
+                v = W[j][kcol]
+                if v > 0:
+                    if j not in pos:
+                        pos[j] = window_table(cts[j, t], n2, win)
+                    tables.append(pos[j])
+                    exps.append(v)
+                elif v < 0:
+                    if j not in neg:
+                        neg[j] = window_table(gmpy2.invert(cts[j, t], n2), n2, win)
+                    tables.append(neg[j])
+                    exps.append(-v)
+            out[kcol, t] = multi_pow(tables, exps, n2, win)
     return out
 
 
@@ -333,7 +383,28 @@ def packed_matmul(enc: EncryptedArray, W, *, w_frac_bits: int = DEFAULT_WEIGHT_F
         raise ValueError(f"W must have shape ({enc.rows}, K) to match {enc.rows} packed rows, got {W.shape}")
     if len(enc.shape) != 2:
         raise ValueError("packed_matmul needs a 2-D EncryptedArray (rows = vectors to combine)")
-    w_int = quantize(W, int(w_frac_bits), "W")
+    return packed_matmul_ints(enc, quantize(W, int(w_frac_bits), "W"), w_frac_bits=int(w_frac_bits),
+                              executor=executor, workers=workers)
+
+
+def packed_matmul_ints(enc: EncryptedArray, w_int, *, w_frac_bits: int = 0, executor: Executor | None = None,
+                       workers: int = 1) -> EncryptedArray:
+    """:func:`packed_matmul` for an integer matrix ``w_int`` (Python/numpy ints of any size, used exactly).
+
+    The result's scale grows by ``w_frac_bits`` (the caller's fixed point of ``w_int``); its bound is
+    ``enc.bound * max_k sum_j |w_int[j, k]|``, checked before any work (``PackingOverflowError``).
+    """
+    if not isinstance(enc, EncryptedArray):
+        raise TypeError(f"packed_matmul_ints expects an EncryptedArray, got {type(enc).__name__}")
+    w_int = np.asarray(w_int, dtype=object)
+    if w_int.ndim != 2 or w_int.shape[0] != enc.rows:
+        raise ValueError(f"W must have shape ({enc.rows}, K) to match {enc.rows} packed rows, got {w_int.shape}")
+    if len(enc.shape) != 2:
+        raise ValueError("packed_matmul needs a 2-D EncryptedArray (rows = vectors to combine)")
+    for v in w_int.ravel():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"packed_matmul_ints: weights must be integers, got {type(v).__name__}")
+    W = w_int
     col_sums = [sum(abs(int(v)) for v in w_int[:, kcol]) for kcol in range(W.shape[1])]
     new_bound = enc.bound * max(col_sums, default=0)
     check_bound(new_bound, enc.slot_bits, "packed_matmul")

@@ -69,6 +69,10 @@ class LayerSpec:
     ckks_mask: float = 1024.0
     pool: bool = True  # precompute Paillier obfuscators in background threads
     workers: int = 1   # worker processes for Paillier (1: in-process)
+    # Paillier obfuscators: "short_exponent" (DJN h**x, 2*kappa-bit x, fixed-base tables; the default, since
+    # decrypted values and so trained models are the same either way) or "standard" (r**n, DCR only).
+    obfuscation: str = "short_exponent"
+    kappa: int = 128
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
@@ -92,6 +96,10 @@ class LayerSpec:
             raise ValueError(f"slot_bits={self.slot_bits} does not fit a {self.key_bits}-bit key")
         if self.scheme != "ckks" and self.slot_bits < self.mask_bits + 8:
             raise ValueError(f"slot_bits={self.slot_bits} leaves no room for {self.mask_bits}-bit masks")
+        if self.obfuscation not in ("standard", "short_exponent"):
+            raise ValueError(f"LayerSpec.obfuscation must be 'standard' or 'short_exponent', got {self.obfuscation!r}")
+        if not isinstance(self.kappa, (int, np.integer)) or isinstance(self.kappa, bool) or self.kappa < 64:
+            raise ValueError(f"LayerSpec.kappa must be an int >= 64, got {self.kappa!r}")
         if not self.ckks_mask > 0:
             raise ValueError("LayerSpec.ckks_mask must be positive")
 

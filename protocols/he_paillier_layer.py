@@ -9,7 +9,12 @@ the per-batch protocol and what each side learns); the numbers are encoded as in
   ``slot_bits``-bit slots.  ``[[A_g]]`` goes twice, packed along the batch (forward: one ciphertext
   row per feature) and along the features (gradient: one row per sample), because packed slots
   cannot be summed inside a ciphertext.  Obfuscators are precomputed by background threads on both
-  sides.  Integers wider than a float64 go through the float API as exact digits.
+  sides, in the form ``LayerSpec.obfuscation`` (default ``"short_exponent"``: DJN ``h**x`` from fixed-base
+  tables, CRT at the key owner; ``"standard"``: ``r**n``; see :mod:`fedhet.crypto.paillier_keys` for the
+  assumption each rests on; decrypted values are the same).  Each side draws its own public base ``h``.
+  Products with plaintext integer matrices are multi-exponentiations on exact integers
+  (:func:`fedhet.crypto.paillier.packed_matmul_ints`); fresh encryptions of integers wider than a
+  float64 go through the float API as exact digits.
 * :class:`NaiveOps` (``naive``): ``phe`` ``EncryptedNumber`` objects, one value per ciphertext, no
   pools; the same integers and masks, so the comparison shows what packing and batching buy.
 """
@@ -94,19 +99,10 @@ class PackedOps:
         return pl.EncryptedArray(self.pk, enc.ciphertexts, enc.shape, spec, 0, 1 << bits)
 
     def matmul(self, enc, W: np.ndarray):
-        """``Y[k, :] = sum_j W[j, k] X[j, :]`` for integer W of any size."""
-        ds = digits(W)
-        out = None
-        for t, d in enumerate(ds):
-            if not np.any(d):
-                continue
-            y = pl.packed_matmul(enc, d, w_frac_bits=0, executor=self.ctx.executor)
-            if t:
-                y = y.mul_scalar(1 << (DIGIT_BITS * t))
-            out = y if out is None else out + y
-        if out is None:  # all-zero W
-            out = pl.packed_matmul(enc, ds[0], w_frac_bits=0)
-        return out
+        """``Y[k, :] = sum_j W[j, k] X[j, :]`` for integer W of any size (exact)."""
+        W = np.asarray(W, dtype=object)
+        return pl.packed_matmul_ints(enc, np.vectorize(int, otypes=[object])(W) if W.size else W,
+                                     w_frac_bits=0, executor=self.ctx.executor)
 
     def add_ints(self, enc, ints: np.ndarray):
         for t, d in enumerate(digits(ints)):
@@ -235,7 +231,8 @@ class IntegerGuest:
     def setup(self) -> None:
         t0 = time.perf_counter()
         if self.spec.scheme == "paillier":
-            self._ctx = pl.PaillierContext.generate(self.spec.key_bits, workers=self.spec.workers)
+            self._ctx = pl.PaillierContext.generate(self.spec.key_bits, workers=self.spec.workers,
+                                                    obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)
             self.ops = PackedOps(self._ctx, self.spec)
             pk = self._ctx.public_key
             if self.spec.pool:
@@ -346,7 +343,8 @@ class IntegerHost:
         if pk.n.bit_length() != self.spec.key_bits:
             raise PartyError(f"guest {self.guest!r} sent a {pk.n.bit_length()}-bit key, expected {self.spec.key_bits}")
         if self.spec.scheme == "paillier":
-            self._ctx = pl.PaillierContext(pk, None, workers=self.spec.workers)
+            self._ctx = pl.PaillierContext(pk, None, workers=self.spec.workers,
+                                           obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)
             self.ops = PackedOps(self._ctx, self.spec)
             if self.spec.pool:
                 s = self.spec
