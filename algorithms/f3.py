@@ -81,6 +81,10 @@ class Settings(TableView):
     n_sensors: int | None = setting(None, "traffic: keep the first n sensors and their subgraph (None: all)", lo=2)
     n_windows: int | None = setting(None, "traffic: simulated windows (None: the paper's 2,856 / 4,343)", lo=10)
     data_seed: int = setting(0, "traffic: seed of the simulator", lo=0)
+    speeds_file: str | None = setting(None, "traffic: the REAL speeds (DCRNN's metr-la.h5 / pems-bay.h5) instead "
+                                            "of the simulator; needs labels_file")
+    labels_file: str | None = setting(None, "traffic: one 0/1 label per 12-step window of speeds_file "
+                                            "(.npy or text)")
     split_seed: int = setting(123, "seed of the train/validation split (traffic: the reference 70/10/20)", lo=0)
     val_fraction: float = setting(0.2, "vowels: part of the TRAIN file held out for validation", lo=0, hi=1,
                                   lo_open=True)
@@ -112,6 +116,10 @@ class Settings(TableView):
     seed: int = setting(0, "seeds the local models (seed + owner index) and the global model", lo=0)
 
     def validate(self):
+        if (self.speeds_file is None) != (self.labels_file is None):
+            raise ValueError("f3: speeds_file and labels_file go together (real speeds need the user's labels)")
+        if self.speeds_file is not None and self.dataset == "vowels":
+            raise ValueError("f3: speeds_file / labels_file are for the traffic data sets (metr_la, pems_bay)")
         if self.graph == "given" and self.dataset == "vowels":
             raise ValueError("f3: graph 'given' needs a traffic data set (Japanese Vowels has no given graph)")
 
@@ -175,14 +183,19 @@ def _cfg(cfg) -> Settings:
 
 # ------------------------------------------------------------------------------------ data
 @functools.lru_cache(maxsize=2)
-def _traffic(name: str, seed: int, n_windows: int | None, data_dir: str | None):
-    from fedhet.algorithms.data_traffic import simulate
-    return simulate(name, seed=seed, n_windows=n_windows, data_dir=data_dir)
+def _traffic(name: str, seed: int, n_windows: int | None, data_dir: str | None, speeds: str | None = None,
+             labels: str | None = None):
+    from fedhet.algorithms import data_traffic
+    if speeds is not None:
+        return data_traffic.load_real(speeds, labels, name, data_dir)
+    return data_traffic.simulate(name, seed=seed, n_windows=n_windows, data_dir=data_dir)
 
 
 def provenance(s) -> str:
     if s.dataset == "vowels":
         return "real (UCI Japanese Vowels)"
+    if s.speeds_file is not None:
+        return f"real speeds ({s.speeds_file}) with user-given labels ({s.labels_file}): {s.dataset}"
     from fedhet.algorithms.data_traffic import PROVENANCE
     return f"{PROVENANCE}: {s.dataset}"
 
@@ -198,6 +211,15 @@ def n_owners(s, data_dir=None) -> int:
     if s.dataset == "vowels":
         return 12
     return s.n_sensors or traffic_graph(s, data_dir).shape[0]
+
+
+def _path(p: str | None, ctx: PartyContext) -> str | None:
+    """A user's file, relative to the federation file's folder."""
+    if p is None:
+        return None
+    from pathlib import Path
+    q = Path(p).expanduser()
+    return str(q if q.is_absolute() or ctx.base_dir is None else Path(ctx.base_dir) / q)
 
 
 def load_data(s: Settings, ctx: PartyContext):
@@ -220,7 +242,11 @@ def load_data(s: Settings, ctx: PartyContext):
         out = {k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()}
         n_classes = 9
     else:
-        data = _traffic(s.dataset, s.data_seed, s.n_windows, ctx.data_dir)
+        data = _traffic(s.dataset, s.data_seed, s.n_windows, ctx.data_dir, _path(s.speeds_file, ctx),
+                        _path(s.labels_file, ctx))
+        if s.speeds_file is not None and len(data.y) != sum(n_rows(s)):
+            raise ValueError(f"f3: {s.speeds_file} gives {len(data.y)} windows; set n_windows = {len(data.y)} so "
+                             "every party agrees on the split sizes")
         out = {k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()}
         n_classes = 2
     x_tr = out["train"][0]

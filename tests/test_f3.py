@@ -133,3 +133,25 @@ def test_settings_errors_name_the_problem():
     s = _settings(owner_hidden=[4, 4])
     with pytest.raises(ValueError, match="owner_hidden"):
         f3.owner_widths(s, 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_path_of_local_and_global_training():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(30, 6, 1)), rng.integers(0, 3, 30)
+    model, _ = T.train_local(x, None, y, x[:10], None, y[:10], 3, T.LocalConfig(hidden=4, epochs=2, device="cuda"))
+    assert next(model.parameters()).is_cuda
+    reps = [T.represent(model, x, None, "cuda")] * N
+    cfg = T.GlobalConfig(d=4, hidden=3, align="soft", graph="icdf", epochs=2, device="cuda", test_samples=2)
+    g = T.build_global(N, [4] * N, 3, cfg)
+    s = _settings(align="soft", graph="icdf", d=4)
+    holders = f3.InProcessHolders(reps, s, m=3)
+    first = f3.SharedFirstLayer(g, holders, [4] * N)
+    T.train_global(g, first, y, np.arange(20), np.arange(20, 30), cfg)
+    p_shared = T.predict(g, first, np.arange(30), 16)
+    assert next(g.parameters()).is_cuda and np.all(np.isfinite(p_shared))
+
+
+def test_real_speed_files_need_both_files():
+    with pytest.raises(ValueError, match="go together"):
+        _settings(dataset="metr_la", speeds_file="x.h5")
