@@ -155,3 +155,23 @@ def test_cuda_path_of_local_and_global_training():
 def test_real_speed_files_need_both_files():
     with pytest.raises(ValueError, match="go together"):
         _settings(dataset="metr_la", speeds_file="x.h5")
+
+
+def test_an_owner_sending_its_representations_in_the_clear_under_shamir_fusion_is_refused(shared_data):
+    """In shamir mode f3/rep is not declared at all: the coordinator refuses it on receipt, naming sender and kind."""
+    from fedhet.parties.inmemory import run_inmemory
+    import dataclasses
+
+    def leaky_owner(party, st, data):
+        party.send(party.peers_with_role(f3.COORDINATOR)[0], f3.K_REP, {"h": np.zeros((10, 16))})
+        return {}
+
+    roles = dict(f3.ALGORITHM.roles)
+    roles[f3.OWNER] = leaky_owner
+    algo = dataclasses.replace(f3.ALGORITHM, roles=roles)
+    cfg = {"dataset": "metr_la", "n_sensors": 2, "n_windows": 40, "local_epochs": 1, "epochs": 1}
+    parties = [("c", "coordinator"), ("h1", "holder"), ("h2", "holder"), ("s1", "owner"), ("s2", "owner")]
+    with pytest.raises(Exception, match=r"refused \(undeclared kind\)"):
+        run_inmemory(algo, parties, cfg, timeout=20, data_dir=shared_data)
+    declared = {d.kind for d in f3.declarations(_settings(dataset="metr_la"))}
+    assert f3.K_REP not in declared and f3.K_REP in {d.kind for d in f3.declarations(_settings(fusion="trusted"))}
