@@ -76,10 +76,25 @@ def summarise(rounds_out):
     downs = [med(c["down"] for c in r["clients"].values()) for r in timed]
     crit = [max(c["cpu"] for c in r["clients"].values()) + r["server_cpu"] for r in timed]
     last = timed[-1]
+    # Whole-process CPU (every thread, the transport's included): a party's own figure when it is a process.
+    ptotal = [sum(c.get("pcpu", c["cpu"]) for c in r["clients"].values()) + r.get("server_pcpu", r["server_cpu"])
+              for r in timed]
+    pcrit = [max(c.get("pcpu", c["cpu"]) for c in r["clients"].values()) + r.get("server_pcpu", r["server_cpu"])
+             for r in timed]
+    steps = {}
+    for r in timed:
+        for kind, v in (r.get("steps") or {}).items():
+            steps.setdefault(kind, []).append(v["seconds"])
     return {
         "wall_s": med(r["wall"] for r in timed), "wall_s_all": [r["wall"] for r in timed],
         "critical_cpu_s": med(crit), "server_cpu_s": med(r["server_cpu"] for r in timed),
         "client_cpu_max_s": med(max(c["cpu"] for c in r["clients"].values()) for r in timed),
+        "client_cpu_median_s": med(med(c["cpu"] for c in r["clients"].values()) for r in timed),
+        "process_cpu_total_s": med(ptotal), "process_cpu_path_s": med(pcrit),
+        "server_process_cpu_s": med(r.get("server_pcpu", r["server_cpu"]) for r in timed),
+        "client_process_cpu_median_s": med(med(c.get("pcpu", c["cpu"]) for c in r["clients"].values())
+                                           for r in timed),
+        "server_steps_s": {k: med(v) for k, v in steps.items()},
         "bytes_up_per_client": med(ups), "bytes_down_per_client": med(downs),
         "bytes_per_client": med(ups) + med(downs),
         "max_mean_error": last["max_err"], "mean_error_bound": last["bound"],
@@ -230,7 +245,7 @@ def main(argv=None):
     ap.add_argument("--ms", type=int, nargs="*")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--processes", choices=("auto", "on", "off"), default="auto",
+    ap.add_argument("--processes", choices=("auto", "on", "off", "only"), default="auto",
                     help="also run K = 5, 10 as processes through the launcher (auto: not with --quick, and "
                          f"only where the roles are registered as {NAME!r})")
     ap.add_argument("--seed", type=int, default=0)
@@ -241,6 +256,11 @@ def main(argv=None):
         out_file.write(doc, render_md(doc), plot(doc))
         print(render_md(doc))
         return 0
+    if args.processes == "only":
+        args.processes = "on"
+        ms_mem = []
+    else:
+        ms_mem = None
     ks = args.ks or ([5, 10] if args.quick else [5, 10, 50])
     ms = args.ms or ([10**4, 10**5] if args.quick else [10**4, 10**5, 10**6])
     rounds = args.rounds or (2 if args.quick else 5)
@@ -253,7 +273,7 @@ def main(argv=None):
            "machine": harness.machine_label(session.meta),
            "rounds": rounds, "rows": [], "how": {"inmemory": INMEMORY_HOW}, "notes": []}
     for k in ks:
-        for m in ms:
+        for m in (ms if ms_mem is None else ms_mem):
             for method in args.methods:
                 t0 = time.perf_counter()
                 row = {"transport": "inmemory", "K": k, "m": m, "method": method}
@@ -274,7 +294,10 @@ def main(argv=None):
                     row = {"transport": "zmq-processes", "K": k, "m": m, "method": method}
                     row.update(bench_processes(k, m, method, rounds, args.seed))
                     doc["rows"].append(row)
-                    print(f"processes K={k:3d} m={m:8d} {method:8s} wall {row['wall_s']:.4f}s  bytes/client "
+                    print(f"processes K={k:3d} m={m:8d} {method:8s} wall {row['wall_s']:.4f}s  cpu total "
+                          f"{row['process_cpu_total_s']:.3f}s path {row['process_cpu_path_s']:.3f}s "
+                          f"client {row['client_process_cpu_median_s']:.4f}s server {row['server_process_cpu_s']:.4f}s "
+                          f"steps {row['server_steps_s']}  bytes/client "
                           f"{row['bytes_per_client']:,}  audit {'ok' if row['audit_ok'] else 'FAILED'}",
                           flush=True)
     by = {(r["transport"], r["K"], r["m"], r["method"]): r for r in doc["rows"]}
