@@ -76,7 +76,7 @@ def server(party, s: Settings, data) -> list:
         wall, cpu, pcpu = time.perf_counter() - t0, time.thread_time() - c0, time.process_time() - p0
         done = party.gather(K_DONE, frm=clients)
         out.append({"wall": wall, "server_cpu": cpu, "server_pcpu": pcpu, "clients": done,
-                    "steps": res.details.get("steps", {}),
+                    "steps_s": {k: v["seconds"] for k, v in res.details.get("steps", {}).items()},
                     "max_err": float(np.max(np.abs(res.mean - data["exact"]))),
                     "bound": float(res.mean_error_bound), "contributors": len(res.contributors)})
     return out

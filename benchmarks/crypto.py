@@ -443,6 +443,7 @@ def print_table(rows: list[dict], notes: list[str]) -> None:
 
 
 META: dict = {}
+GROUPS = {"shamir": bench_shamir, "prg": bench_prg, "field": bench_field, "keys": bench_keys}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_common_args(ap, quick_help="small sizes and fewer repeats")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per variant (best is kept)")
     ap.add_argument("--no-he", action="store_true", help="skip the HE rows from crypto_he.py")
+    ap.add_argument("--only", choices=sorted(GROUPS), nargs="*",
+                    help="run these groups only (no HE rows); results go to crypto_<groups>.{json,md}")
     args = ap.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
     if repeats < 1:
@@ -465,16 +468,17 @@ def main(argv: list[str] | None = None) -> int:
     })
     rows: list[dict] = []
     notes: list[str] = []
-    for fn in (bench_shamir, bench_prg, bench_field, bench_keys):
-        rows += fn(args.quick, repeats)
-    if not args.no_he:
+    for name, fn in GROUPS.items():
+        if not args.only or name in args.only:
+            rows += fn(args.quick, repeats)
+    if not args.no_he and not args.only:
         extra, note = he_rows(args.quick)
         rows += extra
         if note:
             notes.append(note)
     print_table(rows, notes)
     META["environment"] = session.finish()
-    out = harness.Output("crypto", quick=args.quick, out_dir=args.out)
+    out = harness.Output("_".join(["crypto", *sorted(args.only or [])]), quick=args.quick, out_dir=args.out)
     out.write({"meta": META, "rows": rows, "notes": notes}, to_markdown(rows, META, notes))
     print(f"wrote {out.path('json')} and {out.path('md')}")
     return 0
