@@ -7,7 +7,8 @@ a weight ``w_c`` in 1..100 drawn from ``input_seed``; the server computes the we
 through the aggregator and, since the inputs are synthetic, compares it with the exact mean
 ``sum_c w_c clip(x_c) / sum_c w_c`` (the test oracle, not part of the protocol).  Each of the
 ``bench_rounds + 1`` rounds (the first a warm-up) is timed at the server; clients report their
-CPU seconds and bytes per round.
+CPU seconds (the party's thread and, meaningful when every party is its own process, its whole
+process with the transport's threads) and bytes per round.
 """
 from __future__ import annotations
 
@@ -69,12 +70,13 @@ def server(party, s: Settings, data) -> list:
     agg = aggregation.make_aggregator(s.agg.table(), DEFAULTS)
     out = []
     for r in range(s.bench_rounds + 1):
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         party.broadcast(K_GO, r, to=clients)
         res = agg.aggregate(party, clients, r)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        wall, cpu, pcpu = time.perf_counter() - t0, time.thread_time() - c0, time.process_time() - p0
         done = party.gather(K_DONE, frm=clients)
-        out.append({"wall": wall, "server_cpu": cpu, "clients": done,
+        out.append({"wall": wall, "server_cpu": cpu, "server_pcpu": pcpu, "clients": done,
+                    "steps_s": {k: v["seconds"] for k, v in res.details.get("steps", {}).items()},
                     "max_err": float(np.max(np.abs(res.mean - data["exact"]))),
                     "bound": float(res.mean_error_bound), "contributors": len(res.contributors)})
     return out
@@ -86,10 +88,10 @@ def client(party, s: Settings, data) -> dict:
     for r in range(s.bench_rounds + 1):
         party.recv(srv, K_GO)
         s0, r0 = sum(party.bytes_sent.values()), sum(party.bytes_received.values())
-        c0 = time.thread_time()
+        c0, p0 = time.thread_time(), time.process_time()
         agg.submit(party, srv, data["x"], data["w"], r)
-        cpu = time.thread_time() - c0
-        party.send(srv, K_DONE, {"cpu": cpu, "up": sum(party.bytes_sent.values()) - s0,
+        cpu, pcpu = time.thread_time() - c0, time.process_time() - p0
+        party.send(srv, K_DONE, {"cpu": cpu, "pcpu": pcpu, "up": sum(party.bytes_sent.values()) - s0,
                                  "down": sum(party.bytes_received.values()) - r0})
     return {}
 
@@ -97,8 +99,10 @@ def client(party, s: Settings, data) -> dict:
 def declarations(s: Settings) -> list:
     return [
         declare(K_GO, "server", "client", "the round number (start signal)", no_arrays, payload=sch.Int(lo=0)),
-        declare(K_DONE, "client", "server", "the client's CPU seconds and bytes in the round (scalars)", no_arrays,
-                payload=sch.Fields({"cpu": sch.Float(), "up": sch.Int(lo=0), "down": sch.Int(lo=0)})),
+        declare(K_DONE, "client", "server", "the client's CPU seconds (its thread, its process) and bytes in the "
+                "round (scalars)", no_arrays,
+                payload=sch.Fields({"cpu": sch.Float(), "pcpu": sch.Float(), "up": sch.Int(lo=0),
+                                    "down": sch.Int(lo=0)})),
     ] + aggregation.declarations(lambda cfg: int(cfg["m"]))
 
 

@@ -7,7 +7,10 @@ its baseline row, measured in the same run, variants interleaved):
   AES-CTR randomness, p = 2**61 - 1) vs plain numpy (``default_rng`` coefficients,
   Horner with ``%``, only possible with a smaller prime, p = 2**31 - 1, so the
   products fit in uint64) and vs Python ints (p = 2**61 - 1, ``secrets``); plus
-  the memory floor (just writing the 5 output rows) and reconstruction.
+  the memory floor (just writing the 5 output rows) and reconstruction; the
+  implementation before issue 15 (``_reference_share``, ``_reference_reconstruct``)
+  timed in the same run, and every rate's ratio to a plain numpy copy of the
+  secret (``x_copy``: the practical limit), best and median of the repeats.
 * PRG output: fedhet PRG (uint64, uint32, mod p) vs raw AES-256-CTR
   (``cryptography`` encryptor on zeros, into a reused buffer and allocating)
   vs numpy ``default_rng`` (not cryptographic).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -40,7 +44,7 @@ from fedhet.crypto import keys
 from fedhet.crypto.field import F61, P61
 from fedhet.crypto.fixedpoint import FixedPoint
 from fedhet.crypto.prg import PRG
-from fedhet.crypto.shamir import reconstruct, share
+from fedhet.crypto.shamir import lagrange_coefficients, reconstruct, share
 
 HERE = Path(__file__).resolve().parent
 COLUMNS = ["group", "name", "elements", "seconds", "rate", "unit", "ratio", "baseline", "note"]
@@ -96,6 +100,57 @@ def python_share(secret: list[int], n: int, t: int, p: int) -> list[list[int]]:
     return out
 
 
+def _reference_share(secret: np.ndarray, n: int, t: int, prg: PRG, out: np.ndarray) -> np.ndarray:
+    """fedhet's share() before issue 15 (commit 82baf56), kept to time it side by side: p = 2**61 - 1.
+
+    The same Newton differences, but the secret is range-checked in a
+    separate pass over memory first.
+    """
+    F61.asarray(secret, "secret")
+    s = secret.reshape(-1)
+    N = s.size
+    P = np.uint64(P61)
+    chunk = min(1 << 15, N)
+    rbuf = np.empty((t - 1) * chunk, dtype=np.uint64)
+    tmp_buf = np.empty(chunk, dtype=np.uint64)
+    for lo in range(0, N, chunk):
+        hi = min(N, lo + chunk)
+        c = hi - lo
+        rand = rbuf[: (t - 1) * c].reshape(t - 1, c)
+        prg.fill_mod(rand, P61)
+        tmp = tmp_buf[:c]
+        D = [s[lo:hi], *rand]
+        for x in range(n):
+            row = out[x, lo:hi]
+            np.add(D[0], D[1], out=row)
+            np.subtract(row, P, out=tmp)
+            np.minimum(row, tmp, out=row)
+            D[0] = row
+            if x + 1 < n:
+                for k in range(1, t - 1):
+                    d = D[k]
+                    np.add(d, D[k + 1], out=d)
+                    np.subtract(d, P, out=tmp)
+                    np.minimum(d, tmp, out=d)
+    return out
+
+
+def _reference_reconstruct(shares: np.ndarray, xs: list[int]) -> np.ndarray:
+    """fedhet's reconstruct() before issue 15 (commit 82baf56): a full 61-bit product per share, allocating."""
+    F61.asarray(shares, "shares")
+    lam = [np.uint64(v) for v in lagrange_coefficients(xs)]
+    flat = np.ascontiguousarray(shares).reshape(len(xs), -1)
+    N = flat.shape[1]
+    out = np.empty(N, dtype=np.uint64)
+    step = 1 << 16
+    for lo in range(0, N, step):
+        acc = F61.mul(flat[0, lo:lo + step], lam[0])
+        for i in range(1, len(xs)):
+            F61.add(acc, F61.mul(flat[i, lo:lo + step], lam[i]), out=acc)
+        out[lo:lo + step] = acc
+    return out
+
+
 def bench_shamir(quick: bool, repeats: int) -> list[dict]:
     n, t = 5, 3
     N = 1 << (20 if quick else 23)
@@ -106,41 +161,62 @@ def bench_shamir(quick: bool, repeats: int) -> list[dict]:
     rng = np.random.default_rng(0)
     prealloc = np.empty((n, N), dtype=np.uint64)
     prealloc.fill(0)  # fault the pages in once
+    ref_buf = np.empty((n, N), dtype=np.uint64)
+    ref_buf.fill(0)
     floor_buf = np.empty((n, N), dtype=np.uint64)
     floor_buf.fill(0)
+    copy_buf = np.empty(N, dtype=np.uint64)
+    copy_buf.fill(0)
     py_secret = [int(v) for v in secret[:Npy]]
 
-    # Correctness on the very data that is timed.
+    # Correctness on the very data that is timed, old and new paths alike.
     sh = share(secret, n, t, prg)
     assert np.array_equal(reconstruct(sh[[0, 2, 4]], [1, 3, 5]), secret)
+    assert np.array_equal(_reference_reconstruct(sh[[0, 2, 4]], [1, 3, 5]), secret)
+    assert np.array_equal(reconstruct(_reference_share(secret, n, t, prg, ref_buf)[[1, 2, 3]], [2, 3, 4]), secret)
     ref = numpy_share(secret31, n, t, rng, P31)
     lam31 = [3, P31 - 3, 1]  # Lagrange at 0 for points 1, 2, 3
     assert np.array_equal(sum(int(l) * ref[i].astype(object) for i, l in enumerate(lam31)) % P31,
                           secret31.astype(object))
-    del sh, ref
+    del ref
+    sub = np.ascontiguousarray(sh[[0, 2, 4]])
+    del sh
 
+    base = "numpy Horner % p (p=2^31-1)"
+    copy = "numpy copy of the secret (memory limit)"
     variants = {
         "fedhet share (alloc output)": lambda: share(secret, n, t, prg),
         "fedhet share (into out=)": lambda: share(secret, n, t, prg, out=prealloc),
-        "numpy Horner % p (p=2^31-1)": lambda: numpy_share(secret31, n, t, rng, P31),
+        "previous share (into out=)": lambda: _reference_share(secret, n, t, prg, ref_buf),
+        "fedhet reconstruct 3 of 5": lambda: reconstruct(sub, [1, 3, 5]),
+        "previous reconstruct 3 of 5": lambda: _reference_reconstruct(sub, [1, 3, 5]),
+        copy: lambda: np.copyto(copy_buf, secret),
         "memory floor: write 5 rows": lambda: floor_buf.fill(1),
     }
-    times = best_times(variants, repeats)
+    timed = harness.best_of_interleaved(variants, repeats)
+    times = {k: v.wall_s for k, v in timed.items()}
+    medians = {k: statistics.median(v.walls) for k, v in timed.items()}
+    times.update(best_times({base: lambda: numpy_share(secret31, n, t, rng, P31)}, max(1, repeats // 2)))
     times["Python ints (p=2^61-1)"] = best_times({"x": lambda: python_share(py_secret, n, t, P61)},
                                                  max(1, repeats // 2))["x"]
-    sh = share(secret, n, t, prg)
-    rec = {"fedhet reconstruct 3 of 5": lambda: reconstruct(sh[[0, 2, 4]], [1, 3, 5])}
-    times.update(best_times(rec, repeats))
-    base = "numpy Horner % p (p=2^31-1)"
     spec = [
         ("fedhet share (alloc output)", N, "M elem/s", 1e-6, "t=3, n=5, p=2^61-1; AES-CTR randomness"),
         ("fedhet share (into out=)", N, "M elem/s", 1e-6, "same, output buffer reused (no page faults)"),
+        ("previous share (into out=)", N, "M elem/s", 1e-6, "share() before issue 15, same run"),
+        ("fedhet reconstruct 3 of 5", N, "M elem/s", 1e-6, "Lagrange at 0: 31-bit limbs, one fold per 4 shares"),
+        ("previous reconstruct 3 of 5", N, "M elem/s", 1e-6, "reconstruct() before issue 15: 61-bit products"),
         (base, N, "M elem/s", 1e-6, "plain numpy; smaller prime so products fit uint64"),
         ("Python ints (p=2^61-1)", Npy, "M elem/s", 1e-6, "secrets.randbelow + Horner"),
-        ("memory floor: write 5 rows", N, "M elem/s", 1e-6, "ndarray.fill of the (5, N) output: upper bound here"),
-        ("fedhet reconstruct 3 of 5", N, "M elem/s", 1e-6, "Lagrange at 0, 61-bit products"),
+        (copy, N, "M elem/s", 1e-6, "np.copyto of the (N,) secret: the practical limit"),
+        ("memory floor: write 5 rows", N, "M elem/s", 1e-6, "ndarray.fill of the (5, N) output"),
     ]
-    return make_rows("shamir 3-of-5", spec, times, base)
+    rows = make_rows("shamir 3-of-5", spec, times, base)
+    copy_rate = next(r["rate"] for r in rows if r["name"] == copy)
+    for r in rows:  # rate / rate of a plain copy of the same array: how far from the memory limit
+        r["x_copy"] = r["rate"] / copy_rate
+        if r["name"] in medians:
+            r["median_rate"] = r["elements"] * 1e-6 / medians[r["name"]]
+    return rows
 
 
 # -- PRG -------------------------------------------------------------------------
@@ -367,6 +443,7 @@ def print_table(rows: list[dict], notes: list[str]) -> None:
 
 
 META: dict = {}
+GROUPS = {"shamir": bench_shamir, "prg": bench_prg, "field": bench_field, "keys": bench_keys}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_common_args(ap, quick_help="small sizes and fewer repeats")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per variant (best is kept)")
     ap.add_argument("--no-he", action="store_true", help="skip the HE rows from crypto_he.py")
+    ap.add_argument("--only", choices=sorted(GROUPS), nargs="*",
+                    help="run these groups only (no HE rows); results go to crypto_<groups>.{json,md}")
     args = ap.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
     if repeats < 1:
@@ -389,16 +468,17 @@ def main(argv: list[str] | None = None) -> int:
     })
     rows: list[dict] = []
     notes: list[str] = []
-    for fn in (bench_shamir, bench_prg, bench_field, bench_keys):
-        rows += fn(args.quick, repeats)
-    if not args.no_he:
+    for name, fn in GROUPS.items():
+        if not args.only or name in args.only:
+            rows += fn(args.quick, repeats)
+    if not args.no_he and not args.only:
         extra, note = he_rows(args.quick)
         rows += extra
         if note:
             notes.append(note)
     print_table(rows, notes)
     META["environment"] = session.finish()
-    out = harness.Output("crypto", quick=args.quick, out_dir=args.out)
+    out = harness.Output("_".join(["crypto", *sorted(args.only or [])]), quick=args.quick, out_dir=args.out)
     out.write({"meta": META, "rows": rows, "notes": notes}, to_markdown(rows, META, notes))
     print(f"wrote {out.path('json')} and {out.path('md')}")
     return 0

@@ -22,6 +22,11 @@ coefficients.  Then ``f(1), f(2), ...`` follow by repeated differencing with
 only modular additions, ``n + (n - 1)(t - 2)`` of them, each three in-place numpy
 passes (``add``, ``- p``, ``minimum``) over cache-sized chunks, and no
 multiplication at all.  Randomness comes from the AES-CTR :class:`PRG`.
+Reconstruction (:func:`_interpolate61`) multiplies by the precomputed Lagrange
+coefficients with 31-bit limbs whose products add up without overflow, and
+reduces mod 2**61 - 1 once per four shares (shift, mask, add: 2**61 = 1).
+Both check that their uint64 inputs are field elements chunk by chunk, while
+the chunk is in cache, instead of in a separate pass over memory.
 
 Floats go through :class:`~fedhet.crypto.fixedpoint.FixedPoint`
 (:func:`share_float`, :func:`reconstruct_float`); byte strings such as 32-byte
@@ -34,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .field import F61, PrimeField
+from .field import F61, P61, PrimeField
 from .fixedpoint import FixedPoint
 from .prg import PRG
 
@@ -46,6 +51,8 @@ __all__ = [
 # Elements per chunk: the secret, t - 1 random rows, n output rows and a
 # temporary for one chunk stay in L2 cache.
 _CHUNK = 1 << 15
+# Reconstruction keeps six chunk-sized buffers besides the shares' chunks.
+_RCHUNK = 1 << 14
 
 
 def _check_nt(n, t, field: PrimeField) -> tuple[int, int]:
@@ -60,6 +67,18 @@ def _check_nt(n, t, field: PrimeField) -> tuple[int, int]:
     return n, t
 
 
+def _canonical_input(x, field: PrimeField, name: str) -> tuple[np.ndarray, bool]:
+    """``x`` as uint64 and whether its range still has to be checked (done chunk by chunk, in cache)."""
+    if isinstance(x, np.ndarray) and x.dtype == np.uint64:
+        return x, True
+    return field.asarray(x, name), False
+
+
+def _check_chunk(chunk: np.ndarray, field: PrimeField, name: str) -> None:
+    if chunk.size and int(chunk.max()) >= field.p:
+        raise ValueError(f"{name}: value {int(chunk.max())} is not a field element (must be in [0, {field.p}))")
+
+
 def share(secret, n: int, t: int, prg: PRG | None = None, field: PrimeField = F61,
           out: np.ndarray | None = None) -> np.ndarray:
     """t-of-n shares of a field array; result shape ``(n, *secret.shape)``, row i for point x = i + 1.
@@ -70,7 +89,7 @@ def share(secret, n: int, t: int, prg: PRG | None = None, field: PrimeField = F6
     instead of allocating (saves page faults when sharing repeatedly).
     """
     n, t = _check_nt(n, t, field)
-    secret = field.asarray(secret, "secret")
+    secret, check = _canonical_input(secret, field, "secret")
     shape = secret.shape
     s = np.ascontiguousarray(secret).reshape(-1)
     N = s.size
@@ -84,6 +103,8 @@ def share(secret, n: int, t: int, prg: PRG | None = None, field: PrimeField = F6
             raise ValueError("out must not overlap the secret")
         out = out.reshape(n, N)
     if t == 1:
+        if check:
+            _check_chunk(s, field, "secret")
         out[:] = s
         return out.reshape((n, *shape))
     prg = PRG.from_random() if prg is None else prg
@@ -95,6 +116,8 @@ def share(secret, n: int, t: int, prg: PRG | None = None, field: PrimeField = F6
     for lo in range(0, N, chunk):
         hi = min(N, lo + chunk)
         c = hi - lo
+        if check:
+            _check_chunk(s[lo:hi], field, "secret")
         rand = rbuf[: (t - 1) * c].reshape(t - 1, c)
         prg.fill_mod(rand, field.p)
         tmp = tmp_buf[:c]
@@ -156,23 +179,97 @@ def reconstruct(shares, xs: Sequence[int], field: PrimeField = F61, t: int | Non
     returning a meaningless value.
     """
     pts = _check_points(xs, field)
-    shares = field.asarray(shares, "shares")
+    shares, check = _canonical_input(shares, field, "shares")
     if shares.ndim < 1 or shares.shape[0] != len(pts):
         raise ValueError(f"got {shares.shape[0] if shares.ndim else 0} shares for {len(pts)} points")
     if t is not None and len(pts) < int(t):
         raise ValueError(f"need at least t={int(t)} shares to reconstruct, got {len(pts)}")
-    lam = [np.uint64(v) for v in _lagrange(pts, 0, field.p)]
+    lam = _lagrange(pts, 0, field.p)
     shape = shares.shape[1:]
     flat = np.ascontiguousarray(shares).reshape(len(pts), -1)
-    N = flat.shape[1]
-    out = np.empty(N, dtype=np.uint64)
-    step = 1 << 16
-    for lo in range(0, N, step):
-        acc = field.mul(flat[0, lo:lo + step], lam[0])
+    if not field.mersenne:
+        if check:
+            _check_chunk(flat, field, "shares")
+        acc = field.mul(flat[0], lam[0])
         for i in range(1, len(pts)):
-            field.add(acc, field.mul(flat[i, lo:lo + step], lam[i]), out=acc)
-        out[lo:lo + step] = acc
-    return out.reshape(shape)
+            field.add(acc, field.mul(flat[i], lam[i]), out=acc)
+        return acc.reshape(shape)
+    return _interpolate61(flat, lam, check).reshape(shape)
+
+
+# Shares are split at bit 31 (y = yh 2**31 + yl, yh < 2**30) and so are the
+# Lagrange coefficients (l = lh 2**31 + ll): every partial product is below
+# 2**62, so the products of up to four shares add up in uint64 without
+# reduction, in three sums by weight, 2**0, 2**31 and 2**62 = 2 (mod p).
+_M31 = np.uint64((1 << 31) - 1)
+_GROUP = 4
+
+
+def _interpolate61(flat: np.ndarray, lam: tuple[int, ...], check: bool) -> np.ndarray:
+    """``sum_i lam[i] * flat[i] mod 2**61 - 1``, chunk by chunk with preallocated buffers."""
+    k, N = flat.shape
+    P = np.uint64(P61)
+    u31, u30, u61, u1 = np.uint64(31), np.uint64(30), np.uint64(61), np.uint64(1)
+    coef = [(np.uint64(v & ((1 << 31) - 1)), np.uint64(v >> 31)) for v in lam]
+    out = np.empty(N, dtype=np.uint64)
+    chunk = min(_RCHUNK, max(N, 1))
+    w0, w31, w62, yl, yh, tmp = np.empty((6, chunk), dtype=np.uint64)
+    add, mul, band, shr, shl, sub, minimum = (np.add, np.multiply, np.bitwise_and, np.right_shift,
+                                              np.left_shift, np.subtract, np.minimum)
+    for lo in range(0, N, chunk):
+        hi = min(N, lo + chunk)
+        c = hi - lo
+        W0, W31, W62, YL, YH, T = w0[:c], w31[:c], w62[:c], yl[:c], yh[:c], tmp[:c]
+        acc = out[lo:hi]
+        for g0 in range(0, k, _GROUP):
+            for i in range(g0, min(k, g0 + _GROUP)):
+                y = flat[i, lo:hi]
+                if check:
+                    _check_chunk(y, F61, "shares")
+                cl, ch = coef[i]
+                band(y, _M31, out=YL)
+                shr(y, u31, out=YH)
+                if i == g0:
+                    mul(YL, cl, out=W0)
+                    mul(YH, ch, out=W62)
+                    mul(YL, ch, out=W31)
+                else:
+                    mul(YL, cl, out=T)
+                    add(W0, T, out=W0)
+                    mul(YH, ch, out=T)
+                    add(W62, T, out=W62)
+                    mul(YL, ch, out=T)
+                    add(W31, T, out=W31)
+                mul(YH, cl, out=T)
+                add(W31, T, out=W31)
+            # W0, W31 < 2**64: fold once (2**61 = 1), to below 2**61 + 8.
+            shr(W0, u61, out=T)
+            band(W0, P, out=W0)
+            add(W0, T, out=W0)
+            shr(W31, u61, out=T)
+            band(W31, P, out=W31)
+            add(W31, T, out=W31)
+            sub(W31, P, out=T)
+            minimum(W31, T, out=W31)            # canonical, so rotating it is multiplying by 2**31
+            shr(W31, u30, out=T)
+            shl(W31, u31, out=W31)
+            band(W31, P, out=W31)
+            np.bitwise_or(W31, T, out=W31)
+            shl(W62, u1, out=W62)                # 2**62 = 2 (mod p); W62 < 2**62 before
+            add(W0, W31, out=W0)
+            add(W0, W62, out=W0)                 # < 2**63 + 2**62 + 8
+            shr(W0, u61, out=T)
+            band(W0, P, out=W0)
+            add(W0, T, out=W0)
+            sub(W0, P, out=T)
+            if g0 == 0:
+                minimum(W0, T, out=acc)
+            else:
+                minimum(W0, T, out=W0)
+                add(acc, W0, out=acc)
+                sub(acc, P, out=T)
+                minimum(acc, T, out=acc)
+    return out
 
 
 def share_float(x, n: int, t: int, codec: FixedPoint | None = None, prg: PRG | None = None,

@@ -12,10 +12,18 @@ advertise_keys     round key pairs c_u, s_u, self-mask seed b_u,    ``secagg/key
 share_keys         checks the key list (signatures, distinct keys),  ``secagg/shares``
                    t_local-of-(k + 1) shares of b_u and s_u^SK
                    sealed to each neighbour
-masked_input       opens the relayed shares, y_u = q_u + masks       ``secagg/masked``
+premask            y_u = q_u + masks for every listed neighbour,     (nothing)
+                   while the server gathers the shares
+masked_input       opens the relayed shares, takes the masks of      ``secagg/masked``
+                   listed neighbours missing from U2 back out of y_u
 unmask_shares      the share of b_v for v in U3, of s_v^SK for v    ``secagg/unmask``
                    in U2 minus U3, never both
 =================  ===============================================  ==================
+
+The masked input is computed before the server's relay arrives (:func:`premask`,
+right after the shares are sent): that is when the client would otherwise sit
+idle, and the relay usually only confirms that every listed neighbour shared.
+Each pairwise seed is agreed once per round and kept for a correction.
 
 :class:`Faults` injects misbehaviour for tests (vanish after a step, send
 late, send a stale copy of a message); it is given to the client object, so
@@ -41,7 +49,7 @@ from .secagg_messages import (KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED, 
                               is_bytes, keys_signed_message, round_context, seed_commitment)
 from .secagg_quantizer import Quantizer, check_input
 
-__all__ = ["SecAggClient", "SubmitResult", "Faults", "ClientRound", "advertise_keys", "share_keys",
+__all__ = ["SecAggClient", "SubmitResult", "Faults", "ClientRound", "advertise_keys", "share_keys", "premask",
            "masked_input", "unmask_shares"]
 
 _KIND_OF_STEP = {"advertise": KIND_KEYS, "share": KIND_SHARES, "masked": KIND_MASKED, "unmask": KIND_UNMASK}
@@ -109,6 +117,9 @@ class ClientRound:
     peer_keys: dict[str, tuple[bytes, bytes, bytes]] = field(default_factory=dict)
     enc: dict[str, bytes] = field(default_factory=dict)
     own_share: np.ndarray | None = None
+    # between rounds 1 and 2: the masked input for every listed neighbour, and their mask seeds
+    y: np.ndarray | None = None
+    masks: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     # round 2
     u2: set[str] = field(default_factory=set)
     held: dict[str, np.ndarray] = field(default_factory=dict)
@@ -181,6 +192,19 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
     return {"r": r, "ct": ct}
 
 
+def premask(st: ClientRound) -> None:
+    """Between rounds 1 and 2: ``y_u = q_u + PRG(b_u) + sum_v +-PRG(s_uv)`` over every neighbour in the key list.
+
+    The relay (U2) may leave some of them out; :func:`masked_input` then
+    takes their masks back out.  The seeds ``s_uv`` are agreed here, once.
+    """
+    for v in sorted(set(st.peer_keys) - {st.me}):
+        seed = ck.agree(st.s_sk, st.peer_keys[v][1], info=b"mask" + st.ctx)
+        st.masks[v] = (seed, +1 if st.idx[st.me] < st.idx[v] else -1)
+    st.y = np.empty(st.x.size + 1, dtype=st.quant.dtype)
+    apply_masks(st.y, [(st.b, +1)] + [st.masks[v] for v in sorted(st.masks)], st.quant, st.x, st.w)
+
+
 def masked_input(st: ClientRound, p: dict) -> dict:
     """Round 2: open the shares relayed in ``p``; the masked input (``secagg/masked`` payload)."""
     r, me = st.r, st.me
@@ -206,12 +230,13 @@ def masked_input(st: ClientRound, p: dict) -> dict:
         if row.size != 2 * SECRET_ELEMS:
             raise SecAggError(f"round {r}: the shares from {v!r} have the wrong size")
         st.held[v] = F61.asarray(row.copy(), f"shares from {v}")
-    masks = [(st.b, +1)]
-    for v in mask_peers:
-        seed = ck.agree(st.s_sk, st.peer_keys[v][1], info=b"mask" + st.ctx)
-        masks.append((seed, +1 if st.idx[me] < st.idx[v] else -1))
-    y = np.empty(st.x.size + 1, dtype=st.quant.dtype)
-    apply_masks(y, masks, st.quant, st.x, st.w)
+    if st.y is None:
+        premask(st)
+    # Listed neighbours that did not share (not in U2): nobody can unmask their pairwise masks.
+    gone = sorted(set(st.masks) - set(mask_peers))
+    if gone:
+        apply_masks(st.y, [(st.masks[v][0], -st.masks[v][1]) for v in gone])
+    y, st.y = st.y, None
     return {"r": r, "y": y}
 
 
@@ -318,6 +343,7 @@ class SecAggClient:
         payload = share_keys(st, p, party.roles, party.role, lambda v: self._ident_of(party, v))
         if send("share", payload):
             return SubmitResult("stopped", r, "after sharing keys")
+        premask(st)  # while the server gathers everyone's shares
 
         p = self._from_server(party, server, KIND_RELAY, r)
         if p.get("dropped"):

@@ -56,19 +56,27 @@ class Quantizer:
     def encode_into(self, out: np.ndarray, x: np.ndarray, w: float, lo: int, hi: int, tmp: np.ndarray) -> None:
         """Quantise coordinates ``lo:hi`` of ``(x, w)`` (index ``len(x)`` is the weight) into ``out[lo:hi]``.
 
-        ``clip(w * x, +-clip * w)`` then the codec's ``round(. * 2**f)``.
-        Scaling by the power of two 2**f is exact, so this gives the same
-        ring values as rounding ``x * (w * 2**f)`` clipped to
-        ``+-clip * w * 2**f`` directly.
+        ``clip(w * x, +-clip * w)`` then the codec's ``round(. * 2**f)``,
+        in place in ``tmp`` (float64, at least ``hi - lo`` long): scaling by
+        the power of two 2**f is exact, so ``x * (w * 2**f)`` clipped to
+        ``+-(clip * w) * 2**f`` and rounded (half to even) gives the same
+        ring values as the codec on ``clip(w * x)``.  The clipped values lie
+        within the codec's range by the choice of f (checked once per call,
+        not per element); the integers go straight into the ring's two's
+        complement.
         """
         m = x.size
         xe = min(hi, m)
         if lo < xe:
-            f = tmp[: xe - lo]
             lim = self.clip * w
-            np.multiply(x[lo:xe], w, out=f)
-            np.clip(f, -lim, lim, out=f)
-            out[lo:xe] = self.codec.encode(f)
+            if lim > self.codec.max_abs:
+                raise ValueError(f"secagg: weight {w:g} x clip {self.clip:g} exceeds the fixed-point range "
+                                 f"{self.codec.max_abs:g} (weight above max_weight?)")
+            f = tmp[: xe - lo]
+            np.multiply(x[lo:xe], w * self.scale, out=f)
+            np.clip(f, -lim * self.scale, lim * self.scale, out=f)
+            np.rint(f, out=f)
+            out[lo:xe].view(self.sdtype)[...] = f
         if lo <= m < hi:
             out[m] = self.codec.encode(np.array([w]))[0]
 

@@ -228,3 +228,31 @@ def test_bad_inputs_are_named():
         share(secret, 5, 3, out=np.empty((4, 5), dtype=np.uint64))
     with pytest.raises(ValueError, match="modulus"):
         share_float([1.0], 3, 2, codec=FixedPoint(modulus=2**32))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8, 9, 13])
+def test_interpolation_matches_python_ints_at_the_limb_bounds(k):
+    # reconstruct() is sum_i l_i y_i mod p for any values y (consistent or not):
+    # compare with Python ints on values at the edges of its 31-bit limbs and
+    # its reduction, with more shares than one group of four.
+    extremes = [0, 1, P61 - 1, P61 - 2, (1 << 31) - 1, 1 << 31, P61 - (1 << 31), 1 << 60, (1 << 30) - 1]
+    rng = np.random.default_rng(k)
+    pts = [int(x) for x in rng.choice(np.arange(1, 5000), size=k, replace=False)]
+    vals = np.array(extremes * 3 + [int(v) for v in F61.random(20, prg(k))], dtype=np.uint64)
+    rows = np.stack([rng.permutation(vals) for _ in range(k)])
+    rows[:, 0] = P61 - 1
+    lam = lagrange_coefficients(pts)
+    want = [sum(int(li) * int(v) for li, v in zip(lam, rows[:, j])) % P61 for j in range(rows.shape[1])]
+    assert [int(v) for v in reconstruct(rows, pts)] == want
+    big = np.tile(rows, (1, shamir._RCHUNK // rows.shape[1] + 2))  # several chunks, a ragged last one
+    assert np.array_equal(reconstruct(big, pts), np.tile(reconstruct(rows, pts), shamir._RCHUNK // rows.shape[1] + 2))
+
+
+def test_out_of_range_share_in_a_later_chunk_is_named():
+    sh = share(F61.random(3 * shamir._RCHUNK, prg(0)), 5, 3, prg(1))
+    bad = sh[:3].copy()
+    bad[1, -1] = P61 + 5
+    with pytest.raises(ValueError, match=f"shares: value {P61 + 5} is not a field element"):
+        reconstruct(bad, [1, 2, 3])
+    with pytest.raises(ValueError, match="secret: value"):
+        share(np.concatenate([F61.random(2 * shamir._CHUNK, prg(2)), np.array([P61], dtype=np.uint64)]), 5, 3)
