@@ -78,9 +78,12 @@ class InsecureTransportWarning(UserWarning):
 class _ZapHandler(threading.Thread):
     """ZAP (RFC 27) server: CURVE keys on the allow-list map to party names."""
 
-    def __init__(self, ctx: zmq.Context, allowed: dict[bytes, str], log, insecure: bool):
+    def __init__(self, ctx: zmq.Context, allowed: dict[bytes, str], log, insecure: bool,
+                 domain: bytes = ZAP_DOMAIN.encode()):
         super().__init__(name="zap", daemon=True)
-        self.allowed = allowed  # z85 public key -> party name
+        # ZAP domain -> (z85 public key -> party name, log): one domain per party's ROUTER, so
+        # parties sharing a context (a host process) share one handler yet admit only their peers.
+        self.domains: dict[bytes, tuple[dict[bytes, str], Any]] = {domain: (allowed, log)}
         self.log = log
         self.insecure = insecure
         self.sock = ctx.socket(zmq.REP)
@@ -103,36 +106,73 @@ class _ZapHandler(threading.Thread):
                 version, request_id, domain, address, _identity, mechanism = msg[:6]
                 creds = msg[6:]
                 status, text, user = b"400", b"denied", b""
+                allowed, log = self.domains.get(domain, ({}, self.log))
                 if mechanism == b"CURVE" and len(creds) == 1 and len(creds[0]) == 32:
                     key = zmq.utils.z85.encode(creds[0])
-                    name = self.allowed.get(key)
+                    name = allowed.get(key)
                     if name is not None:
                         status, text, user = b"200", b"OK", name.encode()
                     else:
                         self.denied += 1
-                        self._warn("ZAP: refused CURVE key %s from %s (not in the federation)",
+                        self._warn(log, "ZAP: refused CURVE key %s from %s (not in the federation)",
                                    key.decode(), short(address.decode(errors="replace")))
                 elif mechanism == b"NULL" and self.insecure:
                     status, text = b"200", b"OK (insecure)"
                 else:
                     self.denied += 1
-                    self._warn("ZAP: refused %s connection from %s", short(mechanism.decode(errors="replace")),
+                    self._warn(log, "ZAP: refused %s connection from %s", short(mechanism.decode(errors="replace")),
                                short(address.decode(errors="replace")))
                 self.sock.send_multipart([version, request_id, status, text, user, b""])
             except Exception as e:  # a garbled ZAP request must not kill the handler
-                self._warn("ZAP: bad request: %s", short(str(e)))
+                self._warn(self.log, "ZAP: bad request: %s", short(str(e)))
                 try:
                     self.sock.send_multipart([b"1.0", b"", b"500", b"error", b"", b""])
                 except zmq.ZMQError:
                     pass
 
-    def _warn(self, fmt: str, *args) -> None:
+    def _warn(self, log, fmt: str, *args) -> None:
         # An outsider can knock as often as it likes: log the first refusals, then every 1000th.
         if self.denied <= REJECTS_KEPT or self.denied % 1000 == 0:
-            self.log.warning(fmt + (f" ({self.denied} refused so far)" if self.denied > REJECTS_KEPT else ""), *args)
+            log.warning(fmt + (f" ({self.denied} refused so far)" if self.denied > REJECTS_KEPT else ""), *args)
 
     def stop(self) -> None:
         self._halt.set()
+
+
+class SharedContext:
+    """One ``zmq.Context`` (I/O thread, reaper) and one ZAP handler for many parties of one process.
+
+    A host process (:mod:`fedhet.parties.host`) passes it to every :class:`ZmqParty` it runs.
+    Each party's ROUTER gets a ZAP domain of its own, so the shared handler admits, per party,
+    exactly the keys that party would admit alone.  :meth:`close` after every party closed.
+    """
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self._zap: _ZapHandler | None = None
+        self._lock = threading.Lock()
+
+    def register(self, name: str, allowed: dict[bytes, str], log, insecure: bool) -> bytes:
+        """Admit ``allowed`` keys on party ``name``'s ROUTER; returns the ZAP domain it must use."""
+        domain = f"{ZAP_DOMAIN}/{name}".encode()
+        with self._lock:
+            if self._zap is None:
+                self._zap = _ZapHandler(self.ctx, allowed, log, insecure, domain)
+                self._zap.start()
+            else:
+                if self._zap.insecure != insecure:
+                    raise ValueError("every party of a shared context must be secure, or every one --insecure")
+                self._zap.domains[domain] = (allowed, log)
+        return domain
+
+    def close(self) -> None:
+        with self._lock:
+            if self._zap is not None:
+                self._zap.stop()
+                self._zap.join(timeout=2)
+                self._zap.sock.close(linger=0)
+                self._zap = None
+        self.ctx.term()
 
 
 def _wire_bytes(n: int, curve: bool) -> int:
@@ -371,6 +411,7 @@ class ZmqParty(Party):
         insecure: bool = False,
         bind_endpoint: str | None = None,
         handshake_s: float = HANDSHAKE_S,
+        context: SharedContext | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(name, roles, **kw)
@@ -393,12 +434,17 @@ class ZmqParty(Party):
         self.reject_count = 0
         self.rejects_by_reason: collections.Counter = collections.Counter()
         public_keys = public_keys or {}  # --insecure runs have none
-        self.ctx = zmq.Context()
+        self._shared = context  # None: this party owns its context (and ZAP handler) and ends them
+        self.ctx = zmq.Context() if context is None else context.ctx
         self._zap = None
+        zap_domain = ZAP_DOMAIN.encode()
         if not insecure:
             allowed = {k: n for n, k in public_keys.items() if n != name}
-            self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure)
-            self._zap.start()
+            if context is None:
+                self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure)
+                self._zap.start()
+            else:
+                zap_domain = context.register(name, allowed, self.log, insecure)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
@@ -408,7 +454,7 @@ class ZmqParty(Party):
             self.router.curve_server = True
             self.router.curve_secretkey = secret_key
             self.router.curve_publickey = public_keys[name]
-            self.router.zap_domain = ZAP_DOMAIN.encode()
+            self.router.zap_domain = zap_domain
         self.dealers: dict[str, zmq.Socket] = {}
         for peer in self.peers:
             s = self.ctx.socket(zmq.DEALER)
@@ -568,4 +614,5 @@ class ZmqParty(Party):
             self._zap.stop()
             self._zap.join(timeout=2)
             self._zap.sock.close(linger=0)
-        self.ctx.term()
+        if self._shared is None:
+            self.ctx.term()
