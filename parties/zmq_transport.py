@@ -149,6 +149,9 @@ class SharedContext:
 
     def __init__(self) -> None:
         self.ctx = zmq.Context()
+        # libzmq's default of 1023 sockets per context is for one party; each party here has a
+        # ROUTER, a DEALER per peer and a monitor per socket.  Only the OS's descriptor limit bounds it.
+        self.ctx.max_sockets = self.ctx.get(zmq.SOCKET_LIMIT)
         self._zap: _ZapHandler | None = None
         self._lock = threading.Lock()
 
@@ -200,6 +203,7 @@ class _ConnectionGuard(threading.Thread):
         super().__init__(name="conn-guard", daemon=True)
         self.total_limit, self.curve, self.log = int(total_limit), curve, log
         self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit)) for sock, limit in watched]
+        self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
         self._conns: dict[int, dict] = {}  # fd -> {"base": int, "t": accept time}
@@ -235,7 +239,20 @@ class _ConnectionGuard(threading.Thread):
             return None
         return struct.unpack_from("<Q", info, 128)[0] - struct.unpack("<i", inq)[0]
 
+    def watch(self, sock, limit: int) -> None:
+        """Also watch ``sock`` (made after the guard started), ``limit`` bytes per connection.
+
+        Call before connecting it, so its first connection's event is not missed.
+        """
+        mon = sock.get_monitor_socket(self._EVENTS)
+        with self._lock:
+            self._added.append((sock, mon, int(limit)))
+
     def _events(self) -> None:
+        if self._added:
+            with self._lock:
+                self.monitors += self._added
+                self._added = []
         for _sock, mon, limit in self.monitors:
             while mon.poll(0):
                 try:
@@ -305,6 +322,9 @@ class _ConnectionGuard(threading.Thread):
         self._halt.set()
 
     def close(self) -> None:
+        with self._lock:
+            self.monitors += self._added
+            self._added = []
         for sock, mon, _limit in self.monitors:
             try:
                 sock.disable_monitor()
@@ -455,33 +475,19 @@ class ZmqParty(Party):
             self.router.curve_secretkey = secret_key
             self.router.curve_publickey = public_keys[name]
             self.router.zap_domain = zap_domain
+        # One DEALER per peer, made and connected on the first message to it (:meth:`_dealer`):
+        # a party connects only to the peers it talks to, so hundreds of parties that never
+        # talk to each other hold no connections (and descriptors) for each other.
         self.dealers: dict[str, zmq.Socket] = {}
-        for peer in self.peers:
-            s = self.ctx.socket(zmq.DEALER)
-            s.linger = int(self.timeout * 1000)
-            s.sndhwm = 0  # never drop: a slow peer back-pressures instead
-            # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
-            # that sends on it anyway can make libzmq hold one small message, no more.
-            s.rcvhwm = 1
-            s.maxmsgsize = DEALER_MAX_FRAME
-            # No fixed routing id: the ROUTER refuses a second connection with an id
-            # in use, so a listed peer could lock us out by claiming ours (or a stale
-            # connection could block our reconnect).  Identity comes from CURVE + ZAP.
-            if not insecure:
-                s.curve_serverkey = public_keys[peer]
-                s.curve_publickey = public_keys[name]
-                s.curve_secretkey = secret_key
-            self.dealers[peer] = s
+        self._endpoints = dict(endpoints)
+        self._public_keys, self._secret_key = public_keys, secret_key
         self._guard = None
         if sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO"):
             per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
-            watched = [(self.router, per_conn)] + [(d, 2 * DEALER_MAX_FRAME) for d in self.dealers.values()]
-            self._guard = _ConnectionGuard(watched, (len(self.peers) + 2) * per_conn, curve=not insecure,
-                                           log=self.log)
+            self._guard = _ConnectionGuard([(self.router, per_conn)], (len(self.peers) + 2) * per_conn,
+                                           curve=not insecure, log=self.log)
         self.router.bind(bind_endpoint or endpoints[name])
         self._streams = _Streams(self)
-        for peer, s in self.dealers.items():
-            s.connect(endpoints[peer])
         self._halt = threading.Event()
         if self._guard is not None:
             self._guard.start()
@@ -489,8 +495,33 @@ class ZmqParty(Party):
         self._rx.start()
 
     # ----------------------------------------------------------------- sending
+    def _dealer(self, peer: str) -> zmq.Socket:
+        """The DEALER to ``peer``, made and connected on first use (callers hold the send lock)."""
+        s = self.dealers.get(peer)
+        if s is not None:
+            return s
+        s = self.ctx.socket(zmq.DEALER)
+        s.linger = int(self.timeout * 1000)
+        s.sndhwm = 0  # never drop: a slow peer back-pressures instead
+        # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
+        # that sends on it anyway can make libzmq hold one small message, no more.
+        s.rcvhwm = 1
+        s.maxmsgsize = DEALER_MAX_FRAME
+        # No fixed routing id: the ROUTER refuses a second connection with an id
+        # in use, so a listed peer could lock us out by claiming ours (or a stale
+        # connection could block our reconnect).  Identity comes from CURVE + ZAP.
+        if not self.insecure:
+            s.curve_serverkey = self._public_keys[peer]
+            s.curve_publickey = self._public_keys[self.name]
+            s.curve_secretkey = self._secret_key
+        if self._guard is not None:
+            self._guard.watch(s, 2 * DEALER_MAX_FRAME)
+        s.connect(self._endpoints[peer])
+        self.dealers[peer] = s
+        return s
+
     def _transport_send(self, to: str, frames: list) -> None:
-        sock = self.dealers[to]
+        sock = self._dealer(to)
         if sum(len(memoryview(f)) for f in frames) <= self.frame_bytes:
             sock.send_multipart(frames, copy=len(frames) == 1)
             return
