@@ -24,7 +24,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
