@@ -2,7 +2,9 @@
 
 Topology: every party binds one ROUTER socket at its endpoint (a CURVE
 server) and connects one DEALER to each peer's endpoint (a CURVE client
-pinned to that peer's public key).  A ZAP handler on the ROUTER admits only
+pinned to that peer's public key) when it first sends to that peer, so
+parties that never talk hold no connection to each other.  Many parties
+of one process (a host) may share one context (:class:`SharedContext`).  A ZAP handler on the ROUTER admits only
 the public keys of the federation and reports the matching party name as the
 connection's User-Id; ``Party._deliver`` then rejects any envelope whose
 sender differs from that authenticated name.
