@@ -240,23 +240,42 @@ class Party:
         self._mailbox.abort(reason)
 
     def close(self, timeout: float | None = None) -> None:
-        """Closing barrier: tell every peer we are done and wait for theirs.
+        """Closing barrier: tell every linked peer (:meth:`linked_peers`) we are done and wait for theirs.
 
         Per-link ordering means a peer's ``_bye`` arrives after everything it
         sent us, so after the barrier no message of this run is in flight to us.
         """
         t = self.timeout if timeout is None else timeout
-        for p in self.peers:
+        linked = self.linked_peers()
+        for p in linked:
             try:
                 self.send(p, BYE_KIND, None)
             except Exception as e:  # a dead peer must not stop our clean exit
                 self.log.warning("could not send closing message to %s: %s", p, e)
-        for p in self.peers:
+        for p in linked:
             try:
                 self.recv(p, BYE_KIND, timeout=t)
             except PartyError as e:
                 self.log.warning("closing barrier: %s", e)
         self._transport_close()
+
+    def linked_peers(self) -> list[str]:
+        """Peers a declared message kind can pass between (either way): the closing barrier's.
+
+        A peer whose role no declaration links to ours can send us nothing we accept, so the
+        barrier skips it (hundreds of owners that never talk to each other need not connect).
+        Without declarations (low-level tests) every peer is linked.
+        """
+        if self.declarations is None:
+            return list(self.peers)
+        decls = [d for k, d in self.declarations.items() if k not in (BYE_KIND, ABORT_KIND)]
+
+        def linked(role: str) -> bool:
+            return any((decl.role_ok(self.role, d.sender) and decl.role_ok(role, d.receiver))
+                       or (decl.role_ok(role, d.sender) and decl.role_ok(self.role, d.receiver)) for d in decls)
+
+        by_role = {r: linked(r) for r in set(self.roles.values())}
+        return [p for p in self.peers if by_role[self.roles[p]]]
 
     # --------------------------------------------------------- transport side
     def _transport_send(self, to: str, frames: list) -> None:  # pragma: no cover - abstract

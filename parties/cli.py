@@ -3,7 +3,8 @@
     fedhet presets                      list the federations that ship with fedhet
     fedhet keys FILE [--name N]         make key pairs for the parties of FILE, print public keys
     fedhet party FILE --name N          run one party (one per machine)
-    fedhet run FILE_OR_PRESET [--out D] run every party as a local process
+    fedhet run FILE_OR_PRESET [--out D] run every party as a local process (or in host processes)
+    fedhet host FILE --host H           run the parties of one host in one process (`run` starts it)
     fedhet audit RUN_DIR [--federation F] verify transcripts and declared disclosures
     fedhet messages ALGO                every message kind: sender, receiver, payload schema
     fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
@@ -165,6 +166,17 @@ def cmd_party(args) -> int:
     return code
 
 
+def cmd_host(args) -> int:
+    from .federation import load
+    from .host import run_host
+
+    fed = load(args.file)
+    out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
+    algorithm = _registry().get_algorithm(fed.algorithm_name)
+    return run_host(fed, args.host, out, algorithm, insecure=args.insecure, run_id=args.run_id or None,
+                    echo=not args.quiet)
+
+
 def _print_summary(summary: dict, title: str) -> None:
     from rich.table import Table
 
@@ -245,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_party)
+    p = sub.add_parser("host", help="run the parties of one host of a federation (`fedhet run` starts these)")
+    p.add_argument("file")
+    p.add_argument("--host", required=True, help="the host's name ([[party]] host, or host1.. from hosts = N)")
+    p.add_argument("--out", help="run folder (default runs/ALGORITHM-RUNID)")
+    p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
+    p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_host)
     p = sub.add_parser("run", help="run every party of a federation as a local process")
     p.add_argument("federation", help="federation file or preset name")
     p.add_argument("--out", help="run folder (default runs/ALGORITHM-TIME-ID)")

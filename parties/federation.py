@@ -9,6 +9,8 @@ A TOML file (example: ``fedhet presets``)::
     seed = 0
     max_message_mb = 1024    # ZMQ_MAXMSGSIZE and the decoder's limit
     # run_id = "..."         # all parties of one run must agree; `fedhet run` makes a fresh one
+    # hosts = 4              # `fedhet run` only: run the parties in 4 host processes (see below)
+    # host_threads = 1       # in a host process: torch / BLAS / OpenMP threads (0 = library default)
 
     [algorithm]
     name = "fedavg_logreg"   # see `fedhet presets` / the registry
@@ -21,6 +23,17 @@ A TOML file (example: ``fedhet presets``)::
     device = "cpu"                     # cpu | cuda | cuda:N | auto
     public_key = "Z85 CURVE key"       # from `fedhet keys`
     sign_key = "hex Ed25519 key"       # from `fedhet keys`
+    # host = "owners1"                 # `fedhet run` only: the host process this party runs in
+
+Host processes (local runs with many parties).  By default ``fedhet run``
+starts one OS process per party.  Parties with the same ``host`` run in one
+host process instead, each on its own thread with its own keys, sockets,
+transcript and result/error files, exactly as when alone, so ``fedhet audit``
+sees the same run.  ``[federation] hosts = N`` puts every party that names no
+``host`` into N hosts ``host1`` .. ``hostN``, round-robin in file order (so
+parties of one role spread over the hosts).  A party alone in its host, and
+every party when neither is given, runs as its own ``fedhet party`` process.
+``fedhet party`` (one party on its own machine) ignores both.
 
 Validation errors name the file, the party and the field.
 """
@@ -58,6 +71,7 @@ class PartySpec:
     # The party's own data file (path, id/label/feature columns): read only on its own
     # machine, never part of the public record or the run id (paths differ per machine).
     data: dict[str, Any] = field(default_factory=dict)
+    host: str = ""  # the host process it runs in under `fedhet run` ("": see Federation.hosts)
 
 
 @dataclass
@@ -74,6 +88,8 @@ class Federation:
     source: str = "<memory>"
     extra: dict[str, Any] = field(default_factory=dict)
     base_dir: str = ""  # the federation file's folder: relative data paths start there
+    hosts: int = 0  # host processes for the parties that name no host (0: one process per party)
+    host_threads: int = 0  # torch / BLAS threads per host process (0: the libraries' defaults)
 
     # ------------------------------------------------------------- queries
     @property
@@ -85,6 +101,23 @@ class Federation:
             if p.name == name:
                 return p
         raise FederationError(f"{self.source}: no party named {name!r} (parties: {[p.name for p in self.parties]})")
+
+    def host_groups(self) -> dict[str, list[str]]:
+        """Host name -> its parties (file order), for every host that runs two or more parties.
+
+        Parties not listed run as processes of their own.  Explicit ``host`` fields first;
+        ``hosts = N`` spreads the rest round-robin over ``host1`` .. ``hostN``.
+        """
+        groups: dict[str, list[str]] = {}
+        free = [p for p in self.parties if not p.host]
+        for p in self.parties:
+            if p.host:
+                groups.setdefault(p.host, []).append(p.name)
+        if self.hosts > 0:
+            for i, p in enumerate(free):
+                groups.setdefault(f"host{i % self.hosts + 1}", []).append(p.name)
+        order = {p.name: i for i, p in enumerate(self.parties)}
+        return {h: sorted(ns, key=order.__getitem__) for h, ns in groups.items() if len(ns) > 1}
 
     def role_index(self, name: str) -> tuple[int, int]:
         role = self.party(name).role
@@ -114,6 +147,10 @@ class Federation:
             fed["run_id"] = self.run_id
         if self.data_dir:
             fed["data_dir"] = self.data_dir
+        if self.hosts:
+            fed["hosts"] = self.hosts
+        if self.host_threads:
+            fed["host_threads"] = self.host_threads
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
         fed.update(self.extra)
@@ -189,7 +226,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         where = f"[[party]] #{i + 1}" + (f" ({p.get('name')!r})" if isinstance(p, dict) and "name" in p else "")
         if not isinstance(p, dict):
             raise err(f"{where} is not a table")
-        extra = set(p) - {"name", "role", "endpoint", "device", "public_key", "sign_key", "data"}
+        extra = set(p) - {"name", "role", "endpoint", "device", "public_key", "sign_key", "data", "host"}
         if extra:
             raise err(f"{where}: unknown fields {sorted(extra)}")
         for f in ("name", "role", "endpoint"):
@@ -215,8 +252,11 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         pdata = p.get("data", {})
         if not isinstance(pdata, dict):
             raise err(f"{where}: data must be a table, e.g. data = {{ path = \"mine.csv\", label = \"y\" }}")
+        host = p.get("host", "")
+        if not isinstance(host, str) or (host and not _NAME.match(host)):
+            raise err(f"{where}: host {host!r} must be a name (letters, digits, _ . -, starting with a letter)")
         parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""),
-                                 p.get("sign_key", ""), dict(pdata)))
+                                 p.get("sign_key", ""), dict(pdata), host))
     key_dir = fed.pop("key_dir", None)
     if key_dir is not None:
         key_dir = Path(key_dir)
@@ -230,11 +270,17 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         raise err(f"[federation]: {e}") from None
     if timeout <= 0 or max_mb <= 0:
         raise err("[federation]: timeout and max_message_mb must be positive")
+    counts = {}
+    for k in ("hosts", "host_threads"):
+        v = fed.pop(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise err(f"[federation]: {k} must be a whole number >= 0, got {v!r}")
+        counts[k] = v
     return Federation(
         name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
         timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
         data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed,
-        base_dir=str(base_dir) if base_dir is not None else "",
+        base_dir=str(base_dir) if base_dir is not None else "", **counts,
     )
 
 

@@ -1,4 +1,4 @@
-"""``fedhet run``: every party of a federation as its own local process.
+"""``fedhet run``: every party of a federation as its own local process, or many in a host process.
 
 The launcher makes a run folder, fresh key pairs for every party (in a private
 temporary folder outside the run folder, mode 0700, removed when the run ends:
@@ -14,6 +14,15 @@ workers live in it).
 (``"failed": {"party", "reason"}``; killed parties first, then the earliest
 ``error.json``), and every party's entry says ``"state"``: ``done``,
 ``failed`` or ``stopped`` (stopped by the launcher because another failed).
+
+Hosts (``host`` / ``hosts`` in the federation file): the parties of one host
+run in one ``fedhet host`` process (:mod:`fedhet.parties.host`), each with its
+own files as above.  The launcher watches the parties' own ``error.json`` as
+well as the processes, so a failure is still named by *party* (``"failed"``
+also says ``"host"``), and a host killed outright is blamed on its first party
+that had not finished.  ``result.json`` then has ``"hosts"``: each host's
+parties, exit code, peak RSS, descriptors and threads (``RUN_DIR/hosts/H.json``,
+written by the host) and its output in ``RUN_DIR/hosts/H.log``.
 """
 from __future__ import annotations
 
@@ -35,13 +44,15 @@ from typing import Any
 from . import keys as keyfiles
 from .atomic import write_atomic, write_json_atomic
 from .federation import Federation
+from .host import THREAD_ENV, host_dir
 from .runtime import LAUNCHER_PID_ENV, party_dir
 
 
 class RunFailed(RuntimeError):
-    def __init__(self, party: str, reason: str, run_dir: Path):
-        super().__init__(f"party {party!r} failed: {reason} (logs in {run_dir})")
-        self.party, self.reason, self.run_dir = party, reason, run_dir
+    def __init__(self, party: str, reason: str, run_dir: Path, host: str | None = None):
+        where = f" (in host {host!r})" if host else ""
+        super().__init__(f"party {party!r}{where} failed: {reason} (logs in {run_dir})")
+        self.party, self.reason, self.run_dir, self.host = party, reason, run_dir, host
 
 
 def free_port() -> int:
@@ -155,18 +166,25 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     """Run the federation locally; returns the run summary or raises RunFailed."""
     run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
     resolved, fed_file = prepare_local(fed, run_dir, overrides)
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
+    hosts = resolved.host_groups()
     t0 = time.perf_counter()
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # children exit if we die (runtime.die_with_launcher)
+    host_env = dict(child_env)
+    if resolved.host_threads > 0:  # before the host loads BLAS / OpenMP (torch is set in the host)
+        host_env.update({k: str(resolved.host_threads) for k in THREAD_ENV})
     view = _Progress(resolved, run_dir) if progress else None
     restore_signals = _trap_termination()
     failure: dict[str, Any] | None = None
     try:
+        hosted = {n for ns in hosts.values() for n in ns}
         for p in resolved.parties:
             pdir = party_dir(run_dir, p.name)
             pdir.mkdir(parents=True, exist_ok=True)
+            if p.name in hosted:
+                continue
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet"]
             if insecure:
@@ -174,12 +192,33 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             with open(pdir / "stdout.log", "wb") as out:
                 procs[p.name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                  start_new_session=True, env=child_env)
+        if hosts:
+            host_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        for h in hosts:
+            (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
+                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet"]
+            if insecure:
+                cmd.append("--insecure")
+            with open(host_dir(run_dir) / f"{h}.log", "wb") as out:
+                procs[h] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, env=host_env)
         if view:
             view.start()
+        failed_since: float | None = None
         while True:
             codes = {n: pr.poll() for n, pr in procs.items()}
             failed = [n for n, c in codes.items() if c not in (None, 0)]
+            if hosts and not failed and _hosted_failures(run_dir, hosts, codes):
+                # A party in a host failed: its host runs on until its other parties end, so the
+                # party's own error.json is the first sign.  Give its peers' reports a moment.
+                failed_since = failed_since if failed_since is not None else time.monotonic()
+                if time.monotonic() - failed_since > 1.0:
+                    failed = [h for h in hosts if codes[h] is None]
             if failed:
+                if hosts:
+                    failure = _first_failure(run_dir, hosts, failed, codes)
+                    raise RunFailed(failure["party"], failure["reason"], run_dir, failure.get("host"))
                 # The first to fail is the cause; the rest usually failed waiting for it.
                 first = min(failed, key=lambda n: _failure_time(run_dir, n, codes[n] or 0))
                 failure = {"party": first, "reason": _reason(run_dir, first, codes[first] or 0)}
@@ -188,6 +227,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                 break
             if timeout is not None and time.perf_counter() - t0 > timeout:
                 running = [n for n, c in codes.items() if c is None]
+                running = [m for n in running for m in (_unfinished(run_dir, hosts[n]) if n in hosts else [n])]
                 failure = {"party": running[0], "reason": f"still running after the {timeout:g}s run timeout "
                                                           f"(also running: {running[1:]})"}
                 raise RunFailed(running[0], failure["reason"], run_dir)
@@ -199,7 +239,8 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
         if failure is None:
             failure = {"party": None, "reason": f"launcher stopped: {type(e).__name__}: {e}".rstrip(": ")}
         _mark_stopped(resolved, run_dir, failure)
-        _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=False, failure=failure)
+        _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=False, failure=failure, hosts=hosts,
+                       codes={n: pr.returncode for n, pr in procs.items()})
         raise
     finally:
         if view:
@@ -208,7 +249,60 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
         restore_signals()
         if resolved.key_dir is not None:
             shutil.rmtree(resolved.key_dir, ignore_errors=True)
-    return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True)
+    return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True, hosts=hosts,
+                          codes={n: pr.returncode for n, pr in procs.items()})
+
+
+def _unfinished(run_dir: Path, names: list[str]) -> list[str]:
+    """Parties (of a host) with neither a result nor an error of their own yet."""
+    return [n for n in names if not (party_dir(run_dir, n) / "result.json").exists()
+            and not (party_dir(run_dir, n) / "error.json").exists()] or list(names)
+
+
+def _own_error(run_dir: Path, name: str) -> dict | None:
+    """A party's error report, unless it only says the party was stopped from outside."""
+    err = _read_json(party_dir(run_dir, name) / "error.json")
+    return err if err is not None and not err.get("stopped") else None
+
+
+def _hosted_failures(run_dir: Path, hosts: dict[str, list[str]], codes: dict[str, int | None]) -> bool:
+    return any(_own_error(run_dir, n) is not None for h, ns in hosts.items() if codes[h] is None for n in ns)
+
+
+def _first_failure(run_dir: Path, hosts: dict[str, list[str]], failed: list[str],
+                   codes: dict[str, int | None]) -> dict[str, Any]:
+    """The party that failed first, over failed party processes and the parties of every host.
+
+    Order: a party process killed by a signal; then parties that failed on their own
+    before those that failed because of a peer (its abort notice or a refused message);
+    then the earliest report.  A host that died without any party's report (killed
+    outright) is blamed on its first unfinished party.
+    """
+    cands: list[tuple[tuple, dict]] = []
+    for n in failed:
+        if n in hosts:
+            continue
+        code = codes[n] or 0
+        err = _own_error(run_dir, n) or {}
+        by_peer = bool(err.get("aborted_by_peer") or err.get("caused_by"))
+        cands.append(((code >= 0, by_peer, _failure_time(run_dir, n, code)),
+                      {"party": n, "reason": _reason(run_dir, n, code)}))
+    for h, names in hosts.items():
+        for n in names:
+            err = _own_error(run_dir, n)
+            if err is None:
+                continue
+            by_peer = bool(err.get("aborted_by_peer") or err.get("caused_by"))
+            cands.append(((True, by_peer, _failure_time(run_dir, n, 0)),
+                          {"party": n, "host": h, "reason": str(err.get("error"))}))
+    if cands:
+        return min(cands, key=lambda c: c[0])[1]
+    for h in failed:  # hosts that ended without any party's report
+        if h in hosts:
+            code = codes[h] or 0
+            how = _reason(run_dir, h, code) if code < 0 else f"exited with code {code}"
+            return {"party": _unfinished(run_dir, hosts[h])[0], "host": h, "reason": f"host {h!r} {how}"}
+    return {"party": failed[0], "reason": "failed"}
 
 
 def _trap_termination():
@@ -295,7 +389,8 @@ def _party_summary(p, run_dir: Path, failure: dict | None) -> dict[str, Any]:
 
 
 def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
-                   failure: dict | None = None) -> dict[str, Any]:
+                   failure: dict | None = None, hosts: dict[str, list[str]] | None = None,
+                   codes: dict[str, int | None] | None = None) -> dict[str, Any]:
     parties: dict[str, Any] = {}
     merged: list[dict] = []
     for p in fed.parties:
@@ -315,6 +410,11 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
         "wall_s": wall, "parties": parties,
         "bytes_total": sum(v.get("traffic", {}).get("bytes_sent_total", 0) for v in parties.values()),
     }
+    if hosts:
+        summary["hosts"] = {
+            h: dict(_read_json(host_dir(run_dir) / f"{h}.json") or {}, parties=names,
+                    exit_code=(codes or {}).get(h))
+            for h, names in hosts.items()}
     if failure is not None:
         summary["failed"] = failure
     write_json_atomic(run_dir / "result.json", summary)

@@ -1,7 +1,8 @@
 """One party process: load keys and data, run the role function, write the run folder.
 
 This is what ``fedhet party FILE --name N`` runs, on its own machine or as a
-child of ``fedhet run``.  Its part of the run directory::
+child of ``fedhet run``; :class:`PartyRun` is one party's part of it, which a host
+process (:mod:`fedhet.parties.host`) runs for many parties at once, one thread each.  Its part of the run directory::
 
     RUN_DIR/config.json                    the resolved federation (public keys only)
     RUN_DIR/parties/N/log.txt              the party's log
@@ -157,110 +158,138 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     ``algorithm`` comes from the caller (the CLI resolves the federation's algorithm name
     through the algorithms' registry): the runtime itself knows no algorithm.
     """
-    from .zmq_transport import ZmqParty
-
     die_with_launcher()
     raise_open_file_limit()
-    run_dir = Path(run_dir)
-    spec = fed.party(name)
-    pdir = party_dir(run_dir, name)
-    pdir.mkdir(parents=True, exist_ok=True)
-    for stale in ("result.json", "error.json", "status.json"):
-        (pdir / stale).unlink(missing_ok=True)
-    log = _logger(name, pdir / "log.txt", echo)
-    run_id = run_id or fed.derived_run_id()
-    t0 = time.perf_counter()
-    transcript = None
-    party = None
+    run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo)
+    _stop_on_sigterm(run.record_stop)
+    return run.run()
 
-    def status(st: dict) -> None:
-        st.update({"party": name, "role": spec.role, "state": st.get("state", "running")})
+
+class PartyRun:
+    """One party's run: its folder, log, keys, transport, transcript and result or error files.
+
+    Holds no process-wide state (signals, rlimits, the launcher watch): :func:`run_party` adds
+    those for a process of its own, :mod:`fedhet.parties.host` for many parties in one process,
+    each :meth:`run` on its own thread.  ``zmq_context``: a context shared with the other
+    parties of the process (None: the party makes its own).
+    """
+
+    def __init__(self, fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
+                 insecure: bool = False, bind: str | None = None, run_id: str | None = None,
+                 echo: bool = True, zmq_context=None) -> None:
+        self.fed, self.name, self.algorithm = fed, name, algorithm
+        self.insecure, self.bind, self.zmq_context = insecure, bind, zmq_context
+        self.run_dir = Path(run_dir)
+        self.spec = fed.party(name)
+        self.pdir = party_dir(self.run_dir, name)
+        self.pdir.mkdir(parents=True, exist_ok=True)
+        for stale in ("result.json", "error.json", "status.json"):
+            (self.pdir / stale).unlink(missing_ok=True)
+        self.log = _logger(name, self.pdir / "log.txt", echo)
+        self.run_id = run_id or fed.derived_run_id()
+        self.t0 = time.perf_counter()
+        self.code: int | None = None  # the exit code once run() returned
+        self.party = None  # the ZmqParty once it is up (tests and hosts read its traffic)
+
+    def status(self, st: dict) -> None:
+        st.update({"party": self.name, "role": self.spec.role, "state": st.get("state", "running")})
         try:
-            write_json_atomic(pdir / "status.json", st)
+            write_json_atomic(self.pdir / "status.json", st)
         except OSError as e:  # progress is advisory: out of descriptors must not fail the party
             if not _out_of_descriptors(e):
                 raise
 
-    def record_stop(why: str) -> None:
-        write_json_when_possible(pdir / "error.json", {
-            "party": name, "role": spec.role, "error": f"Stopped: {why}", "stopped": True,
+    def record_stop(self, why: str) -> None:
+        """Write the "stopped" records (error.json and status) of a party stopped from outside."""
+        write_json_when_possible(self.pdir / "error.json", {
+            "party": self.name, "role": self.spec.role, "error": f"Stopped: {why}", "stopped": True,
             "aborted_by_peer": False, "caused_by": None, "time": time.time(), "traceback": "",
-            "wall_s": time.perf_counter() - t0})
-        status({"state": "stopped", "error": f"Stopped: {why}"})
+            "wall_s": time.perf_counter() - self.t0})
+        self.status({"state": "stopped", "error": f"Stopped: {why}"})
 
-    _stop_on_sigterm(record_stop)
+    def run(self) -> int:
+        """Run the role function to completion; returns the exit code (0 = success, 1 = failed,
+        130 = interrupted, 143 = stopped)."""
+        from .zmq_transport import ZmqParty
 
-    try:
-        write_json_atomic(run_dir / "config.json", config_record(fed, run_id, insecure))
-        algo = algorithm
-        if algo.name != fed.algorithm_name:
-            raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
-        if spec.role not in algo.roles:
-            raise ValueError(f"role {spec.role!r} of party {name!r} is not a role of {algo.name} "
-                             f"({sorted(algo.roles)})")
-        # Settings, declarations and sizes before anything listens: a bad key fails here.
-        settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
-        if fed.key_dir is None:
-            raise ValueError(f"{fed.source}: [federation] key_dir is not set; run `fedhet keys` first")
-        if not insecure:
-            check_keys_present(fed)
-        signing = keyfiles.load_signing_key(fed.key_dir, name)
-        secret = None if insecure else keyfiles.load_curve_secret(fed.key_dir, name)
-        public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
-        if not insecure and keyfiles.load_public(fed.key_dir, name).curve != spec.public_key:
-            raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
-                             "in the federation file")
-        transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing)
-        status({"state": "starting", "done": 0, "total": 0})
-        party = ZmqParty(
-            name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
-            secret_key=secret, insecure=insecure, bind_endpoint=bind, run_id=run_id, seed=fed.seed,
-            device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
-            transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
-            declarations=declared, sizes=sizes,
-        )
-        log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
-                 party.device, ", INSECURE" if insecure else "")
-        idx, n = fed.role_index(name)
-        ctx = PartyContext(name=name, role=spec.role, index=idx, n_of_role=n, data_dir=fed.data_dir or None,
-                           data=spec.data or None, base_dir=fed.base_dir or None, device=party.device)
-        data = algo.load_data(settings, ctx)
-        t_train = time.perf_counter()
-        result = algo.roles[spec.role](party, settings, data)
-        party.close()
-        transcript.close()
-        wall = time.perf_counter() - t0
-        write_json_when_possible(pdir / "result.json", {
-            "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
-            "result": result, "traffic": party.traffic(), "wall_s": wall,
-            "role_wall_s": time.perf_counter() - t_train, "device": party.device, "insecure": insecure,
-        })
-        status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
-        log.info("party %s finished in %.2fs", name, wall)
-        return 0
-    except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
-        reason = f"{type(e).__name__}: {e}"
-        stopped = isinstance(e, (Stopped, KeyboardInterrupt))
-        # Caused by a peer (its abort notice, or its message refused): say so, so the run's
-        # summary can name the party that failed first rather than every party that stopped.
-        caused_by = getattr(e, "peer", None) if not stopped else None
-        log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
-        if party is not None and not stopped and not isinstance(e, PartyAborted):
-            party.notify_failure(f"{name}: {reason}")
+        fed, name, spec, pdir, log, run_id = self.fed, self.name, self.spec, self.pdir, self.log, self.run_id
+        insecure, status, t0 = self.insecure, self.status, self.t0
+        transcript = None
+        party = None
         try:
-            write_json_when_possible(pdir / "error.json", {
-                "party": name, "role": spec.role, "error": reason, "stopped": stopped,
-                "aborted_by_peer": isinstance(e, PartyAborted), "caused_by": caused_by,
-                "time": time.time(), "traceback": traceback.format_exc(),
-                "wall_s": time.perf_counter() - t0})
-            status({"state": "stopped" if stopped else "failed", "error": reason})
-        except Exception:
-            pass
-        if transcript is not None:
+            write_json_atomic(self.run_dir / "config.json", config_record(fed, run_id, insecure))
+            algo = self.algorithm
+            if algo.name != fed.algorithm_name:
+                raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
+            if spec.role not in algo.roles:
+                raise ValueError(f"role {spec.role!r} of party {name!r} is not a role of {algo.name} "
+                                 f"({sorted(algo.roles)})")
+            # Settings, declarations and sizes before anything listens: a bad key fails here.
+            settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
+            if fed.key_dir is None:
+                raise ValueError(f"{fed.source}: [federation] key_dir is not set; run `fedhet keys` first")
+            if not insecure:
+                check_keys_present(fed)
+            signing = keyfiles.load_signing_key(fed.key_dir, name)
+            secret = None if insecure else keyfiles.load_curve_secret(fed.key_dir, name)
+            public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
+            if not insecure and keyfiles.load_public(fed.key_dir, name).curve != spec.public_key:
+                raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
+                                 "in the federation file")
+            transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing)
+            status({"state": "starting", "done": 0, "total": 0})
+            extra = {} if self.zmq_context is None else {"context": self.zmq_context}
+            party = self.party = ZmqParty(
+                name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
+                secret_key=secret, insecure=insecure, bind_endpoint=self.bind, run_id=run_id, seed=fed.seed,
+                device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
+                transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
+                declarations=declared, sizes=sizes, **extra,
+            )
+            log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
+                     party.device, ", INSECURE" if insecure else "")
+            idx, n = fed.role_index(name)
+            ctx = PartyContext(name=name, role=spec.role, index=idx, n_of_role=n, data_dir=fed.data_dir or None,
+                               data=spec.data or None, base_dir=fed.base_dir or None, device=party.device)
+            data = algo.load_data(settings, ctx)
+            t_train = time.perf_counter()
+            result = algo.roles[spec.role](party, settings, data)
+            party.close()
             transcript.close()
-        if party is not None:
+            wall = time.perf_counter() - t0
+            write_json_when_possible(pdir / "result.json", {
+                "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
+                "result": result, "traffic": party.traffic(), "wall_s": wall,
+                "role_wall_s": time.perf_counter() - t_train, "device": party.device, "insecure": insecure,
+            })
+            status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
+            log.info("party %s finished in %.2fs", name, wall)
+            self.code = 0
+            return 0
+        except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
+            reason = f"{type(e).__name__}: {e}"
+            stopped = isinstance(e, (Stopped, KeyboardInterrupt))
+            # Caused by a peer (its abort notice, or its message refused): say so, so the run's
+            # summary can name the party that failed first rather than every party that stopped.
+            caused_by = getattr(e, "peer", None) if not stopped else None
+            log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
+            if party is not None and not stopped and not isinstance(e, PartyAborted):
+                party.notify_failure(f"{name}: {reason}")
             try:
-                party._transport_close(linger_s=FAILED_LINGER_S)
+                write_json_when_possible(pdir / "error.json", {
+                    "party": name, "role": spec.role, "error": reason, "stopped": stopped,
+                    "aborted_by_peer": isinstance(e, PartyAborted), "caused_by": caused_by,
+                    "time": time.time(), "traceback": traceback.format_exc(),
+                    "wall_s": time.perf_counter() - t0})
+                status({"state": "stopped" if stopped else "failed", "error": reason})
             except Exception:
                 pass
-        return 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Stopped) else 1
+            if transcript is not None:
+                transcript.close()
+            if party is not None:
+                try:
+                    party._transport_close(linger_s=FAILED_LINGER_S)
+                except Exception:
+                    pass
+            self.code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Stopped) else 1
+            return self.code

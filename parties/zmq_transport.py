@@ -2,7 +2,9 @@
 
 Topology: every party binds one ROUTER socket at its endpoint (a CURVE
 server) and connects one DEALER to each peer's endpoint (a CURVE client
-pinned to that peer's public key).  A ZAP handler on the ROUTER admits only
+pinned to that peer's public key) when it first sends to that peer, so
+parties that never talk hold no connection to each other.  Many parties
+of one process (a host) may share one context (:class:`SharedContext`).  A ZAP handler on the ROUTER admits only
 the public keys of the federation and reports the matching party name as the
 connection's User-Id; ``Party._deliver`` then rejects any envelope whose
 sender differs from that authenticated name.
@@ -78,9 +80,12 @@ class InsecureTransportWarning(UserWarning):
 class _ZapHandler(threading.Thread):
     """ZAP (RFC 27) server: CURVE keys on the allow-list map to party names."""
 
-    def __init__(self, ctx: zmq.Context, allowed: dict[bytes, str], log, insecure: bool):
+    def __init__(self, ctx: zmq.Context, allowed: dict[bytes, str], log, insecure: bool,
+                 domain: bytes = ZAP_DOMAIN.encode()):
         super().__init__(name="zap", daemon=True)
-        self.allowed = allowed  # z85 public key -> party name
+        # ZAP domain -> (z85 public key -> party name, log): one domain per party's ROUTER, so
+        # parties sharing a context (a host process) share one handler yet admit only their peers.
+        self.domains: dict[bytes, tuple[dict[bytes, str], Any]] = {domain: (allowed, log)}
         self.log = log
         self.insecure = insecure
         self.sock = ctx.socket(zmq.REP)
@@ -103,36 +108,76 @@ class _ZapHandler(threading.Thread):
                 version, request_id, domain, address, _identity, mechanism = msg[:6]
                 creds = msg[6:]
                 status, text, user = b"400", b"denied", b""
+                allowed, log = self.domains.get(domain, ({}, self.log))
                 if mechanism == b"CURVE" and len(creds) == 1 and len(creds[0]) == 32:
                     key = zmq.utils.z85.encode(creds[0])
-                    name = self.allowed.get(key)
+                    name = allowed.get(key)
                     if name is not None:
                         status, text, user = b"200", b"OK", name.encode()
                     else:
                         self.denied += 1
-                        self._warn("ZAP: refused CURVE key %s from %s (not in the federation)",
+                        self._warn(log, "ZAP: refused CURVE key %s from %s (not in the federation)",
                                    key.decode(), short(address.decode(errors="replace")))
                 elif mechanism == b"NULL" and self.insecure:
                     status, text = b"200", b"OK (insecure)"
                 else:
                     self.denied += 1
-                    self._warn("ZAP: refused %s connection from %s", short(mechanism.decode(errors="replace")),
+                    self._warn(log, "ZAP: refused %s connection from %s", short(mechanism.decode(errors="replace")),
                                short(address.decode(errors="replace")))
                 self.sock.send_multipart([version, request_id, status, text, user, b""])
             except Exception as e:  # a garbled ZAP request must not kill the handler
-                self._warn("ZAP: bad request: %s", short(str(e)))
+                self._warn(self.log, "ZAP: bad request: %s", short(str(e)))
                 try:
                     self.sock.send_multipart([b"1.0", b"", b"500", b"error", b"", b""])
                 except zmq.ZMQError:
                     pass
 
-    def _warn(self, fmt: str, *args) -> None:
+    def _warn(self, log, fmt: str, *args) -> None:
         # An outsider can knock as often as it likes: log the first refusals, then every 1000th.
         if self.denied <= REJECTS_KEPT or self.denied % 1000 == 0:
-            self.log.warning(fmt + (f" ({self.denied} refused so far)" if self.denied > REJECTS_KEPT else ""), *args)
+            log.warning(fmt + (f" ({self.denied} refused so far)" if self.denied > REJECTS_KEPT else ""), *args)
 
     def stop(self) -> None:
         self._halt.set()
+
+
+class SharedContext:
+    """One ``zmq.Context`` (I/O thread, reaper) and one ZAP handler for many parties of one process.
+
+    A host process (:mod:`fedhet.parties.host`) passes it to every :class:`ZmqParty` it runs.
+    Each party's ROUTER gets a ZAP domain of its own, so the shared handler admits, per party,
+    exactly the keys that party would admit alone.  :meth:`close` after every party closed.
+    """
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        # libzmq's default of 1023 sockets per context is for one party; each party here has a
+        # ROUTER, a DEALER per peer and a monitor per socket.  Only the OS's descriptor limit bounds it.
+        self.ctx.max_sockets = self.ctx.get(zmq.SOCKET_LIMIT)
+        self._zap: _ZapHandler | None = None
+        self._lock = threading.Lock()
+
+    def register(self, name: str, allowed: dict[bytes, str], log, insecure: bool) -> bytes:
+        """Admit ``allowed`` keys on party ``name``'s ROUTER; returns the ZAP domain it must use."""
+        domain = f"{ZAP_DOMAIN}/{name}".encode()
+        with self._lock:
+            if self._zap is None:
+                self._zap = _ZapHandler(self.ctx, allowed, log, insecure, domain)
+                self._zap.start()
+            else:
+                if self._zap.insecure != insecure:
+                    raise ValueError("every party of a shared context must be secure, or every one --insecure")
+                self._zap.domains[domain] = (allowed, log)
+        return domain
+
+    def close(self) -> None:
+        with self._lock:
+            if self._zap is not None:
+                self._zap.stop()
+                self._zap.join(timeout=2)
+                self._zap.sock.close(linger=0)
+                self._zap = None
+        self.ctx.term()
 
 
 def _wire_bytes(n: int, curve: bool) -> int:
@@ -160,6 +205,7 @@ class _ConnectionGuard(threading.Thread):
         super().__init__(name="conn-guard", daemon=True)
         self.total_limit, self.curve, self.log = int(total_limit), curve, log
         self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit)) for sock, limit in watched]
+        self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
         self._conns: dict[int, dict] = {}  # fd -> {"base": int, "t": accept time}
@@ -195,7 +241,20 @@ class _ConnectionGuard(threading.Thread):
             return None
         return struct.unpack_from("<Q", info, 128)[0] - struct.unpack("<i", inq)[0]
 
+    def watch(self, sock, limit: int) -> None:
+        """Also watch ``sock`` (made after the guard started), ``limit`` bytes per connection.
+
+        Call before connecting it, so its first connection's event is not missed.
+        """
+        mon = sock.get_monitor_socket(self._EVENTS)
+        with self._lock:
+            self._added.append((sock, mon, int(limit)))
+
     def _events(self) -> None:
+        if self._added:
+            with self._lock:
+                self.monitors += self._added
+                self._added = []
         for _sock, mon, limit in self.monitors:
             while mon.poll(0):
                 try:
@@ -265,6 +324,9 @@ class _ConnectionGuard(threading.Thread):
         self._halt.set()
 
     def close(self) -> None:
+        with self._lock:
+            self.monitors += self._added
+            self._added = []
         for sock, mon, _limit in self.monitors:
             try:
                 sock.disable_monitor()
@@ -371,6 +433,7 @@ class ZmqParty(Party):
         insecure: bool = False,
         bind_endpoint: str | None = None,
         handshake_s: float = HANDSHAKE_S,
+        context: SharedContext | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(name, roles, **kw)
@@ -393,12 +456,17 @@ class ZmqParty(Party):
         self.reject_count = 0
         self.rejects_by_reason: collections.Counter = collections.Counter()
         public_keys = public_keys or {}  # --insecure runs have none
-        self.ctx = zmq.Context()
+        self._shared = context  # None: this party owns its context (and ZAP handler) and ends them
+        self.ctx = zmq.Context() if context is None else context.ctx
         self._zap = None
+        zap_domain = ZAP_DOMAIN.encode()
         if not insecure:
             allowed = {k: n for n, k in public_keys.items() if n != name}
-            self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure)
-            self._zap.start()
+            if context is None:
+                self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure)
+                self._zap.start()
+            else:
+                zap_domain = context.register(name, allowed, self.log, insecure)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
@@ -408,34 +476,20 @@ class ZmqParty(Party):
             self.router.curve_server = True
             self.router.curve_secretkey = secret_key
             self.router.curve_publickey = public_keys[name]
-            self.router.zap_domain = ZAP_DOMAIN.encode()
+            self.router.zap_domain = zap_domain
+        # One DEALER per peer, made and connected on the first message to it (:meth:`_dealer`):
+        # a party connects only to the peers it talks to, so hundreds of parties that never
+        # talk to each other hold no connections (and descriptors) for each other.
         self.dealers: dict[str, zmq.Socket] = {}
-        for peer in self.peers:
-            s = self.ctx.socket(zmq.DEALER)
-            s.linger = int(self.timeout * 1000)
-            s.sndhwm = 0  # never drop: a slow peer back-pressures instead
-            # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
-            # that sends on it anyway can make libzmq hold one small message, no more.
-            s.rcvhwm = 1
-            s.maxmsgsize = DEALER_MAX_FRAME
-            # No fixed routing id: the ROUTER refuses a second connection with an id
-            # in use, so a listed peer could lock us out by claiming ours (or a stale
-            # connection could block our reconnect).  Identity comes from CURVE + ZAP.
-            if not insecure:
-                s.curve_serverkey = public_keys[peer]
-                s.curve_publickey = public_keys[name]
-                s.curve_secretkey = secret_key
-            self.dealers[peer] = s
+        self._endpoints = dict(endpoints)
+        self._public_keys, self._secret_key = public_keys, secret_key
         self._guard = None
         if sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO"):
             per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
-            watched = [(self.router, per_conn)] + [(d, 2 * DEALER_MAX_FRAME) for d in self.dealers.values()]
-            self._guard = _ConnectionGuard(watched, (len(self.peers) + 2) * per_conn, curve=not insecure,
-                                           log=self.log)
+            self._guard = _ConnectionGuard([(self.router, per_conn)], (len(self.peers) + 2) * per_conn,
+                                           curve=not insecure, log=self.log)
         self.router.bind(bind_endpoint or endpoints[name])
         self._streams = _Streams(self)
-        for peer, s in self.dealers.items():
-            s.connect(endpoints[peer])
         self._halt = threading.Event()
         if self._guard is not None:
             self._guard.start()
@@ -443,8 +497,33 @@ class ZmqParty(Party):
         self._rx.start()
 
     # ----------------------------------------------------------------- sending
+    def _dealer(self, peer: str) -> zmq.Socket:
+        """The DEALER to ``peer``, made and connected on first use (callers hold the send lock)."""
+        s = self.dealers.get(peer)
+        if s is not None:
+            return s
+        s = self.ctx.socket(zmq.DEALER)
+        s.linger = int(self.timeout * 1000)
+        s.sndhwm = 0  # never drop: a slow peer back-pressures instead
+        # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
+        # that sends on it anyway can make libzmq hold one small message, no more.
+        s.rcvhwm = 1
+        s.maxmsgsize = DEALER_MAX_FRAME
+        # No fixed routing id: the ROUTER refuses a second connection with an id
+        # in use, so a listed peer could lock us out by claiming ours (or a stale
+        # connection could block our reconnect).  Identity comes from CURVE + ZAP.
+        if not self.insecure:
+            s.curve_serverkey = self._public_keys[peer]
+            s.curve_publickey = self._public_keys[self.name]
+            s.curve_secretkey = self._secret_key
+        if self._guard is not None:
+            self._guard.watch(s, 2 * DEALER_MAX_FRAME)
+        s.connect(self._endpoints[peer])
+        self.dealers[peer] = s
+        return s
+
     def _transport_send(self, to: str, frames: list) -> None:
-        sock = self.dealers[to]
+        sock = self._dealer(to)
         if sum(len(memoryview(f)) for f in frames) <= self.frame_bytes:
             sock.send_multipart(frames, copy=len(frames) == 1)
             return
@@ -568,4 +647,5 @@ class ZmqParty(Party):
             self._zap.stop()
             self._zap.join(timeout=2)
             self._zap.sock.close(linger=0)
-        self.ctx.term()
+        if self._shared is None:
+            self.ctx.term()
