@@ -229,6 +229,9 @@ class ShortExponentObfuscator:
             raise ValueError("short-exponent base h must be a unit mod n**2")
         self.k, self.h, self.kappa = k, h, int(kappa)
         self.exp_bits = 2 * self.kappa
+        self._t: FixedBaseTable | None
+        self._tp: FixedBaseTable | None
+        self._tq: FixedBaseTable | None
         if k.p is None:
             self._t = FixedBaseTable(h, k.n2, self.exp_bits)
             self._tp = self._tq = None
@@ -242,6 +245,7 @@ class ShortExponentObfuscator:
         if self._t is not None:
             return self._t.pow(x)
         k = self.k
+        assert self._tp is not None and self._tq is not None   # the key owner's CRT tables
         sp, sq = self._tp.pow(x), self._tq.pow(x)
         return sp + k.p2 * (((sq - sp) * k.p2_inv) % k.q2)
 

@@ -289,9 +289,10 @@ def _first_failure(run_dir: Path, hosts: dict[str, list[str]], failed: list[str]
                       {"party": n, "reason": _reason(run_dir, n, code)}))
     for h, names in hosts.items():
         for n in names:
-            err = _own_error(run_dir, n)
-            if err is None:
+            own = _own_error(run_dir, n)
+            if own is None:
                 continue
+            err = own
             by_peer = bool(err.get("aborted_by_peer") or err.get("caused_by"))
             cands.append(((True, by_peer, _failure_time(run_dir, n, 0)),
                           {"party": n, "host": h, "reason": str(err.get("error"))}))

@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import keys as keyfiles
 from .api import PartyAborted
@@ -29,6 +30,9 @@ from .atomic import write_json_atomic
 from .contract import Algorithm, PartyContext, prepare
 from .federation import Federation, check_keys_present
 from .transcript import Transcript
+
+if TYPE_CHECKING:  # the transport imports zmq; only a running party needs it
+    from .zmq_transport import ZmqParty
 
 
 LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties it starts
@@ -189,7 +193,7 @@ class PartyRun:
         self.run_id = run_id or fed.derived_run_id()
         self.t0 = time.perf_counter()
         self.code: int | None = None  # the exit code once run() returned
-        self.party = None  # the ZmqParty once it is up (tests and hosts read its traffic)
+        self.party: ZmqParty | None = None  # the ZmqParty once it is up (tests and hosts read its traffic)
 
     def status(self, st: dict) -> None:
         st.update({"party": self.name, "role": self.spec.role, "state": st.get("state", "running")})
