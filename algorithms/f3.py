@@ -51,6 +51,7 @@ sample (the owners observe the same events), so no PSI is needed: samples are al
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -114,6 +115,8 @@ class Settings(TableView):
     grad_frac_bits: int = setting(18, "fractional bits of the public backward operands (batch x δ, E)", lo=1,
                                   hi=30)
     seed: int = setting(0, "seeds the local models (seed + owner index) and the global model", lo=0)
+    torch_threads: int = setting(1, "torch.set_num_threads in every role (1: results do not depend on how the "
+                                    "parties share a process; 0: leave torch's default)", lo=0)
 
     def validate(self):
         if (self.speeds_file is None) != (self.labels_file is None):
@@ -182,6 +185,15 @@ def _cfg(cfg) -> Settings:
 
 
 # ------------------------------------------------------------------------------------ data
+_TRAFFIC_LOCK = threading.Lock()
+
+
+def _traffic_once(*key):
+    # the owners of one host process are threads: simulate once per process, not once per owner at a time
+    with _TRAFFIC_LOCK:
+        return _traffic(*key)
+
+
 @functools.lru_cache(maxsize=2)
 def _traffic(name: str, seed: int, n_windows: int | None, data_dir: str | None, speeds: str | None = None,
              labels: str | None = None):
@@ -242,8 +254,8 @@ def load_data(s: Settings, ctx: PartyContext):
         out = {k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()}
         n_classes = 9
     else:
-        data = _traffic(s.dataset, s.data_seed, s.n_windows, ctx.data_dir, _path(s.speeds_file, ctx),
-                        _path(s.labels_file, ctx))
+        data = _traffic_once(s.dataset, s.data_seed, s.n_windows, ctx.data_dir, _path(s.speeds_file, ctx),
+                             _path(s.labels_file, ctx))
         if s.speeds_file is not None and len(data.y) != sum(n_rows(s)):
             raise ValueError(f"f3: {s.speeds_file} gives {len(data.y)} windows; set n_windows = {len(data.y)} so "
                              "every party agrees on the split sizes")
@@ -279,6 +291,11 @@ def holder_backward(shares: list, rows: np.ndarray, G, E: np.ndarray, dU: np.nda
 
 
 # ---------------------------------------------------------------------------------- roles
+def _threads(s) -> None:
+    if s.torch_threads:
+        torch.set_num_threads(s.torch_threads)
+
+
 def owners_in_order(party) -> list[str]:
     return [n for n, r in party.roles.items() if r == OWNER]
 
@@ -309,6 +326,7 @@ def pretrain_owner(s, data, index: int, n_owners: int, device: str = "cpu", prog
 
 
 def owner(party, s: Settings, data) -> dict:
+    _threads(s)
     order = owners_in_order(party)
     idx = order.index(party.name)
     st = pretrain_owner(s, data, idx, len(order), party.device,
@@ -332,6 +350,7 @@ def owner(party, s: Settings, data) -> dict:
 
 
 def holder(party, s: Settings, data) -> dict:
+    _threads(s)
     order = owners_in_order(party)
     coord = party.peers_with_role(COORDINATOR)[0]
     got = ss.receive_shares(party, order, P_SHARE, t=s.t, tag="h")
@@ -525,6 +544,7 @@ class SharedFirstLayer:
 
 
 def coordinator(party, s: Settings, data) -> dict:
+    _threads(s)
     order = owners_in_order(party)
     n = len(order)
     widths = owner_widths(s, n)
