@@ -260,7 +260,7 @@ def fmt(a: dict, m: str) -> str:
     if m not in a:
         return "–"
     mu, sd, k = a[m]
-    return f"{mu:.3f} ± {sd:.3f}"
+    return f"{mu:.3f} ± {sd:.3f}" + (f" (n={k})" if k < 5 else "")
 
 
 def fmt_paper(p, i) -> str:
@@ -286,6 +286,7 @@ def shape_checks(res: dict) -> list[str]:
         sdk = agg(r["runs"].get(ROW_RUN["K"], {})).get("f1", (0, 0.0))[1]
         chk.append(f"L ≈ K: {L:.3f} vs {K:.3f} (|Δ| {abs(L - K):.3f}, K's std {sdk:.3f})")
         chk.append(f"M < K: {M:.3f} vs {K:.3f} {'yes' if M < K else 'NO'}")
+        chk = [c.replace("NO", "not computed") if "nan" in c else c for c in chk]
         lines.append(f"- **{LABELS[ds]}**: " + "; ".join(chk))
     return lines
 
@@ -293,7 +294,7 @@ def shape_checks(res: dict) -> list[str]:
 def render(doc: dict) -> tuple[str, str]:
     res = doc["datasets"]
     dss = [d for d in DATASETS if d in res]
-    head = [f"Seeds and budgets: " + "; ".join(
+    head = [f"Seeds asked for (n = seeds finished, shown where < 5) and budgets: " + "; ".join(
         f"{LABELS[d]}: seeds {res[d]['seeds']}, {res[d]['budget']}" for d in dss), "", LOCAL, "", PLAINTEXT, "", SIMULATED, "",
         CITE, ""]
     t2 = ["# F³ Table 2 (ours beside the paper)", "", *head,
