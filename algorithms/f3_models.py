@@ -6,6 +6,7 @@ Alignment P_i                 -> soft (Xavier, unconstrained), hard (sinkhorn, 1
 Eq. (9) ICDF Bernoulli graph  -> icdf_sample: z = sigmoid((Φ⁻¹(θ) − s) / τ), s ~ N(0, 1)
 Â                             -> normalise_adj: D^-1/2 (A + I) D^-1/2
 Baselines                     -> mean pooling (E, eq. 5) and concatenation (G): MeanPool, Concat
+Table 3, Gumbel-softmax graph -> gumbel_sample (binary Concrete), GlobalGCN(graph="gumbel"), for comparison
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["LocalLSTM", "sinkhorn", "icdf_sample", "normalise_adj", "GlobalGCN", "MeanPool", "Concat"]
+__all__ = ["LocalLSTM", "sinkhorn", "icdf_sample", "gumbel_sample", "normalise_adj", "GlobalGCN", "MeanPool", "Concat"]
 
 
 class LocalLSTM(nn.Module):
@@ -53,6 +54,16 @@ def icdf_sample(theta, tau: float = 0.1, generator=None):
     return torch.sigmoid((q - s) / tau)
 
 
+def gumbel_sample(theta, tau: float = 0.1, generator=None):
+    """Gumbel-softmax over {edge, no edge} (binary Concrete): sigmoid((logit θ + log u − log(1 − u)) / τ), u ~ U(0, 1).
+
+    The comparison to eq. (9) in Table 3: the same θ, clamped alike, logistic instead of Gaussian noise.
+    """
+    th = theta.clamp(1e-4, 0.9999)
+    u = torch.rand(th.shape, generator=generator, device=th.device, dtype=th.dtype).clamp(1e-6, 1 - 1e-6)
+    return torch.sigmoid((torch.log(th) - torch.log1p(-th) + torch.log(u) - torch.log1p(-u)) / tau)
+
+
 def normalise_adj(a):
     """Symmetrise, add self-loops, D^-1/2 A D^-1/2 (works on (n, n) or (batch, n, n))."""
     a = 0.5 * (a + a.transpose(-1, -2))
@@ -67,7 +78,7 @@ class GlobalGCN(nn.Module):
     def __init__(self, n: int, dims, d: int, hidden: int, n_classes: int, align: str = "soft",
                  graph: str = "icdf", given=None, tau: float = 0.1, test_samples: int = 10):
         super().__init__()
-        if align not in ("none", "soft", "hard", "tied") or graph not in ("none", "given", "icdf"):
+        if align not in ("none", "soft", "hard", "tied") or graph not in ("none", "given", "icdf", "gumbel"):
             raise ValueError(f"align {align!r} / graph {graph!r} not supported")
         self.n, self.align, self.graph, self.tau, self.test_samples = n, align, graph, tau, test_samples
         self.generator: torch.Generator | None = None   # ICDF draws (None: torch's global RNG)
@@ -77,7 +88,7 @@ class GlobalGCN(nn.Module):
             self.P = nn.ParameterList([nn.Parameter(torch.randn(d, di) * 0.1) for di in dims])
         elif align == "tied":
             self.P = nn.Parameter(nn.init.xavier_uniform_(torch.empty(d, dims[0])))
-        if graph == "icdf":
+        if graph in ("icdf", "gumbel"):
             self.theta = nn.Parameter(torch.full((n, n), 0.5))
         if graph == "given":
             self.register_buffer("a_given", normalise_adj((torch.as_tensor(given) > 0).float()))
@@ -98,7 +109,8 @@ class GlobalGCN(nn.Module):
         if self.graph == "given":
             return self.a_given
         th = self.theta.clamp(1e-4, 0.9999).expand(batch, self.n, self.n)
-        return normalise_adj(icdf_sample(th, self.tau, self.generator))   # a fresh graph per sample
+        sample = gumbel_sample if self.graph == "gumbel" else icdf_sample
+        return normalise_adj(sample(th, self.tau, self.generator))   # a fresh graph per sample
 
     def alignments(self) -> list | None:
         """The alignment matrices P_i, (d, d_i) each (hard: after sinkhorn; tied: one P repeated); None for 'none'."""
@@ -114,7 +126,7 @@ class GlobalGCN(nn.Module):
         Split out so that Â H W_0, the only part linear in the owners' representations, can be computed
         elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3`) while the rest runs here.
         """
-        reps = self.test_samples if (self.graph == "icdf" and not self.training) else 1
+        reps = self.test_samples if (self.graph in ("icdf", "gumbel") and not self.training) else 1
         out = 0
         for _ in range(reps):
             A = self.adj(batch)

@@ -7,6 +7,8 @@ Algorithm 1, lines 5-7 (global model)       -> :func:`train_global`: eq. (8) by 
                                                parameters (P_i, W_0, W_1, θ), early stopping on validation loss
 Algorithm 1, lines 8-10 (inference)         -> :func:`predict`
 Metrics (Tables 2, 3)                       -> :func:`scores`: macro F1 and AUC
+Every owner's series at once                -> :func:`owner_data`: the owners' standardised splits, as
+                                               ``f3.load_data`` gives them to each owner (for benchmarks)
 
 The global loops take a ``first_layer_for(rows)`` callable: for a batch of sample positions it returns
 ``A -> Â H W_0`` (see :meth:`~fedhet.algorithms.f3_models.GlobalGCN.fuse`).  :func:`plain_first_layer`
@@ -28,7 +30,7 @@ from fedhet.algorithms.f3_models import GlobalGCN, LocalLSTM
 from fedhet.algorithms.toolkit import as_tensor, resolve_device, seeded
 
 __all__ = ["LocalConfig", "GlobalConfig", "train_local", "represent", "local_probabilities", "build_global",
-           "plain_first_layer", "train_global", "predict", "scores", "nll", "entropy"]
+           "plain_first_layer", "train_global", "predict", "scores", "nll", "entropy", "OwnerData", "owner_data"]
 
 
 @dataclass(frozen=True)
@@ -230,3 +232,64 @@ def scores(probs: np.ndarray, y: np.ndarray, n_classes: int) -> dict:
     except ValueError:            # one class only in y
         out["auc"] = float("nan")
     return out
+
+
+# ------------------------------------------------------------------------ every owner's data
+@dataclass
+class OwnerData:
+    """All owners' splits in one place: ``splits[k] = (x (owners, rows, T, 1), lengths (rows,) or None, y (rows,))``.
+
+    Owner c's series are standardised with the mean and standard deviation of its own training rows
+    (Japanese Vowels: the non-padded steps only), exactly as ``f3.load_data`` prepares them for owner c.
+    """
+    splits: dict
+    n_classes: int
+    adj: np.ndarray | None          # traffic: the road graph over the kept sensors; vowels: None
+    provenance: str
+
+    @property
+    def n_owners(self) -> int:
+        return self.splits["train"][0].shape[0]
+
+    def labels(self) -> np.ndarray:
+        """Labels of every position, in the coordinator's order: train, validation, test."""
+        return np.concatenate([self.splits[k][2] for k in ("train", "val", "test")]).astype(np.int64)
+
+    def positions(self) -> dict:
+        """Positions of the train / val / test rows in :meth:`labels` order."""
+        n = [len(self.splits[k][2]) for k in ("train", "val", "test")]
+        return {"train": np.arange(n[0]), "val": np.arange(n[0], n[0] + n[1]),
+                "test": np.arange(n[0] + n[1], sum(n))}
+
+
+def owner_data(dataset: str, *, data_seed: int = 0, split_seed: int = 123, val_fraction: float = 0.2,
+               n_windows: int | None = None, n_sensors: int | None = None, data_dir=None) -> OwnerData:
+    """Every owner's standardised train / val / test series (the settings mean what they mean in ``f3.Settings``)."""
+    if dataset == "vowels":
+        from fedhet.algorithms.data_vowels import N_CLASSES, load_vowels
+        tr, te = load_vowels(data_dir)
+        perm = np.random.RandomState(split_seed).permutation(len(tr.labels))
+        n_val = int(round(val_fraction * len(tr.labels)))
+        parts = {"train": (tr, np.sort(perm[n_val:])), "val": (tr, np.sort(perm[:n_val])),
+                 "test": (te, np.arange(len(te.labels)))}
+        raw = {k: (S.series[i][:, :, :, None].transpose(1, 0, 2, 3), S.lengths[i], S.labels[i])
+               for k, (S, i) in parts.items()}
+        n_classes, adj, prov = N_CLASSES, None, "real (UCI Japanese Vowels)"
+    elif dataset in ("metr_la", "pems_bay"):
+        from fedhet.algorithms.data_traffic import PROVENANCE, simulate
+        data = simulate(dataset, seed=data_seed, n_windows=n_windows, data_dir=data_dir)
+        k = n_sensors or data.adj.shape[0]
+        raw = {s: (data.x[i, :k, :, None].transpose(1, 0, 2, 3), None, data.y[i]) for s, i in data.split.items()}
+        n_classes, adj, prov = 2, data.adj[:k, :k], f"{PROVENANCE}: {dataset}"
+    else:
+        raise ValueError(f"unknown F3 data set {dataset!r}; choose vowels, metr_la or pems_bay")
+    x_tr = raw["train"][0]
+    mus, sds = [], []
+    for c in range(x_tr.shape[0]):
+        xc = x_tr[c]
+        real = xc[xc != 0] if dataset == "vowels" else xc      # vowels: zero padding is not data
+        mus.append(float(real.mean()))
+        sds.append(float(real.std()) or 1.0)
+    mu, sd = np.array(mus)[:, None, None, None], np.array(sds)[:, None, None, None]
+    splits = {k: ((x - mu) / sd, ln, y) for k, (x, ln, y) in raw.items()}
+    return OwnerData(splits, n_classes, adj, prov)
