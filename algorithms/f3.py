@@ -245,13 +245,8 @@ def load_data(s: Settings, ctx: PartyContext):
                          f"federation has {ctx.n_of_role} owners")
     c = ctx.index
     if s.dataset == "vowels":
-        from fedhet.algorithms.data_vowels import load_vowels
-        tr, te = load_vowels(ctx.data_dir)
-        perm = np.random.RandomState(s.split_seed).permutation(len(tr.labels))
-        n_val = n_rows(s)[1]
-        parts = {"train": (tr, np.sort(perm[n_val:])), "val": (tr, np.sort(perm[:n_val])),
-                 "test": (te, np.arange(len(te.labels)))}
-        out = {k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()}
+        parts = T.vowels_parts(s.split_seed, s.val_fraction, ctx.data_dir)
+        raw = {k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()}
         n_classes = 9
     else:
         data = _traffic_once(s.dataset, s.data_seed, s.n_windows, ctx.data_dir, _path(s.speeds_file, ctx),
@@ -259,12 +254,9 @@ def load_data(s: Settings, ctx: PartyContext):
         if s.speeds_file is not None and len(data.y) != sum(n_rows(s)):
             raise ValueError(f"f3: {s.speeds_file} gives {len(data.y)} windows; set n_windows = {len(data.y)} so "
                              "every party agrees on the split sizes")
-        out = {k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()}
+        raw = {k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()}
         n_classes = 2
-    x_tr = out["train"][0]
-    real = x_tr[x_tr != 0] if s.dataset == "vowels" else x_tr      # vowels: zero padding is not data
-    mu, sd = float(real.mean()), float(real.std()) or 1.0
-    out = {k: ((x - mu) / sd, ln, y) for k, (x, ln, y) in out.items()}
+    out = T.standardise_owner(raw, padded=s.dataset == "vowels")
     return {"splits": out, "n_classes": n_classes, "index": c}
 
 

@@ -262,34 +262,43 @@ class OwnerData:
                 "test": np.arange(n[0] + n[1], sum(n))}
 
 
+def vowels_parts(split_seed: int = 123, val_fraction: float = 0.2, data_dir=None) -> dict:
+    """Japanese Vowels' train / val / test as ``{split: (VowelsSplit, row indices)}``: the TRAIN file split
+    by a seeded permutation (validation first), the TEST file whole."""
+    from fedhet.algorithms.data_vowels import load_vowels
+    tr, te = load_vowels(data_dir)
+    perm = np.random.RandomState(split_seed).permutation(len(tr.labels))
+    n_val = int(round(val_fraction * len(tr.labels)))
+    return {"train": (tr, np.sort(perm[n_val:])), "val": (tr, np.sort(perm[:n_val])),
+            "test": (te, np.arange(len(te.labels)))}
+
+
+def standardise_owner(raw: dict, padded: bool) -> dict:
+    """One owner's ``{split: (x, lengths, y)}`` scaled by the mean and deviation of its own training series
+    (``padded``: zeros are padding, not data, and are left out of the statistics)."""
+    x_tr = raw["train"][0]
+    real = x_tr[x_tr != 0] if padded else x_tr
+    mu, sd = float(real.mean()), float(real.std()) or 1.0
+    return {k: ((x - mu) / sd, ln, y) for k, (x, ln, y) in raw.items()}
+
+
 def owner_data(dataset: str, *, data_seed: int = 0, split_seed: int = 123, val_fraction: float = 0.2,
                n_windows: int | None = None, n_sensors: int | None = None, data_dir=None) -> OwnerData:
     """Every owner's standardised train / val / test series (the settings mean what they mean in ``f3.Settings``)."""
     if dataset == "vowels":
-        from fedhet.algorithms.data_vowels import N_CLASSES, load_vowels
-        tr, te = load_vowels(data_dir)
-        perm = np.random.RandomState(split_seed).permutation(len(tr.labels))
-        n_val = int(round(val_fraction * len(tr.labels)))
-        parts = {"train": (tr, np.sort(perm[n_val:])), "val": (tr, np.sort(perm[:n_val])),
-                 "test": (te, np.arange(len(te.labels)))}
-        raw = {k: (S.series[i][:, :, :, None].transpose(1, 0, 2, 3), S.lengths[i], S.labels[i])
-               for k, (S, i) in parts.items()}
+        from fedhet.algorithms.data_vowels import N_CLASSES
+        parts = vowels_parts(split_seed, val_fraction, data_dir)
+        owners = parts["train"][0].series.shape[1]
+        per = [{k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()} for c in range(owners)]
         n_classes, adj, prov = N_CLASSES, None, "real (UCI Japanese Vowels)"
     elif dataset in ("metr_la", "pems_bay"):
         from fedhet.algorithms.data_traffic import PROVENANCE, simulate
         data = simulate(dataset, seed=data_seed, n_windows=n_windows, data_dir=data_dir)
-        k = n_sensors or data.adj.shape[0]
-        raw = {s: (data.x[i, :k, :, None].transpose(1, 0, 2, 3), None, data.y[i]) for s, i in data.split.items()}
-        n_classes, adj, prov = 2, data.adj[:k, :k], f"{PROVENANCE}: {dataset}"
+        owners = n_sensors or data.adj.shape[0]
+        per = [{k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()} for c in range(owners)]
+        n_classes, adj, prov = 2, data.adj[:owners, :owners], f"{PROVENANCE}: {dataset}"
     else:
         raise ValueError(f"unknown F3 data set {dataset!r}; choose vowels, metr_la or pems_bay")
-    x_tr = raw["train"][0]
-    mus, sds = [], []
-    for c in range(x_tr.shape[0]):
-        xc = x_tr[c]
-        real = xc[xc != 0] if dataset == "vowels" else xc      # vowels: zero padding is not data
-        mus.append(float(real.mean()))
-        sds.append(float(real.std()) or 1.0)
-    mu, sd = np.array(mus)[:, None, None, None], np.array(sds)[:, None, None, None]
-    splits = {k: ((x - mu) / sd, ln, y) for k, (x, ln, y) in raw.items()}
+    per = [standardise_owner(r, padded=dataset == "vowels") for r in per]
+    splits = {k: (np.stack([r[k][0] for r in per]), per[0][k][1], per[0][k][2]) for k in ("train", "val", "test")}
     return OwnerData(splits, n_classes, adj, prov)

@@ -294,7 +294,7 @@ def shape_checks(res: dict) -> list[str]:
 def render(doc: dict) -> tuple[str, str]:
     res = doc["datasets"]
     dss = [d for d in DATASETS if d in res]
-    head = [f"Seeds asked for (n = seeds finished, shown where < 5) and budgets: " + "; ".join(
+    head = ["Seeds asked for (n = seeds finished, shown where < 5) and budgets: " + "; ".join(
         f"{LABELS[d]}: seeds {res[d]['seeds']}, {res[d]['budget']}" for d in dss), "", LOCAL, "", PLAINTEXT, "", SIMULATED, "",
         CITE, ""]
     t2 = ["# F³ Table 2 (ours beside the paper)", "", *head,
