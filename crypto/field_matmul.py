@@ -4,28 +4,38 @@
 and a public integer matrix ``b`` (shape (K, N) or (K,)); ``lmatmul(b, a)`` computes ``b @ a``.
 ``matmul_trusted`` / ``lmatmul_trusted`` do the same for shares already known to be canonical
 and a public operand already given as centred int64 (what :mod:`fedhet.protocols.shared_array`
-holds), skipping the input checks.
+holds), skipping the input checks.  ``plan`` tells how a product will be split.
 
-Why it is fast.  A share is a uniform 61-bit element, but the public operand is a small signed
-integer (a fixed-point matrix, ``|M| < 2**20`` or so), so only the share is split: into L
-*balanced* digits ``d_j = ((a >> S_j) mod 2**w_j) - 2**(w_j - 1)``, ``|d_j| <= 2**(w_j - 1)``,
-with ``a = sum_j d_j 2**S_j + C`` for a public constant C.  The digit matrices are stacked
-along the row axis (along the column axis for ``lmatmul``), so ONE float64 BLAS gemm
-``(L*R, K) @ (K, N)`` computes every ``G_j = d_j @ M``; it is exact because every partial sum is
-an integer of magnitude at most ``max|d_j| * sum_k |M_kn| <= 2**53`` (the contraction is cut
-into blocks of K where the public column sums require it, and the blocks are summed in int64).
-Then ``a @ M = sum_j 2**S_j G_j + C * (1^T M)  (mod p)``; for p = 2**61 - 1 each
-``2**S_j G_j`` is a shift, a mask and an add (``2**61 = 1 mod p``), and one Mersenne fold
-``x = (x & p) + (x >> 61)`` plus a conditional subtraction makes the sum canonical.  The
-digits are produced without int/float conversions: a digit below 2**52 OR-ed into the bits of
-2**52 *is* the float ``2**52 + digit``, and one float subtraction removes 2**52 and the digit's
-offset.  Everything runs in preallocated buffers over row chunks that stay in cache.
+How.  A share is a uniform 61-bit element, but the public operand is a small signed integer (a
+fixed-point matrix, ``|M| < 2**20`` or so), so only the share is split, into L *balanced*
+digits ``d_j = ((a >> S_j) mod 2**w_j) - 2**(w_j - 1)``, ``|d_j| <= 2**(w_j - 1)``, so that
+``a = sum_j d_j 2**S_j + C`` for a public constant C.  The digit matrices are stacked along the
+row axis (along the column axis for ``lmatmul``), so ONE float64 BLAS gemm
+``(L*R, K) @ (K, N)`` computes every ``G_j = d_j @ M``.  It is exact: every partial sum is an
+integer of magnitude at most ``max|d_j| * sum_k |M_kn| <= EXACT < 2**51`` (the plan cuts K
+into blocks where the public column sums require it; block results are summed in int64).  Then
+``a @ M = sum_j 2**S_j G_j + C * (1^T M)  (mod p)``.
 
-With a 16-bit fixed-point public matrix (``|M| < 2**17``) L = 2 (digits of 31 and 30 bits,
-``|d| <= 2**30``) covers column sums up to 2**23, so the cost is about two float64 products of
-the same shape plus a few passes over the operands and the result.  Public operands too large
-for any plan (``|M| >= 2**53`` or needing more than ``MAX_LIMBS`` digits / ``MAX_BLOCKS`` blocks)
-use the generic 16-bit-limb product :meth:`PrimeField.matmul`.
+* Digits without int-to-float conversion: a digit u < 2**52 OR-ed into the bits of the float
+  2**52 is the float ``2**52 + u``; one float subtraction removes 2**52 and the offset.
+* Products without float-to-int conversion: for an integer |g| <= 2**51, the bits of the float
+  ``g + 1.5 * 2**52`` read as int64 are ``g + B`` (B a constant, a multiple of 2**48).  The
+  same float add also adds the correction ``C * (1^T M)`` (as per-column digits c_j < 2**31).
+* Recombination for p = 2**61 - 1 (``2**61 = 1 mod p``): ``2**S g = r 2**S + q (mod p)`` with
+  ``g = q 2**(61-S) + r``, a mask, two shifts and two adds; for two digits the sum then lies in
+  [2p, 4p), and two subtractions and a minimum make it canonical (more digits: a Mersenne fold
+  ``x = (x & p) + (x >> 61)`` first).  Small primes (< 2**32) use ``%`` instead.
+* Everything runs in per-thread buffers reused across calls, over row chunks of about a MiB.
+
+With a 16-bit fixed-point public matrix (``|M| < 2**17``) two digits (31 and 30 bits, bound
+2**30) cover column sums up to 2**21 in one block: the cost is two float64 products of the same
+shape plus about 6 passes over the shares and 9 over the result.  Public operands too large for
+any plan (``|M| > EXACT`` or more than ``MAX_LIMBS`` digits / ``MAX_BLOCKS`` blocks) use the
+generic 16-bit-limb product :meth:`PrimeField.matmul`.
+
+Measured (``benchmarks/field_matmul.py``, one BLAS thread): the large products reach about a
+third of float64 matmul throughput; the small F3 shapes (K = N = 16), where the elementwise
+passes and numpy's per-call cost weigh as much as the gemm, less (see the results file).
 """
 from __future__ import annotations
 
@@ -44,7 +54,7 @@ __all__ = ["Plan", "plan", "matmul", "lmatmul", "matmul_trusted", "lmatmul_trust
 EXACT = (1 << 51) - (1 << 31)  # |block products| bound: with a 31-bit correction, convertible by one add
 MAX_LIMBS = 4            # beyond this the generic two-sided limb product is as good
 MAX_BLOCKS = 64          # sums of up to 64 blocks stay below 2**57 (the range combine relies on)
-_TWO_P_BLOCKS = 64       # (for two digits, up to this many blocks leave the sum in [2p, 4p))
+_CALL_COST = 15000        # a K-block's numpy calls, in units of one element of an elementwise pass
 CHUNK_ELEMENTS = 1 << 17  # digits or products per row chunk (~1 MiB per buffer)
 MIN_GEMM_ROWS = 256      # but at least this many stacked rows per gemm call
 
@@ -106,10 +116,12 @@ def _cuts(abs_pub: np.ndarray, cs: np.ndarray | None, top: int, limit: int) -> t
     return None
 
 
-def plan(abs_pub: np.ndarray, field: PrimeField = F61) -> Plan | None:
+def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) -> Plan | None:
     """The cheapest exact split for shares times a public (K, N) matrix with entries ``abs_pub`` = |M|.
 
-    Returns None when no split with at most ``MAX_LIMBS`` digits and ``MAX_BLOCKS`` blocks is exact.
+    ``rows``: how many share rows the product has (when known: few rows make each K-block's
+    numpy calls count).  Returns None when no split with at most ``MAX_LIMBS`` digits and
+    ``MAX_BLOCKS`` blocks is exact.
     """
     abs_pub = np.asarray(abs_pub)
     if abs_pub.ndim == 1:
@@ -128,7 +140,7 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61) -> Plan | None:
     for L in range(1, MAX_LIMBS + 1):
         widths = _widths(nbits, L)
         limit = EXACT >> (max(widths) - 1)
-        if top > limit:
+        if top > limit or max(widths) > 31:      # (digits of the correction must stay < 2**31)
             continue
         if colmax is not None and colmax <= limit:
             cuts = (0, K)
@@ -143,6 +155,8 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61) -> Plan | None:
         # per output row, in units of one elementwise pass: the gemm flops (~1/10 of a pass
         # each), converting and summing each block's products, splitting the share
         cost = L * (0.1 * K * N + 2 * nb * N + 3 * K)
+        if rows:                                 # + the calls per block and chunk, per row
+            cost += nb * _CALL_COST / _chunk(L, K, N, rows)
         if best is None or cost < best[0]:
             best = (cost, Plan(widths, cuts))
         if nb == 1:
@@ -310,7 +324,7 @@ def _left(a2: np.ndarray, m: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> n
     L, cuts, nb = dg.L, pl.cuts, pl.blocks
     mag, corr = _corrections(dg, pl.widths, colsum, fld)
     t = max(1, min(-(-256 // N), R))
-    mag_t = np.tile(mag.reshape(L, 1, N), (1, 1, t))
+    mag_t = np.broadcast_to(mag[:, None, :], (L, t, N)).reshape(L, 1, t * N)
     mf = m.astype(np.float64)
     fsub = dg.fsub.reshape(L, 1, 1)
     rc = _chunk(L, K, N, R, t)
@@ -399,10 +413,10 @@ def _right(m: np.ndarray, a2: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> 
     return out
 
 
-def _prepare(m: np.ndarray, field: PrimeField) -> tuple[Plan | None, np.ndarray | list]:
+def _prepare(m: np.ndarray, field: PrimeField, rows: int) -> tuple[Plan | None, np.ndarray | list]:
     """The plan for a centred int64 (K, N) public matrix, and its exact column sums."""
     am = np.abs(m)
-    pl = plan(am, field)
+    pl = plan(am, field, rows)
     if pl is None:
         return None, []
     top = int(am.max()) if am.size else 0
@@ -439,7 +453,7 @@ def matmul_trusted(a: np.ndarray, m: np.ndarray, field: PrimeField = F61) -> np.
         out = np.zeros((*lead, N), dtype=np.uint64)
         return out[..., 0] if vec else out
     a2 = np.ascontiguousarray(a.reshape(-1, K))
-    pl, colsum = _prepare(m2, field)
+    pl, colsum = _prepare(m2, field, a2.shape[0])
     if pl is None:
         out = field.matmul(a2, field.from_int(m2))
     else:
@@ -455,7 +469,7 @@ def lmatmul_trusted(m: np.ndarray, a: np.ndarray, field: PrimeField = F61) -> np
     if a.size == 0 or J == 0:
         return np.zeros((J, *rest), dtype=np.uint64)
     a2 = np.ascontiguousarray(a.reshape(K, -1))
-    pl, colsum = _prepare(m.T, field)
+    pl, colsum = _prepare(m.T, field, a2.shape[1])
     if pl is None:
         # (m @ a)^T = a^T @ m^T with the generic two-sided limb product
         out = np.ascontiguousarray(field.matmul(np.ascontiguousarray(a2.T), field.from_int(m.T)).T)

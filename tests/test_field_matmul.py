@@ -132,6 +132,9 @@ def test_lmatmul_and_shapes():
     assert v.shape == (36,)
     assert np.array_equal(v, ref_mm(a.reshape(-1, 3), np.array([[1], [-2], [3]]), P61)[:, 0])
     assert np.array_equal(fm.matmul(a, np.eye(3, dtype=np.int64)), a)
+    zero = np.zeros((3, 2), dtype=np.int64)
+    assert np.array_equal(fm.matmul(np.full((4, 3), P61 - 1, dtype=np.uint64), zero), np.zeros((4, 2), np.uint64))
+    assert np.array_equal(fm.lmatmul(zero.T, np.full((3, 4), P61 - 1, dtype=np.uint64)), np.zeros((2, 4), np.uint64))
     assert fm.matmul(np.zeros((0, 3), dtype=np.uint64), np.ones((3, 2), dtype=np.int64)).shape == (0, 2)
     assert np.array_equal(fm.matmul(np.ones((2, 0), dtype=np.uint64), np.ones((0, 2), dtype=np.int64)),
                           np.zeros((2, 2), dtype=np.uint64))
