@@ -57,6 +57,7 @@ MAX_BLOCKS = 64          # sums of up to 64 blocks stay below 2**57 (the range c
 _CALL_COST = 15000        # a K-block's numpy calls, in units of one element of an elementwise pass
 CHUNK_ELEMENTS = 1 << 17  # digits or products per row chunk (~1 MiB per buffer)
 MIN_GEMM_ROWS = 256      # but at least this many stacked rows per gemm call
+SCRATCH_KEEP = 1 << 22   # work buffers up to this many elements (32 MiB) are kept per thread
 
 _U64 = np.uint64
 _MAGIC = _U64(0x4330000000000000)  # bits of the float 2**52
@@ -174,6 +175,8 @@ def _scratch(name: str, size: int, dtype) -> np.ndarray:
     Fresh large arrays cost page faults on first touch, which for the small products of F3 is
     a good part of the arithmetic; the buffers are bounded by the row chunks (a few MiB).
     """
+    if size > SCRATCH_KEEP:
+        return np.empty(size, dtype=dtype)       # too large to keep around
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None:
         bufs = _SCRATCH.bufs = {}
@@ -210,7 +213,7 @@ def _corrections(dg: _Digits, widths, colsum, fld: PrimeField) -> tuple[np.ndarr
     """Per-output float constants (L, N) added to the digit products, and (small primes) the correction.
 
     a @ M = sum_j 2**S_j G_j + C * colsum(M).  For p = 2**61 - 1 the correction is carried by
-    the conversion itself: G_j is converted as G_j + c_j + B (see _add_magic), where c_j are the
+    the conversion itself: G_j is converted as G_j + c_j + B (see _add_magic_rows), where c_j are the
     digits of C * colsum - K0 in the same radix, and K0 = B + sum_{j>0} (B >> (61 - S_j)) is
     what the magic constant B leaves behind in _combine.  For small primes the correction is
     added at the end.
