@@ -136,6 +136,10 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
         return Plan(_widths(nbits, MAX_LIMBS), (0, K))
     safe = top * K < 1 << 62                   # int64 column sums cannot overflow
     colmax = int(abs_pub.sum(axis=0).max()) if safe else None
+    if colmax is not None:
+        quick = _one_block_plan(nbits, top, colmax, K, N, rows)
+        if quick is not None:
+            return quick
     cs = None
     best = None
     for L in range(1, MAX_LIMBS + 1):
@@ -163,6 +167,19 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
         if nb == 1:
             break                                # more digits only cost more
     return None if best is None else best[1]
+
+
+@functools.lru_cache(maxsize=256)
+def _one_block_plan(nbits: int, top: int, colmax: int, K: int, N: int, rows: int | None) -> Plan | None:
+    """The plan when the fewest digits that fit need one block (the common case), else None."""
+    for L in range(1, MAX_LIMBS + 1):
+        widths = _widths(nbits, L)
+        limit = EXACT >> (max(widths) - 1)
+        if top > limit or max(widths) > 31:
+            continue
+        # blocks with fewer digits might be cheaper: let the full search decide
+        return Plan(widths, (0, K)) if colmax <= limit else None
+    return None
 
 
 # ----------------------------------------------------------------- the kernel
@@ -327,7 +344,7 @@ def _left(a2: np.ndarray, m: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> n
     L, cuts, nb = dg.L, pl.cuts, pl.blocks
     mag, corr = _corrections(dg, pl.widths, colsum, fld)
     t = max(1, min(-(-256 // N), R))
-    mag_t = np.broadcast_to(mag[:, None, :], (L, t, N)).reshape(L, 1, t * N)
+    mag_t = np.concatenate([mag] * t, axis=1).reshape(L, 1, t * N)
     mf = m.astype(np.float64)
     fsub = dg.fsub.reshape(L, 1, 1)
     rc = _chunk(L, K, N, R, t)
