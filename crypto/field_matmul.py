@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -64,14 +65,23 @@ _MAGIC = _U64(0x4330000000000000)  # bits of the float 2**52
 _TWO52 = float(1 << 52)
 _MAGIC_F = 1.5 * _TWO52            # x + 1.5 * 2**52 has the bits B + x for integers |x| < 2**51
 _B = 0x4338000000000000            # those bits: a multiple of 2**48
+_HALVES = (32, 29)
+# halves: |G_j| <= (2**32 - 1) * column sum, plus a correction digit < 2**32, within 2**51
+_HALVES_LIMIT = ((1 << 51) - (1 << 32)) // ((1 << 32) - 1)
+_LITTLE = sys.byteorder == "little"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """An exact split: the share in digits of ``widths`` bits (low first), K cut at ``cuts``."""
+    """An exact split: the share in digits of ``widths`` bits (low first), K cut at ``cuts``.
+
+    ``halves``: the two 32-bit halves of the uint64 share as unsigned digits (widths 32, 29),
+    converted to float64 in one pass straight from a uint32 view; otherwise balanced digits.
+    """
 
     widths: tuple[int, ...]
     cuts: tuple[int, ...]      # 0 = cuts[0] < ... < cuts[-1] = K
+    halves: bool = False
 
     @property
     def limbs(self) -> int:
@@ -83,8 +93,8 @@ class Plan:
 
     @property
     def digit_bound(self) -> int:
-        """max |d_j| of the balanced digits."""
-        return 1 << (max(self.widths) - 1)
+        """max |d_j| of the digits."""
+        return (1 << 32) - 1 if self.halves else 1 << (max(self.widths) - 1)
 
     @property
     def blocks(self) -> int:
@@ -96,25 +106,43 @@ def _widths(nbits: int, limbs: int) -> tuple[int, ...]:
     return tuple([base + 1] * extra + [base] * (limbs - extra))
 
 
-def _cuts(abs_pub: np.ndarray, cs: np.ndarray | None, top: int, limit: int) -> tuple[int, ...] | None:
+def _cuts(sums: "_Sums", top: int, limit: int) -> tuple[int, ...] | None:
     """K-block boundaries with every block's column sums of |M| <= limit, at most MAX_BLOCKS blocks."""
-    K = abs_pub.shape[0]
+    K, colmax = sums.K, sums.colmax
     if top > limit:
         return None
     per_row = limit // max(top, 1)              # any run of this many rows fits
     n_safe = -(-K // per_row)
-    if cs is None:                              # sums too large for int64: the per-row bound only
+    if colmax is None:
         tries = [n_safe]
     else:
-        n0 = max(1, -(-int(cs[-1].max()) // limit))
+        n0 = max(1, -(-colmax // limit))
         tries = list(range(n0, min(n0 + 8, n_safe))) + [n_safe]
     for nb in tries:
         if nb > MAX_BLOCKS:
             return None
         cuts = (np.arange(nb + 1) * K) // nb
-        if nb == n_safe or cs is None or int((cs[cuts[1:]] - cs[cuts[:-1]]).max()) <= limit:
+        if nb == n_safe:
+            return tuple(int(c) for c in cuts)
+        cs = sums.cumulative()
+        if int((cs[cuts[1:]] - cs[cuts[:-1]]).max()) <= limit:
             return tuple(int(c) for c in cuts)
     return None
+
+
+class _Sums:
+    """Column sums of |M| (None where int64 could overflow), cumulative sums over K on demand."""
+
+    def __init__(self, abs_pub: np.ndarray, colmax: int | None):
+        self.abs_pub, self.K, self.colmax, self._cs = abs_pub, abs_pub.shape[0], colmax, None
+
+    def cumulative(self) -> np.ndarray:
+        if self._cs is None:
+            K, N = self.abs_pub.shape
+            self._cs = np.empty((K + 1, N), dtype=np.int64)
+            self._cs[0] = 0
+            np.cumsum(self.abs_pub, axis=0, out=self._cs[1:])
+        return self._cs
 
 
 def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) -> Plan | None:
@@ -140,7 +168,7 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
         quick = _one_block_plan(nbits, top, colmax, K, N, rows)
         if quick is not None:
             return quick
-    cs = None
+    sums = _Sums(abs_pub, colmax)
     best = None
     for L in range(1, MAX_LIMBS + 1):
         widths = _widths(nbits, L)
@@ -150,10 +178,7 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
         if colmax is not None and colmax <= limit:
             cuts = (0, K)
         else:
-            if cs is None and safe:
-                cs = np.zeros((K + 1, N), dtype=np.int64)
-                np.cumsum(abs_pub, axis=0, out=cs[1:])
-            cuts = _cuts(abs_pub, cs, top, limit)
+            cuts = _cuts(sums, top, limit)
             if cuts is None:
                 continue
         nb = len(cuts) - 1
@@ -166,12 +191,23 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
             best = (cost, Plan(widths, cuts))
         if nb == 1:
             break                                # more digits only cost more
+    if field.mersenne and _LITTLE and top <= _HALVES_LIMIT:
+        cuts = _cuts(sums, top, _HALVES_LIMIT) if safe else None
+        if cuts is not None:
+            nb = len(cuts) - 1
+            cost = 2 * (0.1 * K * N + 2 * nb * N + K)
+            if rows:
+                cost += nb * _CALL_COST / _chunk(2, K, N, rows)
+            if best is None or cost < best[0]:
+                best = (cost, Plan(_HALVES, cuts, True))
     return None if best is None else best[1]
 
 
 @functools.lru_cache(maxsize=256)
 def _one_block_plan(nbits: int, top: int, colmax: int, K: int, N: int, rows: int | None) -> Plan | None:
     """The plan when the fewest digits that fit need one block (the common case), else None."""
+    if nbits == 61 and _LITTLE and colmax <= _HALVES_LIMIT:
+        return Plan(_HALVES, (0, K), True)
     for L in range(1, MAX_LIMBS + 1):
         widths = _widths(nbits, L)
         limit = EXACT >> (max(widths) - 1)
@@ -216,9 +252,9 @@ class _Digits:
 
 
 @functools.lru_cache(maxsize=64)
-def _digits(widths: tuple[int, ...], p: int) -> _Digits:
+def _digits(widths: tuple[int, ...], p: int, halves: bool = False) -> _Digits:
     shifts = tuple(itertools.accumulate((0,) + widths[:-1]))
-    offs = [1 << (w - 1) for w in widths]
+    offs = [0 if halves else 1 << (w - 1) for w in widths]
     C = sum(o << s for o, s in zip(offs, shifts)) % p
     K0 = (_B + sum(_B >> (61 - s) for s in shifts[1:])) % p
     fsub = np.array([_TWO52 + o for o in offs])
@@ -239,6 +275,9 @@ def _corrections(dg: _Digits, widths, colsum, fld: PrimeField) -> tuple[np.ndarr
     if not fld.mersenne:
         corr = np.array([(dg.C * int(v)) % p for v in colsum.tolist()], dtype=np.uint64)
         return np.full((dg.L, len(corr)), _MAGIC_F), corr
+    if dg.C == 0:                            # unsigned digits: the same constants for every output
+        v = -dg.K0 % p
+        return np.array([[((v >> s) & ((1 << w) - 1)) + _MAGIC_F] for s, w in zip(dg.shifts, widths)]), None
     if len(colsum) <= 256:
         v = [(dg.C * int(c) - dg.K0) % p for c in colsum.tolist()]
         mag = np.array([[(x >> s) & ((1 << w) - 1) for x in v] for s, w in zip(dg.shifts, widths)],
@@ -302,6 +341,15 @@ def _combine(dg: _Digits, nb: int, gi: list[np.ndarray], tmp: np.ndarray, out: n
     np.minimum(xv, tv, out=out)
 
 
+def _add_magic(flat: np.ndarray, L: int, n: int, N: int, mag: np.ndarray, mag_t, t: int) -> None:
+    """Add the per-digit (mag of shape (L, 1)) or per-digit-and-column (L, N) constants."""
+    if mag.shape[1] == 1:
+        g = flat[:L * n * N].reshape(L, n * N)
+        np.add(g, mag, out=g)
+    else:
+        _add_magic_rows(flat, L, n, N, mag_t, t)
+
+
 def _add_magic_rows(flat: np.ndarray, L: int, n: int, N: int, mag_t: np.ndarray, t: int) -> None:
     """flat = L blocks of (n, N) products; add mag (L, N) to every row of block j.
 
@@ -340,11 +388,14 @@ def _left(a2: np.ndarray, m: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> n
     R, K = a2.shape
     N = m.shape[1]
     out = np.empty((R, N), dtype=np.uint64)
-    dg = _digits(pl.widths, fld.p)
+    dg = _digits(pl.widths, fld.p, pl.halves)
     L, cuts, nb = dg.L, pl.cuts, pl.blocks
     mag, corr = _corrections(dg, pl.widths, colsum, fld)
-    t = max(1, min(-(-256 // N), R))
-    mag_t = np.concatenate([mag] * t, axis=1).reshape(L, 1, t * N)
+    if mag.shape[1] == 1:
+        t, mag_t = 1, None                   # one constant per digit: a plain broadcast add
+    else:
+        t = max(1, min(-(-256 // N), R))
+        mag_t = np.concatenate([mag] * t, axis=1).reshape(L, 1, t * N)
     mf = m.astype(np.float64)
     fsub = dg.fsub.reshape(L, 1, 1)
     rc = _chunk(L, K, N, R, t)
@@ -355,22 +406,26 @@ def _left(a2: np.ndarray, m: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> n
     for r0 in range(0, R, rc):
         n = min(rc, R - r0)
         ub = ubuf[:L * n * K].reshape(L, n, K)
-        _split(dg, a2[r0:r0 + n], list(ub))
-        np.bitwise_or(ub, _MAGIC, out=ub)
         fb = ub.view(np.float64)
-        np.subtract(fb, fsub, out=fb)
+        if pl.halves:
+            src = a2[r0:r0 + n].view(np.uint32).reshape(n, K, 2)
+            np.copyto(fb, src.transpose(2, 0, 1), casting="unsafe")
+        else:
+            _split(dg, a2[r0:r0 + n], list(ub))
+            np.bitwise_or(ub, _MAGIC, out=ub)
+            np.subtract(fb, fsub, out=fb)
         f2 = fb.reshape(L * n, K)
         acc = abuf[:L * n * N].reshape(L * n, N)
         if nb == 1:
             np.matmul(f2, mf, out=acc)
-            _add_magic_rows(abuf, L, n, N, mag_t, t)
+            _add_magic(abuf, L, n, N, mag, mag_t, t)
         else:
             g = gbuf[:L * n * N].reshape(L * n, N)
             for b in range(nb):
                 k0, k1 = cuts[b], cuts[b + 1]
                 if b == 0:
                     np.matmul(f2[:, k0:k1], mf[k0:k1], out=acc)
-                    _add_magic_rows(abuf, L, n, N, mag_t, t)
+                    _add_magic(abuf, L, n, N, mag, mag_t, t)
                 else:
                     np.matmul(f2[:, k0:k1], mf[k0:k1], out=g)
                     np.add(g, _MAGIC_F, out=g)
@@ -386,12 +441,12 @@ def _right(m: np.ndarray, a2: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> 
     J, K = m.shape
     C = a2.shape[1]
     out = np.empty((J, C), dtype=np.uint64)
-    dg = _digits(pl.widths, fld.p)
+    dg = _digits(pl.widths, fld.p, pl.halves)
     L, cuts, nb = dg.L, pl.cuts, pl.blocks
     mag, corr = _corrections(dg, pl.widths, colsum, fld)
     if corr is not None:
         corr = corr[:, None]                 # one correction per output row here
-    mag = np.ascontiguousarray(mag.T).reshape(J, L, 1)
+    mag = np.ascontiguousarray(mag.T).reshape(mag.shape[1], L, 1)
     mf = m.astype(np.float64)
     fsub = dg.fsub.reshape(1, L, 1)
     cc = _chunk(L, K, J, C)
@@ -403,10 +458,14 @@ def _right(m: np.ndarray, a2: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> 
     for c0 in range(0, C, cc):
         n = min(cc, C - c0)
         ub = ubuf[:L * n * K].reshape(K, L, n)
-        _split(dg, a2[:, c0:c0 + n], [ub[:, j, :] for j in range(L)])
-        np.bitwise_or(ub, _MAGIC, out=ub)
         fb = ub.view(np.float64)
-        np.subtract(fb, fsub, out=fb)
+        if pl.halves:
+            src = a2[:, c0:c0 + n].view(np.uint32).reshape(K, n, 2)
+            np.copyto(fb, src.transpose(0, 2, 1), casting="unsafe")
+        else:
+            _split(dg, a2[:, c0:c0 + n], [ub[:, j, :] for j in range(L)])
+            np.bitwise_or(ub, _MAGIC, out=ub)
+            np.subtract(fb, fsub, out=fb)
         f2 = fb.reshape(K, L * n)
         acc = abuf[:L * n * J].reshape(J, L * n)
         if nb == 1:

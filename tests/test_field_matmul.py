@@ -37,19 +37,23 @@ def test_matmul_random_and_extremes(K, N, top):
 
 
 @pytest.mark.parametrize("sign", [1, -1])
-def test_worst_case_sums_reach_the_exactness_limit(sign):
-    # every digit at its bound and every public entry at the largest value the plan allows in
-    # one block: the float64 partial sums reach (nearly) the limit of the conversion trick
+@pytest.mark.parametrize("halves", [True, False])
+def test_worst_case_sums_reach_the_exactness_limit(sign, halves):
+    # every digit at its bound and the public column sums at the largest value one block allows:
+    # the float64 partial sums reach the limit of the conversion trick
     K, N = 16, 3
-    for a_val in (P61 - 1, P61 // 2, P61 // 2 + 1, (1 << 60) + (1 << 30), (1 << 30) - 1, 1 << 31):
+    limit = fm._HALVES_LIMIT if halves else fm.EXACT >> 30
+    top = limit // K
+    b = np.full((K, N), sign * top, dtype=np.int64)
+    b[:, 1] = -sign * top
+    b[0, 2] = sign * (limit - (K - 1) * top)            # column sum exactly at the limit
+    pl = fm.plan(np.abs(b))
+    assert (pl.halves, pl.limbs, pl.blocks) == (halves, 2, 1)
+    for a_val in (P61 - 1, P61 // 2, P61 // 2 + 1, (1 << 60) + (1 << 30), (1 << 30) - 1, 1 << 31,
+                  (1 << 32) - 1, ((1 << 29) - 1) << 32, 0):
         a = np.full((4, K), a_val, dtype=np.uint64)
-        pl = fm.plan(np.ones((K, N), dtype=np.int64))
-        top = (fm.EXACT // pl.digit_bound) // K
-        b = np.full((K, N), sign * top, dtype=np.int64)
-        b[:, 1] = -sign * top
-        pl = fm.plan(np.abs(b))
-        assert pl.limbs == 2 and pl.blocks == 1
         assert np.array_equal(fm.matmul(a, b), ref_mm(a, b, P61)), a_val
+        assert np.array_equal(fm.lmatmul(b.T, a.T), ref_mm(b.T, a.T, P61)), a_val
 
 
 @pytest.mark.parametrize("K,top,digits", [(2000, 1 << 14, 2), (3312, 80000, 3), (300, 1 << 25, 3),
