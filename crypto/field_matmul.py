@@ -7,8 +7,8 @@ and a public operand already given as centred int64 (what :mod:`fedhet.protocols
 holds), skipping the input checks.  ``plan`` tells how a product will be split.
 
 How.  A share is a uniform 61-bit element, but the public operand is a small signed integer (a
-fixed-point matrix, ``|M| < 2**20`` or so), so only the share is split, into L *balanced*
-digits ``d_j = ((a >> S_j) mod 2**w_j) - 2**(w_j - 1)``, ``|d_j| <= 2**(w_j - 1)``, so that
+fixed-point matrix, ``|M| < 2**20`` or so), so only the share is split, into L digits, e.g.
+balanced ``d_j = ((a >> S_j) mod 2**w_j) - 2**(w_j - 1)``, ``|d_j| <= 2**(w_j - 1)``, so that
 ``a = sum_j d_j 2**S_j + C`` for a public constant C.  The digit matrices are stacked along the
 row axis (along the column axis for ``lmatmul``), so ONE float64 BLAS gemm
 ``(L*R, K) @ (K, N)`` computes every ``G_j = d_j @ M``.  It is exact: every partial sum is an
@@ -16,26 +16,30 @@ integer of magnitude at most ``max|d_j| * sum_k |M_kn| <= EXACT < 2**51`` (the p
 into blocks where the public column sums require it; block results are summed in int64).  Then
 ``a @ M = sum_j 2**S_j G_j + C * (1^T M)  (mod p)``.
 
-* Digits without int-to-float conversion: a digit u < 2**52 OR-ed into the bits of the float
-  2**52 is the float ``2**52 + u``; one float subtraction removes 2**52 and the offset.
+* Digits, two kinds.  "halves" (public column sums up to about 2**19, e.g. 16-bit fixed point
+  with K = 16): the uint64 share's two 32-bit halves are the digits (32 and 29 bits, unsigned),
+  converted to float64 in one numpy pass from a uint32 view.  Balanced digits otherwise: a
+  digit u < 2**52 OR-ed into the bits of the float 2**52 is the float ``2**52 + u``, and one
+  float subtraction removes 2**52 and the offset (no int-to-float conversion).
 * Products without float-to-int conversion: for an integer |g| <= 2**51, the bits of the float
   ``g + 1.5 * 2**52`` read as int64 are ``g + B`` (B a constant, a multiple of 2**48).  The
-  same float add also adds the correction ``C * (1^T M)`` (as per-column digits c_j < 2**31).
+  same float add also adds the correction ``C * (1^T M)`` (as per-column digits c_j < 2**32).
 * Recombination for p = 2**61 - 1 (``2**61 = 1 mod p``): ``2**S g = r 2**S + q (mod p)`` with
   ``g = q 2**(61-S) + r``, a mask, two shifts and two adds; for two digits the sum then lies in
   [2p, 4p), and two subtractions and a minimum make it canonical (more digits: a Mersenne fold
   ``x = (x & p) + (x >> 61)`` first).  Small primes (< 2**32) use ``%`` instead.
 * Everything runs in per-thread buffers reused across calls, over row chunks of about a MiB.
 
-With a 16-bit fixed-point public matrix (``|M| < 2**17``) two digits (31 and 30 bits, bound
-2**30) cover column sums up to 2**21 in one block: the cost is two float64 products of the same
-shape plus about 6 passes over the shares and 9 over the result.  Public operands too large for
-any plan (``|M| > EXACT`` or more than ``MAX_LIMBS`` digits / ``MAX_BLOCKS`` blocks) use the
-generic 16-bit-limb product :meth:`PrimeField.matmul`.
+So a product costs two float64 gemms of the same shape (three or four digits only when the
+public entries or column sums are large), plus a few elementwise passes over the shares and about nine over the
+result, plus numpy's per-call overhead (tens of microseconds).  Public operands too large for any
+plan (``|M| > EXACT`` or more than ``MAX_LIMBS`` digits / ``MAX_BLOCKS`` blocks) use the generic
+16-bit-limb product :meth:`PrimeField.matmul`.
 
-Measured (``benchmarks/field_matmul.py``, one BLAS thread): the large products reach about a
-third of float64 matmul throughput; the small F3 shapes (K = N = 16), where the elementwise
-passes and numpy's per-call cost weigh as much as the gemm, less (see the results file).
+Measured (``benchmarks/field_matmul.py``, one BLAS thread, per-core CPU time on a loaded 2-core
+machine): about 0.28 of float64 matmul throughput for (1024, 1024)^2 and (4096, 512) @ (512, 512),
+0.2 for F3's (R, 16) @ (16, 16|64), 0.16 for (100, 3312) @ (3312, 16): for the small shapes the
+elementwise passes and numpy's per-call cost weigh as much as the gemm.
 """
 from __future__ import annotations
 
@@ -134,14 +138,16 @@ class _Sums:
     """Column sums of |M| (None where int64 could overflow), cumulative sums over K on demand."""
 
     def __init__(self, abs_pub: np.ndarray, colmax: int | None):
-        self.abs_pub, self.K, self.colmax, self._cs = abs_pub, abs_pub.shape[0], colmax, None
+        self.abs_pub, self.K, self.colmax = abs_pub, abs_pub.shape[0], colmax
+        self._cs: np.ndarray | None = None
 
     def cumulative(self) -> np.ndarray:
         if self._cs is None:
             K, N = self.abs_pub.shape
-            self._cs = np.empty((K + 1, N), dtype=np.int64)
-            self._cs[0] = 0
-            np.cumsum(self.abs_pub, axis=0, out=self._cs[1:])
+            cs = np.empty((K + 1, N), dtype=np.int64)
+            cs[0] = 0
+            np.cumsum(self.abs_pub, axis=0, out=cs[1:])
+            self._cs = cs
         return self._cs
 
 
@@ -175,12 +181,10 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
         limit = EXACT >> (max(widths) - 1)
         if top > limit or max(widths) > 31:      # (digits of the correction must stay < 2**31)
             continue
-        if colmax is not None and colmax <= limit:
-            cuts = (0, K)
-        else:
-            cuts = _cuts(sums, top, limit)
-            if cuts is None:
-                continue
+        found = (0, K) if colmax is not None and colmax <= limit else _cuts(sums, top, limit)
+        if found is None:
+            continue
+        cuts = found
         nb = len(cuts) - 1
         # per output row, in units of one elementwise pass: the gemm flops (~1/10 of a pass
         # each), converting and summing each block's products, splitting the share
@@ -192,8 +196,9 @@ def plan(abs_pub: np.ndarray, field: PrimeField = F61, rows: int | None = None) 
         if nb == 1:
             break                                # more digits only cost more
     if field.mersenne and _LITTLE and top <= _HALVES_LIMIT:
-        cuts = _cuts(sums, top, _HALVES_LIMIT) if safe else None
-        if cuts is not None:
+        hcuts = _cuts(sums, top, _HALVES_LIMIT) if safe else None
+        if hcuts is not None:
+            cuts = hcuts
             nb = len(cuts) - 1
             cost = 2 * (0.1 * K * N + 2 * nb * N + K)
             if rows:
@@ -276,11 +281,11 @@ def _corrections(dg: _Digits, widths, colsum, fld: PrimeField) -> tuple[np.ndarr
         corr = np.array([(dg.C * int(v)) % p for v in colsum.tolist()], dtype=np.uint64)
         return np.full((dg.L, len(corr)), _MAGIC_F), corr
     if dg.C == 0:                            # unsigned digits: the same constants for every output
-        v = -dg.K0 % p
-        return np.array([[((v >> s) & ((1 << w) - 1)) + _MAGIC_F] for s, w in zip(dg.shifts, widths)]), None
+        v0 = -dg.K0 % p
+        return np.array([[((v0 >> s) & ((1 << w) - 1)) + _MAGIC_F] for s, w in zip(dg.shifts, widths)]), None
     if len(colsum) <= 256:
-        v = [(dg.C * int(c) - dg.K0) % p for c in colsum.tolist()]
-        mag = np.array([[(x >> s) & ((1 << w) - 1) for x in v] for s, w in zip(dg.shifts, widths)],
+        vs = [(dg.C * int(c) - dg.K0) % p for c in colsum.tolist()]
+        mag = np.array([[(x >> s) & ((1 << w) - 1) for x in vs] for s, w in zip(dg.shifts, widths)],
                        dtype=np.float64)
     else:
         vv = fld.sub(fld.mul(fld.from_int(colsum), _U64(dg.C)), _U64(dg.K0))
@@ -364,10 +369,10 @@ def _add_magic_rows(flat: np.ndarray, L: int, n: int, N: int, mag_t: np.ndarray,
     for j in range(L):
         seg = flat[j * n * N:(j + 1) * n * N]
         if full:
-            g = seg[:full * N].reshape(full // t, t * N)
-            np.add(g, mag_t[j], out=g)
-        g = seg[full * N:].reshape(n - full, N)
-        np.add(g, mag_t[j, :, :N], out=g)
+            g2 = seg[:full * N].reshape(full // t, t * N)
+            np.add(g2, mag_t[j], out=g2)
+        g2 = seg[full * N:].reshape(n - full, N)
+        np.add(g2, mag_t[j, :, :N], out=g2)
 
 
 def _unbias(gi: np.ndarray, nb: int) -> None:
@@ -401,7 +406,7 @@ def _left(a2: np.ndarray, m: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> n
     rc = _chunk(L, K, N, R, t)
     ubuf = _scratch("digits", L * rc * K, np.uint64)
     abuf = _scratch("sums", L * rc * N, np.float64)
-    gbuf = _scratch("products", L * rc * N, np.float64) if nb > 1 else None
+    gbuf = _scratch("products", L * rc * N if nb > 1 else 0, np.float64)
     tbuf = _scratch("tmp", rc * N, np.int64)
     for r0 in range(0, R, rc):
         n = min(rc, R - r0)
@@ -452,7 +457,7 @@ def _right(m: np.ndarray, a2: np.ndarray, pl: Plan, fld: PrimeField, colsum) -> 
     cc = _chunk(L, K, J, C)
     ubuf = _scratch("digits", L * cc * K, np.uint64)
     abuf = _scratch("sums", L * cc * J, np.float64)
-    gbuf = _scratch("products", L * cc * J, np.float64) if nb > 1 else None
+    gbuf = _scratch("products", L * cc * J if nb > 1 else 0, np.float64)
     tbuf = _scratch("tmp", cc * J, np.int64)
     res = _scratch("res", cc * J, np.uint64)
     for c0 in range(0, C, cc):
