@@ -72,7 +72,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from fedhet.crypto import shamir
+from fedhet.crypto import field_matmul, shamir
 from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.fixedpoint import DEFAULT_FRAC_BITS, FixedPoint
 from fedhet.crypto.prg import PRG
@@ -304,41 +304,19 @@ class PublicOperand:
 def public_matmul(a: np.ndarray, pub: PublicOperand, fld: PrimeField) -> np.ndarray:
     """``a @ M mod p`` for shares a (..., K) and a public M given by its small signed integers.
 
-    A public operand is a small signed integer (a fixed-point value), unlike
-    a share, which is a uniform element of up to 61 bits.  So only the share
-    is split, into L limbs of w bits, and each limb multiplied by the signed M
-    with float64 BLAS (L products instead of the 16 of the generic
-    :meth:`PrimeField.matmul`); a product is exact while
-    ``(2**w - 1) * max|M| * K < 2**53``.  L is the fewest limbs for which the
-    whole contraction fits (2 or 3 for typical fixed-point matrices);
-    otherwise 16-bit limbs over blocks of K; the generic product when even a
-    single row of M does not fit.
+    A public operand is a small signed integer (a fixed-point value), unlike a
+    share, which is a uniform element of up to 61 bits: only the share is split
+    into digits, and one float64 BLAS product does all of them exactly
+    (:func:`fedhet.crypto.field_matmul.matmul_trusted`, which falls back to the
+    generic :meth:`PrimeField.matmul` when M is too large for an exact split).
     """
     ms = pub.signed
-    top = max(1, int(np.abs(ms).max()) if ms.size else 0)
-    K = ms.shape[0] if ms.ndim else 0
-    if a.ndim < 1 or ms.ndim < 1 or a.shape[-1] != K or K == 0:
+    if a.ndim < 1 or ms.ndim < 1 or a.shape[-1] != ms.shape[0]:
         return fld.matmul(a, pub.enc)
-    bits = fld.p.bit_length()
-    for n_limbs in range(2, 5):
-        width = -(-bits // n_limbs)
-        kblock = (1 << 53) // (((1 << width) - 1) * top)
-        if kblock >= K:
-            break
-    if kblock < 1:
-        return fld.matmul(a, pub.enc)
-    mask = np.uint64((1 << width) - 1)
-    lead = a.shape[:-1]
-    a2 = a.reshape(-1, K)
-    mf = ms.astype(np.float64)
-    out = np.zeros((a2.shape[0],) + ms.shape[1:], dtype=np.uint64)
-    for k0 in range(0, K, kblock):
-        ak, mk = a2[:, k0:k0 + kblock], mf[k0:k0 + kblock]
-        for j in range(n_limbs):
-            limb = ((ak >> np.uint64(width * j)) & mask).astype(np.float64)
-            part = fld.from_int(np.rint(limb @ mk).astype(np.int64))   # exact, signed, |.| < 2**53
-            fld.add(out, fld.mul_pow2(part, width * j), out=out)
-    return out.reshape(lead + ms.shape[1:])
+    if a.ndim == 2 and ms.ndim == 2 and a.T.flags.c_contiguous and not a.flags.c_contiguous:
+        # a is the transpose of contiguous shares x (lmatmul): a @ M = (M^T @ x)^T, no copy of x
+        return field_matmul.lmatmul_trusted(ms.T, a.T, fld).T
+    return field_matmul.matmul_trusted(a, ms, fld)
 
 
 def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int | None = None) -> PublicOperand:
