@@ -92,7 +92,10 @@ class OTError(ValueError):
 # ---------------------------------------------------------------- AES helpers
 def aes_ecb(key: bytes, data) -> np.ndarray:
     """AES-128-ECB of a whole buffer (a multiple of 16 bytes) in one OpenSSL call, as uint8."""
-    buf = memoryview(np.ascontiguousarray(data, dtype=np.uint8)).cast("B")
+    arr = np.ascontiguousarray(data, dtype=np.uint8)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    buf = memoryview(arr.reshape(-1))
     out = bytearray(len(buf) + BLOCK)
     enc = Cipher(algorithms.AES(bytes(key)), modes.ECB()).encryptor()
     n = enc.update_into(buf, out)
@@ -135,7 +138,8 @@ def transpose_bits(cols: np.ndarray) -> np.ndarray:
     if k % 8:
         raise ValueError(f"transpose_bits: the number of columns must be a multiple of 8, got {k}")
     # x[c, g] holds the 8 bytes cols[8g + r, c], r = 0..7: one 8x8 bit block, bit 8r + b
-    x = np.ascontiguousarray(cols.reshape(k // 8, 8, m).transpose(2, 0, 1)).view("<u8").reshape(m, k // 8)
+    # (a copy even where the transpose is already contiguous: the steps below work in place)
+    x = cols.reshape(k // 8, 8, m).transpose(2, 0, 1).copy(order="C").view("<u8").reshape(m, k // 8)
     t = np.empty_like(x)
     for mask, sh in ((_M1, _S1), (_M2, _S2), (_M3, _S3)):
         np.right_shift(x, sh, out=t)
