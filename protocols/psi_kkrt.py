@@ -9,7 +9,7 @@ those of the ePrint version as we read it; check them against the paper.
 
 Two-party core, label owner L (PSI receiver, items X) and feature party F
 (PSI sender, items Y); every ID is first reduced to a 128-bit digest
-(BLAKE2b, salted with the caller's hash context)::
+(SHA-256, truncated; the caller's hash context is bound into the code keys)::
 
     L        cuckoo-hash X into m = 1.27|X| bins, 3 hash functions, fresh seed (rehash on failure)
     L -> F   psi_kkrt/setup   |X|, reveal mode, hash context, cuckoo seed and m, Chou–Orlandi point A
@@ -91,7 +91,6 @@ MAX_OPRF_ROWS = psi.MAX_CHUNK  # items per OPRF message
 U_WINDOW_BYTES = 64 << 20   # unacknowledged U bytes in flight per feature party
 MAX_ITEMS = 1 << 28         # items per party (bins must fit the 40-bit hash words; memory)
 DIGEST_BYTES = 16
-_ID_PERSON = b"fedhet-kkrt-id"
 _CTX_PERSON = b"fedhet-kkrt-ctx"
 
 K_SETUP, K_REPLY, K_U, K_ACK = "psi_kkrt/setup", "psi_kkrt/reply", "psi_kkrt/u", "psi_kkrt/ack"
@@ -194,43 +193,53 @@ def output_bytes(n_receiver: int, n_sender: int, sigma: int = SIGMA) -> int:
     return min(16, max(8, -(-bits // 8)))
 
 
-def item_digests(encoded: Sequence[bytes], context: bytes = b"") -> np.ndarray:
-    """128-bit BLAKE2b digests of encoded IDs (salted with the context): (n, 16) uint8."""
-    salt = hashlib.blake2b(bytes(context), digest_size=16, person=_CTX_PERSON).digest()
-    h0 = hashlib.blake2b(digest_size=DIGEST_BYTES, salt=salt, person=_ID_PERSON)
-    cp = h0.copy
-    out = []
-    ap = out.append
-    for x in encoded:
-        h = cp()
-        h.update(x)
-        ap(h.digest())
-    return np.frombuffer(b"".join(out), dtype=np.uint8).reshape(-1, DIGEST_BYTES)
+def item_digests(encoded: Sequence[bytes]) -> np.ndarray:
+    """128-bit digests of encoded IDs (SHA-256, truncated; they never leave the party): (n, 16) uint8.
+
+    Collision resistance is all that is needed here: the hash context enters
+    through the code keys (:func:`code_for`), so both parties can digest their
+    IDs before they have exchanged a message.
+    """
+    sha = hashlib.sha256
+    flat = np.frombuffer(b"".join([sha(x).digest() for x in encoded]), dtype=np.uint8)
+    return np.ascontiguousarray(flat.reshape(-1, 32)[:, :DIGEST_BYTES])
+
+
+def code_for(code_seed: bytes, context: bytes) -> ot.PseudorandomCode:
+    """The pseudorandom code of one run: keys from the feature party's seed, bound to the hash context."""
+    ctx = hashlib.blake2b(bytes(context), digest_size=16, person=_CTX_PERSON).digest()
+    return ot.PseudorandomCode(hashlib.blake2b(bytes(code_seed), digest_size=16, key=ctx).digest())
 
 
 def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ia, ib) with a[ia[k]] == b[ib[k]] for every row of ``a`` found in ``b`` (first match in b); ia increasing."""
+    """(ia, ib) with a[ia[k]] == b[ib[k]] for every row of ``a`` found in ``b``; ia increasing, one ib per ia.
+
+    Sorts ``a`` by its first 8 bytes (the label owner's n values), looks up
+    every row of ``b`` (the feature party's 3n) and confirms on all bytes.
+    """
     a = np.ascontiguousarray(a, dtype=np.uint8)
     b = np.ascontiguousarray(b, dtype=np.uint8)
     empty = np.zeros(0, dtype=np.int64)
     if len(a) == 0 or len(b) == 0:
         return empty, empty
-    kb = np.ascontiguousarray(b[:, :8]).view("<u8").ravel()
     ka = np.ascontiguousarray(a[:, :8]).view("<u8").ravel()
-    order = np.argsort(kb, kind="stable")
-    skb = kb[order]
-    if np.any(skb[1:] == skb[:-1]):  # equal prefixes: only by accident; do it exactly
+    kb = np.ascontiguousarray(b[:, :8]).view("<u8").ravel()
+    order = np.argsort(ka)
+    ska = ka[order]
+    if np.any(ska[1:] == ska[:-1]):  # equal prefixes: only by accident; do it exactly
         where: dict[bytes, int] = {}
         for j in range(len(b)):
             where.setdefault(b[j].tobytes(), j)
         pairs = [(i, where[a[i].tobytes()]) for i in range(len(a)) if a[i].tobytes() in where]
         return (np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64))
-    pos = np.searchsorted(skb, ka)
-    pos[pos == len(skb)] = 0
-    hit = np.nonzero(skb[pos] == ka)[0]
-    ib = order[pos[hit]]
-    full = (a[hit] == b[ib]).all(axis=1)
-    return hit[full].astype(np.int64), ib[full].astype(np.int64)
+    pos = np.searchsorted(ska, kb)
+    pos[pos == len(ska)] = 0
+    jb = np.nonzero(ska[pos] == kb)[0]
+    ia = order[pos[jb]]
+    full = (a[ia] == b[jb]).all(axis=1)
+    ia, jb = ia[full], jb[full]
+    ia, first = np.unique(ia, return_index=True)  # sorted; the first b row where one a row matched twice
+    return ia.astype(np.int64), jb[first].astype(np.int64)
 
 
 def _u_rows(chunk: int) -> int:
@@ -267,13 +276,13 @@ def bin_codes(code: ot.PseudorandomCode, digests: np.ndarray, table: np.ndarray,
     return out
 
 
-def sender_values(sender: ot.KkrtSender, code: ot.PseudorandomCode, q: np.ndarray, digests: np.ndarray,
-                  bins: np.ndarray, out_bytes: int) -> np.ndarray:
-    """F's OPRF values of items (digests, their 3 bins) from the OT-extension rows q: (n, 3, ℓ) uint8."""
-    out = np.empty((len(digests), cuckoo.N_HASHES, out_bytes), dtype=np.uint8)
+def sender_values(q: np.ndarray, masked: Sequence[np.ndarray], bins: np.ndarray, out_bytes: int) -> np.ndarray:
+    """F's OPRF values H(q_{h_j(y)} ^ (C_j(y) & s)) of items with bins (n, 3) and masked codewords
+    ``masked[j]`` (n, 64), from the OT-extension rows q: (n, 3, ℓ) uint8."""
+    out = np.empty((len(bins), cuckoo.N_HASHES, out_bytes), dtype=np.uint8)
     for j in range(cuckoo.N_HASHES):
         rows = q[bins[:, j]]
-        rows ^= sender.masked(code.encode(digests, j))
+        rows ^= masked[j]
         out[:, j] = ot.cr_hash(rows, out_bytes)
     return out
 
@@ -310,7 +319,7 @@ def kkrt_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_
     n = len(enc)
     if n > MAX_ITEMS:
         raise ValueError(f"{who}: {n} distinct IDs; the KKRT backend supports at most {MAX_ITEMS}")
-    digests = item_digests(enc, context)
+    digests = item_digests(enc)
     seed, m, table, which, attempts = cuckoo.build_table(digests)
     t_hash = time.perf_counter()
     runs = {p: _PeerRun(p) for p in peers}
@@ -331,7 +340,7 @@ def kkrt_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_
         except ot.OTError as e:
             raise PartyError(f"PSI-KKRT: {K_REPLY} from {p!r}: {e}") from None
         receiver = ot.KkrtReceiver(k0, k1)
-        code = ot.PseudorandomCode(reply["code"])
+        code = code_for(reply["code"], context)
         ell = output_bytes(n, r.n)
         r.values = np.zeros((n, ell), dtype=np.uint8)
         for i, s in enumerate(range(0, m, u_rows)):
@@ -370,9 +379,8 @@ def kkrt_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_
             i += 1
         theirs = np.concatenate(parts).reshape(-1, ell) if parts else np.zeros((0, ell), np.uint8)
         ia, ib = match_values(r.values, theirs)
-        ia, first = np.unique(ia, return_index=True)  # one position per ID even after a freak double match
         w = np.full(n, -1, dtype=np.int64)
-        w[ia] = ib[first] // cuckoo.N_HASHES
+        w[ia] = ib // cuckoo.N_HASHES
         where[p] = w
         pair_sizes[p] = int(len(ia))
         in_all &= w >= 0
@@ -414,6 +422,9 @@ def kkrt_feature_party(party, ids: Iterable[Any], label_owner: str, *, chunk: in
     mine = len(enc)
     if mine > MAX_ITEMS:
         raise ValueError(f"{who}: {mine} distinct IDs; the KKRT backend supports at most {MAX_ITEMS}")
+    digests = item_digests(enc)
+    perm = psi.secure_permutation(mine)
+    digests = digests[perm]  # from here on our IDs are in the secret random order we send them in
     setup = party.recv(lo, K_SETUP, timeout=timeout)
     version = setup.get("v") if isinstance(setup, dict) else None
     if version != PROTOCOL_VERSION:
@@ -432,10 +443,11 @@ def kkrt_feature_party(party, ids: Iterable[Any], label_owner: str, *, chunk: in
     code_seed = os.urandom(ot.BLOCK)
     party.send(lo, K_REPLY, {"n": mine, "B": B, "code": code_seed})
     sender = ot.KkrtSender(s_bits, ks)
-    code = ot.PseudorandomCode(code_seed)
+    code = code_for(code_seed, setup["ctx"])
     ell = output_bytes(n, mine)
-    digests = item_digests(enc, setup["ctx"])
     bins = cuckoo.bin_hashes(digests, setup["seed"], m)
+    # C_j(y) & s for every ID and hash function: needs no U, so it overlaps the label owner's work
+    masked = [sender.masked(code.encode(digests, j)) for j in range(cuckoo.N_HASHES)]
     t_setup = time.perf_counter()
     q = np.empty((m, ot.CODE_BYTES), dtype=np.uint8)
     got, i = 0, 0
@@ -452,11 +464,10 @@ def kkrt_feature_party(party, ids: Iterable[Any], label_owner: str, *, chunk: in
         i += 1
         party.progress(got, m, psi_bins=got)
     t_ot = time.perf_counter()
-    perm = psi.secure_permutation(mine)
     for i, s in enumerate(range(0, mine, chunk)):
-        idx = perm[s:s + chunk]
-        party.send(lo, K_OPRF, {"i": i, "v": sender_values(sender, code, q, digests[idx], bins[idx], ell)})
-    del q
+        party.send(lo, K_OPRF, {"i": i, "v": sender_values(q, [c[s:s + chunk] for c in masked], bins[s:s + chunk],
+                                                           ell)})
+    del q, masked
     t_sent = time.perf_counter()
     ids_out = rows = None
     if reveal:
