@@ -214,8 +214,8 @@ def code_for(code_seed: bytes, context: bytes) -> ot.PseudorandomCode:
 def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(ia, ib) with a[ia[k]] == b[ib[k]] for every row of ``a`` found in ``b``; ia increasing, one ib per ia.
 
-    Sorts ``a`` by its first 8 bytes (the label owner's n values), looks up
-    every row of ``b`` (the feature party's 3n) and confirms on all bytes.
+    Sorts both by their first 8 bytes, looks every row of ``b`` up in ``a``
+    and confirms each candidate on all bytes.
     """
     a = np.ascontiguousarray(a, dtype=np.uint8)
     b = np.ascontiguousarray(b, dtype=np.uint8)
@@ -224,7 +224,7 @@ def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return empty, empty
     ka = np.ascontiguousarray(a[:, :8]).view("<u8").ravel()
     kb = np.ascontiguousarray(b[:, :8]).view("<u8").ravel()
-    order = np.argsort(ka)
+    order = np.argsort(ka, kind="stable")
     ska = ka[order]
     if np.any(ska[1:] == ska[:-1]):  # equal prefixes: only by accident; do it exactly
         where: dict[bytes, int] = {}
@@ -232,10 +232,12 @@ def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             where.setdefault(b[j].tobytes(), j)
         pairs = [(i, where[a[i].tobytes()]) for i in range(len(a)) if a[i].tobytes() in where]
         return (np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64))
-    pos = np.searchsorted(ska, kb)
+    ob = np.argsort(kb, kind="stable")  # sorted queries keep the binary search in cache (~10x faster than random ones)
+    skb = kb[ob]
+    pos = np.searchsorted(ska, skb)
     pos[pos == len(ska)] = 0
-    jb = np.nonzero(ska[pos] == kb)[0]
-    ia = order[pos[jb]]
+    hit = np.nonzero(ska[pos] == skb)[0]
+    ia, jb = order[pos[hit]], ob[hit]
     full = (a[ia] == b[jb]).all(axis=1)
     ia, jb = ia[full], jb[full]
     ia, first = np.unique(ia, return_index=True)  # sorted; the first b row where one a row matched twice
@@ -346,7 +348,7 @@ def kkrt_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_
         for i, s in enumerate(range(0, m, u_rows)):
             e = min(m, s + u_rows)
             u, t = receiver.chunk(bin_codes(code, digests, table[s:e], which[s:e]), s)
-            occ = occupied[(occupied >= s) & (occupied < e)]
+            occ = occupied[np.searchsorted(occupied, s):np.searchsorted(occupied, e)]
             if len(occ):
                 r.values[table[occ]] = ot.cr_hash(t[occ - s], ell)
             while r.sent - r.acked >= window:

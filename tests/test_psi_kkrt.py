@@ -338,6 +338,21 @@ def test_label_owner_only_mode(wire):
     assert psi_kkrt.K_RESULT not in kinds and psi_kkrt.K_U in kinds
 
 
+def test_match_values_agrees_with_a_dict_including_prefix_collisions():
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        a = rng.integers(0, 4, (300, 9), dtype=np.uint8)  # small alphabet: equal 8-byte prefixes and rows
+        b = rng.integers(0, 4, (900, 9), dtype=np.uint8)
+        b[::5] = a[:180]
+        ia, ib = psi_kkrt.match_values(a, b)
+        where = {}
+        for j, r in enumerate(b):
+            where.setdefault(r.tobytes(), j)
+        assert list(zip(ia.tolist(), ib.tolist())) == [(i, where[r.tobytes()]) for i, r in enumerate(a)
+                                                       if r.tobytes() in where]
+    assert len(psi_kkrt.match_values(a, b[:0])[0]) == 0
+
+
 def test_output_length_follows_the_sizes():
     assert psi_kkrt.output_bytes(1 << 20, 1 << 20) == 11  # 40 + 20 + 22 bits
     assert psi_kkrt.output_bytes(0, 0) == 8 and psi_kkrt.output_bytes(1 << 32, 1 << 32) == 14
