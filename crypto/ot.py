@@ -57,8 +57,8 @@ the PSI's ℓ bytes.
 Bit matrices: bit j of a row (a codeword) is bit ``j % 8`` of byte ``j // 8``
 ("little" bit order); a column of m bins is m/8 bytes in the same order.
 :func:`transpose_bits` turns (k, m/8) column bytes into (m, k/8) row bytes with
-the 8x8-bit-block transposition on uint64 words (three mask-and-shift steps,
-Hacker's Delight §7-3), vectorised over all blocks in numpy.
+64x64-bit-block transpositions on uint64 words (six mask-and-shift swap
+stages, Hacker's Delight §7-3), vectorised over all blocks in numpy.
 """
 from __future__ import annotations
 
@@ -126,17 +126,54 @@ def prg_columns(seeds: np.ndarray, start_block: int, n_blocks: int) -> np.ndarra
 # ------------------------------------------------------------ bit transposition
 _M1, _M2, _M3 = np.uint64(0x00AA00AA00AA00AA), np.uint64(0x0000CCCC0000CCCC), np.uint64(0x00000000F0F0F0F0)
 _S1, _S2, _S3 = np.uint64(7), np.uint64(14), np.uint64(28)
+_SWAP64 = [(np.uint64(j), np.uint64(mask)) for j, mask in (
+    (32, 0x00000000FFFFFFFF), (16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF),
+    (4, 0x0F0F0F0F0F0F0F0F), (2, 0x3333333333333333), (1, 0x5555555555555555))]
 
 
 def transpose_bits(cols: np.ndarray) -> np.ndarray:
     """Bit-transpose a (k, M) uint8 matrix of k columns of 8M bits into (8M, k/8) row bytes.
 
     ``out[i, j // 8]`` bit ``j % 8`` == ``cols[j, i // 8]`` bit ``i % 8``.  k must be a multiple of 8.
+    With k a multiple of 64 and M of 8 (the OT extension's case) it runs on 64x64-bit blocks
+    in place (:func:`_transpose_64`), else on 8x8-bit blocks (:func:`_transpose_8`).
     """
-    cols = np.ascontiguousarray(cols, dtype=np.uint8)
+    cols = np.asarray(cols, dtype=np.uint8)
     k, m = cols.shape
     if k % 8:
         raise ValueError(f"transpose_bits: the number of columns must be a multiple of 8, got {k}")
+    if k % 64 == 0 and m % 8 == 0:
+        return _transpose_64(cols)
+    return _transpose_8(cols)
+
+
+def _transpose_64(cols: np.ndarray) -> np.ndarray:
+    """64x64-bit block transposition by six swap stages (Hacker's Delight §7-3), over all blocks at once.
+
+    A[g, r, w] (uint64) is word w of column 64g + r, i.e. bits of bins 64w..64w+63; stage j swaps
+    the j-bit sub-blocks above the diagonal with those below it, between rows r and r + j.
+    Afterwards A[g, b, w] bit r is column 64g + r's bit for bin 64w + b: row 64w + b's word g.
+    """
+    k, m = cols.shape
+    w = m // 8
+    a = np.array(cols, dtype=np.uint8, order="C").view("<u8").reshape(k // 64, 64, w)  # a copy: worked in place
+    buf = np.empty(a.size // 2, dtype=np.uint64)
+    for j, mask in _SWAP64:
+        v = a.reshape(k // 64, 64 // (2 * int(j)), 2, int(j), w)
+        lo, hi = v[:, :, 0], v[:, :, 1]
+        t = buf.reshape(lo.shape)
+        np.right_shift(lo, j, out=t)
+        np.bitwise_xor(t, hi, out=t)
+        np.bitwise_and(t, mask, out=t)
+        np.bitwise_xor(hi, t, out=hi)
+        np.left_shift(t, j, out=t)
+        np.bitwise_xor(lo, t, out=lo)
+    return np.ascontiguousarray(a.transpose(2, 1, 0)).view(np.uint8).reshape(8 * m, k // 8)
+
+
+def _transpose_8(cols: np.ndarray) -> np.ndarray:
+    """8x8-bit block transposition on uint64 words (three mask-and-shift steps), any k multiple of 8."""
+    k, m = cols.shape
     # x[c, g] holds the 8 bytes cols[8g + r, c], r = 0..7: one 8x8 bit block, bit 8r + b
     # (a copy even where the transpose is already contiguous: the steps below work in place)
     x = cols.reshape(k // 8, 8, m).transpose(2, 0, 1).copy(order="C").view("<u8").reshape(m, k // 8)

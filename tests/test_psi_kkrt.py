@@ -143,7 +143,7 @@ def test_cr_hash_matches_its_definition():
     assert (ot.cr_hash(rows, 11) == got[:, :11]).all()
 
 
-@pytest.mark.parametrize("k,m", [(8, 1), (64, 16), (512, 16), (512, 1000)])
+@pytest.mark.parametrize("k,m", [(8, 1), (16, 3), (64, 8), (64, 16), (512, 16), (512, 1000), (520, 24)])
 def test_transpose_bits_matches_unpackbits(k, m):
     rng = np.random.default_rng(k + m)
     cols = rng.integers(0, 256, (k, m), dtype=np.uint8)
