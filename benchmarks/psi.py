@@ -137,7 +137,8 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
         "scalar_mults": 4 * n, "workers": stats["label_owner"]["workers"],
         "cpu_s_children": run.cpu_s, "audit_ok": run.audit_ok,
         "plaintext_set_s": plain, "loadavg_before": load0, "loadavg_after": harness.loadavg(),
-        "stages": {k: {st: v for st, v in s.items() if st.startswith("seconds_")} for k, s in stats.items()},
+        "stages": {k: {st: v for st, v in s.items() if st.startswith("seconds_") or st == "cpu_seconds"}
+                   for k, s in stats.items()},
         "backend": backend,
     }
 
