@@ -10,14 +10,16 @@ hashing", evaluates each of its items at all three bins, which KKRT16's PSI
 
 Table size and failure bound: ``m = ceil(1.27 n)`` bins (at least 128, rounded
 up to a multiple of 128 for the OT extension's chunks), three hash functions
-and no stash.  Pinkas, Schneider, Tkachenko, Yanai ("Efficient Circuit-based PSI
-with Linear Communication", Eurocrypt 2019, §5) and Pinkas, Schneider, Zohner
-(ACM TOPS 2018, §5.?) estimate empirically that stash-less cuckoo hashing with 3
-hash functions and 1.27n bins fails with probability below 2^-40 for large n.
-Small sets fail more often, and every failure is *detected*: the insertion
-gives up after a bounded number of eviction rounds and :func:`build_table`
-draws a fresh seed and starts over (up to ``MAX_ATTEMPTS`` times, then it
-raises :class:`CuckooFailure`).  A failed table is never used, so a failure can
+and no stash.  Pinkas, Schneider, Tkachenko, Yanai ("Efficient Circuit-based
+PSI with Linear Communication", Eurocrypt 2019) and Pinkas, Schneider, Zohner
+("Scalable Private Set Intersection Based on OT Extension", ACM TOPS 2018)
+estimate from experiments (an extrapolation, not a proof) that stash-less
+cuckoo hashing with 3 hash functions and 1.27n bins fails with probability
+below 2^-40 for large n; KKRT16's PSI (§5) uses a stash instead.  Small sets
+fail more often, and every failure is *detected*: the insertion gives up after
+a bounded number of eviction rounds and :func:`build_table` draws a fresh seed
+and starts over (up to ``MAX_ATTEMPTS`` times, then it raises
+:class:`CuckooFailure`).  A failed table is never used, so a failure can
 only cost time, never give a wrong intersection.  The seed finally used is
 uniform among seeds that succeed for the receiver's set; what it can tell the
 sender about that set is bounded by the failure probability of one attempt.

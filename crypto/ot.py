@@ -25,25 +25,29 @@ bound to a session by itself: the key hash includes ``A`` and ``B_j`` and the
 OT index, and ``a`` and the ``b_j`` are fresh per run.
 
 OT extension: Kolesnikov, Kumaresan, Rosulek, Trieu, "Efficient Batched
-Oblivious PRF with Applications to Private Set Intersection" (CCS 2016),
-the 1-out-of-∞ extension of IKNP with a pseudorandom code (KKRT16 §3, Fig. 2;
-the PRC is §3.2 / "relaxed" OPRF of §3.3).  The roles are inverted with respect
-to the base OTs: the OT-extension receiver R (inputs r_i, one per cuckoo bin)
-is the base-OT *sender* with seed pairs (k_j^0, k_j^1), j < k; the OT-extension
-sender S is the base-OT receiver with secret choice bits s in {0,1}^k.  With G
-the PRG (AES-128-CTR keyed by a seed, one column of m bits per seed)::
+Oblivious PRF with Applications to Private Set Intersection" (CCS 2016, ePrint
+2016/799): the 1-out-of-∞ extension of IKNP with a pseudorandom code, their
+BaRK-OPRF (KKRT16 §3; section numbers as we read the ePrint version, the
+paper was not at hand offline to re-check them).  The roles are inverted with
+respect to the base OTs: the OT-extension receiver R (inputs r_i, one per
+cuckoo bin) is the base-OT *sender* with seed pairs (k_j^0, k_j^1), j < k; the
+OT-extension sender S is the base-OT receiver with secret choice bits s in
+{0,1}^k.  With G the PRG (AES-128-CTR keyed by a seed, one column of m bits
+per seed)::
 
     R:  T = G(k^0) (columns),  U = T xor G(k^1) xor C(r)   (rows: u_i = t_i xor g1_i xor C(r_i))
     S:  Q = G(k^s) xor (U and s)   so that   q_i = t_i xor (C(r_i) and s)
     OPRF:  F_i(x) = H(q_i xor (C(x) and s)),  R's output H(t_i) = F_i(r_i).
 
 Parameters: κ = 128 (seed and AES key length); code width ``k = 512`` bits
-(four AES blocks), at least the width KKRT16 requires for 2^20 items at 40-bit
-statistical security (their table of PRC lengths, §5; 424-bit codewords suffice
-for up to ~2^24 instances by their count, and their implementation uses 512 as
-we do).  C is the pseudorandom code ``C_j(x) = AES_{K_{j,0}}(x) || ... ||
-AES_{K_{j,3}}(x)`` on a 128-bit input x with keys derived from a per-run code
-seed and the cuckoo hash index j (so ``x || j`` needs no extra bits).
+(four AES blocks).  KKRT16 size the pseudorandom code so that, except with
+probability 2^-σ, the codewords of all inputs of a run are pairwise at Hamming
+distance at least κ; for 2^20 items and σ = 40 that width is below 512 bits
+(issue 16 quotes 424), and 512 is what their implementation (libOTe's
+``KkrtNcoOt*``, four blocks) uses.  C is the pseudorandom code
+``C_j(x) = AES_{K_{j,0}}(x) || ... || AES_{K_{j,3}}(x)`` on a 128-bit input x
+with keys derived from a per-run code seed and the cuckoo hash index j (so the
+PSI's ``x || j`` needs no extra input bits).
 
 H, the correlation-robust hash, is fixed-key AES: ``H(y) = xor_k
 (π(y_k xor τ_k) xor y_k xor τ_k)`` over the four 128-bit blocks y_k of a row,
