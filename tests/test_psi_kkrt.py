@@ -129,6 +129,12 @@ def test_code_is_four_aes_blocks_and_separates_hash_indices():
     assert ot.PseudorandomCode(bytes(16)).encode(x, 0).tobytes() != c0.tobytes()
 
 
+def test_code_keys_depend_on_seed_and_hash_context():
+    keys = lambda seed, ctx: psi_kkrt.code_for(seed, ctx).keys  # noqa: E731
+    assert keys(b"s" * 16, b"") == keys(b"s" * 16, b"")
+    assert keys(b"s" * 16, b"emails") != keys(b"s" * 16, b"") != keys(b"t" * 16, b"")
+
+
 def test_cr_hash_matches_its_definition():
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 256, (7, 64), dtype=np.uint8)
