@@ -207,9 +207,12 @@ def test_ot_extension_known_answer():
     q = send.chunk(u, 0)
     digest = hashlib.sha256(u.tobytes() + q.tobytes() + ot.cr_hash(t, 16).tobytes()).hexdigest()[:16]
     assert digest == KAT_OTE
+    # the code alone (fixed seed and inputs, all three hash indices)
+    assert hashlib.sha256(b"".join(code.encode(x, j).tobytes() for j in range(3))).hexdigest()[:16] == KAT_CODE
 
 
 KAT_OTE = "4f2da41ab45e3dde"
+KAT_CODE = "d007cdc15bfa0b1b"
 
 
 # ------------------------------------------------------------ cuckoo hashing
