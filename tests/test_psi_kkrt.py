@@ -360,6 +360,11 @@ def test_match_values_agrees_with_a_dict_including_prefix_collisions():
         assert list(zip(ia.tolist(), ib.tolist())) == [(i, where[r.tobytes()]) for i, r in enumerate(a)
                                                        if r.tobytes() in where]
     assert len(psi_kkrt.match_values(a, b[:0])[0]) == 0
+    # every 8-byte prefix equal, rows told apart only by their last byte
+    a = np.zeros((50, 10), np.uint8)
+    a[:, 9] = np.arange(50)
+    ia, ib = psi_kkrt.match_values(a, a[::-1].copy())
+    assert ia.tolist() == list(range(50)) and ib.tolist() == list(range(49, -1, -1))
 
 
 def test_output_length_follows_the_sizes():
