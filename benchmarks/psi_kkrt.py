@@ -60,7 +60,9 @@ def render(res: dict) -> str:
         "PSI s = the protocol's clock in the party that came up last; CPU-s = every process of the run from "
         "start to exit (Python start-up, ID generation and result checks included); CPU-s in the PSI calls = "
         "the two parties' process CPU during the protocol call (KKRT only: ECDH's work runs in worker "
-        "processes); MB = bytes sent by both parties.  ECDH rows marked *extrapolated* were not run: 4x the 2^18 row per doubling pair.",
+        "processes); MB = bytes sent by both parties.  ECDH rows marked *extrapolated* were not run: 4x the 2^18 row per doubling pair.  "
+        "Wall-time ratios compare runs made under different load (see the load column); the CPU ratio is "
+        "the robust comparison.",
         "",
         "| n per side | backend | PSI s | CPU-s | CPU-s in the PSI calls | MB sent | load before→after | "
         "KKRT speed-up (wall) | KKRT CPU saving |",
