@@ -325,6 +325,8 @@ def kkrt_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_
     peers = list(peers)
     if not peers:
         raise ValueError("psi_label_owner needs at least one feature party in peers")
+    if len(set(peers)) != len(peers) or any(p not in party.peers for p in peers):
+        raise ValueError(f"psi_label_owner: peers {peers} must be distinct peers of {party.name!r} ({party.peers})")
     if order not in psi.ORDERS:
         raise ValueError(f"order must be one of {psi.ORDERS}, got {order!r}")
     chunk = psi.check_chunk(chunk)
