@@ -19,7 +19,8 @@ is a single feature party) and checks its result against it, and that its
 rows really hold the common IDs.  ``ids_sha256`` hashes the ordered common
 list so a run shows that every party ended with the same list.
 
-Other keys: ``reveal``, ``order``, ``chunk``, ``workers`` (see
+Other keys: ``psi_backend`` ("ecdh", the default, or "kkrt": OT-extension PSI,
+``fedhet.protocols.psi_kkrt``), ``reveal``, ``order``, ``chunk``, ``workers`` (see
 ``fedhet.protocols.psi``) and ``psi_timeout`` (seconds to wait for any one
 PSI message; default the federation's timeout; the waits include the peer's
 computation, so raise it for sets of millions of IDs on a busy machine).
@@ -35,7 +36,7 @@ import numpy as np
 from fedhet.crypto.ecdh_psi import encode_items
 from fedhet.parties.contract import Algorithm, PartyContext
 from fedhet.parties.settings import TableView, parse_settings, setting
-from fedhet.protocols import psi
+from fedhet.protocols import psi, psi_kkrt
 
 NAME = "psi"
 LABEL_OWNER, FEATURE = "label_owner", "feature"
@@ -49,6 +50,7 @@ class Settings(TableView):
                                   lo=0, hi=1)
     duplicates: float = setting(0.02, "extra rows repeating IDs, as a fraction of n", lo=0, hi=1)
     id_type: Literal["str", "int"] = setting("str", "IDs as keyed-hash strings or integers")
+    psi_backend: Literal["ecdh", "kkrt"] = setting("ecdh", "PSI protocol: ECDH (X25519) or KKRT16 (OT extension)")
     reveal: bool = setting(True, "false: only the label owner learns the intersection")
     order: Literal["sorted", "label_owner"] = setting("sorted", "order of the common list")
     chunk: int = setting(psi.DEFAULT_CHUNK, "points per PSI message", lo=1)
@@ -63,10 +65,10 @@ def _cfg(cfg) -> Settings:
 
 
 def declarations(s: Settings) -> list:
-    return psi.declarations(LABEL_OWNER, FEATURE)
+    return psi.declarations(LABEL_OWNER, FEATURE) + psi_kkrt.declarations(LABEL_OWNER, FEATURE)
 
 
-DECLARATIONS = psi.declarations(LABEL_OWNER, FEATURE)
+DECLARATIONS = psi.declarations(LABEL_OWNER, FEATURE) + psi_kkrt.declarations(LABEL_OWNER, FEATURE)
 
 
 def _blocks(c: dict) -> tuple[int, int]:
@@ -149,7 +151,7 @@ def label_owner(party, cfg: Settings, data: dict) -> dict:
     c = _cfg(cfg)
     peers = party.peers_with_role(FEATURE)
     res = psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=c.reveal, order=c.order,
-                              chunk=c.chunk, workers=c.workers, timeout=c.psi_timeout)
+                              chunk=c.chunk, workers=c.workers, timeout=c.psi_timeout, backend=c.psi_backend)
     return _report(party, cfg, res, data, len(peers))
 
 
@@ -159,12 +161,12 @@ def feature(party, cfg: Settings, data: dict) -> dict:
     if len(owners) != 1:
         raise ValueError(f"psi: needs exactly one label_owner party, found {owners}")
     res = psi.psi_feature_party(party, data["ids"], owners[0], chunk=c.chunk, workers=c.workers,
-                                timeout=c.psi_timeout)
+                                timeout=c.psi_timeout, backend=c.psi_backend)
     n_features = sum(1 for r in party.roles.values() if r == FEATURE)
     return _report(party, cfg, res, data, n_features)
 
 
 ROLES = {LABEL_OWNER: label_owner, FEATURE: feature}
 
-ALGORITHM = Algorithm(name=NAME, summary="private set intersection of synthetic ID sets (ECDH-PSI)",
+ALGORITHM = Algorithm(name=NAME, summary="private set intersection of synthetic ID sets (ECDH-PSI or KKRT16)",
                       roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings)

@@ -60,7 +60,7 @@ def _rate(seconds: float) -> dict:
 def _hash_rate(seconds: float) -> dict:
     from fedhet.algorithms import psi_job
 
-    ids = psi_job.load_data({**psi_cfg(8192, None, 1 << 14), "seed": 1}, "label_owner", "label_owner", 0, 1)["ids"]
+    ids = psi_job.load_data({**psi_cfg(8192, None, 1 << 14), "seed": 1}, _ctx("label_owner"))["ids"]
     enc = grp.encode_items(ids)
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
@@ -86,17 +86,24 @@ def measure_rates(seconds: float, ncores: int) -> dict:
 
 
 # ------------------------------------------------------------ one PSI run
-def psi_cfg(n: int, workers: int | None, chunk: int) -> dict:
+def _ctx(role: str):
+    from fedhet.parties.contract import PartyContext
+
+    return PartyContext(name=role, role=role, index=0, n_of_role=1)
+
+
+def psi_cfg(n: int, workers: int | None, chunk: int, backend: str = "ecdh") -> dict:
     """The ``psi`` job's [algorithm] table: n IDs per side, half of them common, no duplicates."""
     return {"name": "psi", "n": n, "overlap": 0.5, "pair_overlap": 0.0, "duplicates": 0.0, "id_type": "str",
-            "reveal": True, "order": "sorted", "chunk": chunk, "workers": workers, "psi_timeout": PSI_TIMEOUT_S}
+            "reveal": True, "order": "sorted", "chunk": chunk, "workers": workers, "psi_timeout": PSI_TIMEOUT_S,
+            "psi_backend": backend}
 
 
-def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int = 0) -> dict:
+def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int = 0, backend: str = "ecdh") -> dict:
     """One PSI of n x n IDs: the ``psi`` job, label owner and feature party as processes (the launcher)."""
     from fedhet.algorithms import psi_job
 
-    cfg = psi_cfg(n, workers, chunk)
+    cfg = psi_cfg(n, workers, chunk, backend)
     fed = harness.federation(cfg, ROLES.items(), name="psi-bench", timeout=PSI_TIMEOUT_S, seed=seed)
     load0 = harness.loadavg()
     run = harness.launch_audited(fed, insecure=insecure, timeout=3 * PSI_TIMEOUT_S)
@@ -112,8 +119,8 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
         raise RuntimeError(f"intersection of {size} IDs, expected {n - n // 2}")
     # plaintext baseline on the parties' own IDs, same script run
     job_cfg = {**cfg, "seed": seed}
-    a = psi_job.load_data(job_cfg, "label_owner", "label_owner", 0, 1)["ids"]
-    b = psi_job.load_data(job_cfg, "feature", "feature", 0, 1)["ids"]
+    a = psi_job.load_data(job_cfg, _ctx("label_owner"))["ids"]
+    b = psi_job.load_data(job_cfg, _ctx("feature"))["ids"]
     tp = time.perf_counter()
     common = set(a) & set(b)
     plain = time.perf_counter() - tp
@@ -130,7 +137,9 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
         "scalar_mults": 4 * n, "workers": stats["label_owner"]["workers"],
         "cpu_s_children": run.cpu_s, "audit_ok": run.audit_ok,
         "plaintext_set_s": plain, "loadavg_before": load0, "loadavg_after": harness.loadavg(),
-        "stages": {k: {st: s.get(st) for st in ("seconds_blind", "seconds_match")} for k, s in stats.items()},
+        "stages": {k: {st: v for st, v in s.items() if st.startswith("seconds_") or st == "cpu_seconds"}
+                   for k, s in stats.items()},
+        "backend": backend,
     }
 
 

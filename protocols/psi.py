@@ -64,6 +64,7 @@ DEFAULT_CHUNK = 1 << 14
 MAX_ITEMS = (1 << 32) - 1  # positions travel as uint32
 POOL_MIN_MULTS = 1 << 14   # below this many scalar multiplications, worker start-up costs more than it saves
 ORDERS = ("sorted", "label_owner")
+BACKENDS = ("ecdh", "kkrt")  # "kkrt": fedhet.protocols.psi_kkrt (OT-extension PSI)
 
 K_SETUP, K_SIZE = "psi/setup", "psi/size"
 K_BLIND_L, K_BLIND_F, K_DOUBLE_L, K_RESULT = "psi/blind_l", "psi/blind_f", "psi/double_l", "psi/result"
@@ -138,13 +139,13 @@ class PSIResult:
 
 
 # -------------------------------------------------------------------- helpers
-def _as_list(ids: Iterable[Any], who: str) -> list:
+def as_id_list(ids: Iterable[Any], who: str) -> list:
     if isinstance(ids, (str, bytes)):
         raise TypeError(f"{who}: ids must be a collection of IDs, not a single {type(ids).__name__}")
     return list(ids)
 
 
-def _dedupe(items: list, who: str) -> tuple[list[bytes], np.ndarray]:
+def dedupe(items: list, who: str) -> tuple[list[bytes], np.ndarray]:
     """(unique encodings in first-occurrence order, the row of each one's first occurrence)."""
     try:
         enc = grp.encode_items(items)
@@ -188,7 +189,13 @@ def _workers(workers: int | None, mults: int) -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _check_chunk(chunk: int) -> int:
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"PSI backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def check_chunk(chunk: int) -> int:
     chunk = int(chunk)
     if not 1 <= chunk <= MAX_CHUNK:
         raise ValueError(f"chunk must be in 1..{MAX_CHUNK}, got {chunk}")
@@ -357,7 +364,7 @@ def _received_from(party, peers: Sequence[str]) -> int:
 # ---------------------------------------------------------------- label owner
 def psi_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_all: bool = True, *,
                     order: str = "sorted", chunk: int = DEFAULT_CHUNK, workers: int | None = None,
-                    context: bytes = b"", timeout: float | None = None) -> PSIResult:
+                    context: bytes = b"", timeout: float | None = None, backend: str = "ecdh") -> PSIResult:
     """Intersect this party's ``ids`` with every feature party in ``peers``.
 
     Returns the IDs common to all parties in the agreed ``order`` and this
@@ -367,9 +374,12 @@ def psi_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_a
     inline).  ``context``: bytes that separate this intersection's hash domain
     from others (e.g. the ID namespace); sent to the peers.  ``timeout``:
     seconds to wait for any one message (default: the party's); the waits
-    include the peers' computation.
+    include the peers' computation.  ``backend``: ``"ecdh"`` (this module) or
+    ``"kkrt"`` (OT-extension PSI, :mod:`fedhet.protocols.psi_kkrt`; ``workers``
+    does not apply to it); every party of one intersection must use the same.
     """
     t0 = time.perf_counter()
+    check_backend(backend)
     peers = list(peers)
     if not peers:
         raise ValueError("psi_label_owner needs at least one feature party in peers")
@@ -380,17 +390,22 @@ def psi_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_a
         raise ValueError(f"psi_label_owner: {bad} are not peers of {party.name!r} ({party.peers})")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    chunk = _check_chunk(chunk)
+    chunk = check_chunk(chunk)
     if not isinstance(context, (bytes, bytearray)):
         raise TypeError(f"context must be bytes, got {type(context).__name__}")
     context = bytes(context)
+    if backend == "kkrt":
+        from fedhet.protocols import psi_kkrt  # imports this module: only when asked for
+
+        return psi_kkrt.kkrt_label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk,
+                                         context=context, timeout=timeout)
     who = f"label owner {party.name!r}"
-    items = _as_list(ids, who)
+    items = as_id_list(ids, who)
     sent0, recv0 = _sent_to(party, peers), _received_from(party, peers)
     nworkers = _workers(workers, 2 * len(items))  # decided before the sizes are known, to start early
     with grp.BlindPool(nworkers) as pool:
         pool.start()  # workers boot while we encode
-        enc, first_rows = _dedupe(items, who)
+        enc, first_rows = dedupe(items, who)
         n = len(enc)
         for p in peers:
             party.send(p, K_SETUP, {"v": PROTOCOL_VERSION, "n": n, "reveal": bool(reveal_to_all), "ctx": context})
@@ -462,25 +477,30 @@ def psi_label_owner(party, ids: Iterable[Any], peers: Sequence[str], reveal_to_a
 
 # -------------------------------------------------------------- feature party
 def psi_feature_party(party, ids: Iterable[Any], label_owner: str, *, chunk: int = DEFAULT_CHUNK,
-                      workers: int | None = None, timeout: float | None = None) -> PSIResult:
-    """This feature party's side of :func:`psi_label_owner`.
+                      workers: int | None = None, timeout: float | None = None, backend: str = "ecdh") -> PSIResult:
+    """This feature party's side of :func:`psi_label_owner` (same ``backend`` as the label owner's).
 
     Returns the common IDs (in the label owner's agreed order) and this
     party's rows for them, or ``ids=None`` when the label owner keeps the
     result to itself.
     """
     t0 = time.perf_counter()
+    check_backend(backend)
     if label_owner not in party.peers:
         raise ValueError(f"psi_feature_party: {label_owner!r} is not a peer of {party.name!r} ({party.peers})")
-    chunk = _check_chunk(chunk)
+    chunk = check_chunk(chunk)
+    if backend == "kkrt":
+        from fedhet.protocols import psi_kkrt
+
+        return psi_kkrt.kkrt_feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
     lo = label_owner
     who = f"feature party {party.name!r}"
-    items = _as_list(ids, who)
+    items = as_id_list(ids, who)
     sent0, recv0 = _sent_to(party, [lo]), _received_from(party, [lo])
     nworkers = _workers(workers, 2 * len(items))
     with grp.BlindPool(nworkers) as pool:
         pool.start()
-        enc, first_rows = _dedupe(items, who)
+        enc, first_rows = dedupe(items, who)
         m = len(enc)
         setup = _recv(party, lo, K_SETUP, timeout, ())
         version = setup.get("v") if isinstance(setup, dict) else None

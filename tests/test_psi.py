@@ -369,3 +369,25 @@ def test_integer_id_too_long_for_python_is_named_with_party_and_position():
     text = "1" + "0" * 5000
     res = run_psi([1, text], [[text, 2]])
     assert res["lo"].ids == [text]
+
+
+def test_backend_switch_refuses_an_unknown_backend_and_both_backends_agree():
+    """Issue 16: ``backend`` selects ECDH (default) or KKRT16; an unknown name is refused up front."""
+    hub = InMemoryHub({"lo": "label_owner", "f": "feature"})
+    with pytest.raises(ValueError, match="backend.*'rsa'"):
+        psi.psi_label_owner(hub.party("lo", timeout=1.0), [1], ["f"], backend="rsa")
+    with pytest.raises(ValueError, match="backend"):
+        psi.psi_feature_party(hub.party("f", timeout=1.0), [1], "lo", backend="")
+
+    def run(backend):
+        algo = types.SimpleNamespace(NAME="psi_backend_test", load_data=None, ROLES={
+            "label_owner": lambda party, cfg, ids: psi.psi_label_owner(
+                party, ids, party.peers_with_role("feature"), workers=0, backend=backend),
+            "feature": lambda party, cfg, ids: psi.psi_feature_party(
+                party, ids, "lo", workers=0, backend=backend)})
+        return run_inmemory(algo, [("lo", "label_owner"), ("f0", "feature")], cfg={},
+                            data={"lo": [5, "a", 9, 3, b"x"], "f0": [b"x", 3, "a", 4]}, timeout=30.0)
+
+    e, k = run("ecdh"), run("kkrt")
+    assert k["lo"].stats["backend"] == "kkrt" and "backend" not in e["lo"].stats
+    assert [r.ids for r in e.values()] == [r.ids for r in k.values()] == [[3, b"x", "a"]] * 2
