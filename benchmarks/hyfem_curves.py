@@ -37,10 +37,39 @@ from fedhet.parties.settings import parse_settings
 NAME = "hyfem_curves"
 STAND_IN = ("ModelNet40 is not available offline; UCI Handwritten (mfeat, 6 feature views, "
             "10 classes) stands in, with an MLP extractor per view.")
-SETTINGS = {"fig3": 4, "fig4": 8}   # scenario -> clients
+COIL_STAND_IN = ("ModelNet40 is not available offline; COIL-20 (`coil20_multiview_standin`: Deng "
+                 "Cai's 32x32 COIL-20, 20 objects x 72 turntable poses 5 degrees apart; itself a small "
+                 "stand-in, NOT ModelNet40) stands in: a sample is one object seen from V poses "
+                 "72/V poses apart (pose p, p + 72/V, ...; one sample per starting pose p, so the "
+                 "1,440 samples share images), each pose a view with a small CNN extractor.")
 METHODS = {"HyFEM-Avg": {"method": "avg"},
            "HyFEM-Prox mu=0.1": {"method": "prox", "mu": 0.1},
            "HyFEM-Prox mu=0.5": {"method": "prox", "mu": 0.5}}
+SWEEP_MUS = (0.0, 0.01, 0.1, 0.5, 1.0, 2.0)
+# COIL-20's CNN extractors as in the hyfem_12view preset (8/16 channels, 16-dim embeddings, lr
+# 0.01 because they start from scratch); everything else the paper's (Q = 32, batch 32, x0.2
+# every 8 rounds).
+COIL = {"dataset": "coil20", "scenario": "custom", "cnn_channels": 8, "embed_dim": 16, "lr": 0.01}
+# setting -> clients, algorithm settings, which methods, default rounds, title
+SETTINGS = {
+    "fig3": dict(clients=4, cfg={"scenario": "fig3"}, methods=METHODS, centralized=True,
+                 rounds=32, data="handwritten"),
+    "fig4": dict(clients=8, cfg={"scenario": "fig4"}, methods=METHODS, centralized=True,
+                 rounds=32, data="handwritten"),
+    # Fig. 3's partition on 4 pose views: 4 clients, 3 of the 4 views, 3/4 of the objects.
+    "coil20_v4": dict(clients=4, cfg={**COIL, "n_views": 4, "views_per_client": 3,
+                                      "classes_per_client": 0.75, "unused_fraction": 0.0},
+                      methods=METHODS, centralized=True, rounds=8, data="coil20"),
+    # Fig. 4's partition on 12 pose views: 8 clients, 6 of the 12 views, 15/40 of the objects,
+    # 12 % of the training samples unused.
+    "coil20_v12": dict(clients=8, cfg={**COIL, "n_views": 12, "views_per_client": 6,
+                                       "classes_per_client": 15 / 40, "unused_fraction": 0.12},
+                       methods=METHODS, centralized=True, rounds=6, data="coil20"),
+    # Fig. 4's setting, HyFEM-Prox for a range of mu (Avg and Centralized are in "fig4").
+    "fig4_mu_sweep": dict(clients=8, cfg={"scenario": "fig4"},
+                          methods={f"HyFEM-Prox mu={m:g}": {"method": "prox", "mu": m} for m in SWEEP_MUS},
+                          centralized=False, rounds=12, data="handwritten"),
+}
 
 
 def parties(n_clients: int) -> list[tuple[str, str]]:
@@ -75,25 +104,39 @@ def mean_std(runs: list[list[float]]) -> dict:
     return {"mean": a.mean(0).tolist(), "std": a.std(0).tolist()}
 
 
-def curves(scenario: str, rounds: int, seeds: list[int]) -> dict:
-    n = SETTINGS[scenario]
-    base = {"scenario": scenario, "rounds": rounds, "aggregation": "plain"}
-    out = {"clients": n, "partition": list(parse_settings(hyfem.Settings, base).partition()), "methods": {}}
-    runs = {k: [centralized(base, sd) for sd in seeds] for k in ("Centralized",)}
-    for label, over in METHODS.items():
+def summarise(label: str, res: list[dict]) -> dict:
+    m = {k: mean_std([x[k] for x in res]) for k in ("global_accuracy", "global_loss")}
+    if label != "Centralized":
+        m.update({k: mean_std([x[k] for x in res]) for k in ("local_accuracy", "local_loss")})
+        m["final_global_widths"] = [x["global_widths"][-1] for x in res]
+    m["n_seeds"] = len(res)
+    return m
+
+
+def curves(name: str, rounds: int, seeds: list[int], on_method=None) -> dict:
+    """One setting's curves; ``on_method(out)`` is called after each method (partial saves)."""
+    st = SETTINGS[name]
+    n = st["clients"]
+    base = {**st["cfg"], "rounds": rounds, "aggregation": "plain"}
+    out = {"clients": n, "partition": list(parse_settings(hyfem.Settings, base).partition()),
+           "data": st["data"], "rounds": rounds, "seeds": seeds,
+           "settings": {k: v for k, v in base.items() if k != "aggregation"}, "methods": {}}
+    if st["centralized"]:
+        out["methods"]["Centralized"] = summarise("Centralized", [centralized(base, sd) for sd in seeds])
+        print(f"  {name} Centralized: global {out['methods']['Centralized']['global_accuracy']['mean'][-1]:.3f}",
+              flush=True)
+        if on_method:
+            on_method(out)
+    for label, over in st["methods"].items():
         res = []
         for sd in seeds:
-            r = harness.run_roles("hyfem", parties(n), {**base, **over, "seed": sd}, seed=sd)
+            r = harness.run_roles("hyfem", parties(n), {**base, **over, "seed": sd}, seed=sd, timeout=7200)
             res.append(r.results["server"])
-            print(f"  {scenario} {label} seed {sd}: global {res[-1]['global_accuracy'][-1]:.3f} "
+            print(f"  {name} {label} seed {sd}: global {res[-1]['global_accuracy'][-1]:.3f} "
                   f"local {res[-1]['local_accuracy'][-1]:.3f} ({r.wall_s:.0f}s)", flush=True)
-        runs[label] = res
-    for label, res in runs.items():
-        m = {k: mean_std([x[k] for x in res]) for k in ("global_accuracy", "global_loss")}
-        if label != "Centralized":
-            m.update({k: mean_std([x[k] for x in res]) for k in ("local_accuracy", "local_loss")})
-            m["final_global_widths"] = [x["global_widths"][-1] for x in res]
-        out["methods"][label] = m
+        out["methods"][label] = summarise(label, res)
+        if on_method:
+            on_method(out)
     return out
 
 
@@ -118,62 +161,112 @@ def _fmt(ms: dict, i: int) -> str:
     return f"{ms['mean'][i]:.3f} ± {ms['std'][i]:.3f}"
 
 
+def _over_rounds(ms: dict) -> str:
+    """Mean over rounds 1..T of the seed-mean curve (the area under it, per round)."""
+    return f"{float(np.mean(ms['mean'][1:])):.3f}"
+
+
+def stand_in(c: dict) -> str:
+    return COIL_STAND_IN if c.get("data") == "coil20" else STAND_IN
+
+
+def setting_rounds(doc: dict, c: dict) -> int:
+    return c.get("rounds", doc.get("rounds"))
+
+
 def markdown(doc: dict) -> str:
-    lines = [f"# HyFEM test curves ({'quick' if doc['quick'] else 'full'})", "", f"**{STAND_IN}**", "",
-             f"Command: `{doc['environment']['command']}`; rounds {doc['rounds']}, seeds {doc['seeds']}; "
-             "in-memory federated roles with plain per-view aggregation (secure gives the same models "
-             "within its quantisation bound).", ""]
+    lines = [f"# HyFEM test curves ({'quick' if doc['quick'] else 'full'})", "",
+             "**ModelNet40 (the paper's data) is not available offline.** Handwritten and COIL-20 stand "
+             "in; each table says which.", "",
+             "In-memory federated roles with plain per-view aggregation (secure gives the same models "
+             "within its quantisation bound).  Local accuracy: each client's model as the server sends "
+             "it (w_m = Pi_m theta_0 and theta_0,d, i.e. after the round's matching) on all evaluation "
+             "rows with only its views, averaged over clients; global: theta_0 with all views.  "
+             "Rounds and seeds are per setting (the paper: 32 rounds).", ""]
     for sc, c in doc["curves"].items():
-        lines += [f"## {sc} setting: {c['clients']} clients, (views, views/client, classes/client, unused) = "
-                  f"{tuple(c['partition'])}", "",
-                  "| method | global acc (final) | local acc (final) | global loss (final) | local loss (final) |",
-                  "|---|---|---|---|---|"]
+        T = setting_rounds(doc, c)
+        seeds = c.get("seeds", doc.get("seeds"))
+        short = f" (**{T} rounds, not the paper's 32**)" if T != 32 else ""
+        lines += [f"## {sc}: {c.get('data', 'handwritten')}, {c['clients']} clients, (views, views/client, "
+                  f"classes/client, unused) = {tuple(round(x, 4) for x in c['partition'])}", "",
+                  f"*{stand_in(c)}*", "",
+                  f"Rounds {T}{short}, seeds {seeds}; mean ± std over seeds of the final round."
+                  + (f"  Command: `{c['command']}`." if c.get("command") else
+                     f"  Command: `{doc['environment']['command']}`."), ""]
+        sweep = sc.endswith("mu_sweep")
+        head = "| method | global acc (final) | local acc (final) | global loss (final) | local loss (final) |"
+        if sweep:
+            head += " global acc (mean over rounds) | local acc (mean over rounds) |"
+        lines += [head, "|" + "---|" * (head.count("|") - 1)]
         for label, m in c["methods"].items():
             la = _fmt(m["local_accuracy"], -1) if "local_accuracy" in m else "= global"
             ll = _fmt(m["local_loss"], -1) if "local_loss" in m else "= global"
-            lines.append(f"| {label} | {_fmt(m['global_accuracy'], -1)} | {la} | "
-                         f"{_fmt(m['global_loss'], -1)} | {ll} |")
+            row = (f"| {label} | {_fmt(m['global_accuracy'], -1)} | {la} | "
+                   f"{_fmt(m['global_loss'], -1)} | {ll} |")
+            if sweep:
+                row += f" {_over_rounds(m['global_accuracy'])} | {_over_rounds(m['local_accuracy'])} |"
+            lines.append(row)
+        if c.get("environment"):
+            lines += ["", harness.environment_line(c["environment"])]
         lines.append("")
-    lines += ["## Plain vs secure per-view aggregation, as processes (`hyfem` preset, audited)", "",
-              "| aggregation | rounds | server round s (mean) | bytes sent / client | bytes received / client "
-              "| final global acc | audit |", "|---|---|---|---|---|---|---|"]
-    for r in doc["processes"]:
-        lines.append(f"| {r['aggregation']} | {r['rounds']} | {r['round_s_mean']:.2f} | "
-                     f"{r['bytes_sent_per_client']:.0f} | {r['bytes_received_per_client']:.0f} | "
-                     f"{r['final_global_accuracy']:.3f} | {'ok' if r['audit_ok'] else 'FAILED'} |")
-    lines += ["", "Plain aggregation sends float64 vectors (`plain_dtype` default), secure aggregation "
-              "32-bit ring vectors: hence fewer bytes sent with secure aggregation.  Bytes received are "
-              "mostly the server's theta_0,d and w_m (float32) in both.", "",
-              "Shapes to check (paper): Fig. 3, HyFEM global within a few points of Centralized; "
-              "Fig. 4, larger mu trades local accuracy for global accuracy.  "
-              + shapes(doc), "",
-              harness.environment_line(doc["environment"]), ""]
+    if doc.get("processes"):
+        lines += ["## Plain vs secure per-view aggregation, as processes (`hyfem` preset, audited)", "",
+                  f"*{STAND_IN}*", "",
+                  "| aggregation | rounds | server round s (mean) | bytes sent / client | bytes received / client "
+                  "| final global acc | audit |", "|---|---|---|---|---|---|---|"]
+        for r in doc["processes"]:
+            lines.append(f"| {r['aggregation']} | {r['rounds']} | {r['round_s_mean']:.2f} | "
+                         f"{r['bytes_sent_per_client']:.0f} | {r['bytes_received_per_client']:.0f} | "
+                         f"{r['final_global_accuracy']:.3f} | {'ok' if r['audit_ok'] else 'FAILED'} |")
+        lines += ["", "Plain aggregation sends float64 vectors (`plain_dtype` default), secure aggregation "
+                  "32-bit ring vectors: hence fewer bytes sent with secure aggregation.  Bytes received are "
+                  "mostly the server's theta_0,d and w_m (float32) in both.", ""]
+    lines += ["Shapes to check (paper): Fig. 3, HyFEM global within a few points of Centralized; "
+              "Fig. 4, larger mu trades local accuracy for global accuracy.  " + shapes(doc), ""]
+    if doc.get("analysis"):
+        lines += ["## Why Fig. 4's mu trade-off does not appear here", "", doc["analysis"], ""]
+    lines += [harness.environment_line(doc["environment"]) + " (the first run, Handwritten fig3/fig4 "
+              "and the process row; later settings carry their own line above)", ""]
     return "\n".join(lines)
 
 
 def shapes(doc: dict) -> str:
     """What this run shows about the paper's two shapes (from the final means)."""
     out = []
-    c3 = doc["curves"].get("fig3", {}).get("methods", {})
-    if c3:
-        gap = c3["Centralized"]["global_accuracy"]["mean"][-1] - c3["HyFEM-Avg"]["global_accuracy"]["mean"][-1]
-        out.append(f"Here, Fig. 3: Centralized minus HyFEM-Avg global accuracy = {gap:+.3f}.")
-    c4 = doc["curves"].get("fig4", {}).get("methods", {})
-    if c4:
-        a, b = c4["HyFEM-Prox mu=0.1"], c4["HyFEM-Prox mu=0.5"]
-        dl = b["local_accuracy"]["mean"][-1] - a["local_accuracy"]["mean"][-1]
-        dg = b["global_accuracy"]["mean"][-1] - a["global_accuracy"]["mean"][-1]
-        out.append(f"Fig. 4: mu 0.1 -> 0.5 changes local accuracy by {dl:+.3f} and global by {dg:+.3f}"
-                   + (" (the paper's trade-off)." if dl < 0 < dg else
-                      " (not the paper's trade-off: global does not gain)."))
+    for sc in ("fig3", "coil20_v4"):
+        c3 = doc["curves"].get(sc, {}).get("methods", {})
+        if "Centralized" in c3 and "HyFEM-Avg" in c3:
+            gap = c3["Centralized"]["global_accuracy"]["mean"][-1] - c3["HyFEM-Avg"]["global_accuracy"]["mean"][-1]
+            out.append(f"Here, {sc} (Fig. 3): Centralized minus HyFEM-Avg global accuracy = {gap:+.3f}.")
+    for sc in ("fig4", "coil20_v12"):
+        c4 = doc["curves"].get(sc, {}).get("methods", {})
+        a, b = c4.get("HyFEM-Prox mu=0.1"), c4.get("HyFEM-Prox mu=0.5")
+        if a and b:
+            dl = b["local_accuracy"]["mean"][-1] - a["local_accuracy"]["mean"][-1]
+            dg = b["global_accuracy"]["mean"][-1] - a["global_accuracy"]["mean"][-1]
+            out.append(f"{sc} (Fig. 4): mu 0.1 -> 0.5 changes local accuracy by {dl:+.3f} and global by "
+                       f"{dg:+.3f}" + (" (the paper's trade-off)." if dl < 0 < dg else
+                                       " (not the paper's trade-off: global does not gain)."))
+    sw = doc["curves"].get("fig4_mu_sweep", {}).get("methods", {})
+    if sw:
+        pts = ", ".join(f"{k.split('=')[1]}: {m['local_accuracy']['mean'][-1]:.3f}/{m['global_accuracy']['mean'][-1]:.3f}"
+                        for k, m in sw.items())
+        out.append(f"fig4 mu sweep, final local/global accuracy by mu: {pts}.")
     return " ".join(out)
+
+
+def sweep_mu(label: str) -> float:
+    return float(label.split("=")[1])
 
 
 def figure(doc: dict):
     plt = harness.pyplot()
-    fig, axes = plt.subplots(2, len(doc["curves"]), figsize=(6 * len(doc["curves"]), 8), squeeze=False)
+    cur = {k: c for k, c in doc["curves"].items() if not k.endswith("mu_sweep")}
+    sweeps = {k: c for k, c in doc["curves"].items() if k.endswith("mu_sweep")}
+    ncol = len(cur) + len(sweeps)
+    fig, axes = plt.subplots(2, ncol, figsize=(5.5 * ncol, 8), squeeze=False)
     colors = {"Centralized": "k", "HyFEM-Avg": "C0", "HyFEM-Prox mu=0.1": "C1", "HyFEM-Prox mu=0.5": "C2"}
-    for j, (sc, c) in enumerate(doc["curves"].items()):
+    for j, (sc, c) in enumerate(cur.items()):
         for i, metric in enumerate(("accuracy", "loss")):
             ax = axes[i][j]
             for label, m in c["methods"].items():
@@ -183,11 +276,27 @@ def figure(doc: dict):
                         continue
                     mu, sd = np.asarray(m[key]["mean"]), np.asarray(m[key]["std"])
                     x = np.arange(len(mu))
-                    ax.plot(x, mu, ls, color=colors[label], label=f"{label} ({part})")
-                    ax.fill_between(x, mu - sd, mu + sd, color=colors[label], alpha=0.15)
+                    ax.plot(x, mu, ls, color=colors.get(label), label=f"{label} ({part})")
+                    ax.fill_between(x, mu - sd, mu + sd, color=colors.get(label), alpha=0.15)
             ax.set_xlabel("round")
             ax.set_ylabel(f"test {metric}")
-            ax.set_title(f"{sc} ({c['clients']} clients) — Handwritten stand-in for ModelNet40", fontsize=9)
+            what = "COIL-20" if c.get("data") == "coil20" else "Handwritten"
+            ax.set_title(f"{sc} ({c['clients']} clients) — {what} stand-in for ModelNet40", fontsize=9)
+            ax.legend(fontsize=6)
+    for j, (sc, c) in enumerate(sweeps.items(), start=len(cur)):
+        labels = list(c["methods"])
+        mus = np.array([sweep_mu(k) for k in labels])
+        x = np.where(mus > 0, mus, min([v for v in mus if v > 0], default=1.0) / 10)
+        for i, metric in enumerate(("accuracy", "loss")):
+            ax = axes[i][j]
+            for part, ls in (("global", "-o"), ("local", "--s")):
+                mu = np.array([c["methods"][k][f"{part}_{metric}"]["mean"][-1] for k in labels])
+                sd = np.array([c["methods"][k][f"{part}_{metric}"]["std"][-1] for k in labels])
+                ax.errorbar(x, mu, yerr=sd, fmt=ls, capsize=3, label=f"{part} (final round)")
+            ax.set_xscale("log")
+            ax.set_xlabel("mu (log; the leftmost point is mu = 0)")
+            ax.set_ylabel(f"test {metric}")
+            ax.set_title(f"{sc}: HyFEM-Prox, {setting_rounds(doc, c)} rounds — Handwritten stand-in", fontsize=9)
             ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -195,27 +304,65 @@ def figure(doc: dict):
 
 def main(argv=None) -> None:
     ap = harness.add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
-    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="rounds for every setting run "
+                    "(default: each setting's own, 32 for fig3/fig4; 10 with --quick)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--settings", default=None,
+                    help=f"comma-separated settings to run, of {', '.join(SETTINGS)}; their results are "
+                         "merged into the existing JSON (the other settings and the process row kept). "
+                         "Default: every setting, a fresh JSON")
+    ap.add_argument("--processes", action="store_true", help="with --settings: run the process row too")
     ap.add_argument("--render-only", action="store_true", help="re-write the markdown and plot from the JSON")
+    ap.add_argument("--merge-from", nargs="+", default=[], metavar="JSON",
+                    help="copy the settings in these JSON files (runs written elsewhere with --out) into "
+                         "this JSON, then render; nothing runs")
     args = ap.parse_args(argv)
-    if args.render_only:
-        out = harness.Output(NAME, args.quick, args.out)
+    out = harness.Output(NAME, args.quick, args.out)
+    if args.render_only or args.merge_from:
         doc = out.read()
+        for f in args.merge_from:
+            other = harness.Output(Path(f).stem, False, Path(f).parent).read()
+            doc["curves"].update(other.get("curves", {}))
+            print(f"merged {sorted(other.get('curves', {}))} from {f}")
         print("wrote", *out.write(doc, markdown(doc), figure(doc)).values())
         return
-    rounds = args.rounds or (10 if args.quick else 32)
+    names = list(SETTINGS) if args.settings is None else [x.strip() for x in args.settings.split(",") if x.strip()]
+    bad = [x for x in names if x not in SETTINGS]
+    if bad:
+        raise SystemExit(f"hyfem_curves: unknown setting(s) {bad}; known: {list(SETTINGS)}")
     seeds = list(range(args.seeds))
     torch.set_num_threads(1)   # as every party does (2 shared cores)
     sess = harness.Session(NAME, __file__, argv)
-    print(f"hyfem_curves: {STAND_IN} rounds {rounds}, seeds {seeds}", flush=True)
-    doc = {"benchmark": NAME, "quick": args.quick, "note": STAND_IN, "rounds": rounds, "seeds": seeds,
-           "curves": {sc: curves(sc, rounds, seeds) for sc in SETTINGS},
-           "processes": process_row(3 if args.quick else 8)}
-    doc["environment"] = sess.finish()
-    out = harness.Output(NAME, args.quick, args.out)
-    paths = out.write(doc, markdown(doc), figure(doc))
-    print("wrote", *paths.values())
+    merge = args.settings is not None and out.path("json").exists()
+    if merge:
+        doc = out.read()   # keep every setting (and the process row) already there
+        doc.setdefault("curves", {})
+    else:
+        doc = {"benchmark": NAME, "quick": args.quick, "note": STAND_IN, "rounds": None, "seeds": seeds,
+               "curves": {}, "processes": []}
+    doc["note"] = "ModelNet40 is not available offline; Handwritten and COIL-20 stand in (see each setting)"
+
+    def save(name=None, c=None):
+        if name is not None:
+            c["command"] = sess.command
+            c["environment"] = sess.finish()
+            doc["curves"][name] = c
+        if "environment" not in doc:
+            doc["environment"] = sess.finish()
+        paths = out.write(doc, markdown(doc), figure(doc))
+        print("wrote", *paths.values(), flush=True)
+
+    for name in names:
+        rounds = args.rounds or (10 if args.quick else SETTINGS[name]["rounds"])
+        what = COIL_STAND_IN if SETTINGS[name]["data"] == "coil20" else STAND_IN
+        print(f"hyfem_curves {name}: {what} rounds {rounds}, seeds {seeds}", flush=True)
+        curves(name, rounds, seeds, on_method=lambda c, name=name: save(name, c))
+    if not merge or args.processes:
+        doc["processes"] = process_row(3 if args.quick else 8)
+        if not merge:
+            doc["rounds"] = args.rounds or (10 if args.quick else 32)
+            doc["environment"] = sess.finish()
+        save()
 
 
 if __name__ == "__main__":
