@@ -99,7 +99,7 @@ def aes_ecb(key: bytes, data) -> np.ndarray:
     arr = np.ascontiguousarray(data, dtype=np.uint8)
     if arr.size == 0:
         return np.zeros(0, dtype=np.uint8)
-    buf = memoryview(arr.reshape(-1))
+    buf = memoryview(arr.reshape(-1).data)
     out = bytearray(len(buf) + BLOCK)
     enc = Cipher(algorithms.AES(bytes(key)), modes.ECB()).encryptor()
     n = enc.update_into(buf, out)
