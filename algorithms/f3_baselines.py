@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedhet.algorithms.f3_models import GlobalGCN, LocalLSTM, normalise_adj
-from fedhet.algorithms.f3_training import GlobalConfig, LocalConfig, nll, scores
+from fedhet.algorithms.f3_training import EarlyStop, GlobalConfig, LocalConfig, nll, scores
 from fedhet.algorithms.toolkit import as_tensor, resolve_device, seeded
 
 __all__ = ["GroupedLSTM", "train_locals", "fedavg_locals", "majority_vote", "threshold_vote", "best_local",
@@ -392,7 +392,7 @@ def train_model(model: nn.Module, forward_rows: Callable[[np.ndarray], torch.Ten
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long, device=dev)
     opt = torch.optim.Adam(param_groups or model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
-    best, best_state, since, history = float("inf"), copy.deepcopy(model.state_dict()), 0, []
+    stopper, history = EarlyStop(model, cfg.patience), []
     for ep in range(cfg.epochs):
         model.train()
         order = torch.randperm(len(train_pos), generator=gen).numpy()
@@ -404,13 +404,9 @@ def train_model(model: nn.Module, forward_rows: Callable[[np.ndarray], torch.Ten
         pv = predict_model(model, forward_rows, val_pos, cfg.batch)
         val = float(nll(torch.as_tensor(pv), torch.as_tensor(np.asarray(y)[val_pos], dtype=torch.long)))
         history.append({"epoch": ep + 1, "val_loss": val})
-        if val < best - 1e-6:
-            best, best_state, since = val, copy.deepcopy(model.state_dict()), 0
-        else:
-            since += 1
-            if since >= cfg.patience:
-                break
-    model.load_state_dict(best_state)
+        if stopper.step(val):
+            break
+    stopper.restore()
     return history
 
 

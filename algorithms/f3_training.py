@@ -29,7 +29,7 @@ import torch
 from fedhet.algorithms.f3_models import GlobalGCN, LocalLSTM
 from fedhet.algorithms.toolkit import as_tensor, resolve_device, seeded
 
-__all__ = ["LocalConfig", "GlobalConfig", "train_local", "represent", "local_probabilities", "build_global",
+__all__ = ["EarlyStop", "LocalConfig", "GlobalConfig", "train_local", "represent", "local_probabilities", "build_global",
            "plain_first_layer", "train_global", "predict", "scores", "nll", "entropy", "OwnerData", "owner_data"]
 
 
@@ -76,6 +76,25 @@ def _batches(n: int, batch: int, gen: torch.Generator | None) -> list[np.ndarray
     return [order[i:i + batch] for i in range(0, n, batch)]
 
 
+class EarlyStop:
+    """Keep the state of the best validation loss; ``step`` says stop after ``patience`` epochs without one."""
+
+    def __init__(self, model: torch.nn.Module, patience: int):
+        self.model, self.patience = model, patience
+        self.best, self.since = float("inf"), 0
+        self.state = copy.deepcopy(model.state_dict())
+
+    def step(self, val: float) -> bool:
+        if val < self.best - 1e-6:
+            self.best, self.state, self.since = val, copy.deepcopy(self.model.state_dict()), 0
+            return False
+        self.since += 1
+        return self.since >= self.patience
+
+    def restore(self) -> None:
+        self.model.load_state_dict(self.state)
+
+
 # ------------------------------------------------------------------------------ local (eq. 3)
 def train_local(x: np.ndarray, lengths: np.ndarray | None, y: np.ndarray, x_val: np.ndarray,
                 lengths_val: np.ndarray | None, y_val: np.ndarray, n_classes: int, cfg: LocalConfig,
@@ -90,7 +109,7 @@ def train_local(x: np.ndarray, lengths: np.ndarray | None, y: np.ndarray, x_val:
     xv, yv = as_tensor(x_val, dev), torch.as_tensor(y_val, dtype=torch.long, device=dev)
     lt = None if lengths is None else np.asarray(lengths)
     lv = None if lengths_val is None else np.asarray(lengths_val)
-    best, best_state, since, epochs = float("inf"), copy.deepcopy(model.state_dict()), 0, 0
+    stopper, epochs = EarlyStop(model, cfg.patience), 0
     for ep in range(cfg.epochs):
         model.train()
         for b in _batches(len(y), cfg.batch, gen):
@@ -104,17 +123,13 @@ def train_local(x: np.ndarray, lengths: np.ndarray | None, y: np.ndarray, x_val:
         epochs = ep + 1
         if progress:
             progress(epochs, val)
-        if val < best - 1e-6:
-            best, best_state, since = val, copy.deepcopy(model.state_dict()), 0
-        else:
-            since += 1
-            if since >= cfg.patience:
-                break
-    model.load_state_dict(best_state)
+        if stopper.step(val):
+            break
+    stopper.restore()
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)          # frozen (Algorithm 1, line 4)
-    return model, {"epochs": epochs, "val_loss": best}
+    return model, {"epochs": epochs, "val_loss": stopper.best}
 
 
 @torch.no_grad()
@@ -182,7 +197,7 @@ def train_global(model: GlobalGCN, first_layer_for: FirstLayerFor, y: np.ndarray
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long, device=dev)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
-    best, best_state, since, history = float("inf"), copy.deepcopy(model.state_dict()), 0, []
+    stopper, history = EarlyStop(model, cfg.patience), []
     model.generator = torch.Generator(dev).manual_seed(cfg.seed + 1)
     for ep in range(cfg.epochs):
         t0 = time.perf_counter()
@@ -205,13 +220,9 @@ def train_global(model: GlobalGCN, first_layer_for: FirstLayerFor, y: np.ndarray
         history.append(rec)
         if progress:
             progress(ep + 1, rec)
-        if val < best - 1e-6:
-            best, best_state, since = val, copy.deepcopy(model.state_dict()), 0
-        else:
-            since += 1
-            if since >= cfg.patience:
-                break
-    model.load_state_dict(best_state)
+        if stopper.step(val):
+            break
+    stopper.restore()
     return history
 
 
