@@ -118,7 +118,7 @@ __all__ = [
     "MMVFLResult", "run_centralized", "one_hot",
     "fit_standardizer", "standardize",
     "feature_scores", "n_selected", "top_features", "pseudo_labels",
-    "knn_predict", "selection_accuracy", "selection_accuracy_curve",
+    "knn_predict", "selection_accuracy",
     "L21Fit", "fit_l21", "fit_supfl", "fit_supmvlfl",
 ]
 
@@ -661,34 +661,15 @@ def knn_predict(X_train, labels, X_query, k: int = 1, chunk: int = 2048) -> np.n
     for s in range(0, X_query.shape[0], chunk):
         q = X_query[s:s + chunk]
         d2 = tn[None, :] - 2.0 * (q @ X_train.T)   # + ||q||^2, constant per row
-        out[s:s + chunk] = _knn_vote(d2, labels, k, n_classes)
-    return out
-
-
-def _neighbours_unambiguous(d2: np.ndarray, k: int, scale: np.ndarray) -> bool:
-    """Whether the k nearest (in order) are separated from each other and from the (k+1)-th by more
-    than 1e-9 * scale per row (scale bounds the terms summed; rounding is ~1e-13 of it)."""
-    n = d2.shape[1]
-    if n <= 1:
-        return True
-    m = min(k + 1, n)
-    part = np.partition(d2, m - 1, axis=1)[:, :m] if m < n else d2
-    part = np.sort(part, axis=1)[:, :m]
-    gaps = np.diff(part, axis=1)
-    return bool((gaps > 1e-9 * np.asarray(scale).reshape(-1, 1)).all())
-
-
-def _knn_vote(d2: np.ndarray, labels: np.ndarray, k: int, n_classes: int) -> np.ndarray:
-    """Predicted class per row of d2 (squared distances up to a per-row constant); see knn_predict."""
-    if k == 1:
-        return labels[np.argmin(d2, axis=1)]
-    nn = np.argsort(d2, axis=1, kind="stable")[:, :k]
-    nl = labels[nn]
-    out = np.empty(nl.shape[0], dtype=np.int64)
-    for r in range(nl.shape[0]):
-        votes = np.bincount(nl[r], minlength=n_classes)
-        best = np.flatnonzero(votes == votes.max())
-        out[r] = best[0] if best.size == 1 else next(c for c in nl[r] if c in best)
+        if k == 1:
+            out[s:s + chunk] = labels[np.argmin(d2, axis=1)]
+            continue
+        nn = np.argsort(d2, axis=1, kind="stable")[:, :k]
+        nl = labels[nn]
+        for r in range(nl.shape[0]):
+            votes = np.bincount(nl[r], minlength=n_classes)
+            best = np.flatnonzero(votes == votes.max())
+            out[s + r] = best[0] if best.size == 1 else next(c for c in nl[r] if c in best)
     return out
 
 
@@ -698,55 +679,6 @@ def selection_accuracy(X_train, train_labels, X_val, y_val, scores, percent: flo
     idx = top_features(scores, percent)
     pred = knn_predict(np.asarray(X_train)[:, idx], train_labels, np.asarray(X_val)[:, idx], knn_k)
     return float(np.mean(pred == np.asarray(y_val).reshape(-1)))
-
-
-def selection_accuracy_curve(X_train, train_labels, X_val, y_val, scores, percents,
-                             knn_k: int = 1) -> np.ndarray:
-    """:func:`selection_accuracy` for every p in ``percents`` at the cost of one distance matrix.
-
-    The top-p sets are nested (prefixes of one ranking), so the squared
-    distances for the larger p are the smaller p's plus the next block of
-    features: one pass over the features instead of one per p.  Same
-    distances as :func:`selection_accuracy` up to the order of floating-point
-    summation; where that order could matter (the k-th and (k+1)-th nearest,
-    or two of the k nearest, closer than 1e-9 of the distances' scale, far
-    above the rounding error) that p is recomputed exactly as
-    :func:`selection_accuracy` does, so the result is the same as
-    ``[selection_accuracy(..., p) for p in percents]``."""
-    X_train = _as_matrix(X_train, "training rows")
-    X_val = _as_matrix(X_val, "validation rows", cols=X_train.shape[1])
-    labels = np.asarray(train_labels, dtype=np.int64).reshape(-1)
-    y_val = np.asarray(y_val).reshape(-1)
-    if labels.shape[0] != X_train.shape[0] or X_train.shape[0] == 0:
-        raise ValueError(f"k-NN: {labels.shape[0]} labels for {X_train.shape[0]} training rows")
-    if y_val.shape[0] != X_val.shape[0]:
-        raise ValueError(f"{y_val.shape[0]} validation labels for {X_val.shape[0]} validation rows")
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if scores.size != X_train.shape[1]:
-        raise ValueError(f"{scores.size} scores for {X_train.shape[1]} features")
-    order = np.argsort(-scores, kind="stable")
-    cuts = [n_selected(scores.size, p) for p in percents]
-    k = min(int(knn_k), X_train.shape[0])
-    n_classes = int(labels.max()) + 1
-    tn = g = None
-    qn = np.einsum("ij,ij->i", X_val, X_val)
-    acc_at: dict[int, float] = {}
-    done = 0
-    for c in sorted(set(cuts)):
-        blk = order[done:c]
-        Xt, Xq = X_train[:, blk], X_val[:, blk]
-        # first block: tn - 2 (q x^T), exactly knn_predict's expression (a - b == a + (-b))
-        tn = tn + np.einsum("ij,ij->i", Xt, Xt) if done else np.einsum("ij,ij->i", Xt, Xt)
-        g = g - 2.0 * (Xq @ Xt.T) if done else -2.0 * (Xq @ Xt.T)
-        d2 = tn[None, :] + g
-        if _neighbours_unambiguous(d2, k, tn.max(initial=0.0) + qn):
-            pred = _knn_vote(d2, labels, k, n_classes)
-        else:   # a near-tie: the summation order could decide it, so use knn_predict's own sums
-            sel = order[:c]
-            pred = knn_predict(X_train[:, sel], labels, X_val[:, sel], k)
-        acc_at[c] = float(np.mean(pred == y_val))
-        done = c
-    return np.array([acc_at[c] for c in cuts])
 
 
 # ---------------------------------------------------------------- baselines (eq. 9, 10)

@@ -9,8 +9,7 @@ Caltech7.  ``--quick``: Handwritten, fold 0, beta in {1e-2, 1}, 20 rounds.
 Full: ``python benchmarks/mmvfl_figures.py`` (all four sets, 5 folds, beta 1e-5..10, 200 rounds).
 
 The work is split into units (data set, fold, beta), independent of each other: each runs MMVFL,
-supMVLFL and supFL per view and scores every p with one pass of k-NN distances
-(``selection_accuracy_curve``).  After every unit the JSON is rewritten atomically (markdown and
+supMVLFL and supFL per view and scores every p (``selection_accuracy``).  After every unit the JSON is rewritten atomically (markdown and
 PNG after every completed fold); ``--resume`` continues from it, skipping finished units, and
 refuses a file written with other settings (betas, rounds, model settings), so runs are never
 mixed.  ``--datasets`` / ``--folds`` choose the units of this invocation; the summary covers the
@@ -91,8 +90,9 @@ def run_unit(name: str, f: int, beta: float, settings: dict) -> dict:
         sup = core.fit_supfl(Xs[k], ytr, mv.n_classes, bs, k)
         for m, labels, W in (("MMVFL", lab, res.W[k]), ("supFL", ytr, sup.W[0]),
                              ("supMVLFL", ytr, mvl.W[k])):
-            acc[m].append(core.selection_accuracy_curve(Xs[k], labels, Vs[k], yva,
-                                                        core.feature_scores(W), P, knn).tolist())
+            scores = core.feature_scores(W)
+            acc[m].append([core.selection_accuracy(Xs[k], labels, Vs[k], yva, scores, p, knn)
+                           for p in P])
     return {"accuracy": acc, "iterations": res.iterations, "converged": res.converged,
             "cpu_s": time.process_time() - t0}
 

@@ -313,32 +313,6 @@ def test_selection_and_knn():
     assert mc.knn_predict(Xtr, [1, 0, 0, 1], np.array([[0.1]]), k=4)[0] == 1
 
 
-@pytest.mark.parametrize("discrete", [False, True])
-def test_selection_accuracy_curve_equals_selection_accuracy_per_p(discrete, monkeypatch):
-    # one distance pass for all p must give exactly what selection_accuracy gives per p; small
-    # integer features make exact ties common, so the near-tie fallback is exercised too
-    rng = np.random.default_rng(21 + discrete)
-    Xtr, Xva = rng.standard_normal((120, 40)), rng.standard_normal((50, 40))
-    if discrete:
-        Xtr, Xva = np.round(Xtr), np.round(Xva)
-    ytr, yva = rng.integers(0, 3, 120), rng.integers(0, 3, 50)
-    scores = rng.random(40)
-    percents = [2, 4, 6, 8, 10, 20, 50, 100, 30]
-    calls = []
-    real = mc.knn_predict
-    monkeypatch.setattr(mc, "knn_predict", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for k in (1, 3):
-        curve = mc.selection_accuracy_curve(Xtr, ytr, Xva, yva, scores, percents, k)
-        fallbacks = len(calls)
-        ref = [mc.selection_accuracy(Xtr, ytr, Xva, yva, scores, p, k) for p in percents]
-        np.testing.assert_array_equal(curve, ref)
-        if discrete:
-            assert fallbacks >= 1      # ties at small p went the exact way
-        calls.clear()
-    with pytest.raises(ValueError, match="3 scores for 40 features"):
-        mc.selection_accuracy_curve(Xtr, ytr, Xva, yva, scores[:3], percents)
-
-
 def test_w_step_keeps_x_w_for_the_next_z_step():
     rng = np.random.default_rng(5)
     X, y = rng.standard_normal((30, 6)), rng.integers(0, 3, 30)
