@@ -245,6 +245,8 @@ def render(doc: dict) -> str:
                   "mmvfl_figures_quick.md).", ""]
     if doc.get("environment"):
         lines += [harness.environment_line(doc["environment"]), ""]
+    else:
+        lines += ["(Environment of the computing run not recorded: it was stopped before its end.)", ""]
     return "\n".join(lines)
 
 
@@ -349,6 +351,7 @@ def main(argv=None):
         n, f, b = unit
         units = doc["datasets"][n]["folds"].setdefault(str(f), {})
         units[beta_key(b)] = result
+        doc["environment"] = sess.finish()   # so a run stopped part-way still says where it ran
         fold_done = all(beta_key(bb) in units for bb in settings["betas"])
         print(f"  {n} fold {f} beta {b:g}: {result['iterations']} rounds, {result['cpu_s']:.1f} s CPU"
               f"{' (fold complete)' if fold_done else ''}", flush=True)
