@@ -247,6 +247,8 @@ def render(doc: dict) -> str:
         lines += [harness.environment_line(doc["environment"]), ""]
     else:
         lines += ["(Environment of the computing run not recorded: it was stopped before its end.)", ""]
+    if doc.get("run_note"):
+        lines += [f"Run: {doc['run_note']}", ""]
     return "\n".join(lines)
 
 
