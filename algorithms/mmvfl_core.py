@@ -314,9 +314,9 @@ def l21_smoothed(W: np.ndarray, epsilon: float) -> float:
     return float((t - epsilon * np.log1p(t / epsilon)).sum())
 
 
-def _w_subproblem(system: ViewSystem, target: np.ndarray, W: np.ndarray, beta: float,
+def _w_subproblem(XW: np.ndarray, target: np.ndarray, W: np.ndarray, beta: float,
                   epsilon: float) -> float:
-    r = system.X @ W - target
+    r = XW - target
     return float(np.einsum("ij,ij->", r, r)) + beta * l21_smoothed(W, epsilon)
 
 
@@ -327,6 +327,7 @@ class WUpdate:
     iterations: int
     objective: float   # smoothed ||XW - target||^2 + beta sum h(||W^(i)||) at the returned W
     converged: bool = False  # stopped by tol (always False when tol == 0)
+    XW: np.ndarray | None = None  # X @ W at the returned W (reused by the caller, not recomputed)
 
 
 def update_w(system: ViewSystem, target, W, beta: float, epsilon: float, max_iters: int,
@@ -353,8 +354,9 @@ def update_w(system: ViewSystem, target, W, beta: float, epsilon: float, max_ite
         if tol > 0 and moved <= tol * np.linalg.norm(W):
             converged = True
             break
-    return WUpdate(W=W, iterations=it, objective=_w_subproblem(system, target, W, beta, epsilon),
-                   converged=converged)
+    XW = system.X @ W
+    return WUpdate(W=W, iterations=it, objective=_w_subproblem(XW, target, W, beta, epsilon),
+                   converged=converged, XW=XW)
 
 
 def init_w(n_features: int, n_classes: int, seed: int, participant: int) -> np.ndarray:
@@ -464,6 +466,7 @@ class ParticipantState:
     label_mask: np.ndarray | None = None   # label holder only: rows whose label is known
     Z_k: np.ndarray | None = None
     inner_iterations: int = 0              # reweighting steps in the last W-update
+    XW: np.ndarray | None = None           # X @ W for the current W (None: compute it)
 
 
 def init_participant(index: int, X, n_classes: int, settings: MMVFLSettings,
@@ -498,8 +501,8 @@ def participant_z_step(state: ParticipantState, Z: np.ndarray,
 
     What goes to (secure) aggregation is Z_k with weight zeta_k
     (:func:`z_contribution` for the plain weighted vector)."""
-    Z_k = update_z_view(state.system.X @ state.W, Z, state.zeta, state.Y, settings.eta,
-                        state.label_mask)
+    XW = state.system.X @ state.W if state.XW is None else state.XW
+    Z_k = update_z_view(XW, Z, state.zeta, state.Y, settings.eta, state.label_mask)
     return replace(state, Z_k=Z_k), Z_k
 
 
@@ -515,8 +518,8 @@ def participant_w_step(state: ParticipantState, Z: np.ndarray,
     up = update_w(state.system, state.Z_k, state.W, settings.beta, settings.epsilon,
                   settings.inner_iters, settings.inner_tol)
     terms = objective_terms(state.system.X, up.W, state.Z_k, Z, settings.beta, state.zeta,
-                            settings.epsilon, state.Y, settings.eta, state.label_mask)
-    return replace(state, W=up.W, inner_iterations=up.iterations), terms
+                            settings.epsilon, state.Y, settings.eta, state.label_mask, XW=up.XW)
+    return replace(state, W=up.W, inner_iterations=up.iterations, XW=up.XW), terms
 
 
 # ---------------------------------------------------------------- the oracle

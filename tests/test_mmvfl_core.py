@@ -313,6 +313,16 @@ def test_selection_and_knn():
     assert mc.knn_predict(Xtr, [1, 0, 0, 1], np.array([[0.1]]), k=4)[0] == 1
 
 
+def test_w_step_keeps_x_w_for_the_next_z_step():
+    rng = np.random.default_rng(5)
+    X, y = rng.standard_normal((30, 6)), rng.integers(0, 3, 30)
+    st = mc.MMVFLSettings(beta=0.1)
+    s = mc.init_participant(0, X, 3, st, labels=y)
+    s, _ = mc.participant_z_step(s, np.zeros((30, 3)), st)
+    s, _ = mc.participant_w_step(s, np.zeros((30, 3)), st)
+    np.testing.assert_array_equal(s.XW, s.system.X @ s.W)
+
+
 def test_standardizer():
     X = np.c_[np.arange(6.0), np.full(6, 3.0)]
     mean, scale = mc.fit_standardizer(X)
