@@ -79,6 +79,8 @@ def render(doc) -> str:
                      f"{r['bytes_owners_total']:,} | {r['train_s_per_epoch']:.2f} | {r['epoch_s']:.2f} | "
                      f"{r['rss_mb_total_hosts']:.0f} | {'ok' if r['audit_ok'] else r['audit_problems']} |")
     lines.append("")
+    if doc.get("note"):
+        lines += [f"**Note:** {doc['note']}", ""]
     for n in sorted({r["n_owners"] for r in doc["runs"]}):
         by = {r["fusion"]: r for r in doc["runs"] if r["n_owners"] == n}
         if {"shamir", "trusted"} <= set(by):
