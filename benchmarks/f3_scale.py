@@ -52,8 +52,7 @@ def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str) -> dict
             "train_s_per_epoch": float(np.mean([h["train_s"] for h in coord["history"]])),
             "epoch_s": float(np.mean(coord["epoch_s"])), "test_f1": coord["test"]["f1"],
             "test_auc": coord["test"]["auc"], "max_fixed_point_err": coord.get("max_fixed_point_err"),
-            "rss_mb_hosts": rss_hosts, "rss_mb_total_hosts": float(sum(v for v in rss_hosts.values() if v)),
-            "run_dir": str(rdir)}
+            "rss_mb_hosts": rss_hosts, "rss_mb_total_hosts": float(sum(v for v in rss_hosts.values() if v))}
 
 
 def _rss_mb(h: dict) -> float | None:
