@@ -45,12 +45,14 @@ with ``a = a_int+a_frac``, ``g = d_int+d_frac``, ``sh = a_frac+d_frac-w_frac+lr_
   ``2**(slot_bits-1)``;
 * and at least ``mask_bits + 8``.  The width is the largest of these.
 
-With the defaults (``mask_bits`` 40, ``a`` = ``g`` = 18, ``w_frac`` 16, ``lr`` 0.3, ``batch_size``
-128, ``d`` = ``K`` = 8): ``s`` is about ``2**63.3``, the walk adds 3-13 bits (``x`` about
-``2**66.3`` for T = 1, ``2**70.4`` for 300 steps (cancer, 100 epochs), ``2**76.3`` for
-``DEFAULT_MAX_STEPS`` = 2**20), the forward bound is the largest: 130, 134 and 140-bit slots
-(15, 15 and 14 per 2048-bit plaintext, against 12 of 160 bits); the gradient needs 86 and the input
-gradient about 100.  Running past ``max_steps`` is still safe: every mask checks its margin against
+With he_split's defaults (``mask_bits`` 40, ``a`` = ``g`` = 18, ``w_frac`` 16, ``lr`` 0.3,
+``batch_size`` 128, ``d`` = ``K`` = 8): ``s`` is about ``2**63.3`` and the walk adds 3-13 bits:
+``x`` is about ``2**66.3`` for T = 1, ``2**70.1`` for T = 200 (cancer's 100 epochs),
+``2**72.9`` for 9,400 (payment's), ``2**76.1`` for 819,200 (he_split's default plan for 100 epochs,
+``he_max_steps``) and ``2**76.3`` for ``DEFAULT_MAX_STEPS`` = 2**20.  The forward bound is the
+largest term: 130, 134, 136, 140 and 140-bit slots (15, 15, 15, 14 and 14 per 2048-bit plaintext,
+against 12 of 160 bits); the weight gradient needs 86 bits and the input gradient 90-100.
+Running past ``max_steps`` is still safe: every mask checks its margin against
 the actual values and fails with :class:`SlotOverflowError` naming ``max_steps`` and ``slot_bits``.
 """
 from __future__ import annotations
