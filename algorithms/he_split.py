@@ -35,7 +35,10 @@ Config keys (defaults in ``DEFAULTS``): ``dataset`` (cancer, payment, credit, ve
 its alias breast_sklearn), ``selftaught_frac``, ``test_frac``, ``epochs``, ``max_batches`` (stop after
 this many training batches; ``s_per_epoch`` is then extrapolated from ``s_per_batch``),
 ``batch_size``, ``lr``, ``interactive_lr``, the widths above, ``he``, ``key_bits``, and the
-protocol's ``slot_bits``, ``mask_bits``, ``a_int_bits``, ``a_frac_bits``, ``w_frac_bits``,
+protocol's ``slot_bits`` ("auto", the default: sized from the other settings for ``he_max_steps``
+training batches, :func:`fedhet.protocols.he_encoding.slot_budget`; or an int), ``he_max_steps``
+(default ``max_batches`` when set, else ``epochs * ceil(2**20 / batch_size)``: training sets up to
+2**20 rows; the host refuses, before training, a run that would take more batches), ``mask_bits``, ``a_int_bits``, ``a_frac_bits``, ``w_frac_bits``,
 ``d_int_bits``, ``d_frac_bits``, ``ckks_mask``, ``pool``, ``he_workers``, ``obfuscation``; ``torch_threads``;
 ``evaluate`` (false: skip the final test pass, ``test_accuracy`` is then None; for timing runs);
 ``return_params`` (tests: put the trained parameters in the results).
@@ -79,7 +82,7 @@ DEFAULTS = {
     "host_bottom_width": 8, "guest_bottom_width": 8, "bottom_layers": 0, "bottom_hidden_mult": 2.0,
     "bottom_activation": "relu", "interactive_width": 8, "interactive_activation": "relu",
     "top_layers": 0, "top_hidden_mult": 2.0,
-    "he": "paillier", "key_bits": 2048, "slot_bits": hei.LayerSpec.slot_bits,
+    "he": "paillier", "key_bits": 2048, "slot_bits": hei.LayerSpec.slot_bits, "he_max_steps": None,
     "mask_bits": hei.LayerSpec.mask_bits, "a_int_bits": hei.LayerSpec.a_int_bits,
     "a_frac_bits": hei.LayerSpec.a_frac_bits, "w_frac_bits": hei.LayerSpec.w_frac_bits,
     "d_int_bits": hei.LayerSpec.d_int_bits, "d_frac_bits": hei.LayerSpec.d_frac_bits,
@@ -110,6 +113,13 @@ def _settings(cfg: dict) -> dict:
         c["max_batches"] = int(c["max_batches"])
         if c["max_batches"] < 1:
             raise ValueError(f"he_split: max_batches must be >= 1, got {c['max_batches']}")
+    if c["slot_bits"] != "auto":
+        if isinstance(c["slot_bits"], bool) or not isinstance(c["slot_bits"], (int, np.integer)):
+            raise ValueError(f"he_split: slot_bits must be an int or 'auto', got {c['slot_bits']!r}")
+        c["slot_bits"] = int(c["slot_bits"])
+    c["he_max_steps"] = default_max_steps(c) if c["he_max_steps"] is None else int(c["he_max_steps"])
+    if c["he_max_steps"] < 1:
+        raise ValueError(f"he_split: he_max_steps must be >= 1, got {c['he_max_steps']}")
     for k in ("lr", "interactive_lr", "selftaught_frac", "test_frac", "bottom_hidden_mult", "top_hidden_mult"):
         c[k] = float(c[k])
     for k in ("bottom_activation", "interactive_activation"):
@@ -119,9 +129,26 @@ def _settings(cfg: dict) -> dict:
     return c
 
 
+MAX_ROWS_PLANNED = 1 << 20  # training rows the default he_max_steps covers per epoch
+
+
+def default_max_steps(c: dict) -> int:
+    """Training batches the auto slot width is sized for unless ``he_max_steps`` says: ``max_batches`` when
+    set, else ``epochs * ceil(2**20 / batch_size)`` (from the public settings alone, as the declarations need)."""
+    if c["max_batches"] is not None:
+        return int(c["max_batches"])
+    return int(c["epochs"]) * -(-MAX_ROWS_PLANNED // int(c["batch_size"]))
+
+
+def planned_steps(c: dict, n_train: int) -> int:
+    """Training batches this run takes with ``n_train`` training rows."""
+    steps = int(c["epochs"]) * -(-int(n_train) // int(c["batch_size"]))
+    return steps if c["max_batches"] is None else min(steps, int(c["max_batches"]))
+
+
 def layer_spec(c: dict) -> hei.LayerSpec:
     return hei.LayerSpec(
-        scheme=c["he"], key_bits=int(c["key_bits"]), slot_bits=int(c["slot_bits"]),
+        scheme=c["he"], key_bits=int(c["key_bits"]), slot_bits=c["slot_bits"], max_steps=int(c["he_max_steps"]),
         a_int_bits=int(c["a_int_bits"]), a_frac_bits=int(c["a_frac_bits"]), w_frac_bits=int(c["w_frac_bits"]),
         d_int_bits=int(c["d_int_bits"]), d_frac_bits=int(c["d_frac_bits"]), mask_bits=int(c["mask_bits"]),
         lr=float(c["interactive_lr"]), batch_size=int(c["batch_size"]), ckks_mask=float(c["ckks_mask"]),
@@ -248,6 +275,10 @@ def host_role(party, cfg: dict, data: dict) -> dict:
     n_train, n_test = len(hd.pos_train), len(hd.pos_test)
     psi_s = time.perf_counter() - t0
     party.log.info("PSI: %d common rows (%d train, %d test) in %.2fs", hd.n_common, n_train, n_test, psi_s)
+    if planned_steps(c, n_train) > c["he_max_steps"]:
+        raise PartyError(f"he_split: {planned_steps(c, n_train)} training batches ({c['epochs']} epochs of "
+                         f"{n_train} rows) exceed he_max_steps={c['he_max_steps']}, which the HE layer's slot "
+                         "width is sized for; raise he_max_steps (or set slot_bits)")
     t1 = time.perf_counter()
     widths = []
     for g in guests:
@@ -269,7 +300,8 @@ def host_role(party, cfg: dict, data: dict) -> dict:
     if out["test_accuracy"] is not None:
         party.metric(test_accuracy=out["test_accuracy"])
     out.update({"n_common": int(hd.n_common), "n_train": int(n_train), "n_test": int(n_test),
-                "he": c["he"], "key_bits": c["key_bits"], "slot_bits": c["slot_bits"],
+                "he": c["he"], "key_bits": c["key_bits"], "slot_bits": layers[0].spec.slot_bits,
+                "slot_bits_setting": c["slot_bits"], "he_max_steps": c["he_max_steps"],
                 "mask_bits": c["mask_bits"], "interactive_width": c["interactive_width"],
                 "guest_widths": widths, "dataset": c["dataset"], "psi_s": psi_s, "setup_s": setup_s,
                 "bytes": _bytes(party), "layer_stats": {g: ly.stats.as_dict() for g, ly in zip(guests, layers)}})
@@ -337,6 +369,11 @@ def run_reference(cfg: dict, n_guests: int = 1, data_dir=None, guest_names: list
 
 
 # ------------------------------------------------------------------------------------------ declarations
+def _layer_of(c: dict) -> tuple[hei.LayerSpec, int, int]:
+    """The layer's spec and its (guest width, interactive width), as both parties build them."""
+    return c["layer"], c["guest_bottom_width"], c["interactive_width"]
+
+
 def _batch_check(arrays, cfg):
     if not arrays:
         return None
@@ -357,8 +394,7 @@ DECLARATIONS = (
        declare(K_WIDTH, GUEST, HOST, "the guest's bottom-model output width; no arrays",
                lambda arrays, cfg: None if not arrays else "width message carries arrays",
                payload=sch.Fields({"width": sch.Int(lo=1)}))]
-    + hei.declarations(HOST, GUEST, defaults={"interactive_width": DEFAULTS["interactive_width"],
-                                              "key_bits": DEFAULTS["key_bits"], "slot_bits": DEFAULTS["slot_bits"]})
+    + hei.declarations(HOST, GUEST, spec_of=lambda cfg: _layer_of(_settings(dict(cfg))))
 )
 
 
@@ -388,7 +424,10 @@ class Table(TableView):
     he: Literal["paillier", "naive", "ckks"] = setting("paillier", "packed Paillier, one value per phe "
                                                       "ciphertext (naive), or CKKS")
     key_bits: int = setting(2048, "Paillier modulus bits", lo=512)
-    slot_bits: int = setting(hei.LayerSpec.slot_bits, "bits per packed Paillier slot", lo=8)
+    slot_bits: int | Literal["auto"] = setting(hei.LayerSpec.slot_bits, "bits per packed Paillier slot, or auto: "
+                                               "sized from the other settings for he_max_steps batches", lo=8)
+    he_max_steps: int | None = setting(None, "training batches an auto slot width is sized for (default: "
+                                       "max_batches, else epochs * ceil(2**20 / batch_size))", lo=1)
     mask_bits: int = setting(hei.LayerSpec.mask_bits, "statistical masking bits", lo=0)
     a_int_bits: int = setting(hei.LayerSpec.a_int_bits, "integer bits of activations", lo=0)
     a_frac_bits: int = setting(hei.LayerSpec.a_frac_bits, "fraction bits of activations", lo=0)

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 import harness
+from fedhet.algorithms import he_split
 from fedhet.parties.launcher import RunFailed
 
 VARIANTS = {
@@ -63,11 +64,16 @@ def full_run_bytes(measured_total: int, train_bytes: dict | None, batches: int |
     return measured_total / max(measured_epochs, 1e-9) * epochs
 
 
-def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits: int, workdir: Path) -> dict:
+def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits: int, workdir: Path,
+                slot_bits: int | str = "auto") -> dict:
     preset, over = VARIANTS[variant]
     over = dict(over, dataset=dataset, epochs=int(measure.get("epochs", epochs)))
     if preset == "he_split":
         over["key_bits"] = key_bits
+        over["slot_bits"] = slot_bits
+        # slots sized for the full run being extrapolated to, not for the measured part of it
+        over["he_max_steps"] = he_split.default_max_steps({"max_batches": None, "epochs": epochs,
+                                                           "batch_size": he_split.DEFAULTS["batch_size"]})
         if "max_batches" in measure:
             over["max_batches"] = int(measure["max_batches"])
         if "evaluate" in measure:
@@ -97,6 +103,7 @@ def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits
         "bytes_total_measured": measured_bytes, "train_bytes_measured": tb,
         "bytes_total": bytes_total,
         "n_common": res.get("n_common"), "key_bits": key_bits if preset == "he_split" else None,
+        "slot_bits": res.get("slot_bits") if preset == "he_split" else None,
         "run_dir": str(run_dir), "audit_ok": run.audit_ok,
     }
 
@@ -218,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--he-epochs-small", type=int, default=100, help="HE epochs run on small sets (full mode)")
     ap.add_argument("--he-batches", type=int, default=5, help="HE batches run on the large sets (0: all epochs, the paper's setting; hours)")
     ap.add_argument("--naive-batches", type=int, default=1, help="naive-Paillier batches actually run")
+    ap.add_argument("--slot-bits", type=lambda v: v if v == "auto" else int(v), default="auto",
+                    help="Paillier slot width of the HE variants: auto (sized for the full run) or bits")
     ap.add_argument("--keep", action="store_true", help="keep the run folders (else a temp dir)")
     args = ap.parse_args(argv)
     out = harness.Output("he_vs_plain", quick=args.quick, out_dir=args.out)
@@ -245,7 +254,7 @@ def main(argv=None) -> int:
             for v in args.variants:
                 m = plan(ds, v, args)
                 print(f"[{ds}] {v}: running {m or 'in full'} ...", flush=True)
-                r = run_variant(v, ds, args.epochs, m, args.key_bits, work)
+                r = run_variant(v, ds, args.epochs, m, args.key_bits, work, args.slot_bits)
                 rows.append(r)
                 if "error" in r:
                     print(f"    FAILED: {r['error']}", flush=True)

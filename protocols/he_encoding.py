@@ -14,22 +14,50 @@ The layer (:mod:`fedhet.protocols.he_interactive`) computes on exact integers fo
   up to one grid unit per step.
 * Masks are statistical (:func:`uniform_ints`, from the OS CSPRNG): the host's ``e_B``, ``e_W``
   are uniform over ``+-2**(slot_bits-2)`` and the call fails unless that is at least
-  ``2**mask_bits`` times the (public) bound of what they hide (:func:`int_bound`); the guest's
-  ``nu`` is uniform over ``2**mask_bits`` times the public bound of ``G``
-  (``batch_size * 2**(a_int+a_frac+d_int+d_frac)``, ``LayerSpec.grad_public_bits``).
+  ``2**mask_bits`` times the (public) bound of what they hide (:func:`int_bound`;
+  :class:`SlotOverflowError`, a ``PartyError``, naming what to raise); the guest's ``nu`` is uniform
+  over ``2**mask_bits`` times the public bound of ``G`` for the batch's ``rows``
+  (``rows * 2**(a_int+a_frac+d_int+d_frac)``, :meth:`LayerSpec.grad_bits`).
 * Masked integers travel as fixed-width two's complement little-endian bytes
   (:func:`encode_masked` / :func:`decode_masked`, ``masked_bytes`` per value).
 * Integers too large for a float64 go through the float API of :mod:`fedhet.crypto.paillier`
   as signed digits of ``DIGIT_BITS`` bits each (:func:`digits`), every one exact in a float64.
 
-Sizes with the defaults: ``nu`` has about 83 bits, so ``eps`` (and ``W_g``) about 63 bits on the
-weight grid after one step, growing like a random walk; the forward product then needs about 85
-bits and 160-bit slots (12 per 2048-bit plaintext) leave ``e_B`` a margin of about 73 bits over
-``mask_bits`` = 40 (measured; reported as ``min_mask_sigma``).  128-bit slots would run out after
-some training.
+Slot width (``slot_bits = "auto"``, the default; an int overrides it): :func:`slot_budget` derives
+it from public parameters only, so host, guest and the message declarations agree.  In grid units,
+with ``a = a_int+a_frac``, ``g = d_int+d_frac``, ``sh = a_frac+d_frac-w_frac+lr_frac`` and
+``L = lr * 2**lr_frac``, for a link of guest width ``d`` and interactive width ``K``:
+
+* one step moves ``eps`` by ``step(nu)``, ``|step(nu)| <= s = ceil(L 2**(mask+a+g+1-sh)) + 1``
+  (``nu`` is sized by the batch's rows, so ``s`` does not depend on them; ``|E step(nu)| <= mu =
+  ceil(L 2**-(sh+1)) + 1``) and the true weight ``W`` by ``step(G)``, at most
+  ``s_G = ceil(L 2**(a+g-sh)) + 1``;
+* ``eps`` is a random walk of independent steps: by Hoeffding's maximal inequality, with
+  probability at least ``1 - 2**-SLOT_FAILURE_BITS`` every entry of it stays within
+  ``T mu + x``, ``x = (s + mu) sqrt(2 T ln(2 d K 2**SLOT_FAILURE_BITS))``, over ``T = max_steps``
+  training steps; so ``|W_g| = |W - eps| <= W_max = 2**w_frac + T s_G + T mu + x`` (``|W_0| <= 1``);
+* forward (``d`` products summed per output): ``int_bound <= 2**a * d * W_max`` and ``e_B`` needs
+  ``mask_bits`` + 2 bits above it;
+* weight gradient (``batch_size`` products): ``|G| < 2**(bitlen(batch_size)+a+g)`` (the guest's
+  ``nu`` on top stays below ``2**(slot_bits-2)``) plus ``mask_bits`` + 2;
+* input gradient (``K`` products): ``[[delta eps^T]] + delta W_g^T`` is tracked below
+  ``K 2**g (2 |eps| + W_max) <= 3 K 2**g W_max`` and must stay under the signed capacity
+  ``2**(slot_bits-1)``;
+* and at least ``mask_bits + 8``.  The width is the largest of these.
+
+With he_split's defaults (``mask_bits`` 40, ``a`` = ``g`` = 18, ``w_frac`` 16, ``lr`` 0.3,
+``batch_size`` 128, ``d`` = ``K`` = 8): ``s`` is about ``2**63.3`` and the walk adds 3-13 bits:
+``x`` is about ``2**66.3`` for T = 1, ``2**70.1`` for T = 200 (cancer's 100 epochs),
+``2**72.9`` for 9,400 (payment's), ``2**76.1`` for 819,200 (he_split's default plan for 100 epochs,
+``he_max_steps``) and ``2**76.3`` for ``DEFAULT_MAX_STEPS`` = 2**20.  The forward bound is the
+largest term: 130, 134, 136, 140 and 140-bit slots (15, 15, 15, 14 and 14 per 2048-bit plaintext,
+against 12 of 160 bits); the weight gradient needs 86 bits and the input gradient 90-100.
+Running past ``max_steps`` is still safe: every mask checks its margin against
+the actual values and fails with :class:`SlotOverflowError` naming ``max_steps`` and ``slot_bits``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -37,16 +65,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedhet.crypto.fixedpoint import quantize
+from fedhet.crypto.paillier_packing import PackingOverflowError
 from fedhet.parties.api import PartyError
 
 __all__ = [
-    "SCHEMES", "DIGIT_BITS", "LayerSpec", "masked_bytes", "quantize", "max_abs_int", "digits", "uniform_ints",
+    "SCHEMES", "DIGIT_BITS", "AUTO", "DEFAULT_MAX_STEPS", "SLOT_FAILURE_BITS", "LayerSpec", "SlotBudget",
+    "SlotOverflowError", "slot_budget", "masked_bytes", "quantize", "max_abs_int", "digits", "uniform_ints",
     "encode_masked", "decode_masked", "round_div", "weight_step", "quantize_delta", "count_clipped",
     "quantize_acts", "int_dot", "int_bound",
 ]
 
 SCHEMES = ("paillier", "naive", "ckks")
 DIGIT_BITS = 48  # bits per exact float digit when big integers go through the float API of crypto.paillier
+AUTO = "auto"  # slot_bits: derive the width from the other parameters (slot_budget)
+DEFAULT_MAX_STEPS = 1 << 20  # training steps an auto slot width is sized for unless told
+SLOT_FAILURE_BITS = 40  # a run within max_steps outgrows auto slots with probability below 2**-40
+
+
+class SlotOverflowError(PartyError, PackingOverflowError):
+    """Values outgrew the slots (too little mask margin or slot capacity); the text names what to raise."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +92,7 @@ class LayerSpec:
 
     scheme: str = "paillier"
     key_bits: int = 2048
-    slot_bits: int = 160
+    slot_bits: int | str = AUTO  # bits per slot, or "auto": slot_budget(...) once the widths are known (resolve)
     a_int_bits: int = 6
     a_frac_bits: int = 12
     w_frac_bits: int = 16
@@ -64,7 +101,8 @@ class LayerSpec:
     mask_bits: int = 40
     lr: float = 0.1
     lr_frac_bits: int = 30
-    batch_size: int = 128  # public bound on rows per batch (sizes the guest's gradient mask)
+    batch_size: int = 128  # public bound on rows per batch (sizes the gradient's slot budget)
+    max_steps: int = DEFAULT_MAX_STEPS  # training steps an auto slot width is sized for
     ckks_params: str = "fast"
     ckks_mask: float = 1024.0
     pool: bool = True  # precompute Paillier obfuscators in background threads
@@ -77,13 +115,16 @@ class LayerSpec:
     def __post_init__(self):
         if self.scheme not in SCHEMES:
             raise ValueError(f"he scheme must be one of {SCHEMES}, got {self.scheme!r}")
-        for f in ("key_bits", "slot_bits", "a_int_bits", "a_frac_bits", "w_frac_bits", "d_int_bits",
+        if self.slot_bits != AUTO and (not isinstance(self.slot_bits, (int, np.integer))
+                                       or isinstance(self.slot_bits, bool) or self.slot_bits < 1):
+            raise ValueError(f"LayerSpec.slot_bits must be a positive int or {AUTO!r}, got {self.slot_bits!r}")
+        for f in ("key_bits", "max_steps", "a_int_bits", "a_frac_bits", "w_frac_bits", "d_int_bits",
                   "d_frac_bits", "mask_bits", "lr_frac_bits", "batch_size", "workers"):
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"LayerSpec.{f} must be a non-negative int, got {v!r}")
-        if self.batch_size < 1 or self.workers < 1:
-            raise ValueError("LayerSpec: batch_size and workers must be >= 1")
+        if self.batch_size < 1 or self.workers < 1 or self.max_steps < 1:
+            raise ValueError("LayerSpec: batch_size, workers and max_steps must be >= 1")
         if self.a_int_bits + self.a_frac_bits > 48 or self.d_int_bits + self.d_frac_bits > 48:
             raise ValueError("LayerSpec: int + frac bits of activations and gradients must be <= 48")
         if self.a_frac_bits + self.d_frac_bits < self.w_frac_bits:
@@ -92,10 +133,11 @@ class LayerSpec:
             raise ValueError(f"LayerSpec.lr must be a positive number, got {self.lr!r}")
         if round(self.lr * 2 ** self.lr_frac_bits) < 1:
             raise ValueError(f"LayerSpec.lr={self.lr} rounds to 0 on the 2**-{self.lr_frac_bits} grid")
-        if self.scheme == "paillier" and (self.key_bits - 2) // self.slot_bits < 1:
-            raise ValueError(f"slot_bits={self.slot_bits} does not fit a {self.key_bits}-bit key")
-        if self.scheme != "ckks" and self.slot_bits < self.mask_bits + 8:
-            raise ValueError(f"slot_bits={self.slot_bits} leaves no room for {self.mask_bits}-bit masks")
+        if self.slot_bits != AUTO:
+            if self.scheme == "paillier" and (self.key_bits - 2) // int(self.slot_bits) < 1:
+                raise ValueError(f"slot_bits={self.slot_bits} does not fit a {self.key_bits}-bit key")
+            if self.scheme != "ckks" and int(self.slot_bits) < self.mask_bits + 8:
+                raise ValueError(f"slot_bits={self.slot_bits} leaves no room for {self.mask_bits}-bit masks")
         if self.obfuscation not in ("standard", "short_exponent"):
             raise ValueError(f"LayerSpec.obfuscation must be 'standard' or 'short_exponent', got {self.obfuscation!r}")
         if not isinstance(self.kappa, (int, np.integer)) or isinstance(self.kappa, bool) or self.kappa < 64:
@@ -104,9 +146,27 @@ class LayerSpec:
             raise ValueError("LayerSpec.ckks_mask must be positive")
 
     @property
+    def auto(self) -> bool:
+        return self.slot_bits == AUTO
+
+    def resolve(self, d: int, K: int) -> "LayerSpec":
+        """This spec with an int ``slot_bits`` for a link of guest width ``d`` and interactive width ``K``
+        (``slot_budget``'s width when "auto"; an explicit width as it is)."""
+        if not self.auto:
+            return self
+        width = slot_budget(self, d, K).slot_bits
+        try:
+            return dataclasses.replace(self, slot_bits=width)
+        except ValueError as e:
+            raise ValueError(f"auto slot width for d={d}, K={K}, max_steps={self.max_steps}: {e}; lower "
+                             "max_steps or mask_bits, or use a larger key") from None
+
+    @property
     def masked_bytes(self) -> int:
         """Bytes per masked integer on the wire (two's complement, little-endian)."""
-        return masked_bytes(self.slot_bits)
+        if self.auto:
+            raise ValueError("LayerSpec.masked_bytes of an auto slot width: resolve(d, K) first")
+        return masked_bytes(int(self.slot_bits))
 
     @property
     def lr_int(self) -> int:
@@ -116,11 +176,66 @@ class LayerSpec:
     def a_bound_bits(self) -> int:
         return self.a_int_bits + self.a_frac_bits
 
+    def grad_bits(self, rows: int) -> int:
+        """Bits of the public bound on |G| (integer units) for a batch of ``rows``: the guest's mask covers it."""
+        return int(rows).bit_length() + self.a_int_bits + self.a_frac_bits + self.d_int_bits + self.d_frac_bits
+
     @property
     def grad_public_bits(self) -> int:
-        """Bits of the public bound on |G| (integer units), which the guest's mask must cover."""
-        return (int(self.batch_size).bit_length() + self.a_int_bits + self.a_frac_bits
-                + self.d_int_bits + self.d_frac_bits)
+        """:meth:`grad_bits` of a full batch (``batch_size`` rows)."""
+        return self.grad_bits(self.batch_size)
+
+
+@dataclass(frozen=True)
+class SlotBudget:
+    """The terms of an auto slot width (see the module docstring); bits are bit lengths."""
+
+    step: int          # s: bound on one step of eps (grid units)
+    true_step: int     # s_G: bound on one step of the true weight W
+    drift: int         # mu: bound on the mean of one step of eps
+    walk: int          # x: bound on the centred random walk of eps over max_steps
+    w_max: int         # bound on |W_g| over max_steps
+    forward_bits: int      # width the forward mask check needs
+    gradient_bits: int     # width the weight-gradient mask check needs
+    input_grad_bits: int   # width the input gradient's slot capacity needs
+    slot_bits: int         # the largest of these and mask_bits + 8
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _ceil_shift(v: int, sh: int) -> int:
+    """ceil(v * 2**sh) for ints v >= 0 and any int sh."""
+    return v << sh if sh >= 0 else -((-v) >> -sh)
+
+
+def _isqrt_ceil(v: int) -> int:
+    r = math.isqrt(v)
+    return r if r * r >= v else r + 1
+
+
+def slot_budget(spec: LayerSpec, d: int, K: int) -> SlotBudget:
+    """The slot width a link of guest width ``d`` and interactive width ``K`` needs for ``spec.max_steps``
+    training steps (the module docstring derives it).  Exact integer arithmetic, so every party
+    computes the same width; ``ln 2`` is bounded by 7/10 and ``ln(2 d K)`` by ``bitlen(2 d K) ln 2``."""
+    d, K, T = int(d), int(K), int(spec.max_steps)
+    if d < 1 or K < 1:
+        raise ValueError(f"slot_budget: widths must be >= 1, got d={d}, K={K}")
+    a, g = spec.a_bound_bits, spec.d_int_bits + spec.d_frac_bits
+    sh = spec.a_frac_bits + spec.d_frac_bits - spec.w_frac_bits + spec.lr_frac_bits
+    L = spec.lr_int
+    s = _ceil_shift(L, spec.mask_bits + a + g + 1 - sh) + 1
+    s_G = _ceil_shift(L, a + g - sh) + 1
+    mu = _ceil_shift(L, -(sh + 1)) + 1
+    c = s + mu
+    log_terms = SLOT_FAILURE_BITS + (2 * d * K).bit_length()  # log2(2 d K / delta), rounded up
+    x = _isqrt_ceil(2 * T * c * c * log_terms * 7 // 10 + 1)  # c sqrt(2 T ln(2 d K / delta))
+    w_max = (1 << spec.w_frac_bits) + T * (s_G + mu) + x
+    forward = a + (d * w_max).bit_length() + spec.mask_bits + 2
+    gradient = spec.grad_public_bits + spec.mask_bits + 2
+    input_grad = g + (3 * K * w_max).bit_length() + 1
+    width = max(forward, gradient, input_grad, spec.mask_bits + 8)
+    return SlotBudget(s, s_G, mu, x, w_max, forward, gradient, input_grad, width)
 
 
 def masked_bytes(slot_bits: int) -> int:

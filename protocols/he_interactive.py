@@ -51,9 +51,13 @@ Modules, one idea each; this one is the public entry and re-exports what callers
 * :mod:`~fedhet.protocols.he_ckks_layer`: "ckks" (TenSEAL CKKS, no Galois keys; not statistical
   hiding, see there);
 * here: :func:`guest_layer` / :func:`host_layer` (pick the scheme's side), :func:`true_weight`,
-  :func:`declarations` (the eight message kinds with their payload checks).
+  :func:`declarations` (the eight message kinds with their payload checks; masked integers must have
+  the byte width of the slots resolved from the run's public settings).
 """
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -65,6 +69,7 @@ from .he_ckks_layer import CKKSGuest, CKKSHost
 from .he_encoding import (
     SCHEMES,
     LayerSpec,
+    SlotOverflowError,
     decode_masked,
     encode_masked,
     int_dot,
@@ -72,6 +77,7 @@ from .he_encoding import (
     quantize,
     quantize_acts,
     quantize_delta,
+    slot_budget,
     uniform_ints,
     weight_step,
 )
@@ -89,7 +95,7 @@ from .he_link import (
 from .he_paillier_layer import IntegerGuest, IntegerHost
 
 __all__ = [
-    "SCHEMES", "LayerSpec", "LayerStats", "guest_layer", "host_layer", "true_weight", "declarations",
+    "SCHEMES", "LayerSpec", "LayerStats", "SlotOverflowError", "slot_budget", "guest_layer", "host_layer", "true_weight", "declarations",
     "DECLARATIONS", "K_PUBKEY", "K_ACTS", "K_NOISE", "K_FWD_CT", "K_FWD_MASKED", "K_GRAD_CT", "K_GRAD_MASKED",
     "K_INGRAD_CT", "masked_bytes", "encode_masked", "decode_masked", "quantize", "quantize_acts",
     "quantize_delta", "weight_step", "int_dot", "uniform_ints",
@@ -118,10 +124,7 @@ def true_weight(host_side, guest_side) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ declarations
-def _cfg_spec(cfg: dict, defaults: dict) -> dict:
-    out = dict(defaults)
-    out.update({k: cfg[k] for k in defaults if k in cfg})
-    return out
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(LayerSpec) if f.name != "scheme")
 
 
 MAX_CIPHERTEXTS = 1 << 20  # bound on the CKKS vectors of one message
@@ -142,18 +145,33 @@ ACTS = sch.OneOf((
 
 
 def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = "he",
-                 width_key: str = "interactive_width", defaults: dict | None = None) -> list[MessageDecl]:
-    """The layer's message kinds with checks on dtypes and shapes; ``cfg[scheme_key]`` picks the scheme."""
-    dflt = {scheme_key: "paillier", "key_bits": LayerSpec.key_bits, "slot_bits": LayerSpec.slot_bits,
-            width_key: 16}
+                 width_key: str = "interactive_width", in_width_key: str = "in_width", defaults: dict | None = None,
+                 spec_of: Callable[[dict], tuple[LayerSpec, int, int]] | None = None) -> list[MessageDecl]:
+    """The layer's message kinds with checks on dtypes and shapes.
+
+    The checks read the layer's settings from the run's config: ``spec_of(cfg)`` gives ``(LayerSpec, d, K)``
+    (the guest's width and the interactive width); by default the scheme is ``cfg[scheme_key]``, ``d`` and
+    ``K`` are ``cfg[in_width_key]`` and ``cfg[width_key]``, and every other ``LayerSpec`` field is read
+    by its own name (``defaults`` fill what the config lacks).  Masked integers must have exactly the
+    width of the slots both sides resolve from those public settings (``LayerSpec.resolve``)."""
+    dflt = {scheme_key: "paillier", width_key: 16, in_width_key: 16}
     dflt.update(defaults or {})
 
-    def params(cfg):
-        c = _cfg_spec(cfg, dflt)
-        return c[scheme_key], int(c["key_bits"]), int(c["slot_bits"]), int(c[width_key])
+    def default_spec(cfg) -> tuple[LayerSpec, int, int]:
+        c = dict(dflt)
+        c.update({k: cfg[k] for k in cfg})
+        kw = {k: c[k] for k in _SPEC_FIELDS if k in c}
+        return LayerSpec(scheme=c[scheme_key], **kw), int(c[in_width_key]), int(c[width_key])
+
+    def params(cfg) -> tuple[str, int, int, int]:
+        spec, d, K = (spec_of or default_spec)(cfg)
+        return spec.scheme, int(spec.key_bits), int(spec.resolve(d, K).slot_bits), int(K)
 
     def ct_check(arrays, cfg):
-        scheme, key_bits, _, _ = params(cfg)
+        try:
+            scheme, key_bits, _, _ = params(cfg)
+        except ValueError as e:
+            return f"the layer's settings do not parse: {e}"
         if not arrays:
             return "expected ciphertexts, got no arrays"
         for dt, shape in arrays:
@@ -165,7 +183,10 @@ def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = 
         return None
 
     def masked_check(arrays, cfg):
-        scheme, _, slot_bits, K = params(cfg)
+        try:
+            scheme, _, slot_bits, K = params(cfg)
+        except ValueError as e:
+            return f"the layer's settings do not parse: {e}"
         if len(arrays) != 1:
             return f"expected one masked array, got {len(arrays)}"
         dt, shape = arrays[0]
@@ -176,11 +197,14 @@ def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = 
         w = masked_bytes(slot_bits)
         if dt != "|u1" or len(shape) != 3 or shape[0] != K or shape[2] != w:
             return (f"masked integers must be uint8 ({K}, n, {w}) (K rows of {w}-byte two's complement "
-                    f"values), got {dt}{list(shape)}")
+                    f"values for {slot_bits}-bit slots), got {dt}{list(shape)}")
         return None
 
     def key_check(arrays, cfg):
-        scheme, key_bits, _, _ = params(cfg)
+        try:
+            scheme, key_bits, _, _ = params(cfg)
+        except ValueError as e:
+            return f"the layer's settings do not parse: {e}"
         if len(arrays) != 1 or arrays[0][0] != "|u1" or len(arrays[0][1]) != 1:
             return f"expected one 1-D uint8 public key, got {arrays}"
         if scheme != "ckks" and arrays[0][1][0] != key_bits // 8:
@@ -190,7 +214,8 @@ def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = 
     ct = ("; Paillier (packed or naive): uint8 (n_ciphertexts, key_bits/4), one fixed-width big-endian ciphertext "
           "mod n**2 per row (512 bytes for 2048-bit keys), plus shape metadata; CKKS: 1-D uint8 serialised vectors")
     masked = ("; Paillier (packed or naive): uint8 ({dims}, masked_bytes) two's complement integers, masked_bytes = "
-              "(slot_bits + 16) // 8 (22 for 160-bit slots); CKKS: float64 {ck}")
+              "(slot_bits + 16) // 8 of the slot width both sides resolve from the settings (19 for 140-bit slots); "
+              "CKKS: float64 {ck}")
     return [
         declare(K_PUBKEY, guest, host, "guest's public key: Paillier n as uint8 (key_bits/8,), or a TenSEAL "
                 "context without the secret key as 1-D uint8", key_check, payload=PUBKEY),

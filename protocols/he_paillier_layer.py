@@ -6,7 +6,9 @@ the per-batch protocol and what each side learns); the numbers are encoded as in
 :class:`IntegerHost` and differ only in their operations object:
 
 * :class:`PackedOps` (``paillier``): packed, batched Paillier (:mod:`fedhet.crypto.paillier`),
-  ``slot_bits``-bit slots.  ``[[A_g]]`` goes twice, packed along the batch (forward: one ciphertext
+  ``slot_bits``-bit slots (``"auto"``: sized from the public parameters and the link's widths,
+  :func:`fedhet.protocols.he_encoding.slot_budget`; both sides resolve it in their constructors and
+  refuse ciphertexts packed in another width).  ``[[A_g]]`` goes twice, packed along the batch (forward: one ciphertext
   row per feature) and along the features (gradient: one row per sample), because packed slots
   cannot be summed inside a ciphertext.  Obfuscators are precomputed by background threads on both
   sides, in the form ``LayerSpec.obfuscation`` (default ``"short_exponent"``: DJN ``h**x`` from fixed-base
@@ -31,6 +33,7 @@ from fedhet.parties.api import PartyError
 from .he_encoding import (
     DIGIT_BITS,
     LayerSpec,
+    SlotOverflowError,
     count_clipped,
     decode_masked,
     digits,
@@ -58,7 +61,15 @@ from .he_link import (
     recv_timed,
 )
 
-__all__ = ["PackedOps", "NaiveOps", "IntegerGuest", "IntegerHost"]
+__all__ = ["PackedOps", "NaiveOps", "IntegerGuest", "IntegerHost", "slot_overflow"]
+
+
+def slot_overflow(what: str, spec: LayerSpec, why: str, need: int | None = None) -> SlotOverflowError:
+    """The error when values outgrow the slots: the interactive weights grew past what the width allows."""
+    want = f"slot_bits >= {need}" if need else "a larger slot_bits"
+    return SlotOverflowError(
+        f"{what}: {why}; the interactive weights outgrew {spec.slot_bits}-bit slots, which an auto width sizes "
+        f"for max_steps={spec.max_steps} training steps: raise max_steps (he_split: he_max_steps) or set {want}")
 
 
 def _unpack_signed(residues: list, n: int, slot_bits: int, slots: int, length: int) -> list[int]:
@@ -132,9 +143,13 @@ class PackedOps:
 
     def from_wire(self, msg, what: str):
         try:
-            return pl.EncryptedArray.from_wire(self.pk, msg["meta"], msg["ct"])
+            enc = pl.EncryptedArray.from_wire(self.pk, msg["meta"], msg["ct"])
         except (KeyError, TypeError, ValueError) as e:
             raise PartyError(f"{what}: malformed ciphertexts: {e}") from None
+        if enc.slot_bits != self.slot_bits:
+            raise PartyError(f"{what}: ciphertexts packed in {enc.slot_bits}-bit slots, expected {self.slot_bits} "
+                             "(both sides derive slot_bits from the same settings)")
+        return enc
 
 
 class NaiveOps:
@@ -221,8 +236,8 @@ class IntegerGuest:
     """Guest side (key owner) for "paillier" and "naive"."""
 
     def __init__(self, party, host: str, spec: LayerSpec, d: int, width: int):
-        self.party, self.host, self.spec = party, host, spec
         self.d, self.K = int(d), int(width)
+        self.party, self.host, self.spec = party, host, spec.resolve(self.d, self.K)
         self.stats = LayerStats()
         self.eps = np.zeros((self.d, self.K), dtype=object)  # accumulated noise, w grid
         self._A = None
@@ -278,7 +293,10 @@ class IntegerGuest:
         if train:
             # [[eps]] now: its encryption overlaps the host's forward work; eps only changes after backward.
             t0 = time.perf_counter()
-            enc = self.ops.encrypt(self.eps.T)
+            try:
+                enc = self.ops.encrypt(self.eps.T)
+            except pl.PackingOverflowError as e:
+                raise slot_overflow("weight noise eps", s, str(e)) from None
             st.encrypted += self.ops.count(self.K, self.d)
             st.s_encrypt += time.perf_counter() - t0
             self.party.send(self.host, K_NOISE, self.ops.to_wire(enc, True))
@@ -306,7 +324,7 @@ class IntegerGuest:
         st.s_decrypt += time.perf_counter() - t0
         if dec.shape != (self.K, self.d):
             raise PartyError(f"{K_GRAD_CT}: expected ({self.K}, {self.d}) values, got {dec.shape}")
-        nu = uniform_ints(dec.shape, s.mask_bits + s.grad_public_bits)
+        nu = uniform_ints(dec.shape, s.mask_bits + s.grad_bits(b))  # sized by rows: steps of eps do not grow
         self.party.send(self.host, K_GRAD_MASKED, encode_masked(dec + nu, s.masked_bytes))
         ct = self.ops.from_wire(recv_timed(self.party, self.host, K_INGRAD_CT, st), K_INGRAD_CT)
         t0 = time.perf_counter()
@@ -328,6 +346,7 @@ class IntegerHost:
         self.party, self.guest, self.spec = party, guest, spec
         W_init = np.asarray(W_init, dtype=np.float64)
         self.d, self.K = W_init.shape
+        self.spec = spec = spec.resolve(self.d, self.K)
         self.W = quantize(W_init, spec.w_frac_bits, "initial interactive weights")  # the host's masked copy W_g
         self.stats = LayerStats()
         self._ctx = None
@@ -362,17 +381,20 @@ class IntegerHost:
         """The host's share W_g as floats (the true weight is W_g + eps; eps only the guest knows)."""
         return dequantize(self.W, self.spec.w_frac_bits)
 
-    def _mask(self, enc, bound: int, what: str):
-        """Add the host's mask, uniform over +-2**(slot_bits-2), and check its statistical margin."""
+    def _margin(self, bound: int, what: str) -> None:
+        """Check, before any work, that a mask over +-2**(slot_bits-2) hides values below ``bound`` by mask_bits."""
         s, st = self.spec, self.stats
-        sigma = (s.slot_bits - 2) - int(bound).bit_length()
-        st.max_bound_bits = max(st.max_bound_bits, int(bound).bit_length())
+        bits = int(bound).bit_length()
+        sigma = (s.slot_bits - 2) - bits
+        st.max_bound_bits = max(st.max_bound_bits, bits)
         if sigma < s.mask_bits:
-            raise pl.PackingOverflowError(
-                f"{what}: values need {int(bound).bit_length()} bits, so a mask in {s.slot_bits}-bit slots "
-                f"hides them by only {sigma} < mask_bits={s.mask_bits} bits; raise slot_bits")
+            raise slot_overflow(what, s, f"values need {bits} bits, so a mask in {s.slot_bits}-bit slots hides "
+                                f"them by only {sigma} < mask_bits={s.mask_bits} bits", bits + s.mask_bits + 2)
         st.min_mask_sigma = sigma if st.min_mask_sigma is None else min(st.min_mask_sigma, sigma)
-        noise = uniform_ints(self._shape(enc), s.slot_bits - 2)
+
+    def _mask(self, enc):
+        """Add the host's mask, uniform over +-2**(slot_bits-2) (its margin checked by ``_margin``)."""
+        noise = uniform_ints(self._shape(enc), self.spec.slot_bits - 2)
         return self.ops.add_ints(enc, noise), noise
 
     def _shape(self, enc):
@@ -408,9 +430,9 @@ class IntegerHost:
 
     def send_forward(self) -> None:
         t0 = time.perf_counter()
+        self._margin(int_bound(self.spec.a_bound_bits, self.W), "forward")
         Y = self.ops.matmul(self.X_fwd, self.W)  # (K, rows)
-        bound = int_bound(self.spec.a_bound_bits, self.W)
-        Y, self._e_fwd = self._mask(Y, bound, "forward")
+        Y, self._e_fwd = self._mask(Y)
         self.stats.s_compute += time.perf_counter() - t0
         self._send_ct(K_FWD_CT, Y)
 
@@ -432,9 +454,9 @@ class IntegerHost:
         self._delta = quantize_delta(delta_ps, self.spec)
         if self._delta.shape != (self.rows, self.K):
             raise ValueError(f"delta must have shape ({self.rows}, {self.K}), got {self._delta.shape}")
+        self._margin(int_bound(self.spec.a_bound_bits, self._delta), "weight gradient")
         Y = self.ops.matmul(self.X_grad, self._delta)  # (K, d): G^T
-        bound = int_bound(self.spec.a_bound_bits, self._delta)
-        Y, self._e_grad = self._mask(Y, bound, "weight gradient")
+        Y, self._e_grad = self._mask(Y)
         self.stats.s_compute += time.perf_counter() - t0
         self._send_ct(K_GRAD_CT, Y)
 
@@ -447,8 +469,11 @@ class IntegerHost:
         if tuple(enc_eps.shape) != (self.K, self.d):
             raise PartyError(f"{K_NOISE}: shape {tuple(enc_eps.shape)}, expected ({self.K}, {self.d})")
         t0 = time.perf_counter()
-        Y = self.ops.matmul(enc_eps, self._delta.T)  # (rows, d): delta eps^T
-        Y = self.ops.add_ints(Y, int_dot(self._delta, self.W.T))  # + delta W_g^T
+        try:
+            Y = self.ops.matmul(enc_eps, self._delta.T)  # (rows, d): delta eps^T
+            Y = self.ops.add_ints(Y, int_dot(self._delta, self.W.T))  # + delta W_g^T
+        except pl.PackingOverflowError as e:
+            raise slot_overflow("input gradient", s, str(e)) from None
         self.stats.s_compute += time.perf_counter() - t0
         self._send_ct(K_INGRAD_CT, Y)
         self.W = self.W - weight_step(M, self.rows, s).T

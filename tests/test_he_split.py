@@ -67,10 +67,10 @@ def run_layer(spec: hei.LayerSpec, A, W_g, eps, delta=None, steps: int = 1):
         box["g"] = g
         return {}
 
+    layer = {f: getattr(spec, f) for f in ("key_bits", "slot_bits", "mask_bits", "lr", "batch_size", "max_steps")}
     mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None,
-                                DECLARATIONS=hei.declarations(defaults={"he": spec.scheme, "key_bits": spec.key_bits,
-                                                                         "slot_bits": spec.slot_bits,
-                                                                         "interactive_width": K}))
+                                DECLARATIONS=hei.declarations(defaults={"he": spec.scheme, "interactive_width": K,
+                                                                         "in_width": d, **layer}))
     run_inmemory(mod, [("h", "host"), ("g", "guest")], data={"h": None, "g": None})
     return box
 
