@@ -44,6 +44,8 @@ from __future__ import annotations
 import collections
 import errno
 import fcntl
+import os
+import select
 import socket
 import struct
 import sys
@@ -195,9 +197,21 @@ class _ConnectionGuard(threading.Thread):
     of every frame the receive loop read from that fd (``ZMQ_SRCFD``).  The
     difference is what libzmq holds: the partial frame, the queued complete
     messages (``RCV_HWM``) and any multipart message still being assembled.
+
+    Event-driven, so that hundreds of idle parties in one host cost nothing:
+    each connection's fd is also in an edge-triggered epoll set of the guard's
+    own, which reports every arrival of new bytes.  Only connections that got
+    bytes (or were credited) since the last look are measured, at most every
+    ``TICK_S`` while bytes keep coming; a connection stays "active" until its
+    kernel queue is empty and nothing new came, because libzmq may still move
+    queued bytes into its own buffers without another arrival.  Held bytes can
+    then only fall (by credits), so an idle connection needs no polling.
+    Between two looks a connection can take at most one tick of traffic
+    beyond its limit (plus the kernel's receive buffer), as with a fixed tick.
     """
 
     TICK_S = 0.01
+    IDLE_S = 1.0  # wake-up when nothing happens at all (a backstop; events and stop() wake it sooner)
     _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
     def __init__(self, watched: list, total_limit: int, curve: bool, log):
@@ -208,10 +222,17 @@ class _ConnectionGuard(threading.Thread):
         self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
-        self._conns: dict[int, dict] = {}  # fd -> {"base": int, "t": accept time}
+        self._credited: set[int] = set()  # fds credited since the last look (their held bytes fell)
+        self._conns: dict[int, dict] = {}  # fd -> {"base", "t" (accept time), "tcp", "limit", "got", "held"}
+        self._active: set[int] = set()  # fds whose held bytes may still grow without a new arrival
+        self._epoll = select.epoll()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._halt = threading.Event()
         self.cut = 0  # connections shut down
         self.peak_held = 0  # largest total held bytes seen (for tests and logs)
+        self.looks = 0  # connection measurements made (for tests: idle connections cost none)
 
     # called by the receive loop for every message it reads
     def credit(self, frames: list) -> None:
@@ -222,9 +243,10 @@ class _ConnectionGuard(threading.Thread):
         n = sum(_wire_bytes(len(f), self.curve) for f in frames)
         with self._lock:
             self._credit[fd] += n
+            self._credited.add(fd)
 
-    def _received(self, fd: int) -> int | None:
-        """Bytes libzmq took off this socket (None: not a TCP socket, or gone)."""
+    def _received(self, fd: int) -> tuple[int, int] | None:
+        """(bytes libzmq took off this socket, bytes still in the kernel queue); None: not TCP, or gone."""
         try:
             s = socket.socket(fileno=fd)
         except OSError:
@@ -239,7 +261,8 @@ class _ConnectionGuard(threading.Thread):
             s.detach()
         if len(info) < 136:  # kernel without tcpi_bytes_received (Linux < 4.1)
             return None
-        return struct.unpack_from("<Q", info, 128)[0] - struct.unpack("<i", inq)[0]
+        queued = struct.unpack("<i", inq)[0]
+        return struct.unpack_from("<Q", info, 128)[0] - queued, queued
 
     def watch(self, sock, limit: int) -> None:
         """Also watch ``sock`` (made after the guard started), ``limit`` bytes per connection.
@@ -249,6 +272,13 @@ class _ConnectionGuard(threading.Thread):
         mon = sock.get_monitor_socket(self._EVENTS)
         with self._lock:
             self._added.append((sock, mon, int(limit)))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:  # pipe full (already woken) or closed
+            pass
 
     def _events(self) -> None:
         if self._added:
@@ -265,10 +295,31 @@ class _ConnectionGuard(threading.Thread):
                 if ev["event"] in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
                     got = self._received(fd)
                     with self._lock:
-                        base = 0 if got is None else got - self._credit[fd]
-                    self._conns[fd] = {"base": base, "t": time.monotonic(), "tcp": got is not None, "limit": limit}
+                        base = 0 if got is None else got[0] - self._credit[fd]
+                    self._conns[fd] = {"base": base, "t": time.monotonic(), "tcp": got is not None, "limit": limit,
+                                       "got": None, "held": 0}
+                    if got is not None:
+                        self._register(fd)
+                        self._active.add(fd)
                 elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                    self._conns.pop(fd, None)
+                    self._forget(fd)
+
+    def _register(self, fd: int) -> None:
+        mask = select.EPOLLIN | select.EPOLLET
+        try:
+            self._epoll.register(fd, mask)
+        except FileExistsError:  # a reused fd number still listed (libzmq closed the old one under us)
+            self._epoll.modify(fd, mask)
+        except OSError:
+            pass
+
+    def _forget(self, fd: int) -> None:
+        self._conns.pop(fd, None)
+        self._active.discard(fd)
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):  # closed already (epoll dropped it by itself)
+            pass
 
     def _shut(self, fd: int, held: int, why: str) -> None:
         try:
@@ -280,22 +331,38 @@ class _ConnectionGuard(threading.Thread):
         except OSError:
             return
         self.cut += 1
-        self._conns.pop(fd, None)
+        self._forget(fd)
         if self.cut <= REJECTS_KEPT or self.cut % 100 == 0:
             self.log.warning("dropped a connection holding %d bytes of unfinished messages (%s; %d dropped so far)",
                              held, why, self.cut)
 
     def check(self) -> None:
         self._events()
-        held: dict[int, int] = {}
-        for fd, c in list(self._conns.items()):
+        for fd, _ev in self._epoll.poll(0):
+            if fd in self._conns:
+                self._active.add(fd)
+        with self._lock:
+            look = (self._active | self._credited) & self._conns.keys()
+            self._credited = set()
+        for fd in look:
+            c = self._conns[fd]
             if not c["tcp"]:
+                self._active.discard(fd)
                 continue
             got = self._received(fd)
+            self.looks += 1
             if got is None:
+                self._active.discard(fd)
                 continue
+            rcvd, queued = got
             with self._lock:
-                held[fd] = got - self._credit[fd] - c["base"]
+                c["held"] = rcvd - self._credit[fd] - c["base"]
+            if queued == 0 and rcvd == c["got"]:
+                self._active.discard(fd)  # settled: nothing new came and nothing waits in the kernel
+            else:
+                self._active.add(fd)
+            c["got"] = rcvd
+        held = {fd: c["held"] for fd, c in self._conns.items() if c["tcp"]}
         total = sum(max(0, h) for h in held.values())
         self.peak_held = max(self.peak_held, total)
         for fd, h in held.items():
@@ -311,17 +378,36 @@ class _ConnectionGuard(threading.Thread):
                 self._shut(fd, held[fd], f"limit {self.total_limit} over all connections")
 
     def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._epoll.fileno(), zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        polled: set = set()
         while not self._halt.is_set():
             try:
+                for _sock, mon, _limit in self.monitors:
+                    if id(mon) not in polled:
+                        poller.register(mon, zmq.POLLIN)
+                        polled.add(id(mon))
+                poller.poll(int(1000 * (self.TICK_S if self._active else self.IDLE_S)))
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+                if self._halt.is_set():
+                    break
                 self.check()
+                if self._active:
+                    self._halt.wait(self.TICK_S)  # bytes are flowing: look again after one tick, not at once
             except zmq.ZMQError:
                 break
             except Exception as e:  # the guard must never take the party down
                 self.log.warning("connection guard: %s: %s", type(e).__name__, short(str(e)))
-            self._halt.wait(self.TICK_S)
+                self._halt.wait(self.TICK_S)
 
     def stop(self) -> None:
         self._halt.set()
+        self._wake()
 
     def close(self) -> None:
         with self._lock:
@@ -333,6 +419,12 @@ class _ConnectionGuard(threading.Thread):
             except zmq.ZMQError:
                 pass
             mon.close(linger=0)
+        self._epoll.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 class _Stream:

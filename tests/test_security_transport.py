@@ -326,3 +326,31 @@ def test_idle_unauthenticated_connections_are_dropped_after_the_handshake_interv
         for s in socks:
             s.close()
         party._transport_close()
+
+
+# ------------------------------------------- the guard costs nothing on idle connections (issue 12, scale)
+def test_connection_guard_measures_only_connections_that_get_bytes():
+    keys = {n: zmq.curve_keypair() for n in ROLES}
+    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    quiet = logging.getLogger("fedhet.test.guard")
+    quiet.setLevel(logging.CRITICAL)
+    parties = {n: ZmqParty(n, ROLES, eps, public_keys={k: v[0] for k, v in keys.items()},
+                           secret_key=keys[n][1], run_id=RUN, timeout=20, logger=quiet) for n in ("server", "client1")}
+    server, client = parties["server"], parties["client1"]
+    try:
+        x = np.arange(300_000, dtype=np.float64)  # several frames' worth: the guard must look while it flows
+        client.send("server", "x", {"x": x})
+        assert np.array_equal(server.recv("client1", "x")["x"], x)
+        server.send("client1", "ack", 1)
+        assert client.recv("server", "ack") == 1
+        wait_for(lambda: not server._guard._active and not client._guard._active, what="the guards to settle")
+        assert server._guard.looks >= 1, "the guard never measured the connection the data came on"
+        before = server._guard.looks, client._guard.looks
+        time.sleep(1.0)  # 100 ticks of a polling guard
+        assert (server._guard.looks, client._guard.looks) == before, "idle connections were measured"
+        client.send("server", "again", 2)  # new bytes wake it up again
+        assert server.recv("client1", "again") == 2
+        wait_for(lambda: server._guard.looks > before[0], what="the guard to look at the new bytes")
+    finally:
+        for p in parties.values():
+            p._transport_close(linger_s=0)
