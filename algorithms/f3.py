@@ -23,7 +23,11 @@ pass the coordinator knows δ = dL/dU (it computed everything after U), E = Â�
 (``f3/op`` backward)
   * dC_i = Σ_b h_b^iᵀ E_b[i]  (d_i x hidden): gives dP_i = W_0ᵀ dC_iᵀ and dW_0 = (Σ_i P_i dC_i)ᵀ; with
     ``align`` "tied" or "none" only Σ_i dC_i is reconstructed (all the gradient needs);
-  * dÂ_b = δ_b G_bᵀ (n x n per sample), only for the learned (ICDF) graph.
+  * dÂ_b = δ_b G_bᵀ (n x n per sample), only for the learned (ICDF) graph, and only from t holders (the
+    others get no δ): Â_b is symmetric, so the gradient of θ depends on dÂ_b only through its symmetric
+    part, and each of those holders sends the upper triangle of dÂ_b + dÂ_bᵀ (n(n+1)/2 per sample).
+    The per-sample Â_b goes to the holders as its upper triangle too (float32); both halve the bytes
+    of the largest messages and the coordinator learns nothing it could not form from U_b and Â_b.
 Each is a linear function of the shared h with public coefficients, computed by every holder on its
 shares (no messages between holders) and reconstructed by the coordinator from any t holders
 (``f3/pre/result``, ``f3/grad/result``, ``f3/adj/result``).  Public operands are encoded with
@@ -156,12 +160,13 @@ def declarations(s: Settings) -> list:
                                     share_shape=lambda cfg: (sum(n_rows(_cfg(cfg))), None))
     result_decls = [ss.declarations(prefix, OWNER, HOLDER, COORDINATOR, result_shape=shape)[1]
                     for prefix, shape in ((P_PRE, lambda cfg: (None, None, _cfg(cfg).hidden)),
-                                          (P_GRAD, lambda cfg: (None,)), (P_ADJ, lambda cfg: (None, None, None)))]
+                                          (P_GRAD, lambda cfg: (None,)), (P_ADJ, lambda cfg: (None, None)))]
     f64_2d, f32_any = sch.Arr("<f8", (None, None)), sch.OneOf((sch.Arr("<f4", (None, None)),
                                                                sch.Arr("<f4", (None, None, None))))
     op = sch.OneOf((
         sch.Fields({"op": sch.Str(choices=("forward",)), "step": sch.Int(lo=0), "rows": sch.Arr("<u4", (None,)),
-                    "A": f32_any, "C": sch.ListOf(f64_2d, max_len=100_000), "keep": sch.Bool()}),
+                    "A": f32_any, "packed": sch.Bool(), "C": sch.ListOf(f64_2d, max_len=100_000),
+                    "keep": sch.Bool()}),
         sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0), "E": sch.Arr("<f8", (None, None, None)),
                     "dU": sch.Optional(sch.Arr("<f8", (None, None, None))), "summed": sch.Bool()}),
         sch.Fields({"op": sch.Str(choices=("stop",))}),
@@ -175,8 +180,8 @@ def declarations(s: Settings) -> list:
                                 payload=sch.Fields({"h": sch.Arr("<f8", ("n_rows", None))}))]
     return [labels, share_decl, *result_decls,
             declare(K_OP, COORDINATOR, HOLDER, "one step of the first layer on shares: forward (batch rows, "
-                    "public Â float32 and C_i = P_iᵀW_0ᵀ) or backward (public E = Âᵀδ and δ, scaled by the "
-                    "batch size), or stop", payload=op)]
+                    "public Â float32, a graph per sample as its upper triangle, and C_i = P_iᵀW_0ᵀ) or backward (public "
+                    "E = Âᵀδ and, to t holders only, δ, both scaled by the batch size), or stop", payload=op)]
 
 
 def _cfg(cfg) -> Settings:
@@ -273,13 +278,31 @@ def holder_forward(shares: list, rows: np.ndarray, A: np.ndarray, C: list, s) ->
 
 def holder_backward(shares: list, rows: np.ndarray, G, E: np.ndarray, dU: np.ndarray | None, summed: bool,
                     s) -> tuple:
-    """Shares of dC (Σ_b h_bᵀ E_b[i] per owner, flattened and concatenated, or summed over owners) and of dÂ."""
+    """Shares of dC (Σ_b h_bᵀ E_b[i] per owner, flattened and concatenated, or summed over owners) and of
+    dÂ_b + dÂ_bᵀ, upper triangle per sample (:func:`unpack_symmetric` turns it into the symmetric part of dÂ)."""
     parts = [ss.matmul(sh[rows].T, E[:, i], frac_bits=s.grad_frac_bits) for i, sh in enumerate(shares)]
     dC = ss.sum_shares(parts).reshape(-1) if summed else ss.concatenate([p.reshape(-1) for p in parts])
     dA = None
     if dU is not None:
-        dA = ss.stack([ss.lmatmul(dU[b], G[b].T, frac_bits=s.grad_frac_bits) for b in range(len(rows))], axis=0)
+        full = ss.stack([ss.lmatmul(dU[b], G[b].T, frac_bits=s.grad_frac_bits) for b in range(len(rows))], axis=0)
+        iu = np.triu_indices(full.shape[-1])
+        dA = ss.add(full, full.transpose(0, 2, 1))[:, iu[0], iu[1]]
     return dC, dA
+
+
+def pack_symmetric(a: np.ndarray) -> np.ndarray:
+    """(..., n, n) -> (..., n(n+1)/2): the upper triangle, row by row."""
+    iu = np.triu_indices(a.shape[-1])
+    return np.ascontiguousarray(a[..., iu[0], iu[1]])
+
+
+def unpack_symmetric(packed: np.ndarray, n: int) -> np.ndarray:
+    """(..., n(n+1)/2) -> the symmetric (..., n, n) with that upper triangle."""
+    iu = np.triu_indices(n)
+    out = np.empty(packed.shape[:-1] + (n, n), dtype=packed.dtype)
+    out[..., iu[0], iu[1]] = packed
+    out[..., iu[1], iu[0]] = packed
+    return out
 
 
 # ---------------------------------------------------------------------------------- roles
@@ -365,6 +388,11 @@ def holder(party, s: Settings, data) -> dict:
             if rows.size == 0 or rows.size > MAX_BATCH or int(rows.max()) >= total:
                 raise ValueError(f"f3 holder {party.name}: {K_OP} step {msg['step']} asks for rows outside "
                                  f"0..{total - 1} or more than {MAX_BATCH}")
+            if msg["packed"]:
+                if A.shape != (rows.size, n * (n + 1) // 2):
+                    raise ValueError(f"f3 holder {party.name}: {K_OP} step {msg['step']}: packed Â {A.shape}, "
+                                     f"expected ({rows.size}, {n * (n + 1) // 2})")
+                A = unpack_symmetric(A, n)
             if len(C) != n or any(np.shape(c) != (w, s.hidden) for c, w in zip(C, widths)) or \
                     A.shape[-2:] != (n, n) or (A.ndim == 3 and A.shape[0] != rows.size):
                 raise ValueError(f"f3 holder {party.name}: {K_OP} step {msg['step']}: Â {A.shape} or C_i shapes "
@@ -395,6 +423,7 @@ class HolderLink:
     def __init__(self, party, s: Settings):
         self.party, self.s = party, s
         self.holders = party.peers_with_role(HOLDER)
+        self.adj_holders = self.holders[:s.t]   # dÂ needs exactly t shares: ask no more holders than that
         self.step, self.max_err, self.wait_s = 0, 0.0, 0.0
 
     def _rebuild(self, prefix: str, tag: str) -> np.ndarray:
@@ -405,18 +434,25 @@ class HolderLink:
     def forward(self, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray], keep: bool) -> np.ndarray:
         self.step += 1
         t0 = time.perf_counter()
+        packed = A.ndim == 3   # a graph per sample, symmetric: its upper triangle is enough
         self.party.broadcast(K_OP, {"op": "forward", "step": self.step, "rows": rows.astype(np.uint32),
-                                    "A": A.astype(np.float32), "C": C, "keep": keep}, to=self.holders)
+                                    "A": pack_symmetric(A).astype(np.float32) if packed else A.astype(np.float32),
+                                    "packed": packed, "C": C, "keep": keep}, to=self.holders)
         U = self._rebuild(P_PRE, f"u{self.step}")
         self.wait_s += time.perf_counter() - t0
         return U
 
     def backward(self, E: np.ndarray, dU: np.ndarray | None, summed: bool):
         t0 = time.perf_counter()
-        self.party.broadcast(K_OP, {"op": "backward", "step": self.step, "E": E, "dU": dU, "summed": summed},
-                             to=self.holders)
+        for h in self.holders:
+            self.party.send(h, K_OP, {"op": "backward", "step": self.step, "E": E, "summed": summed,
+                                      "dU": dU if h in self.adj_holders else None})
         dC = self._rebuild(P_GRAD, f"g{self.step}")
-        dA = self._rebuild(P_ADJ, f"a{self.step}") if dU is not None else None
+        dA = None
+        if dU is not None:
+            r = ss.reconstruct_at_coordinator(self.party, self.adj_holders, self.s.t, P_ADJ, tag=f"a{self.step}")
+            self.max_err = max(self.max_err, float(r.err))
+            dA = unpack_symmetric(r.value, E.shape[1]) * 0.5
         self.wait_s += time.perf_counter() - t0
         return dC, dA
 
@@ -450,10 +486,12 @@ class InProcessHolders:
         return self._open([u for u, _ in outs])
 
     def backward(self, E, dU, summed):
-        outs = [holder_backward(sh, self._rows, g, E, dU, summed, self.s)
-                for sh, g in zip(self.shares, self._g or [None] * self.m)]
+        outs = [holder_backward(sh, self._rows, g, E, dU if j < self.s.t else None, summed, self.s)
+                for j, (sh, g) in enumerate(zip(self.shares, self._g or [None] * self.m))]
         dC = self._open([c for c, _ in outs])
-        return dC, (self._open([a for _, a in outs]) if dU is not None else None)
+        if dU is None:
+            return dC, None
+        return dC, unpack_symmetric(self._open([a for _, a in outs]), E.shape[1]) * 0.5
 
     def stop(self):
         pass
@@ -466,6 +504,8 @@ class _OnShares(torch.autograd.Function):
     def forward(ctx, layer, rows, A, W, *Ps):
         C = layer.publics(W, Ps)
         A32 = A.detach().float().cpu().numpy()
+        if A32.ndim == 3:   # the holders get the upper triangle and mirror it: continue with the same Â
+            A32 = unpack_symmetric(pack_symmetric(A32), A32.shape[-1])
         U = layer.link.forward(rows, A32, [c.detach().double().cpu().numpy() for c in C],
                                keep=bool(A.requires_grad))
         ctx.layer = layer

@@ -113,7 +113,7 @@ def test_holder_refuses_rows_outside_the_shared_arrays(shared_data):
         order = f3.owners_in_order(party)
         party.recv(order[0], f3.K_LABELS)
         party.broadcast(f3.K_OP, {"op": "forward", "step": 1, "rows": np.array([10 ** 6], dtype=np.uint32),
-                                  "A": np.eye(12, dtype=np.float32), "C": [np.zeros((16, 16))] * 12, "keep": False},
+                                  "A": np.eye(12, dtype=np.float32), "packed": False, "C": [np.zeros((16, 16))] * 12, "keep": False},
                         to=holders)
         return {}
 
