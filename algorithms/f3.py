@@ -266,13 +266,25 @@ def load_data(s: Settings, ctx: PartyContext):
 
 
 # ------------------------------------------------------------------------- holder algebra
+def _same_width_rows(shares: list, rows: np.ndarray):
+    """Shares of every owner's rows stacked (n, R, d) when all owners have the same width, else None."""
+    if len({sh.shape[1] for sh in shares}) != 1 or len(shares) < 2:
+        return None
+    return ss.stack([sh[rows] for sh in shares], axis=0)
+
+
 def holder_forward(shares: list, rows: np.ndarray, A: np.ndarray, C: list, s) -> tuple:
     """Shares of U = Â (stack_i h^i[rows] C_i) and of G (kept for the backward pass)."""
-    G = ss.stack([ss.matmul(sh[rows], c, frac_bits=s.public_frac_bits) for sh, c in zip(shares, C)], axis=1)
+    H = _same_width_rows(shares, rows)
+    if H is not None:   # all owners as one batched product: (C_iᵀ h^i[rows]ᵀ)ᵀ
+        Ct = np.stack([np.asarray(c).T for c in C])
+        G = ss.batched_lmatmul(Ct, H.transpose(0, 2, 1), frac_bits=s.public_frac_bits).transpose(2, 0, 1)
+    else:
+        G = ss.stack([ss.matmul(sh[rows], c, frac_bits=s.public_frac_bits) for sh, c in zip(shares, C)], axis=1)
     if A.ndim == 2:
         U = ss.lmatmul(A, G, frac_bits=s.public_frac_bits)
     else:
-        U = ss.stack([ss.lmatmul(A[b], G[b], frac_bits=s.public_frac_bits) for b in range(len(rows))], axis=0)
+        U = ss.batched_lmatmul(A, G, frac_bits=s.public_frac_bits)
     return U, G
 
 
@@ -280,11 +292,18 @@ def holder_backward(shares: list, rows: np.ndarray, G, E: np.ndarray, dU: np.nda
                     s) -> tuple:
     """Shares of dC (Σ_b h_bᵀ E_b[i] per owner, flattened and concatenated, or summed over owners) and of
     dÂ_b + dÂ_bᵀ, upper triangle per sample (:func:`unpack_symmetric` turns it into the symmetric part of dÂ)."""
-    parts = [ss.matmul(sh[rows].T, E[:, i], frac_bits=s.grad_frac_bits) for i, sh in enumerate(shares)]
-    dC = ss.sum_shares(parts).reshape(-1) if summed else ss.concatenate([p.reshape(-1) for p in parts])
+    H = _same_width_rows(shares, rows)
+    if H is not None:   # (n, D, R) @ (n, R, d) -> (n, d, D): every owner's Σ_b h_bᵀ E_b[i] in one call
+        allC = ss.batched_lmatmul(np.ascontiguousarray(E.transpose(1, 2, 0)), H,
+                                  frac_bits=s.grad_frac_bits).transpose(0, 2, 1)
+        parts = [allC[i] for i in range(len(shares))]
+        dC = ss.sum_shares(parts).reshape(-1) if summed else allC.reshape(-1)
+    else:
+        parts = [ss.matmul(sh[rows].T, E[:, i], frac_bits=s.grad_frac_bits) for i, sh in enumerate(shares)]
+        dC = ss.sum_shares(parts).reshape(-1) if summed else ss.concatenate([p.reshape(-1) for p in parts])
     dA = None
     if dU is not None:
-        full = ss.stack([ss.lmatmul(dU[b], G[b].T, frac_bits=s.grad_frac_bits) for b in range(len(rows))], axis=0)
+        full = ss.batched_lmatmul(dU, G.transpose(0, 2, 1), frac_bits=s.grad_frac_bits)
         iu = np.triu_indices(full.shape[-1])
         dA = ss.add(full, full.transpose(0, 2, 1))[:, iu[0], iu[1]]
     return dC, dA

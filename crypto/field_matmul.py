@@ -53,7 +53,7 @@ import numpy as np
 
 from .field import F61, PrimeField
 
-__all__ = ["Plan", "plan", "matmul", "lmatmul", "matmul_trusted", "lmatmul_trusted",
+__all__ = ["Plan", "plan", "matmul", "lmatmul", "matmul_trusted", "lmatmul_trusted", "batched_lmatmul_trusted",
            "EXACT", "MAX_LIMBS", "MAX_BLOCKS"]
 
 EXACT = (1 << 51) - (1 << 31)  # |block products| bound: with a 31-bit correction, convertible by one add
@@ -560,6 +560,34 @@ def lmatmul_trusted(m: np.ndarray, a: np.ndarray, field: PrimeField = F61) -> np
     else:
         out = _right(m, a2, pl, field, colsum)
     return out.reshape(J, *rest)
+
+
+def batched_lmatmul_trusted(m: np.ndarray, a: np.ndarray, field: PrimeField = F61) -> np.ndarray:
+    """``m[b] @ a[b] mod p`` for every b: centred int64 ``m`` (B, J, K), canonical uint64 shares ``a`` (B, K, N).
+
+    A different public matrix per batch element (F³'s graph per sample) rules out stacking the
+    digits into one gemm; numpy's stacked matmul still runs every product in C, so the Python cost
+    is per batch, not per element.  The share's two 32-bit halves are the digits (every |m| row sum
+    of every element at most ``_HALVES_LIMIT``, so each digit product is an exact float64 integer):
+    m a = G_lo + 2**32 G_hi, and with G_hi = q 2**29 + r, 2**32 G_hi = r 2**32 + q (mod 2**61 - 1).
+    Other fields or larger public operands take :func:`lmatmul_trusted` per element.  Unchecked.
+    """
+    B, J, K = m.shape
+    N = a.shape[-1]
+    if a.shape != (B, K, N):
+        raise ValueError(f"batched_lmatmul: shapes {m.shape} @ {a.shape} do not match")
+    if B == 0 or J == 0 or N == 0:
+        return np.zeros((B, J, N), dtype=np.uint64)
+    rowmax = int(np.abs(m).sum(axis=-1).max()) if K else 0
+    if not (field.mersenne and field.p == (1 << 61) - 1) or rowmax > _HALVES_LIMIT:
+        return np.stack([lmatmul_trusted(m[b], a[b], field) for b in range(B)])
+    digits = np.empty((B, K, 2 * N), dtype=np.float64)
+    np.copyto(digits[..., :N], a & _U64(0xFFFFFFFF), casting="unsafe")
+    np.copyto(digits[..., N:], a >> _U64(32), casting="unsafe")
+    g = np.matmul(m.astype(np.float64), digits).astype(np.int64)       # (B, J, 2N), |g| < 2**51
+    lo, hi = g[..., :N], g[..., N:]
+    x = lo + ((hi & np.int64((1 << 29) - 1)) << np.int64(32)) + (hi >> np.int64(29))
+    return np.mod(x, np.int64(field.p)).astype(np.uint64)
 
 
 def matmul(a, b, field: PrimeField = F61) -> np.ndarray:

@@ -57,7 +57,7 @@ from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 
 from .shared_array import (PUBLIC_FRAC_BITS, SharedArray, ShamirError, ShareRangeError, add, add_public,
-                           check_threshold, concatenate, contiguous_u64, decode_fixed, interpolate, lift, lmatmul,
+                           batched_lmatmul, check_threshold, concatenate, contiguous_u64, decode_fixed, interpolate, lift, lmatmul,
                            matmul, max_signed, neg, reconstruct_shares, scale, share_array, stack, sub,
                            sum_shares)
 
@@ -65,8 +65,8 @@ __all__ = [
     "SharedArray", "Reconstruction", "ShareInfo", "ShamirError", "ShareRangeError", "PUBLIC_FRAC_BITS",
     "holder_points", "share_array", "reconstruct_shares",
     "share_to_holders", "receive_shares", "send_to_coordinator", "reconstruct_at_coordinator",
-    "add", "sub", "neg", "sum_shares", "add_public", "scale", "matmul", "lmatmul", "stack", "concatenate",
-    "lift", "declarations", "DECLARATIONS", "DEFAULT_PREFIX", "PROTOCOL_VERSION",
+    "add", "sub", "neg", "sum_shares", "add_public", "scale", "matmul", "lmatmul", "batched_lmatmul", "stack",
+    "concatenate", "lift", "declarations", "DECLARATIONS", "DEFAULT_PREFIX", "PROTOCOL_VERSION",
 ]
 
 PROTOCOL_VERSION = 1

@@ -66,6 +66,8 @@ secret: the trust assumption is that fewer than t of them collude.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -81,8 +83,8 @@ from fedhet.parties.api import PartyError
 __all__ = [
     "SharedArray", "ShamirError", "ShareRangeError", "PUBLIC_FRAC_BITS", "PublicOperand",
     "share_array", "reconstruct_shares", "interpolate", "decode_fixed", "check_threshold", "max_signed",
-    "add", "sub", "neg", "sum_shares", "add_public", "scale", "matmul", "lmatmul", "stack", "concatenate",
-    "lift", "encode_public", "public_matmul", "contiguous_u64",
+    "add", "sub", "neg", "sum_shares", "add_public", "scale", "matmul", "lmatmul", "batched_lmatmul", "stack",
+    "concatenate", "lift", "encode_public", "public_matmul", "contiguous_u64",
 ]
 
 PUBLIC_FRAC_BITS = DEFAULT_FRAC_BITS  # fractional bits of float public operands unless told otherwise
@@ -291,14 +293,24 @@ def concatenate(items: Sequence[SharedArray], axis: int = 0) -> SharedArray:
 class PublicOperand:
     """A public operand encoded for products with shares (:func:`encode_public`)."""
 
-    enc: np.ndarray      # field elements
+    encoded: np.ndarray | None   # field elements (None: made from ``signed`` when first needed)
     signed: np.ndarray   # the encoded integers (int64), centred
     real: np.ndarray     # the public operand as given (float64)
     frac_bits: int
+    field: PrimeField | None = None
+
+    @functools.cached_property
+    def enc(self) -> np.ndarray:
+        """Field elements; the BLAS products need only ``signed``, so large operands skip this."""
+        if self.encoded is not None:
+            return self.encoded
+        assert self.field is not None
+        return self.field.from_int(self.signed)
 
     @property
     def T(self) -> "PublicOperand":
-        return PublicOperand(self.enc.T, self.signed.T, self.real.T, self.frac_bits)
+        return PublicOperand(None if self.encoded is None else self.encoded.T, self.signed.T, self.real.T,
+                             self.frac_bits, self.field)
 
 
 def public_matmul(a: np.ndarray, pub: PublicOperand, fld: PrimeField) -> np.ndarray:
@@ -334,7 +346,7 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
         arr = arr.astype(np.int64)
     if arr.dtype.kind not in "fiu":
         raise TypeError(f"{what}: public operand must be numeric, got dtype {arr.dtype}")
-    real = arr.astype(np.float64)
+    real = arr.astype(np.float64, copy=False)
     if real.size and not np.all(np.isfinite(real)):
         raise ValueError(f"{what}: the public operand contains NaN or inf")
     if at is not None:
@@ -353,7 +365,7 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
         raise ShareRangeError(f"{what}: the public operand times 2**{fb} reaches {top:.4g}, beyond 2**53 or "
                               f"(p - 1) / 2 of {fld!r}; use fewer fractional bits")
     signed = scaled.astype(np.int64)
-    return PublicOperand(fld.from_int(signed), signed, real, fb)
+    return PublicOperand(None, signed, real, fb, fld)
 
 
 def _broadcast(s1: tuple, s2: tuple, what: str) -> tuple:
@@ -416,11 +428,11 @@ def matmul(a: SharedArray, m, frac_bits: int | None = None) -> SharedArray:
     """Shares of ``a @ m`` for a public matrix (or vector) m (numpy matmul semantics, a of shape (..., K))."""
     _same_sharing([a], "matmul")
     pub = encode_public(m, frac_bits, a.field, "matmul")
-    if pub.enc.ndim not in (1, 2) or a.ndim < 1:
+    if pub.signed.ndim not in (1, 2) or a.ndim < 1:
         raise ValueError(f"matmul: needs shares of shape (..., K) and a public (K, N) or (K,), "
-                         f"got {a.shape} @ {pub.enc.shape}")
-    if a.shape[-1] != pub.enc.shape[0]:
-        raise ValueError(f"matmul: shape mismatch {a.shape} @ {pub.enc.shape}")
+                         f"got {a.shape} @ {pub.signed.shape}")
+    if a.shape[-1] != pub.signed.shape[0]:
+        raise ValueError(f"matmul: shape mismatch {a.shape} @ {pub.signed.shape}")
     # output element j sums over the rows k of column j
     int_norm = _abs_sum_max(pub.signed, 0)
     real_norm = float(np.abs(pub.real).sum(axis=0).max()) if pub.real.size else 0.0
@@ -438,12 +450,12 @@ def lmatmul(m, a: SharedArray, frac_bits: int | None = None) -> SharedArray:
     """
     _same_sharing([a], "lmatmul")
     pub = encode_public(m, frac_bits, a.field, "lmatmul")
-    if pub.enc.ndim not in (1, 2) or a.ndim < 1:
+    if pub.signed.ndim not in (1, 2) or a.ndim < 1:
         raise ValueError(f"lmatmul: needs a public (J, K) or (K,) and shares of shape (K,) or (..., K, N), "
-                         f"got {pub.enc.shape} @ {a.shape}")
+                         f"got {pub.signed.shape} @ {a.shape}")
     K = a.shape[0] if a.ndim == 1 else a.shape[-2]
-    if pub.enc.shape[-1] != K:
-        raise ValueError(f"lmatmul: shape mismatch {pub.enc.shape} @ {a.shape}")
+    if pub.signed.shape[-1] != K:
+        raise ValueError(f"lmatmul: shape mismatch {pub.signed.shape} @ {a.shape}")
     # output row j sums over the columns k of row j
     int_norm = _abs_sum_max(pub.signed, -1)
     real_norm = float(np.abs(pub.real).sum(axis=-1).max()) if pub.real.size else 0.0
@@ -454,9 +466,29 @@ def lmatmul(m, a: SharedArray, frac_bits: int | None = None) -> SharedArray:
         vals = public_matmul(a.values, pub.T, fld)          # m @ a == a @ m^T for a vector a
     else:
         vals = public_matmul(np.swapaxes(a.values, -1, -2), pub.T, fld)   # (..., N, J) or (..., N)
-        if pub.enc.ndim == 2:
+        if pub.signed.ndim == 2:
             vals = np.swapaxes(vals, -1, -2)
     return a._like(contiguous_u64(vals), frac_bits=f, bound=bound, err=err)
+
+
+def batched_lmatmul(m, a: SharedArray, frac_bits: int | None = None) -> SharedArray:
+    """Shares of ``m[b] @ a[b]`` for every b: a public (B, J, K) and shares (B, K, N).
+
+    F³'s graph per sample: ``batched_lmatmul(A_hat, G)`` with A_hat (batch, n, n) and G (batch, n, d)
+    is one call instead of one :func:`lmatmul` per sample (same result, same bound).
+    """
+    _same_sharing([a], "batched_lmatmul")
+    pub = encode_public(m, frac_bits, a.field, "batched_lmatmul")
+    ps = pub.signed.shape
+    if len(ps) != 3 or a.ndim != 3 or ps[0] != a.shape[0] or ps[2] != a.shape[1]:
+        raise ValueError(f"batched_lmatmul: needs a public (B, J, K) and shares (B, K, N), got {ps} @ "
+                         f"{a.shape}")
+    int_norm = _abs_sum_max(pub.signed, -1)
+    real_norm = float(np.abs(pub.real).sum(axis=-1).max()) if pub.real.size else 0.0
+    err_norm = float(_enc_err(pub).sum(axis=-1).max()) if pub.real.size else 0.0
+    f, bound, err = _product_meta(a, pub, int_norm, real_norm, err_norm, "batched_lmatmul")
+    vals = field_matmul.batched_lmatmul_trusted(pub.signed, contiguous_u64(a.values), a.field)
+    return a._like(vals, frac_bits=f, bound=bound, err=err)
 
 
 # ----------------------------------------------------------- local sharing

@@ -41,9 +41,10 @@ def _grads(model, first, rows, y):
 CASES = [("none", "none"), ("soft", "none"), ("soft", "icdf"), ("hard", "icdf"), ("tied", "icdf"), ("none", "icdf")]
 
 
-@pytest.mark.parametrize("align,graph", CASES)
-def test_gradients_on_shares_equal_plain_autograd(align, graph):
-    dims = [D] * N if align in ("none", "tied") else DIMS
+@pytest.mark.parametrize("align,graph,equal", [(a, g, False) for a, g in CASES] + [("soft", "icdf", True)])
+def test_gradients_on_shares_equal_plain_autograd(align, graph, equal):
+    # equal widths: the holders' batched products over all owners; unequal: one product per owner
+    dims = [D] * N if equal or align in ("none", "tied") else DIMS
     reps = _reps(1, dims)
     s = _settings(align=align, graph=graph)
     y = np.random.default_rng(2).integers(0, CLASSES, ROWS)

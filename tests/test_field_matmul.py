@@ -207,3 +207,32 @@ def test_shared_array_public_matmul_uses_the_exact_kernel():
     batch = extreme_shares(rng, 5 * 4, 30).reshape(5, 4, 30)
     assert np.array_equal(sa.public_matmul(batch, pub, F61),
                           ref_mm(batch.reshape(-1, 30), pub.signed, P61).reshape(5, 4, 7))
+
+
+HALVES_ROW_SUM = ((1 << 51) - (1 << 32)) // ((1 << 32) - 1)   # the docstring's exactness bound of the halves
+
+
+@pytest.mark.parametrize("top", [1 << 16, HALVES_ROW_SUM // 11, HALVES_ROW_SUM // 11 + 1, 1 << 40])
+def test_batched_lmatmul_equals_the_products_one_by_one(top):
+    """A public matrix per batch element (F³'s graph per sample): halves path and the per-element fallback."""
+    rng = np.random.default_rng(top % 1000)
+    B, J, K, N = 5, 9, 11, 4
+    a = np.stack([extreme_shares(rng, K, N) for _ in range(B)])
+    m = rng.integers(-top, top, size=(B, J, K), dtype=np.int64, endpoint=True)
+    m[0] = top                     # every row sum of element 0 at the largest the bound allows
+    m[1] = -top
+    got = fm.batched_lmatmul_trusted(m, a)
+    for b in range(B):
+        assert np.array_equal(got[b], ref_mm(m[b], a[b], P61)), b
+
+
+def test_batched_lmatmul_small_prime_and_shapes():
+    fld = PrimeField(2_147_483_647)
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, fld.p, size=(3, 6, 2), dtype=np.uint64)
+    m = rng.integers(-100, 100, size=(3, 4, 6), dtype=np.int64)
+    got = fm.batched_lmatmul_trusted(m, a, fld)
+    assert all(np.array_equal(got[b], ref_mm(m[b], a[b], fld.p)) for b in range(3))
+    with pytest.raises(ValueError, match="do not match"):
+        fm.batched_lmatmul_trusted(m, a[:, :5], fld)
+    assert fm.batched_lmatmul_trusted(m[:0], a[:0], fld).shape == (0, 4, 2)
