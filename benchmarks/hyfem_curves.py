@@ -40,8 +40,12 @@ STAND_IN = ("ModelNet40 is not available offline; UCI Handwritten (mfeat, 6 feat
 COIL_STAND_IN = ("ModelNet40 is not available offline; COIL-20 (`coil20_multiview_standin`: Deng "
                  "Cai's 32x32 COIL-20, 20 objects x 72 turntable poses 5 degrees apart; itself a small "
                  "stand-in, NOT ModelNet40) stands in: a sample is one object seen from V poses "
-                 "72/V poses apart (pose p, p + 72/V, ...; one sample per starting pose p, so the "
-                 "1,440 samples share images), each pose a view with a small CNN extractor.")
+                 "72/V poses apart (pose p, p + 72/V, ...; one sample per starting pose p), each pose a "
+                 "view with a small CNN extractor.  Samples overlap: the V samples with the same object "
+                 "and p mod 72/V are the same V images rotated (an image set), so the evaluation split "
+                 "takes whole image sets (20 % of them, stratified by object): no evaluation image is in "
+                 "any client's training rows.  Evaluation poses do neighbour training poses 5 degrees "
+                 "away, as in any random COIL-20 split.")
 METHODS = {"HyFEM-Avg": {"method": "avg"},
            "HyFEM-Prox mu=0.1": {"method": "prox", "mu": 0.1},
            "HyFEM-Prox mu=0.5": {"method": "prox", "mu": 0.5}}
