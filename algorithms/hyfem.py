@@ -88,6 +88,8 @@ class Settings(TableView):
     method: Literal["avg", "prox"] = setting("avg", "HyFEM-Avg (eq. 9) or HyFEM-Prox (eq. 6)")
     mu: float = setting(0.1, "Prox weight of ||Pi_m theta_0 - w_m||^2 (paper: 0.1, 0.5)", lo=0)
     extractor_weight: float = setting(1.0, "Prox weight of sum_d ||theta_md - theta_0d||^2", lo=0)
+    loss_reduction: Literal["mean", "sum"] = setting("mean", "data term: batch-mean cross-entropy, or "
+                                                      "that x the client's rows (eq. 6 literally)")
     rounds: int = setting(32, "T rounds (paper 32)", lo=1)
     local_steps: int = setting(32, "Q mini-batch steps per round (paper 32)", lo=1)
     batch_size: int = setting(32, "mini-batch size (paper 32)", lo=1)
@@ -145,6 +147,7 @@ class Settings(TableView):
 
     def config(self, device: str = "cpu") -> H.HyFEMConfig:
         return H.HyFEMConfig(method=self.method, mu=self.mu, extractor_weight=self.extractor_weight,
+                             loss_reduction=self.loss_reduction,
                              lr=self.lr, lr_decay=self.lr_decay, decay_every=self.decay_every,
                              local_steps=self.local_steps, batch_size=self.batch_size,
                              optimizer=self.optimizer, passes=self.passes, threshold=self.threshold,
