@@ -576,17 +576,21 @@ def probe_markdown(doc: dict) -> str:
 
 # ------------------------------------------------------------------------------ COIL Prox probe
 
+MEAN, SUM = {"loss_reduction": "mean"}, {"loss_reduction": "sum"}
 COIL_PROBE_VARIANTS = (
-    ("HyFEM-Avg", {"method": "avg"}),
-    ("Prox mu=0.1, batch mean (the first COIL runs)", {"method": "prox", "mu": 0.1}),
-    ("Prox mu=0.5, batch mean", {"method": "prox", "mu": 0.5}),
-    ("Prox mu=0.1, batch mean, extractor weight 0", {"method": "prox", "mu": 0.1, "extractor_weight": 0.0}),
-    ("Prox mu=0.1, eq. (6) literal (summed loss)", {"method": "prox", "mu": 0.1, "loss_reduction": "sum"}),
-    ("Prox mu=0.5, eq. (6) literal (summed loss)", {"method": "prox", "mu": 0.5, "loss_reduction": "sum"}),
+    ("HyFEM-Avg, batch mean", {"method": "avg", **MEAN}),
+    ("HyFEM-Avg, summed loss", {"method": "avg", **SUM}),
+    ("Prox mu=0.1, batch mean (the first COIL runs)", {"method": "prox", "mu": 0.1, **MEAN}),
+    ("Prox mu=0.5, batch mean", {"method": "prox", "mu": 0.5, **MEAN}),
+    ("Prox mu=0.1, batch mean, extractor weight 0", {"method": "prox", "mu": 0.1, "extractor_weight": 0.0,
+                                                     **MEAN}),
+    ("Prox mu=0.1, eq. (6) literal (summed loss)", {"method": "prox", "mu": 0.1, **SUM}),
+    ("Prox mu=0.5, eq. (6) literal (summed loss)", {"method": "prox", "mu": 0.5, **SUM}),
 )
-COIL_PROBE_ROUNDS = (("HyFEM-Avg", {"method": "avg"}),
-                     ("Prox mu=0.1, batch mean", {"method": "prox", "mu": 0.1}),
-                     ("Prox mu=0.1, eq. (6) literal", {"method": "prox", "mu": 0.1, "loss_reduction": "sum"}))
+COIL_PROBE_ROUNDS = (("HyFEM-Avg, batch mean", {"method": "avg", **MEAN}),
+                     ("HyFEM-Avg, summed loss", {"method": "avg", **SUM}),
+                     ("Prox mu=0.1, batch mean", {"method": "prox", "mu": 0.1, **MEAN}),
+                     ("Prox mu=0.1, eq. (6) literal", {"method": "prox", "mu": 0.1, **SUM}))
 
 
 def _embedding_stats(models: H.ClientModels, spec, x: dict) -> dict:
