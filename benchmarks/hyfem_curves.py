@@ -239,6 +239,30 @@ def resumable(prev: dict | None, out: dict) -> dict[str, list]:
     return {k: [r for r in v if r["seed"] in out["seeds"]] for k, v in prev.get("runs", {}).items()}
 
 
+def combine_runs(old: dict | None, new: dict) -> dict:
+    """``new`` (a setting's result), plus the runs of ``old`` for seeds ``new`` lacks when both
+    are the same setting (rounds, settings, Centralized steps; e.g. seeds run in separate
+    processes), re-summarised; else ``new`` alone."""
+    if old is None or "runs" not in new or any(old.get(k) != new.get(k)
+                                               for k in ("rounds", "settings", "centralized_steps")):
+        return new
+    runs = {k: list(v) for k, v in new["runs"].items()}
+    added = []
+    for k, v in old.get("runs", {}).items():
+        have = {r["seed"] for r in runs.get(k, [])}
+        extra = [r for r in v if r["seed"] not in have]
+        runs[k] = runs.get(k, []) + extra
+        added += [r["seed"] for r in extra]
+    if not added:
+        return new
+    out = {**new, "runs": runs}
+    out["seeds"] = sorted({r["seed"] for v in runs.values() for r in v} | set(new["seeds"]))
+    out["methods"] = {k: summarise(k, sorted(v, key=lambda x: x["seed"])) for k, v in runs.items() if v}
+    out["seeds_done"] = {k: len(v) for k, v in runs.items()}
+    out["command"] = "; ".join(dict.fromkeys(c for c in (old.get("command"), new.get("command")) if c))
+    return out
+
+
 def curves(name: str, rounds: int, seeds: list[int], on_method=None, previous: dict | None = None) -> dict:
     """One setting's curves.  Seeds are the outer loop (every method at seed 0, then at seed 1,
     ...; each run is seeded on its own, so the order changes no result) and ``on_method(out)`` is
@@ -700,6 +724,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=None, help="rounds for every setting run "
                     "(default: each setting's own, 32 for fig3/fig4; 10 with --quick)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 "
+                    "(to run seeds in separate processes; --merge-from combines their runs)")
     ap.add_argument("--settings", default=None,
                     help=f"comma-separated settings to run, of {', '.join(SETTINGS)}; their results are "
                          "merged into the existing JSON (the other settings and the process row kept). "
@@ -737,11 +763,11 @@ def main(argv=None) -> None:
         doc = out.read()
         for f in args.merge_from:
             other = harness.Output(Path(f).stem, False, Path(f).parent).read()
-            for c in other.get("curves", {}).values():   # the --out folder is this machine's
+            for name, c in other.get("curves", {}).items():   # the --out folder is this machine's
                 c["command"] = public_command(c.get("command", ""))
                 if "environment" in c:
                     c["environment"]["command"] = public_command(c["environment"].get("command", ""))
-            doc["curves"].update(other.get("curves", {}))
+                doc["curves"][name] = combine_runs(doc["curves"].get(name), c)
             print(f"merged {sorted(other.get('curves', {}))} from {f}")
         print("wrote", *out.write(doc, markdown(doc), figure(doc)).values())
         return
@@ -749,7 +775,7 @@ def main(argv=None) -> None:
     bad = [x for x in names if x not in SETTINGS]
     if bad:
         raise SystemExit(f"hyfem_curves: unknown setting(s) {bad}; known: {list(SETTINGS)}")
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     torch.set_num_threads(1)   # as every party does (2 shared cores)
     sess = harness.Session(NAME, __file__, argv)
     merge = args.settings is not None and out.path("json").exists()
