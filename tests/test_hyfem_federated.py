@@ -145,3 +145,10 @@ def test_audit_flags_a_plain_view_when_not_allowed():
     chk = decl[hyfem.K_PLAIN_VIEW].check
     assert chk([("<f4", (10,))], {}) is not None
     assert chk([("<f4", (10,))], {"allow_plain_views": True}) is None
+
+
+def test_loss_reduction_setting_reaches_the_local_update():
+    assert parse_settings(hyfem.Settings, {}).config().loss_reduction == "mean"
+    assert parse_settings(hyfem.Settings, {"loss_reduction": "sum"}).config().loss_reduction == "sum"
+    with pytest.raises(ValueError, match="loss_reduction"):
+        parse_settings(hyfem.Settings, {"loss_reduction": "max"})
