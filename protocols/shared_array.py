@@ -298,6 +298,7 @@ class PublicOperand:
     real: np.ndarray     # the public operand as given (float64)
     frac_bits: int
     field: PrimeField | None = None
+    rounding: np.ndarray | None = None   # |encoded / 2**frac_bits - real| per element, when known
 
     @functools.cached_property
     def enc(self) -> np.ndarray:
@@ -310,7 +311,7 @@ class PublicOperand:
     @property
     def T(self) -> "PublicOperand":
         return PublicOperand(None if self.encoded is None else self.encoded.T, self.signed.T, self.real.T,
-                             self.frac_bits, self.field)
+                             self.frac_bits, self.field, None if self.rounding is None else self.rounding.T)
 
 
 def public_matmul(a: np.ndarray, pub: PublicOperand, fld: PrimeField) -> np.ndarray:
@@ -359,13 +360,17 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
             raise ValueError(f"{what}: frac_bits must be in [0, 62), got {fb}")
     if arr.dtype.kind in "iu" and real.size and float(np.max(np.abs(real))) >= _MAX_EXACT:
         raise ShareRangeError(f"{what}: public integers must stay below 2**53 in absolute value")
-    scaled = np.rint(np.ldexp(real, fb))
-    top = float(np.max(np.abs(scaled))) if scaled.size else 0.0
+    exact = np.ldexp(real, fb, out=np.empty(real.shape))
+    scaled = np.rint(exact)
+    top = max(float(scaled.max()), -float(scaled.min())) if scaled.size else 0.0
     if top >= _MAX_EXACT or top > max_signed(fld):
         raise ShareRangeError(f"{what}: the public operand times 2**{fb} reaches {top:.4g}, beyond 2**53 or "
                               f"(p - 1) / 2 of {fld!r}; use fewer fractional bits")
     signed = scaled.astype(np.int64)
-    return PublicOperand(None, signed, real, fb, fld)
+    # |encoded / 2**f - real|, from the arrays at hand (the difference of two close floats is exact)
+    np.subtract(scaled, exact, out=exact)
+    np.abs(exact, out=exact)
+    return PublicOperand(None, signed, real, fb, fld, np.ldexp(exact, -fb, out=exact))
 
 
 def _broadcast(s1: tuple, s2: tuple, what: str) -> tuple:
@@ -388,6 +393,8 @@ def _abs_sum_max(signed: np.ndarray, axis) -> int:
 
 def _enc_err(pub: PublicOperand) -> np.ndarray:
     """|encoded / 2**f - real| per element: the rounding of the public operand."""
+    if pub.rounding is not None:
+        return pub.rounding
     return np.abs(np.ldexp(pub.signed.astype(np.float64), -pub.frac_bits) - pub.real)
 
 

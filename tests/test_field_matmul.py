@@ -212,9 +212,10 @@ def test_shared_array_public_matmul_uses_the_exact_kernel():
 HALVES_ROW_SUM = ((1 << 51) - (1 << 32)) // ((1 << 32) - 1)   # the docstring's exactness bound of the halves
 
 
-@pytest.mark.parametrize("top", [1 << 16, HALVES_ROW_SUM // 11, HALVES_ROW_SUM // 11 + 1, 1 << 40])
-def test_batched_lmatmul_equals_the_products_one_by_one(top):
-    """A public matrix per batch element (F³'s graph per sample): halves path and the per-element fallback."""
+@pytest.mark.parametrize("top", [1 << 16, HALVES_ROW_SUM // 11, HALVES_ROW_SUM // 11 + 1, (1 << 31) // 11,
+                                 (1 << 36) // 11, 1 << 40])
+def test_batched_lmatmul_equals_the_products_one_by_one(top, monkeypatch):
+    """A public matrix per batch element (F³'s graph per sample): 2, 3 and 4 digits and the per-element fallback."""
     rng = np.random.default_rng(top % 1000)
     B, J, K, N = 5, 9, 11, 4
     a = np.stack([extreme_shares(rng, K, N) for _ in range(B)])
@@ -224,6 +225,8 @@ def test_batched_lmatmul_equals_the_products_one_by_one(top):
     got = fm.batched_lmatmul_trusted(m, a)
     for b in range(B):
         assert np.array_equal(got[b], ref_mm(m[b], a[b], P61)), b
+    monkeypatch.setattr(fm, "BATCH_BELOW", 1)     # the per-element path for the same products
+    assert np.array_equal(fm.batched_lmatmul_trusted(m, a), got)
 
 
 def test_batched_lmatmul_small_prime_and_shapes():
