@@ -38,8 +38,9 @@ this many training batches; ``s_per_epoch`` is then extrapolated from ``s_per_ba
 protocol's ``slot_bits`` ("auto", the default: sized from the other settings for ``he_max_steps``
 training batches, :func:`fedhet.protocols.he_encoding.slot_budget`; or an int), ``he_max_steps``
 (default ``max_batches`` when set, else ``epochs * ceil(2**20 / batch_size)``: training sets up to
-2**20 rows; the host refuses, before training, a run that would take more batches), ``mask_bits``, ``a_int_bits``, ``a_frac_bits``, ``w_frac_bits``,
-``d_int_bits``, ``d_frac_bits``, ``ckks_mask``, ``pool``, ``he_workers``, ``obfuscation``; ``torch_threads``;
+2**20 rows; the host refuses, before training, a run that would take more batches), ``mask_bits``,
+``a_int_bits``, ``a_frac_bits``, ``w_frac_bits``, ``d_int_bits``, ``d_frac_bits``, ``ckks_mask``,
+``pool``, ``he_workers``, ``obfuscation``; ``torch_threads``;
 ``evaluate`` (false: skip the final test pass, ``test_accuracy`` is then None; for timing runs);
 ``return_params`` (tests: put the trained parameters in the results).
 
