@@ -182,6 +182,9 @@ class SharedContext:
         self.ctx.term()
 
 
+RX_IDLE_MS = 5000  # the receive loop's backstop wake-up; messages and closing wake it at once
+
+
 def _wire_bytes(n: int, curve: bool) -> int:
     """Bytes one frame of ``n`` bytes takes on the wire (ZMTP 3 framing, CURVE MESSAGE box)."""
     body = n + (33 if curve else 0)  # "\\x07MESSAGE" + 8-byte nonce + 16-byte MAC + flags byte
@@ -583,6 +586,9 @@ class ZmqParty(Party):
         self.router.bind(bind_endpoint or endpoints[name])
         self._streams = _Streams(self)
         self._halt = threading.Event()
+        # closing writes here to wake the receive loop, which otherwise sleeps until a message comes:
+        # hundreds of idle parties in one host must not wake up on a timer
+        self._wake_r, self._wake_w = os.pipe()
         if self._guard is not None:
             self._guard.start()
         self._rx = threading.Thread(target=self._receive_loop, name=f"rx-{name}", daemon=True)
@@ -632,11 +638,12 @@ class ZmqParty(Party):
     def _receive_loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._halt.is_set():
             try:
-                if not dict(poller.poll(100)):
+                if self.router not in dict(poller.poll(RX_IDLE_MS)):
                     continue
-                parts = self.router.recv_multipart(copy=False)
+                parts = self.router.recv_multipart(copy=False, flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 if self._halt.is_set():
                     break
@@ -725,7 +732,16 @@ class ZmqParty(Party):
     # ----------------------------------------------------------------- closing
     def _transport_close(self, linger_s: float | None = None) -> None:
         self._halt.set()
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass
         self._rx.join(timeout=5)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         if self._guard is not None:
             self._guard.stop()
             self._guard.join(timeout=2)
