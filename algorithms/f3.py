@@ -119,7 +119,7 @@ class Settings(TableView):
     grad_frac_bits: int = setting(18, "fractional bits of the public backward operands (batch x δ, E)", lo=1,
                                   hi=30)
     seed: int = setting(0, "seeds the local models (seed + owner index) and the global model", lo=0)
-    torch_threads: int = setting(1, "torch.set_num_threads in every role (1: results do not depend on how the "
+    torch_threads: int = setting(1, "torch.set_num_threads (and numpy's BLAS threads) in every role (1: results do not depend on how the "
                                     "parties share a process; 0: leave torch's default)", lo=0)
 
     def validate(self):
@@ -328,6 +328,12 @@ def unpack_symmetric(packed: np.ndarray, n: int) -> np.ndarray:
 def _threads(s) -> None:
     if s.torch_threads:
         torch.set_num_threads(s.torch_threads)
+        try:   # numpy's BLAS too: the holders' share products are BLAS calls, and on a shared machine
+            # a second BLAS thread mostly spins (py-spy put the holders in gemm, not in our code)
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(s.torch_threads)
+        except ImportError:  # pragma: no cover - scikit-learn brings it
+            pass
 
 
 def owners_in_order(party) -> list[str]:
