@@ -121,10 +121,12 @@ client 0's first local update from theta^0):
 Settings of the COIL-20 runs above: the data term is summed over the client's rows
 (`loss_reduction = "sum"`), eq. (6) exactly as the paper writes it (no coefficient invented), for
 every method.  Prox mu 0.1 then learns like Avg in the probe (three rounds 0.15 / 0.17 / 0.23).
-Under Adam the sum changes nothing for Avg and Centralized (a constant scale of the loss leaves
-Adam's steps unchanged up to its epsilon), so the comparison is fair.  At this scale mu's
-penalties are weak (mu / n_m relative to the mean cross-entropy), so Prox mu 0.1 and 0.5 are
-expected near Avg.  The Handwritten tables keep the batch mean (they were measured with it)."""
+For Avg and Centralized the sum is the same objective scaled by n_m, which Adam's steps ignore up
+to its epsilon and rounding (probe: Avg's first update drifts 4.73 summed vs 4.85 with the mean,
+three rounds 0.16 / 0.11 / 0.22 vs 0.15 / 0.16 / 0.24, round-to-round noise of equal size), so
+the comparison is fair.  At this scale mu's penalties are weak (mu / n_m relative to the mean
+cross-entropy), so Prox mu 0.1 and 0.5 are expected near Avg.  The Handwritten tables keep the
+batch mean (they were measured with it)."""
 SWEEP_MUS = (0.0, 0.5, 2.0, 0.1, 0.01, 1.0)   # run in this order (partial saves); shown sorted
 # COIL-20's CNN extractors as in the hyfem_12view preset (8/16 channels, 16-dim embeddings, lr
 # 0.01 because they start from scratch); everything else the paper's (Q = 32, batch 32, x0.2
