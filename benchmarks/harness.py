@@ -242,6 +242,20 @@ class Session:
     def started(self) -> str:
         return self.meta["started"]
 
+    def header(self) -> dict:
+        """Machine, start minute and command: the first line of a results table."""
+        env = self.meta
+        return {"machine": f"{env['machine']}, {env['cpu_count_os']} cores, Python {env['python']}",
+                "when": self.started[:16], "command": self.command}
+
+
+def render_only(out: Output, markdown: Callable[[Any], str]) -> None:
+    """``--render-only``: re-write (and print) the markdown of the results already on disk."""
+    doc = out.read()
+    md = markdown(doc)
+    out.write(doc, md)
+    print(md)
+
 
 def environment_line(env: dict | None) -> str:
     """One markdown line that says where and when a result was measured."""

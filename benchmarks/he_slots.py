@@ -256,15 +256,10 @@ def main(argv=None) -> int:
         args.reps, args.layer_reps, args.epochs, args.batches, args.layer_batches = 1, 1, 1, 2, 2
     out = harness.Output("he_slots", quick=args.quick, out_dir=args.out)
     if args.render_only:
-        doc = out.read()
-        md = markdown(doc)
-        out.write(doc, md)
-        print(md)
+        harness.render_only(out, markdown)
         return 0
     session = harness.Session("he_slots", __file__, argv)
-    env = session.meta
-    meta = {"machine": f"{env['machine']}, {env['cpu_count_os']} cores, Python {env['python']}",
-            "when": session.started[:16], "command": session.command}
+    meta = session.header()
     layer = layer_rows(args.layer_reps, args.layer_batches)
     rows = []
     for ds in ([] if args.no_network else args.datasets):

@@ -739,6 +739,16 @@ def coil_probe_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def run_probe(args, argv, suffix: str, note: str, probe, markdown) -> None:
+    """One of the probes (no curves): its own results file NAME + suffix."""
+    torch.set_num_threads(1)
+    sess = harness.Session(NAME, __file__, argv)
+    doc = {"benchmark": NAME + suffix, "note": note, "probe": probe()}
+    doc["environment"] = sess.finish()
+    po = harness.Output(NAME + suffix, args.quick, args.out)
+    print("wrote", *po.write(doc, markdown(doc)).values())
+
+
 def main(argv=None) -> None:
     ap = harness.add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     ap.add_argument("--rounds", type=int, default=None, help="rounds for every setting run "
@@ -764,20 +774,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     out = harness.Output(NAME, args.quick, args.out)
     if args.coil_probe:
-        torch.set_num_threads(1)
-        sess = harness.Session(NAME, __file__, argv)
-        doc = {"benchmark": NAME + "_coil_probe", "note": COIL_STAND_IN, "probe": coil_prox_probe()}
-        doc["environment"] = sess.finish()
-        po = harness.Output(NAME + "_coil_probe", args.quick, args.out)
-        print("wrote", *po.write(doc, coil_probe_markdown(doc)).values())
+        run_probe(args, argv, "_coil_probe", COIL_STAND_IN, coil_prox_probe, coil_probe_markdown)
         return
     if args.probe:
-        torch.set_num_threads(1)
-        sess = harness.Session(NAME, __file__, argv)
-        doc = {"benchmark": NAME + "_probe", "note": STAND_IN, "probe": mu_probe()}
-        doc["environment"] = sess.finish()
-        po = harness.Output(NAME + "_probe", args.quick, args.out)
-        print("wrote", *po.write(doc, probe_markdown(doc)).values())
+        run_probe(args, argv, "_probe", STAND_IN, mu_probe, probe_markdown)
         return
     if args.render_only or args.merge_from:
         doc = out.read()

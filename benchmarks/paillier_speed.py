@@ -178,15 +178,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = harness.Output("paillier_speed", quick=args.quick, out_dir=args.out)
     if args.render_only:
-        doc = out.read()
-        md = markdown(doc)
-        out.write(doc, md)
-        print(md)
+        harness.render_only(out, markdown)
         return 0
     session = harness.Session("paillier_speed", __file__, argv)
-    env = session.meta
-    meta = {"machine": f"{env['machine']}, {env['cpu_count_os']} cores, Python {env['python']}",
-            "when": session.started[:16], "command": session.command}
+    meta = session.header()
     reps = 3 if args.quick else 7
     doc = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k != "out"},
            "encryption": encryption_rows(reps, 31 * (4 if args.quick else 16))}
