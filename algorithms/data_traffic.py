@@ -74,13 +74,14 @@ class TrafficData:
 
 
 def simulate(name: str = "metr_la", seed: int = 0, n_windows: int | None = None, data_dir=None,
-             incident_rate: float = 0.3, severity: tuple = (0.15, 0.40), decay: float = 0.7, hops: int = 4,
-             noise: float = 5.0, decoy_rate: float = 0.6) -> TrafficData:
-    """Seeded simulation on the real graph (process in data_traffic.md)."""
+             incident_rate: float = 0.2, severity: tuple = (0.15, 0.35), decay: float = 0.9,
+             hops: tuple = (3, 8), noise: float = 5.0, decoy_rate: float = 0.05) -> TrafficData:
+    """Seeded simulation on the real graph (process and calibration in data_traffic.md)."""
     _ids, adj = load_graph(name, data_dir)
     n = adj.shape[0]
     W = n_windows or SIZES[name][0]
     T = W * STEPS
+    lo_hops, hi_hops = (int(hops), int(hops)) if np.isscalar(hops) else (int(hops[0]), int(hops[1]))
     rng = np.random.default_rng(seed)
     free = rng.uniform(55, 70, n)
     depth = rng.uniform(0.05, 0.35, (n, 2))
@@ -91,24 +92,29 @@ def simulate(name: str = "metr_la", seed: int = 0, n_windows: int | None = None,
     label = np.zeros(W, dtype=np.int64)
     up = [np.flatnonzero((adj[:, j] > 0) & (np.arange(n) != j)) for j in range(n)]
     for w in np.flatnonzero(rng.random(W) < incident_rate):
-        s, t0 = rng.integers(n), w * STEPS + rng.integers(0, STEPS)
+        s, t0 = int(rng.integers(n)), w * STEPS + int(rng.integers(0, STEPS))
         dur = int(rng.integers(6, 25))
         sev = rng.uniform(*severity)
-        level, seen = {int(s): 1.0}, {int(s)}
-        for h in range(hops + 1):
-            nxt = {}
-            for i, e in level.items():
-                a = t0 + h
-                drop[i, a:a + dur] = np.maximum(drop[i, a:a + dur], sev * e)
+        reach = int(rng.integers(lo_hops, hi_hops + 1))
+        # the queue grows upstream one hop per step and clears everywhere when the incident does, so a sensor
+        # h hops away is slowed from t0 + h to t0 + dur (a wide, connected footprint: what lone decoys lack)
+        level, seen = [s], {s}
+        for h in range(reach + 1):
+            a, b = t0 + h, t0 + dur
+            if a < b and level:
+                drop[level, a:b] = np.maximum(drop[level, a:b], sev * decay ** h)
+            nxt = []
+            for i in level:
                 for u in up[i]:
-                    if u not in seen:
+                    if int(u) not in seen:
                         seen.add(int(u))
-                        nxt[int(u)] = e * decay * adj[u, i]
+                        nxt.append(int(u))
             level = nxt
         label[t0 // STEPS: min(W, (t0 + dur - 1) // STEPS + 1)] = 1
-    # decoys: isolated slowdowns at single sensors that do not propagate (a lone sensor cannot tell them apart)
-    for _ in range(int(decoy_rate * W)):
-        i, t0, dur = rng.integers(n), rng.integers(T), int(rng.integers(6, 25))
+    # decoys: isolated slowdowns at single sensors (a decoy_rate share of sensor-windows) that do not
+    # propagate and are not incidents -- a lone sensor cannot tell them from its part of an incident
+    for _ in range(int(rng.binomial(n * W, decoy_rate))):
+        i, t0, dur = rng.integers(n), rng.integers(T), int(rng.integers(3, 13))
         drop[i, t0:t0 + dur] = np.maximum(drop[i, t0:t0 + dur], rng.uniform(*severity))
     speed = free[:, None] * (1 - prof) * (1 - drop) + rng.normal(0, noise, (n, T))
     x = np.clip(speed, 0, 85).reshape(n, W, STEPS).transpose(1, 0, 2)
