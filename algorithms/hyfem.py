@@ -364,7 +364,7 @@ def prepared_views(s: Settings, data_dir=None):
 
 
 def load_data(s: Settings, ctx: PartyContext):
-    scale, y, train, test = prepared_views(s)
+    scale, y, train, test = prepared_views(s, ctx.data_dir)
     x_test = {d: scale[d][test] for d in range(len(scale))}
     out = {"x_test": x_test, "y_test": y[test]}
     if ctx.role == "server":

@@ -89,3 +89,17 @@ def test_max_rows_keeps_whole_image_sets():
 def test_split_rows_rejects_misshaped_groups():
     with pytest.raises(ValueError, match="group ids"):
         hyfem.split_rows(coil(4), 1440, np.zeros(10))
+
+
+def test_load_data_reads_the_federations_data_dir(shared_data, tmp_path, monkeypatch):
+    # a party told where the data sets are (--data-dir / [federation] data_dir) must look there, not at
+    # the default places: point the environment at an empty folder and the party at a copy
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mfeat_handwritten").symlink_to(shared_data / "mfeat_handwritten")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("FEDHET_DATA_DIR", str(tmp_path / "empty"))
+    s = parse_settings(hyfem.Settings, {"dataset": "handwritten"})
+    with pytest.raises(FileNotFoundError):
+        hyfem.load_data(s, PartyContext("server", "server", 0, 1))
+    out = hyfem.load_data(s, PartyContext("server", "server", 0, 1, data_dir=str(tmp_path / "mine")))
+    assert out["y_test"].size > 0 and len(out["x_test"]) == 4
