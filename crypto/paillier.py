@@ -49,6 +49,7 @@ from .paillier_keys import (
     DEFAULT_KAPPA,
     DEFAULT_KEY_BITS,
     OBFUSCATIONS,
+    decrypt_list,
     generate_keypair,
     short_exponent_base,
     short_exponent_obfuscator,
@@ -106,8 +107,7 @@ def _check_obfuscation(obfuscation: str, kappa) -> None:
 
 
 def _decrypt_chunk(n: int, p: int, q: int, cts: list) -> list:
-    dec = key_view(n, p, q).phe_private.raw_decrypt
-    return [dec(int(c)) for c in cts]
+    return decrypt_list(key_view(n, p, q), [int(c) for c in cts])
 
 
 # --------------------------------------------------------------------------- obfuscator pool

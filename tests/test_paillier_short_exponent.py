@@ -143,3 +143,18 @@ def test_bad_obfuscation_names_the_choices(keys):
     pk, _ = keys
     with pytest.raises(ValueError, match="obfuscation must be one of"):
         PaillierContext(pk, None, obfuscation="djn")
+
+
+def test_decrypt_list_equals_phe_raw_decrypt(keys):
+    from fedhet.crypto.paillier_keys import decrypt_list
+    pk, sk = keys
+    k = key_view(pk.n, sk.p, sk.q)
+    n = int(pk.n)
+    ms = [0, 1, n - 1, n // 2, *(secrets.randbelow(n) for _ in range(20))]
+    cts = [pk.raw_encrypt(m) for m in ms] + [secrets.randbelow(n * n)]   # a random ciphertext too
+    want = [sk.raw_decrypt(c) for c in cts]
+    assert decrypt_list(k, cts) == want
+    assert want[:len(ms)] == ms
+    assert decrypt_list(k, []) == []
+    with pytest.raises(ValueError, match="key owner"):
+        decrypt_list(key_view(pk.n), cts)
