@@ -168,6 +168,8 @@ def markdown(doc: dict) -> str:
             out.append(f"| {r['variant']} | {r['s_per_epoch']:.2f} | "
                        f"{', '.join(f'{v:.2f}' for v in r['samples_s_per_epoch'])} | {r['cpu_s_all_processes']:.1f} | "
                        f"{r['speedup_vs_old']:.1f} |")
+    if doc.get("note"):
+        out += ["", f"**Note:** {doc['note']}"]
     out += ["", "Goals: encryption >= 10x ciphertexts/s per core; HE split network >= 3x faster per epoch on cancer and on payment.",
             "", "The short form rests on the DJN short-exponent assumption (see `crypto/paillier_keys.py`).", ""]
     env = harness.environment_line(m.get("environment"))
