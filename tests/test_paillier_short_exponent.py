@@ -153,7 +153,7 @@ def test_decrypt_list_equals_phe_raw_decrypt(keys):
     ms = [0, 1, n - 1, n // 2, *(secrets.randbelow(n) for _ in range(20))]
     cts = [pk.raw_encrypt(m) for m in ms] + [secrets.randbelow(n * n)]   # a random ciphertext too
     want = [sk.raw_decrypt(c) for c in cts]
-    assert decrypt_list(k, cts) == want
+    assert decrypt_list(k, cts) == want == decrypt_list(k, cts, threads=False)
     assert want[:len(ms)] == ms
     assert decrypt_list(k, []) == []
     with pytest.raises(ValueError, match="key owner"):
