@@ -45,6 +45,7 @@ since ``g = n + 1``).  Default key length is 2048 bits (``DEFAULT_KEY_BITS``).
 """
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Any
 
@@ -151,14 +152,17 @@ def random_unit(n) -> gmpy2.mpz:
 
 
 _THREADED_FROM = 8
-_CRT_POOL: list = []
+_CRT_POOL: dict = {}
 
 
 def _crt_pool():
-    if not _CRT_POOL:
+    # keyed by pid: a forked child inherits the executor but not its thread, and would wait forever
+    pid = os.getpid()
+    if pid not in _CRT_POOL:
         from concurrent.futures import ThreadPoolExecutor
-        _CRT_POOL.append(ThreadPoolExecutor(1, thread_name_prefix="paillier-crt"))
-    return _CRT_POOL[0]
+        _CRT_POOL.clear()
+        _CRT_POOL[pid] = ThreadPoolExecutor(1, thread_name_prefix="paillier-crt")
+    return _CRT_POOL[pid]
 
 
 def decrypt_list(k: KeyView, cts, threads: bool = True) -> list[int]:

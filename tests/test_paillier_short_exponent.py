@@ -158,3 +158,16 @@ def test_decrypt_list_equals_phe_raw_decrypt(keys):
     assert decrypt_list(k, []) == []
     with pytest.raises(ValueError, match="key owner"):
         decrypt_list(key_view(pk.n), cts)
+
+
+def test_decrypt_list_threads_work_in_a_forked_child(keys):
+    import multiprocessing as mp
+    from fedhet.crypto.paillier_keys import decrypt_list
+    pk, sk = keys
+    k = key_view(pk.n, sk.p, sk.q)
+    cts = [pk.raw_encrypt(m) for m in range(16)]
+    assert decrypt_list(k, cts) == list(range(16))     # the parent's thread pool exists now
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(decrypt_list, (k, cts)).get(timeout=60)
+    assert got == list(range(16))
