@@ -310,7 +310,10 @@ def environment_lines(doc: dict) -> list[str]:
     own = [d for d in DATASETS if d in res and res[d].get("environment")]
     if not own:
         return [harness.environment_line(doc.get("environment"))]
-    return [f"{LABELS[d]}: {harness.environment_line(res[d]['environment'])}" for d in own]
+    # runs merged from several processes keep the commits they ran from ("commits"); the line is the last's
+    return [f"{LABELS[d]}: {harness.environment_line(res[d]['environment'])}"
+            + (f" Rows from commits {', '.join(res[d]['commits'])}." if len(res[d].get("commits", [])) > 1 else "")
+            for d in own]
 
 
 def render(doc: dict) -> tuple[str, str]:
