@@ -266,11 +266,22 @@ def load_data(s: Settings, ctx: PartyContext):
 
 
 # ------------------------------------------------------------------------- holder algebra
+class OwnerShares(list):
+    """One holder's shares of the owners' representations, in owner order; with ``stacked`` (n, N, d), the same
+    shares stacked once, when all owners have the same width (the batched products gather rows from it
+    instead of stacking n arrays at every step)."""
+
+    def __init__(self, shares):
+        super().__init__(shares)
+        same = len(self) >= 2 and len({sh.shape[1] for sh in self}) == 1
+        self.stacked = ss.stack(list(self), axis=0) if same else None
+
+
 def _same_width_rows(shares: list, rows: np.ndarray):
     """Shares of every owner's rows stacked (n, R, d) when all owners have the same width, else None."""
-    if len({sh.shape[1] for sh in shares}) != 1 or len(shares) < 2:
-        return None
-    return ss.stack([sh[rows] for sh in shares], axis=0)
+    if not isinstance(shares, OwnerShares):
+        shares = OwnerShares(shares)
+    return None if shares.stacked is None else shares.stacked[:, rows]
 
 
 def holder_forward(shares: list, rows: np.ndarray, A: np.ndarray, C: list, s) -> tuple:
@@ -305,7 +316,7 @@ def holder_backward(shares: list, rows: np.ndarray, G, E: np.ndarray, dU: np.nda
     if dU is not None:
         full = ss.batched_lmatmul(dU, G.transpose(0, 2, 1), frac_bits=s.grad_frac_bits)
         iu = np.triu_indices(full.shape[-1])
-        dA = ss.add(full, full.transpose(0, 2, 1))[:, iu[0], iu[1]]
+        dA = ss.add(full[:, iu[0], iu[1]], full[:, iu[1], iu[0]])   # upper triangle of full + fullᵀ
     return dC, dA
 
 
@@ -400,7 +411,7 @@ def holder(party, s: Settings, data) -> dict:
         if got[o].shape != (total, w):
             raise ValueError(f"f3 holder {party.name}: {o!r} shared an array of shape {got[o].shape}, the settings "
                              f"say ({total}, {w})")
-    shares = [got[o] for o in order]
+    shares = OwnerShares([got[o] for o in order])
     n = len(order)
     G, g_rows, g_step, steps, busy = None, None, None, 0, 0.0
     while True:
@@ -494,7 +505,7 @@ class InProcessHolders:
         self.s, self.m = s, m
         prg = PRG(seed.to_bytes(32, "little"))
         made = [ss.share_array(h, m, s.t, frac_bits=s.frac_bits, max_abs=1.0, prg=prg) for h in reps]
-        self.shares = [[made[i][j] for i in range(len(reps))] for j in range(m)]   # holder j -> owners
+        self.shares = [OwnerShares([made[i][j] for i in range(len(reps))]) for j in range(m)]   # holder j -> owners
         self.step, self.max_err, self.wait_s = 0, 0.0, 0.0
         self._g: list = []
         self._rows = np.zeros(0, dtype=np.int64)

@@ -183,7 +183,9 @@ class FixedPoint:
             neg = np.right_shift(np.int64(self._half) - s, 63)
             np.bitwise_and(neg, np.int64(self.modulus), out=neg)
             np.subtract(s, neg, out=s)
-        return np.ldexp(s.astype(np.float64), -f)
+        out = s.astype(np.float64)
+        out *= math.ldexp(1.0, -f)   # exact (a power of two; the results are normal numbers), == np.ldexp
+        return out
 
 
 _DEFAULT = FixedPoint()

@@ -360,7 +360,9 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
             raise ValueError(f"{what}: frac_bits must be in [0, 62), got {fb}")
     if arr.dtype.kind in "iu" and real.size and float(np.max(np.abs(real))) >= _MAX_EXACT:
         raise ShareRangeError(f"{what}: public integers must stay below 2**53 in absolute value")
-    exact = np.ldexp(real, fb, out=np.empty(real.shape))
+    # times 2**fb by multiplication: exact like np.ldexp (a power of two) and about 8x faster, which
+    # matters for F³'s per-sample graphs (every holder encodes one (batch, n, n) operand per step)
+    exact = np.multiply(real, math.ldexp(1.0, fb), out=np.empty(real.shape))
     scaled = np.rint(exact)
     top = max(float(scaled.max()), -float(scaled.min())) if scaled.size else 0.0
     if top >= _MAX_EXACT or top > max_signed(fld):
@@ -370,7 +372,7 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
     # |encoded / 2**f - real|, from the arrays at hand (the difference of two close floats is exact)
     np.subtract(scaled, exact, out=exact)
     np.abs(exact, out=exact)
-    return PublicOperand(None, signed, real, fb, fld, np.ldexp(exact, -fb, out=exact))
+    return PublicOperand(None, signed, real, fb, fld, np.multiply(exact, math.ldexp(1.0, -fb), out=exact))
 
 
 def _broadcast(s1: tuple, s2: tuple, what: str) -> tuple:
@@ -395,7 +397,7 @@ def _enc_err(pub: PublicOperand) -> np.ndarray:
     """|encoded / 2**f - real| per element: the rounding of the public operand."""
     if pub.rounding is not None:
         return pub.rounding
-    return np.abs(np.ldexp(pub.signed.astype(np.float64), -pub.frac_bits) - pub.real)
+    return np.abs(pub.signed.astype(np.float64) * math.ldexp(1.0, -pub.frac_bits) - pub.real)
 
 
 def _product_meta(a: SharedArray, pub: PublicOperand, int_norm: int, real_norm: float, err_norm: float,

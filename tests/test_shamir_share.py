@@ -431,3 +431,16 @@ def test_shamir_preset_runs_as_processes_and_passes_the_audit(tmp_path):
     kinds = {(row["party"], row["kind"]) for row in rep.table if row["sent"]}
     assert {("owner1", "shamir/share"), ("holder2", "shamir/result")} <= kinds
     assert not any(k == "shamir/share" for p, k in kinds if p.startswith("holder"))
+
+
+def test_public_encoding_and_fixed_point_decoding_equal_ldexp():
+    """encode_public and decode_fixed scale by multiplying with 2**±f; that must equal np.ldexp bit for bit."""
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.standard_normal(5000) * 10.0 ** rng.integers(-12, 6, 5000), [0.0, -0.0, 0.5, -2.5]])
+    for f in (0, 1, 14, 18, 30):
+        pub = shared_array.encode_public(x, f, F61, "test")
+        exact = np.ldexp(x, f)
+        assert np.array_equal(pub.signed, np.rint(exact).astype(np.int64))
+        assert np.array_equal(pub.rounding, np.ldexp(np.abs(np.rint(exact) - exact), -f))
+        raw = F61.from_int(pub.signed)
+        assert np.array_equal(shared_array.decode_fixed(raw, f, F61), np.ldexp(pub.signed.astype(np.float64), -f))
