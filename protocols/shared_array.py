@@ -337,6 +337,13 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
 
     ``at`` forces the fractional bits (adding a constant to shares at that scale).
     """
+    real, scaled, rounding, fb = _encode_scaled(c, frac_bits, fld, what, at)
+    return PublicOperand(None, scaled.astype(np.int64), real, fb, fld, rounding)
+
+
+def _encode_scaled(c, frac_bits: int | None, fld: PrimeField, what: str, at: int | None = None) -> tuple:
+    """:func:`encode_public`'s checks and rounding: (real float64, the encoded integers as float64 (exact,
+    |x| < 2**53), |encoded / 2**f - real| per element, f).  Large products use the float form directly."""
     if isinstance(c, SharedArray):
         raise TypeError(f"{what}: the operand must be public (a number or array), not shares; a product of two "
                         "shared values needs an interactive protocol")
@@ -368,11 +375,10 @@ def encode_public(c, frac_bits: int | None, fld: PrimeField, what: str, at: int 
     if top >= _MAX_EXACT or top > max_signed(fld):
         raise ShareRangeError(f"{what}: the public operand times 2**{fb} reaches {top:.4g}, beyond 2**53 or "
                               f"(p - 1) / 2 of {fld!r}; use fewer fractional bits")
-    signed = scaled.astype(np.int64)
     # |encoded / 2**f - real|, from the arrays at hand (the difference of two close floats is exact)
     np.subtract(scaled, exact, out=exact)
     np.abs(exact, out=exact)
-    return PublicOperand(None, signed, real, fb, fld, np.multiply(exact, math.ldexp(1.0, -fb), out=exact))
+    return real, scaled, np.multiply(exact, math.ldexp(1.0, -fb), out=exact), fb
 
 
 def _broadcast(s1: tuple, s2: tuple, what: str) -> tuple:
@@ -400,9 +406,9 @@ def _enc_err(pub: PublicOperand) -> np.ndarray:
     return np.abs(pub.signed.astype(np.float64) * math.ldexp(1.0, -pub.frac_bits) - pub.real)
 
 
-def _product_meta(a: SharedArray, pub: PublicOperand, int_norm: int, real_norm: float, err_norm: float,
+def _product_meta(a: SharedArray, pub_frac_bits: int, int_norm: int, real_norm: float, err_norm: float,
                   what: str) -> tuple[int, int, float]:
-    f = a.frac_bits + pub.frac_bits
+    f = a.frac_bits + pub_frac_bits
     bound = _check_range(a.bound * int_norm, f, a.field, what)
     # |a_enc M_enc - a M| <= |a_enc| |M_enc - M| + |a_enc - a| |M|, summed along the contraction
     err = a.max_abs * err_norm + a.err * real_norm
@@ -417,7 +423,7 @@ def scale(a: SharedArray, c, frac_bits: int | None = None) -> SharedArray:
     int_norm = int(np.abs(pub.signed).max()) if pub.signed.size else 0
     real_norm = float(np.abs(pub.real).max()) if pub.real.size else 0.0
     err_norm = float(_enc_err(pub).max()) if pub.real.size else 0.0
-    f, bound, err = _product_meta(a, pub, int_norm, real_norm, err_norm, "scale")
+    f, bound, err = _product_meta(a, pub.frac_bits, int_norm, real_norm, err_norm, "scale")
     return a._like(a.field.mul(a.values, pub.enc), frac_bits=f, bound=bound, err=err)
 
 
@@ -446,7 +452,7 @@ def matmul(a: SharedArray, m, frac_bits: int | None = None) -> SharedArray:
     int_norm = _abs_sum_max(pub.signed, 0)
     real_norm = float(np.abs(pub.real).sum(axis=0).max()) if pub.real.size else 0.0
     err_norm = float(_enc_err(pub).sum(axis=0).max()) if pub.real.size else 0.0
-    f, bound, err = _product_meta(a, pub, int_norm, real_norm, err_norm, "matmul")
+    f, bound, err = _product_meta(a, pub.frac_bits, int_norm, real_norm, err_norm, "matmul")
     return a._like(public_matmul(a.values, pub, a.field), frac_bits=f, bound=bound, err=err)
 
 
@@ -469,7 +475,7 @@ def lmatmul(m, a: SharedArray, frac_bits: int | None = None) -> SharedArray:
     int_norm = _abs_sum_max(pub.signed, -1)
     real_norm = float(np.abs(pub.real).sum(axis=-1).max()) if pub.real.size else 0.0
     err_norm = float(_enc_err(pub).sum(axis=-1).max()) if pub.real.size else 0.0
-    f, bound, err = _product_meta(a, pub, int_norm, real_norm, err_norm, "lmatmul")
+    f, bound, err = _product_meta(a, pub.frac_bits, int_norm, real_norm, err_norm, "lmatmul")
     fld = a.field
     if a.ndim == 1:
         vals = public_matmul(a.values, pub.T, fld)          # m @ a == a @ m^T for a vector a
@@ -487,16 +493,24 @@ def batched_lmatmul(m, a: SharedArray, frac_bits: int | None = None) -> SharedAr
     is one call instead of one :func:`lmatmul` per sample (same result, same bound).
     """
     _same_sharing([a], "batched_lmatmul")
-    pub = encode_public(m, frac_bits, a.field, "batched_lmatmul")
-    ps = pub.signed.shape
+    # the encoded integers stay float64 (exact): the product wants them as float64, and at F³'s
+    # (batch, n, n) graphs two int64 <-> float64 conversions cost as much as the encoding
+    real, scaled, rounding, fb = _encode_scaled(m, frac_bits, a.field, "batched_lmatmul")
+    ps = scaled.shape
     if len(ps) != 3 or a.ndim != 3 or ps[0] != a.shape[0] or ps[2] != a.shape[1]:
         raise ValueError(f"batched_lmatmul: needs a public (B, J, K) and shares (B, K, N), got {ps} @ "
                          f"{a.shape}")
-    int_norm = _abs_sum_max(pub.signed, -1)
-    real_norm = float(np.abs(pub.real).sum(axis=-1).max()) if pub.real.size else 0.0
-    err_norm = float(_enc_err(pub).sum(axis=-1).max()) if pub.real.size else 0.0
-    f, bound, err = _product_meta(a, pub, int_norm, real_norm, err_norm, "batched_lmatmul")
-    vals = field_matmul.batched_lmatmul_trusted(pub.signed, contiguous_u64(a.values), a.field)
+    if not scaled.size:
+        int_norm, real_norm, err_norm = 0, 0.0, 0.0
+    else:
+        top = float(np.abs(scaled).max())
+        # a float64 sum of K integers below 2**53 / K is exact; beyond that, the exact integer path
+        int_norm = (int(np.abs(scaled).sum(axis=-1).max()) if top * ps[2] < _MAX_EXACT
+                    else _abs_sum_max(scaled.astype(np.int64), -1))
+        real_norm = float(np.abs(real).sum(axis=-1).max())
+        err_norm = float(rounding.sum(axis=-1).max())
+    f, bound, err = _product_meta(a, fb, int_norm, real_norm, err_norm, "batched_lmatmul")
+    vals = field_matmul.batched_lmatmul_trusted(scaled, contiguous_u64(a.values), a.field, rowmax=int_norm)
     return a._like(vals, frac_bits=f, bound=bound, err=err)
 
 

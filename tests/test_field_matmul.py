@@ -225,8 +225,13 @@ def test_batched_lmatmul_equals_the_products_one_by_one(top, monkeypatch):
     got = fm.batched_lmatmul_trusted(m, a)
     for b in range(B):
         assert np.array_equal(got[b], ref_mm(m[b], a[b], P61)), b
+    # the encoded integers as float64 (how shared_array passes them; exact, all below 2**53)
+    assert np.array_equal(fm.batched_lmatmul_trusted(m.astype(np.float64), a), got)
     monkeypatch.setattr(fm, "BATCH_BELOW", 1)     # the per-element path for the same products
+    monkeypatch.setattr(fm, "BATCH_NARROW", 0)
     assert np.array_equal(fm.batched_lmatmul_trusted(m, a), got)
+    assert np.array_equal(fm.batched_lmatmul_trusted(m.astype(np.float64), a, rowmax=int(np.abs(m).sum(-1).max())),
+                          got)
 
 
 def test_batched_lmatmul_small_prime_and_shapes():
