@@ -28,9 +28,11 @@ pass the coordinator knows δ = dL/dU (it computed everything after U), E = Â�
     part, and each of those holders sends the upper triangle of dÂ_b + dÂ_bᵀ (n(n+1)/2 per sample).
     The per-sample Â_b goes to the holders as its upper triangle too (float32); both halve the bytes
     of the largest messages and the coordinator learns nothing it could not form from U_b and Â_b.
-Each is a linear function of the shared h with public coefficients, computed by every holder on its
-shares (no messages between holders) and reconstructed by the coordinator from any t holders
-(``f3/pre/result``, ``f3/grad/result``, ``f3/adj/result``).  Public operands are encoded with
+Each is a linear function of the shared h with public coefficients, computed by every asked holder on
+its shares (no messages between holders) and reconstructed by the coordinator from any t holders
+(``f3/pre/result``, ``f3/grad/result``, ``f3/adj/result``).  Setting ``ask``: by default each step asks
+t holders, in turn ("t"); "all" asks all m and checks the extra shares for consistency (detects, without
+identifying, a holder that sends a wrong share) at (m - t) / t more holder work.  Public operands are encoded with
 ``public_frac_bits`` (forward) and ``grad_frac_bits`` (backward; δ is scaled by the batch size
 first); every reconstruction carries the error bound the shares propagate (``max_fixed_point_err``).
 
@@ -97,6 +99,10 @@ class Settings(TableView):
         "shamir", "shamir: representations Shamir-shared to the holders; trusted: sent in the clear to the "
                   "coordinator (the paper's base setting)")
     t: int = setting(2, "Shamir threshold: any t holders reconstruct, t - 1 learn nothing", lo=1)
+    ask: Literal["t", "all"] = setting(
+        "t", "holders asked for each training and inference step: 't' (t of the m, rotating from step to step, "
+        "the others idle) or 'all' (every share beyond the first t is checked to lie on the same polynomial, "
+        "which detects a holder sending a wrong share, at (m - t) / t more holder work)")
     local_hidden: int = setting(16, "width d_i of every owner's LSTM (unless owner_hidden)", lo=1)
     owner_hidden: list[int] | None = setting(None, "per-owner widths d_i in federation order (rectangular P_i)")
     local_epochs: int = setting(200, "local pre-training epochs at most", lo=1)
@@ -459,34 +465,46 @@ class HolderLink:
     def __init__(self, party, s: Settings):
         self.party, self.s = party, s
         self.holders = party.peers_with_role(HOLDER)
-        self.adj_holders = self.holders[:s.t]   # dÂ needs exactly t shares: ask no more holders than that
+        self.asked = list(self.holders)
         self.step, self.max_err, self.wait_s = 0, 0.0, 0.0
 
-    def _rebuild(self, prefix: str, tag: str) -> np.ndarray:
-        r = ss.reconstruct_at_coordinator(self.party, self.holders, self.s.t, prefix, tag=tag)
+    def _ask(self) -> list[str]:
+        """This step's holders: all, or t of them in turn, so that every holder idles one step in m / (m - t)
+        and on a machine with fewer cores than holders the asked ones do not share a core."""
+        m, t = len(self.holders), self.s.t
+        if self.s.ask == "all" or m == t:
+            return list(self.holders)
+        return [self.holders[(self.step + i) % m] for i in range(t)]
+
+    def _rebuild(self, prefix: str, tag: str, asked: list[str] | None = None) -> np.ndarray:
+        r = ss.reconstruct_at_coordinator(self.party, self.holders, self.s.t, prefix, tag=tag,
+                                          asked=self.asked if asked is None else asked)
         self.max_err = max(self.max_err, float(r.err))
         return r.value
 
     def forward(self, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray], keep: bool) -> np.ndarray:
         self.step += 1
+        self.asked = self._ask()
         t0 = time.perf_counter()
         packed = A.ndim == 3   # a graph per sample, symmetric: its upper triangle is enough
         self.party.broadcast(K_OP, {"op": "forward", "step": self.step, "rows": rows.astype(np.uint32),
                                     "A": pack_symmetric(A).astype(np.float32) if packed else A.astype(np.float32),
-                                    "packed": packed, "C": C, "keep": keep}, to=self.holders)
+                                    "packed": packed, "C": C, "keep": keep}, to=self.asked)
         U = self._rebuild(P_PRE, f"u{self.step}")
         self.wait_s += time.perf_counter() - t0
         return U
 
     def backward(self, E: np.ndarray, dU: np.ndarray | None, summed: bool):
         t0 = time.perf_counter()
-        for h in self.holders:
+        adj_holders = self.asked[:self.s.t]   # dÂ needs exactly t shares: ask no more holders than that
+        for h in self.asked:
             self.party.send(h, K_OP, {"op": "backward", "step": self.step, "E": E, "summed": summed,
-                                      "dU": dU if h in self.adj_holders else None})
+                                      "dU": dU if h in adj_holders else None})
         dC = self._rebuild(P_GRAD, f"g{self.step}")
         dA = None
         if dU is not None:
-            r = ss.reconstruct_at_coordinator(self.party, self.adj_holders, self.s.t, P_ADJ, tag=f"a{self.step}")
+            r = ss.reconstruct_at_coordinator(self.party, self.holders, self.s.t, P_ADJ, tag=f"a{self.step}",
+                                              asked=adj_holders)
             self.max_err = max(self.max_err, float(r.err))
             dA = unpack_symmetric(r.value, E.shape[1]) * 0.5
         self.wait_s += time.perf_counter() - t0

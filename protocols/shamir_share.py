@@ -231,24 +231,28 @@ class Reconstruction:
 
 def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
                                tag: str = "", field: PrimeField = F61, timeout: float | None = None,
-                               quorum: int | None = None) -> Reconstruction:
+                               quorum: int | None = None, asked: Sequence[str] | None = None) -> Reconstruction:
     """Coordinator side: collect result shares and reconstruct; any t of the holders suffice.
 
-    ``holders`` is the full holder list the owners shared to.  Waits until
-    ``quorum`` holders (default: all) answered or ``timeout`` seconds (default
+    ``holders`` is the full holder list the owners shared to (it fixes every holder's point).
+    ``asked``: the holders this result was requested from (default: all); only they are waited for.
+    Waits until ``quorum`` of them (default: all asked) answered or ``timeout`` seconds (default
     the party's) passed; raises :class:`ShamirError` if fewer than t answered.
     Every share beyond the first t is checked for consistency.
     """
     _, kind = _kinds(kind_prefix)
     points = holder_points(_check_holders(party, holders, "reconstruct_at_coordinator"))
-    m = len(points)
-    t = check_threshold(t, m)
+    t = check_threshold(t, len(points))
+    if asked is not None and (isinstance(asked, str) or not set(asked) <= set(points)
+                              or len(set(asked)) != len(list(asked))):
+        raise ValueError(f"asked must be distinct holders among {sorted(points)}, got {asked!r}")
+    pending = sorted(points if asked is None else asked)
+    m = len(pending)
     quorum = m if quorum is None else int(quorum)
     if not t <= quorum <= m:
-        raise ValueError(f"quorum must be in t..m = {t}..{m}, got {quorum}")
+        raise ValueError(f"quorum must be in t..{m} (t = {t}, {m} holders asked), got {quorum}")
     total = party.timeout if timeout is None else float(timeout)
     deadline = time.monotonic() + total
-    pending = sorted(points)
     got: dict[str, SharedArray] = {}
 
     def take(h: str, wait: float) -> None:

@@ -177,3 +177,26 @@ def test_an_owner_sending_its_representations_in_the_clear_under_shamir_fusion_i
         run_inmemory(algo, parties, cfg, timeout=20, data_dir=shared_data)
     declared = {d.kind for d in f3.declarations(_settings(dataset="metr_la"))}
     assert f3.K_REP not in declared and f3.K_REP in {d.kind for d in f3.declarations(_settings(fusion="trusted"))}
+
+
+def test_asking_t_holders_in_turn_gives_the_model_that_asking_all_gives():
+    """Reconstruction is exact in the field, so whichever t holders answer, the coordinator gets the same
+    values: ``ask = "t"`` (rotating) and ``ask = "all"`` must train the identical model."""
+    from fedhet.algorithms import registry
+    from fedhet.parties import presets
+    from fedhet.parties.federation import load
+    from fedhet.parties.inmemory import run_inmemory
+    fed = load(presets.path("f3_small"))
+    parties = [(p.name, p.role) for p in fed.parties]
+    assert sum(r == "holder" for _, r in parties) == 3
+    out = {}
+    for ask in ("t", "all"):
+        cfg = {**fed.algorithm_cfg(), "local_epochs": 2, "epochs": 2, "graph": "icdf", "test_samples": 2, "ask": ask}
+        out[ask] = run_inmemory(registry.get_algorithm("f3"), parties, cfg, seed=fed.seed, timeout=120)
+    steps = {ask: {h: out[ask][h]["steps"] for h in ("h1", "h2", "h3")} for ask in out}
+    assert len(set(steps["all"].values())) == 1
+    assert sum(steps["t"].values()) == 2 * steps["all"]["h1"]     # t = 2 of 3 asked per step
+    a, b = out["t"]["coordinator"], out["all"]["coordinator"]
+    assert a["test_probabilities"] == b["test_probabilities"] and a["test"] == b["test"]
+    assert a["val_best_loss"] == b["val_best_loss"]
+    assert [e["train_loss"] for e in a["history"]] == [e["train_loss"] for e in b["history"]]

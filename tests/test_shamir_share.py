@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import types
 
 import numpy as np
@@ -280,6 +281,28 @@ def test_quorum_stops_at_t_and_late_answers_are_discarded():
     assert within(a.value, plain, a.err) and within(b.value, 2 * plain, b.err)
 
 
+def _h1_silent_holder(party, cfg, data):
+    sh = ss.receive_shares(party, party.peers_with_role("owner"))
+    if party.name != "h1":          # not asked: never answers
+        ss.send_to_coordinator(party, "c", ss.sum_shares(sh.values()), tag="s")
+    return {}
+
+
+def test_asked_holders_reconstruct_at_their_own_points_without_waiting_for_the_others():
+    """Only h2 and h3 are asked (not a prefix of the sorted holders): their points stay 2 and 3, and the
+    coordinator does not wait out its timeout on the silent h1."""
+    xs = {f"o{i}": np.linspace(-1, 1, 9) * (i + 1) for i in range(2)}
+    coord = lambda p, c, d: ss.reconstruct_at_coordinator(p, ["h1", "h2", "h3"], 2, tag="s", asked=["h3", "h2"],
+                                                           timeout=30)
+    t0 = time.monotonic()
+    res = run({"owner": lambda p, c, x: ss.share_to_holders(p, x, ["h1", "h2", "h3"], 2),
+               "holder": _h1_silent_holder, "coordinator": coord}, fed(2, 3), data=xs)
+    r = res["c"]
+    assert r.used == ["h2", "h3"] and r.missing == []
+    assert within(r.value, xs["o0"] + xs["o1"], r.err)
+    assert time.monotonic() - t0 < 20
+
+
 def _corrupt_holder(party, cfg, data):
     sh = ss.receive_shares(party, party.peers_with_role("owner"))
     y = ss.sum_shares(sh.values())
@@ -332,6 +355,12 @@ def test_bad_arguments_and_malformed_messages_are_named():
         ss.reconstruct_at_coordinator(c, "h1", 1)
     with pytest.raises(ValueError, match="quorum"):
         ss.reconstruct_at_coordinator(c, ["h1", "h2"], 2, quorum=1)
+    with pytest.raises(ValueError, match="asked must be distinct holders"):
+        ss.reconstruct_at_coordinator(c, ["h1", "h2"], 1, asked=["h1", "nobody"])
+    with pytest.raises(ValueError, match="asked must be distinct holders"):
+        ss.reconstruct_at_coordinator(c, ["h1", "h2"], 1, asked=["h2", "h2"])
+    with pytest.raises(ValueError, match="quorum"):
+        ss.reconstruct_at_coordinator(c, ["h1", "h2"], 2, asked=["h2"])
     h1.send("c", "shamir/result", {"v": 1, "tag": "", "x": 1, "t": 1, "p": F61.p, "frac_bits": 0, "bound": 1,
                                    "err": 0.0, "shares": np.zeros(3)})
     with pytest.raises(ss.ShamirError, match="uint64"):
