@@ -557,14 +557,13 @@ class _OnShares(torch.autograd.Function):
     @staticmethod
     def forward(ctx, layer, rows, A, W, *Ps):
         C = layer.publics(W, Ps)
+        # a per-sample Â travels as its upper triangle (HolderLink.forward); normalise_adj makes Â exactly
+        # symmetric (f3_models), so the holders' mirrored Â is the coordinator's
         A32 = A.detach().float().cpu().numpy()
-        if A32.ndim == 3:   # the holders get the upper triangle and mirror it: continue with the same Â
-            A32 = unpack_symmetric(pack_symmetric(A32), A32.shape[-1])
         U = layer.link.forward(rows, A32, [c.detach().double().cpu().numpy() for c in C],
                                keep=bool(A.requires_grad))
         ctx.layer = layer
         ctx.save_for_backward(A, W, *Ps)
-        # the coordinator continues with the public Â it sent (float32), as the holders used it
         return torch.as_tensor(U, dtype=W.dtype, device=W.device)
 
     @staticmethod

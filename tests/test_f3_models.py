@@ -42,6 +42,13 @@ def test_normalise_adj_matches_the_written_out_formula_with_and_without_autograd
         assert torch.allclose(g_got, g_ref, atol=1e-12)
         with torch.no_grad():                      # the in-place path
             assert torch.allclose(fm.normalise_adj(a), ref, atol=1e-12)
+    for dtype in (torch.float32, torch.float64):   # exactly symmetric: its upper triangle is all the holders get
+        a = torch.rand(20, 31, 31, dtype=dtype, requires_grad=True)
+        out = fm.normalise_adj(fm.icdf_sample(a, 0.1, batch=None))
+        assert torch.equal(out, out.transpose(-1, -2))
+        with torch.no_grad():
+            out = fm.normalise_adj(a)
+            assert torch.equal(out, out.transpose(-1, -2))
 
 
 def test_batched_graph_draws_equal_drawing_from_expanded_theta():
