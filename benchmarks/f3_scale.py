@@ -111,7 +111,8 @@ def main(argv=None):
         old = out.read()
         if all(old.get(k) == doc[k] for k in ("local_epochs", "epochs", "graph")):
             doc["runs"] = [r for r in old.get("runs", []) if r["n_owners"] not in owners]
-            doc["note"] = old.get("note")
+            if doc["runs"]:   # the note describes rows measured before; it goes when they all are re-measured
+                doc["note"] = old.get("note")
     except (FileNotFoundError, ValueError):
         pass
     for n in owners:
