@@ -470,7 +470,7 @@ def markdown(doc: dict) -> str:
 def shapes(doc: dict) -> str:
     """What this run shows about the paper's two shapes (from the final means)."""
     out = []
-    for sc in ("fig3", "coil20_v4"):
+    for sc in ("fig3", "coil20_v4", "coil20_v4_nodecay"):
         c3 = doc["curves"].get(sc, {}).get("methods", {})
         if "Centralized" in c3 and "HyFEM-Avg" in c3:
             gap = c3["Centralized"]["global_accuracy"]["mean"][-1] - c3["HyFEM-Avg"]["global_accuracy"]["mean"][-1]
