@@ -137,8 +137,8 @@ COIL_FINDINGS = """\
   rounds, seeds 0-2).  HyFEM-Avg then reaches 0.92 +- 0.03 global (Centralized 0.99), Prox 0.84 / 0.85
   for mu 0.1 / 0.5.  With the paper's schedule the lr is 0.01 x 0.2^2 = 4e-4 from round 17, and
   HyFEM, which learns about 2x slower per round than Centralized in rounds 1-8 (global 0.42 vs 0.89 after
-  round 8, seed 0), stops where it stands; Centralized has converged by then.  The schedule was tuned
-  for ModelNet40 with the paper's extractors, not for CNNs trained from scratch on COIL-20.  What is
+  round 8, seed 0), stops where it stands; Centralized has converged by then.  The paper used the schedule
+  on ModelNet40 with its own extractors; here small CNNs start from scratch on COIL-20.  What is
   left (0.92 vs 0.99, local 0.69) is the federation's own cost: each client sees 3 of 4 views and 15 of
   20 objects, and the inference models are matched, not trained jointly.
 * **coil20_v12** (Fig. 4's partition, **8 rounds, one seed**: what the time available allowed; the
