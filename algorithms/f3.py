@@ -285,9 +285,11 @@ class OwnerShares(list):
 
 def _same_width_rows(shares: list, rows: np.ndarray):
     """Shares of every owner's rows stacked (n, R, d) when all owners have the same width, else None."""
-    if not isinstance(shares, OwnerShares):
-        shares = OwnerShares(shares)
-    return None if shares.stacked is None else shares.stacked[:, rows]
+    if isinstance(shares, OwnerShares):
+        return None if shares.stacked is None else shares.stacked[:, rows]
+    if len({sh.shape[1] for sh in shares}) != 1 or len(shares) < 2:
+        return None
+    return ss.stack([sh[rows] for sh in shares], axis=0)   # a plain list: only the batch's rows
 
 
 def holder_forward(shares: list, rows: np.ndarray, A: np.ndarray, C: list, s) -> tuple:

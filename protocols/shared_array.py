@@ -503,9 +503,9 @@ def batched_lmatmul(m, a: SharedArray, frac_bits: int | None = None) -> SharedAr
     if not scaled.size:
         int_norm, real_norm, err_norm = 0, 0.0, 0.0
     else:
-        top = float(np.abs(scaled).max())
+        mag = np.abs(scaled)
         # a float64 sum of K integers below 2**53 / K is exact; beyond that, the exact integer path
-        int_norm = (int(np.abs(scaled).sum(axis=-1).max()) if top * ps[2] < _MAX_EXACT
+        int_norm = (int(mag.sum(axis=-1).max()) if float(mag.max()) * ps[2] < _MAX_EXACT
                     else _abs_sum_max(scaled.astype(np.int64), -1))
         real_norm = float(np.abs(real).sum(axis=-1).max())
         err_norm = float(rounding.sum(axis=-1).max())
