@@ -180,6 +180,12 @@ SETTINGS = {
                                               "decay_every": 1000},
                               methods=METHODS, centralized=True, rounds=32, data="coil20",
                               centralized_steps="clients"),
+    # coil20_v12 without the lr decay: does the schedule also hold HyFEM back with 12 views?
+    "coil20_v12_nodecay": dict(clients=8, cfg={**COIL, "n_views": 12, "views_per_client": 6,
+                                               "classes_per_client": 15 / 40, "unused_fraction": 0.12,
+                                               "decay_every": 1000},
+                               methods=METHODS, centralized=True, rounds=16, data="coil20",
+                               centralized_steps="clients"),
     # Fig. 4's setting, HyFEM-Prox for a range of mu (Avg and Centralized are in "fig4").
     "fig4_mu_sweep": dict(clients=8, cfg={"scenario": "fig4"},
                           methods={f"HyFEM-Prox mu={m:g}": {"method": "prox", "mu": m} for m in SWEEP_MUS},
@@ -478,7 +484,7 @@ def shapes(doc: dict) -> str:
         if "Centralized" in c3 and "HyFEM-Avg" in c3:
             gap = c3["Centralized"]["global_accuracy"]["mean"][-1] - c3["HyFEM-Avg"]["global_accuracy"]["mean"][-1]
             out.append(f"Here, {sc} (Fig. 3): Centralized minus HyFEM-Avg global accuracy = {gap:+.3f}.")
-    for sc in ("fig4", "coil20_v12"):
+    for sc in ("fig4", "coil20_v12", "coil20_v12_nodecay"):
         c4 = doc["curves"].get(sc, {}).get("methods", {})
         a, b = c4.get("HyFEM-Prox mu=0.1"), c4.get("HyFEM-Prox mu=0.5")
         if a and b:
