@@ -36,10 +36,11 @@ result, plus numpy's per-call overhead (tens of microseconds).  Public operands 
 plan (``|M| > EXACT`` or more than ``MAX_LIMBS`` digits / ``MAX_BLOCKS`` blocks) use the generic
 16-bit-limb product :meth:`PrimeField.matmul`.
 
-Measured (``benchmarks/field_matmul.py``, one BLAS thread, per-core CPU time on a loaded 2-core
-machine): about 0.28 of float64 matmul throughput for (1024, 1024)^2 and (4096, 512) @ (512, 512),
-0.2 for F3's (R, 16) @ (16, 16|64), 0.16 for (100, 3312) @ (3312, 16): for the small shapes the
-elementwise passes and numpy's per-call cost weigh as much as the gemm.
+Measured (``benchmarks/field_matmul.py``, one BLAS thread, quiet 2-core machine): 0.34 of float64
+matmul throughput for (1024, 1024)^2 and (4096, 512) @ (512, 512), 0.22 for (4343, 16) @ (16, 64)
+and for (100, 3312) @ (3312, 16), 0.15-0.18 for F3's (R, 16) @ (16, 16): for the small shapes
+(float64 takes 30-60 microseconds) the elementwise passes and numpy's per-call cost weigh as much
+as the gemm.
 """
 from __future__ import annotations
 
