@@ -16,6 +16,13 @@ and memory-bound passes suffer more from it than the cache-blocked gemm).  Share
 in fixed point with 16 fractional bits.  Every result is checked against the generic exact
 product ``PrimeField.matmul``.
 
+A second table times what F3's holders actually run per training step since the products were
+batched (``algorithms/f3.py``: ``holder_forward`` / ``holder_backward``, 207 owners, batch 100,
+d = D = 16): ``batched_lmatmul_trusted(m, a)``, a different public matrix per batch element,
+against float64 ``np.matmul`` of the same stacked shapes; public operands at F3's default
+fractional bits (14 forward, 18 backward) with magnitudes like a training step's.  Every batched
+result is checked against the per-element :func:`lmatmul_trusted`.
+
     python benchmarks/field_matmul.py [--quick] [--repeats N]
 """
 from __future__ import annotations
@@ -39,6 +46,68 @@ SHAPES = [
     (1024, 1024, 1024, "large square"),
     (4096, 512, 512, "large, tall"),
 ]
+
+# F3's batched holder products at 207 owners, batch 100, d = D = 16: (B, J, K) @ (B, K, N), what the
+# public operand is, its fractional bits and typical magnitude
+N_OWN, BATCH, D = 207, 100, 16
+BATCHED = [
+    ((N_OWN, D, D), (N_OWN, D, BATCH), "forward: C_i^T h^i[rows]^T per owner (alignment P_i W0)", 14, 0.3),
+    ((BATCH, N_OWN, N_OWN), (BATCH, N_OWN, D), "forward: A_hat_b G_b per sample (ICDF graph)", 14, None),
+    ((N_OWN, D, BATCH), (N_OWN, BATCH, D), "backward: E_i^T h^i[rows] per owner (dC)", 18, 1e-3),
+    ((BATCH, N_OWN, D), (BATCH, D, N_OWN), "backward: dU_b G_b^T per sample (dA_hat)", 18, 1e-3),
+]
+
+
+def _public_batch(rng, shape, frac, scale):
+    """Fixed-point public operands as float64 integers (F3 passes them so); ``scale`` None: a
+    normalised dense graph per sample, D^-1/2 (A + I) D^-1/2 with A uniform and symmetric."""
+    if scale is None:
+        B, n, _ = shape
+        a = rng.uniform(0, 1, size=shape)
+        a = (a + a.transpose(0, 2, 1)) / 2 + np.eye(n)
+        dinv = 1 / np.sqrt(a.sum(-1))
+        v = a * dinv[:, :, None] * dinv[:, None, :]
+    else:
+        v = rng.normal(0, scale, size=shape)
+    return np.rint(np.ldexp(v, frac))
+
+
+def bench_batched(rng, repeats_arg, quick):
+    rows = []
+    for mshape, ashape, what, frac, scale in (BATCHED[:2] if quick else BATCHED):
+        m = _public_batch(rng, mshape, frac, scale)
+        a = rng.integers(0, P61, size=ashape, dtype=np.uint64)
+        x = rng.normal(size=ashape)
+        mi = m.astype(np.int64)
+        rowmax = int(np.abs(mi).sum(axis=-1).max())
+        got = fm.batched_lmatmul_trusted(m, a, rowmax=rowmax)
+        for b in range(0, mshape[0], max(1, mshape[0] // 7)):
+            assert np.array_equal(got[b], fm.lmatmul_trusted(mi[b], a[b]))
+        B, J, K = mshape
+        flops = 2.0 * B * J * K * ashape[-1]
+        repeats = repeats_arg or max(5, min(41, int(2e9 / flops)))
+        if quick:
+            repeats = min(repeats, 11)
+        variants = {"float64": lambda: np.matmul(m, x),
+                    "field": lambda: fm.batched_lmatmul_trusted(m, a, rowmax=rowmax)}
+        walls = {k: [] for k in variants}
+        cpus = {k: [] for k in variants}
+        for _ in range(repeats):
+            for k, v in harness.best_of_interleaved(variants, 1).items():
+                walls[k].append(v.wall_s)
+                cpus[k].append(v.cpu_s)
+        med = {k: _median(v) for k, v in walls.items()}
+        cpu = {k: _median(v) for k, v in cpus.items()}
+        rows.append({"m_shape": list(mshape), "a_shape": list(ashape), "what": what, "frac_bits": frac,
+                     "rowmax_bits": rowmax.bit_length(), "repeats": repeats,
+                     "float64_median_s": med["float64"], "field_median_s": med["field"],
+                     "float64_cpu_median_s": cpu["float64"], "field_cpu_median_s": cpu["field"],
+                     "ratio_median": med["float64"] / med["field"],
+                     "ratio_cpu_median": cpu["float64"] / cpu["field"] if cpu["field"] > 0 else None})
+        r = rows[-1]
+        print(f"batched {mshape} @ {ashape}: float64 {med['float64'] * 1e3:.3f} ms, field "
+              f"{med['field'] * 1e3:.3f} ms, ratio {r['ratio_median']:.3f}", flush=True)
+    return rows
 
 
 def _median(walls) -> float:
@@ -93,6 +162,7 @@ def main(argv=None):
             r = rows[-1]
             print(f"{R}x{K}x{N}: float64 {med['float64'] * 1e3:.3f} ms, field {med['field_matmul'] * 1e3:.3f} ms, "
                   f"ratio {r['ratio_median']:.3f} (min-based {r['ratio_min']:.3f})", flush=True)
+        batched = bench_batched(rng, args.repeats, args.quick)
     env = sess.finish()
     md = ["# Exact share x public products vs float64 matmul (1 BLAS thread)", "",
           "Ratio = float64 time / exact field time (fraction of float64 throughput; goal >= 0.25), "
@@ -111,8 +181,20 @@ def main(argv=None):
     md += ["", "Shares uniform in GF(2**61 - 1); public operand N(0, 0.3) weights in fixed point with 16 "
            "fractional bits.  field_matmul validates the shares; SharedArray @ also encodes the float "
            "matrix and computes the public bounds.  Every product is exact (checked against "
-           "PrimeField.matmul).", "", harness.environment_line(env), ""]
-    harness.Output("field_matmul", args.quick, args.out).write({"rows": rows, "environment": env}, "\n".join(md))
+           "PrimeField.matmul)."]
+    md += ["", "## F3's batched holder products (207 owners, batch 100, d = D = 16)", "",
+           "What `holder_forward` / `holder_backward` run per step: `batched_lmatmul_trusted(m, a)` with a "
+           "public matrix per batch element, against float64 `np.matmul` of the same stacked shapes; ratio "
+           "= float64 time / field time (goal >= 0.25).", "",
+           "| m (B, J, K) @ shares (B, K, N) | what | fractional bits / row sum of abs(m) | float64 ms | "
+           "field ms | ratio | ratio (CPU time) |", "|---|---|---|---|---|---|---|"]
+    for r in batched:
+        md.append(f"| {tuple(r['m_shape'])} @ {tuple(r['a_shape'])} | {r['what']} | {r['frac_bits']} / "
+                  f"< 2^{r['rowmax_bits']} | {r['float64_median_s'] * 1e3:.3f} | {r['field_median_s'] * 1e3:.3f} | "
+                  f"{r['ratio_median']:.3f} | {r['ratio_cpu_median'] or float('nan'):.3f} |")
+    md += ["", "Every batched product is exact (checked against lmatmul_trusted per element).", "",
+           harness.environment_line(env), ""]
+    harness.Output("field_matmul", args.quick, args.out).write({"rows": rows, "batched": batched, "environment": env}, "\n".join(md))
     print("\n".join(md))
 
 

@@ -234,6 +234,23 @@ def test_batched_lmatmul_equals_the_products_one_by_one(top, monkeypatch):
                           got)
 
 
+@pytest.mark.parametrize("B,J,K,N", [(7, 5, 6, 3), (3, 1, 9, 40), (5, 12, 2, 1)])
+def test_batched_halves_over_batch_chunks(B, J, K, N, monkeypatch):
+    """The halves path cut into batch chunks (a short last one), int64 and float64 operands, a transposed view."""
+    rng = np.random.default_rng(B * 100 + N)
+    a = np.stack([extreme_shares(rng, K, N) for _ in range(B)])
+    top = HALVES_ROW_SUM // K
+    m = rng.integers(-top, top, size=(B, J, K), dtype=np.int64, endpoint=True)
+    m[0, 0] = top
+    want = np.stack([ref_mm(m[b], a[b], P61) for b in range(B)])
+    for chunk in (1, (J * N + K * N) * 2, 1 << 17):          # one element, two elements, all at once
+        monkeypatch.setattr(fm, "CHUNK_ELEMENTS", chunk)
+        assert np.array_equal(fm.batched_lmatmul_trusted(m, a), want), chunk
+        assert np.array_equal(fm.batched_lmatmul_trusted(m.astype(np.float64), a), want), chunk
+    at = np.ascontiguousarray(a.transpose(0, 2, 1)).transpose(0, 2, 1)   # same values, not C-contiguous
+    assert np.array_equal(fm.batched_lmatmul_trusted(m, at), want)
+
+
 def test_batched_lmatmul_small_prime_and_shapes():
     fld = PrimeField(2_147_483_647)
     rng = np.random.default_rng(3)
