@@ -90,12 +90,7 @@ def bench_batched(rng, repeats_arg, quick):
             repeats = min(repeats, 11)
         variants = {"float64": lambda: np.matmul(m, x),
                     "field": lambda: fm.batched_lmatmul_trusted(m, a, rowmax=rowmax)}
-        walls = {k: [] for k in variants}
-        cpus = {k: [] for k in variants}
-        for _ in range(repeats):
-            for k, v in harness.best_of_interleaved(variants, 1).items():
-                walls[k].append(v.wall_s)
-                cpus[k].append(v.cpu_s)
+        walls, cpus = _interleaved(variants, repeats)
         med = {k: _median(v) for k, v in walls.items()}
         cpu = {k: _median(v) for k, v in cpus.items()}
         rows.append({"m_shape": list(mshape), "a_shape": list(ashape), "what": what, "frac_bits": frac,
@@ -108,6 +103,20 @@ def bench_batched(rng, repeats_arg, quick):
         print(f"batched {mshape} @ {ashape}: float64 {med['float64'] * 1e3:.3f} ms, field "
               f"{med['field'] * 1e3:.3f} ms, ratio {r['ratio_median']:.3f}", flush=True)
     return rows
+
+
+def _interleaved(variants: dict, repeats: int) -> tuple[dict, dict]:
+    """Wall and CPU seconds of every variant over ``repeats`` interleaved rounds.
+
+    One interleaved round per call, so that the CPU time of every round is kept too.
+    """
+    walls: dict = {k: [] for k in variants}
+    cpus: dict = {k: [] for k in variants}
+    for _ in range(repeats):
+        for k, v in harness.best_of_interleaved(variants, 1).items():
+            walls[k].append(v.wall_s)
+            cpus[k].append(v.cpu_s)
+    return walls, cpus
 
 
 def _median(walls) -> float:
@@ -139,13 +148,7 @@ def main(argv=None):
             variants = {"float64": lambda: x @ w,
                         "field_matmul": lambda: fm.matmul(a, wi),
                         "shared_array": lambda: shares @ w}
-            # one interleaved round per call, so that the CPU time of every round is kept too
-            walls = {k: [] for k in variants}
-            cpus = {k: [] for k in variants}
-            for _ in range(repeats):
-                for k, v in harness.best_of_interleaved(variants, 1).items():
-                    walls[k].append(v.wall_s)
-                    cpus[k].append(v.cpu_s)
+            walls, cpus = _interleaved(variants, repeats)
             med = {k: _median(v) for k, v in walls.items()}
             best = {k: min(v) for k, v in walls.items()}
             cpu = {k: _median(v) for k, v in cpus.items()}
