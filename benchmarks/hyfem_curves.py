@@ -510,12 +510,16 @@ def sweep_mu(label: str) -> float:
     return float(label.split("=")[1])
 
 
+# One column per setting (seven now): a lower resolution keeps the PNG well under 1 MiB.
+FIG_DPI = 80
+
+
 def figure(doc: dict):
     plt = harness.pyplot()
     cur = {k: c for k, c in ordered(doc["curves"]) if not k.endswith("mu_sweep")}
     sweeps = {k: c for k, c in ordered(doc["curves"]) if k.endswith("mu_sweep")}
     ncol = len(cur) + len(sweeps)
-    fig, axes = plt.subplots(2, ncol, figsize=(5.5 * ncol, 8), squeeze=False)
+    fig, axes = plt.subplots(2, ncol, figsize=(4.2 * ncol, 7), squeeze=False)
     colors = {"Centralized": "k", "HyFEM-Avg": "C0", "HyFEM-Prox mu=0.1": "C1", "HyFEM-Prox mu=0.5": "C2"}
     for j, (sc, c) in enumerate(cur.items()):
         for i, metric in enumerate(("accuracy", "loss")):
@@ -532,7 +536,7 @@ def figure(doc: dict):
             ax.set_xlabel("round")
             ax.set_ylabel(f"test {metric}")
             what = "COIL-20" if c.get("data") == "coil20" else "Handwritten"
-            ax.set_title(f"{sc} ({c['clients']} clients) — {what} stand-in for ModelNet40", fontsize=9)
+            ax.set_title(f"{sc} ({c['clients']} clients)\n{what} stand-in for ModelNet40", fontsize=9)
             ax.legend(fontsize=6)
     for j, (sc, c) in enumerate(sweeps.items(), start=len(cur)):
         labels = sorted(c["methods"], key=sweep_mu)
@@ -547,7 +551,7 @@ def figure(doc: dict):
             ax.set_xscale("log")
             ax.set_xlabel("mu (log; the leftmost point is mu = 0)")
             ax.set_ylabel(f"test {metric}")
-            ax.set_title(f"{sc}: HyFEM-Prox, {setting_rounds(doc, c)} rounds — Handwritten stand-in", fontsize=9)
+            ax.set_title(f"{sc}: HyFEM-Prox, {setting_rounds(doc, c)} rounds\nHandwritten stand-in", fontsize=9)
             ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -810,7 +814,7 @@ def main(argv=None) -> None:
                     c["environment"]["command"] = public_command(c["environment"].get("command", ""))
                 doc["curves"][name] = combine_runs(doc["curves"].get(name), c)
             print(f"merged {sorted(other.get('curves', {}))} from {f}")
-        print("wrote", *out.write(doc, markdown(doc), figure(doc)).values())
+        print("wrote", *out.write(doc, markdown(doc), figure(doc), dpi=FIG_DPI).values())
         return
     names = list(SETTINGS) if args.settings is None else [x.strip() for x in args.settings.split(",") if x.strip()]
     bad = [x for x in names if x not in SETTINGS]
@@ -835,7 +839,7 @@ def main(argv=None) -> None:
             doc["curves"][name] = c
         if "environment" not in doc:
             doc["environment"] = sess.finish()
-        paths = out.write(doc, markdown(doc), figure(doc))
+        paths = out.write(doc, markdown(doc), figure(doc), dpi=FIG_DPI)
         print("wrote", *paths.values(), flush=True)
 
     for name in names:
