@@ -600,10 +600,10 @@ def batched_lmatmul_trusted(m: np.ndarray, a: np.ndarray, field: PrimeField = F6
         # for wide outputs (dÂ = dU Gᵀ)
         return _batched_halves(m, np.ascontiguousarray(a), field)
     widths = next((w for w in _BATCH_DIGITS if ((1 << max(w)) - 1) * rowmax < 1 << 52), None)
-    # large products amortise numpy's per-call cost, and the per-product kernel (float-bit tricks, two
-    # digits) does fewer passes: measured on F³'s shapes, batching wins below about 2**18 multiply-adds
-    # each, and for narrow outputs at any size (Â G with G (n, 16): 10-20 % at 207 and 325 owners), while
-    # wide outputs (dÂ = dU Gᵀ, (n, n)) run 2x faster per product
+    # for these generic digits (larger row sums), large products amortise numpy's per-call cost and the
+    # per-product kernel does fewer passes: measured on F³'s shapes before the halves path, batching won
+    # below about 2**18 multiply-adds each and for narrow outputs at any size, while wide outputs ran
+    # 2x faster per product
     if field.p != (1 << 61) - 1 or widths is None or (J * K * N >= BATCH_BELOW and N > BATCH_NARROW):
         mi = m if m.dtype == np.int64 else m.astype(np.int64)
         return np.stack([lmatmul_trusted(mi[b], a[b], field) for b in range(B)])
