@@ -36,13 +36,15 @@ result, plus numpy's per-call overhead (tens of microseconds).  Public operands 
 plan (``|M| > EXACT`` or more than ``MAX_LIMBS`` digits / ``MAX_BLOCKS`` blocks) use the generic
 16-bit-limb product :meth:`PrimeField.matmul`.
 
-Measured (``benchmarks/field_matmul.py``, one BLAS thread, quiet 2-core machine): 0.34 of float64
-matmul throughput for (1024, 1024)^2 and (4096, 512) @ (512, 512), 0.22 for (4343, 16) @ (16, 64)
-and for (100, 3312) @ (3312, 16), 0.15-0.18 for (R, 16) @ (16, 16): for the small shapes (float64
+Measured (``benchmarks/field_matmul.py``, one BLAS thread, quiet 2-core machine): 0.32-0.35 of float64
+matmul throughput for (1024, 1024)^2 and (4096, 512) @ (512, 512), 0.22-0.27 for (4343, 16) @ (16, 64)
+and for (100, 3312) @ (3312, 16), 0.15-0.19 for (R, 16) @ (16, 16): for the small shapes (float64
 takes 30-60 microseconds) the elementwise passes and numpy's per-call cost weigh as much as the
 gemm.  F³'s holders run batched products (:func:`batched_lmatmul_trusted`); at 207 owners those
-reach 0.21-0.27 (per-owner C_i), 0.31 (dC), 0.35 (dÂ) and 0.46-0.47 (Â_b G_b) of float64's
-stacked matmul.
+reach 0.31-0.34 (dC), 0.35-0.37 (dÂ) and 0.46-0.48 (Â_b G_b) of float64's stacked matmul, but only
+0.20-0.27 for the per-owner C_i, K = 16: its two digit gemms take as long as the ~11 elementwise
+passes (split, conversion, Mersenne combine) around them, which no ufunc ordering removes; going
+further would take a fused compiled kernel.
 """
 from __future__ import annotations
 
