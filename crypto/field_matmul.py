@@ -42,7 +42,7 @@ and for (100, 3312) @ (3312, 16), 0.15-0.19 for (R, 16) @ (16, 16): for the smal
 takes 30-60 microseconds) the elementwise passes and numpy's per-call cost weigh as much as the
 gemm.  F³'s holders run batched products (:func:`batched_lmatmul_trusted`); at 207 owners those
 reach 0.40 of float64's stacked matmul summed over one training step, 0.31-0.34 (dC), 0.35-0.37 (dÂ)
-and 0.46-0.48 (Â_b G_b), but only 0.20-0.27 for the per-owner C_i, K = 16: its two digit gemms take
+and 0.46-0.48 (Â_b G_b), but only 0.17-0.27 for the per-owner C_i, K = 16: its two digit gemms take
 as long as the ~11 elementwise passes (split, conversion, Mersenne combine) around them, which no
 ufunc ordering removes; going further would take a fused compiled kernel.
 """
