@@ -38,6 +38,29 @@ application sees any of it, whatever its length.  So:
 Outsiders: unauthenticated connections never get past the CURVE handshake,
 which must finish within ``handshake_s`` (``ZMQ_HANDSHAKE_IVL``) or the
 connection is dropped, so idle connections cannot pile up.
+
+Listed peers (they pass the handshake) are bounded per connection, too:
+
+* every connection a party dials starts with a one-frame :data:`HELLO` as soon as its
+  handshake succeeds, so the receiver learns at once whose key it carries (libzmq says
+  so only with each message).  An accepted connection that delivers no message within
+  ``identify_s`` is dropped, whatever key it proved;
+* each listed key may hold ``conns_per_peer`` identified connections (beyond, its longest
+  idle one is dropped) and ``conns_per_peer`` connections not yet identified (beyond, the
+  ZAP handler turns new ones away), so 1,000 idle connections under one key hold a
+  handful of descriptors, not 1,000;
+* a connection on which an unfinished message arrives slower than ``min_rate`` bytes/s
+  (averaged since it began, checked after ``identify_s``) is dropped: a slow-loris.
+  Idle connections (no unfinished message) are never dropped.
+
+Connections diagnosed: a party dials the peers a declared message can pass between
+(:meth:`~fedhet.parties.api.Party.linked_peers`) at once, and each DEALER's socket monitor
+tells apart "no TCP connection", "handshake refused" and "connected" (:class:`_Link`).
+:meth:`ZmqParty.connection_state` says which; a timeout's message names the endpoint and
+that state; a link that stays bad for ``diagnose_s`` is logged (WARNING) and put into the
+party's status (``"links"``).  A waiting ``recv`` fails early (:class:`PeerUnreachable`)
+when its peer refused the handshake for ``diagnose_s`` (a key mismatch does not heal), and,
+with ``unreachable_s`` set, when it had no TCP connection for that long.
 """
 from __future__ import annotations
 
@@ -48,7 +71,6 @@ import os
 import select
 import socket
 import struct
-import sys
 import termios
 import threading
 import time
@@ -60,7 +82,7 @@ import zmq.utils.z85
 from zmq.utils.monitor import parse_monitor_message
 
 from . import codec
-from .api import Party
+from .api import Party, PartyError, PeerTimeout
 from .codec import MalformedMessage, MessageTooLarge, short
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -73,6 +95,108 @@ REJECTS_KEPT = 100  # reject reasons kept (and logged) verbatim; beyond, counted
 # libzmq applies ZMQ_MAXMSGSIZE to the frame as it arrives, i.e. to the CURVE box around it (33 bytes more)
 WIRE_OVERHEAD = 64
 DEALER_MAX_FRAME = 64 << 10  # what a peer may send back on a connection we opened (it should send nothing)
+# The first message on every connection a party dials (sent when its handshake succeeds): it names the
+# connection's key to the receiver at once.  Not an envelope: the receiver only counts it.
+HELLO = b"\x00fedhet-hello-1"
+IDENTIFY_S = HANDSHAKE_S  # an accepted connection must deliver a message (its hello) within this
+CONNS_PER_PEER = 4  # identified connections per listed key, and as many not yet identified
+MIN_RATE = 1024  # bytes/s an unfinished message must arrive at, on average, once it is identify_s old
+DIAGNOSE_S = 5.0  # a dialled link bad this long is reported; a refused handshake then fails the waiting recv
+DIAL_RECONNECT_MAX_MS = 1000  # reconnect back-off cap: a dead peer costs a retry a second, not ten
+
+
+class PeerUnreachable(PeerTimeout):
+    """A recv gave up early: the link to its peer had no TCP connection, or its handshake was refused."""
+
+    def __init__(self, me: str, peer: str, kind: str, link: str, bad_for: float):
+        PartyError.__init__(self, f"party {me!r} stopped waiting for a {kind!r} message from {peer!r}: {link}")
+        self.peer, self.kind, self.timeout = peer, kind, bad_for
+
+
+# States of a dialled link (:class:`_Link`)
+NO_TCP = "no TCP connection"
+HANDSHAKING = "handshaking"
+REFUSED = "handshake refused"
+UP = "connected"
+LOST = "connection lost"
+BAD_STATES = (NO_TCP, HANDSHAKING, REFUSED, LOST)
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+class _Link:
+    """What a party knows of the connection it dials to one peer, from the DEALER's socket monitor.
+
+    No TCP connection (``CONNECT_DELAYED`` / ``CONNECT_RETRIED`` without ``CONNECTED``), a
+    handshake refused (``HANDSHAKE_FAILED_*``: the peer's ZAP handler refused our key, or the
+    peer could not open our HELLO because we hold another public key for it), or up
+    (``HANDSHAKE_SUCCEEDED``).  A refusal stays the diagnosis through reconnects until a
+    handshake succeeds or a TCP connection fails outright.
+    """
+
+    def __init__(self, peer: str, endpoint: str):
+        self.peer, self.endpoint = peer, endpoint
+        self.state, self.detail = NO_TCP, "dialling, no attempt finished yet"
+        self.since, self.t = time.time(), time.monotonic()
+        self.tcp = False  # the current attempt reached TCP
+        self.attempts = 0  # failed TCP attempts since the state was entered
+        self.reported = False  # logged and put into the status for this episode
+
+    def _enter(self, state: str, detail: str) -> None:
+        if state != self.state:
+            self.state, self.since, self.t, self.reported = state, time.time(), time.monotonic(), False
+        self.detail = detail
+
+    def event(self, ev: int, value: int) -> bool:
+        """Take one monitor event; True when a handshake just succeeded."""
+        if ev == zmq.EVENT_CONNECT_DELAYED:
+            self.tcp = False
+        elif ev == zmq.EVENT_CONNECT_RETRIED and not self.tcp:
+            self.attempts = self.attempts + 1 if self.state == NO_TCP else 1
+            self._enter(NO_TCP, f"{self.attempts} attempt(s) refused or unanswered")
+        elif ev == zmq.EVENT_CONNECTED:
+            self.tcp = True
+            if self.state != REFUSED:
+                self._enter(HANDSHAKING, "TCP connected, the CURVE handshake has not finished")
+        elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._enter(UP, "CURVE handshake succeeded")
+            return True
+        elif ev in _HANDSHAKE_FAILED:
+            self._enter(REFUSED, self._refusal(ev, value))
+        elif ev == zmq.EVENT_DISCONNECTED and self.state == UP:
+            self._enter(LOST, "the connection closed or broke; reconnecting")
+        return False
+
+    def _refusal(self, ev: int, value: int) -> str:
+        if ev == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if value == 500:
+                return f"{self.peer!r} turned the connection away (too many connections under our key)"
+            return (f"{self.peer!r} refused our key (ZAP status {value}): its federation file lists another "
+                    "public key for us, or does not list us")
+        if ev == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            return "protocol error in the CURVE handshake: is a fedhet party of this federation listening there?"
+        return (f"{self.peer!r} closed the connection during the CURVE handshake: the public key we hold for it "
+                "does not match its secret key (our federation file lists another key for it)")
+
+    def bad_for(self) -> float:
+        return time.monotonic() - self.t
+
+    def describe(self) -> str:
+        ep, dur = self.endpoint, f"{self.bad_for():.1f}s"
+        if self.state == NO_TCP:
+            return (f"no TCP connection to {ep} for {dur} ({self.detail}): nothing accepts connections there "
+                    "(wrong host or port, a firewall, or the party is not running)")
+        if self.state == HANDSHAKING:
+            return f"TCP connection to {ep} made, but the CURVE handshake has not finished for {dur}"
+        if self.state == REFUSED:
+            return f"handshake refused at {ep} (for {dur}): {self.detail}"
+        if self.state == LOST:
+            return f"connection to {ep} lost {dur} ago; reconnecting"
+        return f"connected but silent: our connection to {ep} is up (CURVE handshake succeeded {dur} ago)"
+
+    def as_dict(self) -> dict:
+        return {"state": self.state, "endpoint": self.endpoint, "since": self.since,
+                "for_s": round(self.bad_for(), 3), "detail": self.detail}
 
 
 class InsecureTransportWarning(UserWarning):
@@ -83,11 +207,12 @@ class _ZapHandler(threading.Thread):
     """ZAP (RFC 27) server: CURVE keys on the allow-list map to party names."""
 
     def __init__(self, ctx: zmq.Context, allowed: dict[bytes, str], log, insecure: bool,
-                 domain: bytes = ZAP_DOMAIN.encode()):
+                 domain: bytes = ZAP_DOMAIN.encode(), admit=None):
         super().__init__(name="zap", daemon=True)
-        # ZAP domain -> (z85 public key -> party name, log): one domain per party's ROUTER, so
+        # ZAP domain -> (z85 public key -> party name, log, admit): one domain per party's ROUTER, so
         # parties sharing a context (a host process) share one handler yet admit only their peers.
-        self.domains: dict[bytes, tuple[dict[bytes, str], Any]] = {domain: (allowed, log)}
+        # ``admit(name)``: None to let a listed key in, else why not now (its connection budget).
+        self.domains: dict[bytes, tuple[dict[bytes, str], Any, Any]] = {domain: (allowed, log, admit)}
         self.log = log
         self.insecure = insecure
         self.sock = ctx.socket(zmq.REP)
@@ -110,11 +235,17 @@ class _ZapHandler(threading.Thread):
                 version, request_id, domain, address, _identity, mechanism = msg[:6]
                 creds = msg[6:]
                 status, text, user = b"400", b"denied", b""
-                allowed, log = self.domains.get(domain, ({}, self.log))
+                allowed, log, admit = self.domains.get(domain, ({}, self.log, None))
                 if mechanism == b"CURVE" and len(creds) == 1 and len(creds[0]) == 32:
                     key = zmq.utils.z85.encode(creds[0])
                     name = allowed.get(key)
-                    if name is not None:
+                    busy = None if name is None or admit is None else admit(name)
+                    if busy is not None:  # a listed key over its connection budget
+                        # 500, not 300 ("try later"): libzmq closes a connection at once only on 4xx / 5xx
+                        self.denied += 1
+                        status, text = b"500", b"connection budget"
+                        self._warn(log, "ZAP: turned away a connection of %s: %s", name, busy)
+                    elif name is not None:
                         status, text, user = b"200", b"OK", name.encode()
                     else:
                         self.denied += 1
@@ -159,17 +290,17 @@ class SharedContext:
         self._zap: _ZapHandler | None = None
         self._lock = threading.Lock()
 
-    def register(self, name: str, allowed: dict[bytes, str], log, insecure: bool) -> bytes:
+    def register(self, name: str, allowed: dict[bytes, str], log, insecure: bool, admit=None) -> bytes:
         """Admit ``allowed`` keys on party ``name``'s ROUTER; returns the ZAP domain it must use."""
         domain = f"{ZAP_DOMAIN}/{name}".encode()
         with self._lock:
             if self._zap is None:
-                self._zap = _ZapHandler(self.ctx, allowed, log, insecure, domain)
+                self._zap = _ZapHandler(self.ctx, allowed, log, insecure, domain, admit)
                 self._zap.start()
             else:
                 if self._zap.insecure != insecure:
                     raise ValueError("every party of a shared context must be secure, or every one --insecure")
-                self._zap.domains[domain] = (allowed, log)
+                self._zap.domains[domain] = (allowed, log, admit)
         return domain
 
     def close(self) -> None:
@@ -192,7 +323,10 @@ def _wire_bytes(n: int, curve: bool) -> int:
 
 
 class _ConnectionGuard(threading.Thread):
-    """Shuts down connections on which libzmq buffers more than ``limit`` bytes we were not given.
+    """Shuts down connections on which libzmq buffers more than ``limit`` bytes we were not given,
+    accepted connections that never say whose key they carry or trickle a message, and the
+    connections of a listed key beyond its budget; and feeds the dialled links' monitor events
+    to the party (:class:`_Link`).
 
     Per accepted TCP connection (socket monitor: ACCEPTED / DISCONNECTED give
     its fd): received = bytes TCP took in (``TCP_INFO.tcpi_bytes_received``)
@@ -211,34 +345,59 @@ class _ConnectionGuard(threading.Thread):
     then only fall (by credits), so an idle connection needs no polling.
     Between two looks a connection can take at most one tick of traffic
     beyond its limit (plus the kernel's receive buffer), as with a fixed tick.
+
+    Timed checks cover only connections that need them: accepted ones not yet
+    identified (no message yet; dropped ``identify_s`` after they were accepted) and
+    identified ones with an unfinished message (dropped when it has taken ``identify_s``
+    and arrives slower than ``min_rate``).  Byte measurements need Linux (``TCP_INFO``,
+    epoll); elsewhere only the budget, identification and link checks run.
     """
 
     TICK_S = 0.01
     IDLE_S = 1.0  # wake-up when nothing happens at all (a backstop; events and stop() wake it sooner)
     _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+    _DIAL_EVENTS = (_EVENTS | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
-    def __init__(self, watched: list, total_limit: int, curve: bool, log):
-        """``watched``: [(socket, limit per connection)]; ``total_limit`` over all connections."""
+    def __init__(self, watched: list, total_limit: int, curve: bool, log, identify_s: float = IDENTIFY_S,
+                 min_rate: float = MIN_RATE, per_peer: int = CONNS_PER_PEER, on_link=None, tick=None):
+        """``watched``: [(socket, limit per connection)]; ``total_limit`` over all connections.
+
+        ``on_link(peer, event, value)``: a monitor event of the socket :meth:`watch` was given
+        ``peer`` for; ``tick()``: called on every wake-up, returns seconds until it is due again
+        (None: not before the next event).
+        """
         super().__init__(name="conn-guard", daemon=True)
         self.total_limit, self.curve, self.log = int(total_limit), curve, log
-        self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit)) for sock, limit in watched]
+        self.identify_s, self.min_rate, self.per_peer = float(identify_s), float(min_rate), int(per_peer)
+        self.on_link, self.tick = on_link, tick
+        self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit), None) for sock, limit in watched]
         self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
-        self._credited: set[int] = set()  # fds credited since the last look (their held bytes fell)
-        self._conns: dict[int, dict] = {}  # fd -> {"base", "t" (accept time), "tcp", "limit", "got", "held"}
+        self._credited: dict[int, str | None] = {}  # fds credited since the last look -> User-Id
+        # fd -> {"base", "t" (accept time), "tcp", "limit", "got", "held", "in" (accepted), "known" (identified),
+        #        "user", "last" (last credit), "floor" (held with nothing unfinished), "start" (unfinished since)}
+        self._conns: dict[int, dict] = {}
         self._active: set[int] = set()  # fds whose held bytes may still grow without a new arrival
-        self._epoll = select.epoll()
+        self._unknown: set[int] = set()  # accepted fds that have not delivered a message yet
+        self._partial: set[int] = set()  # identified fds with an unfinished message
+        self._keyed: dict[str, set[int]] = {}  # listed key's party -> its identified fds
+        self._pending: dict[str, collections.deque] = {}  # party -> times ZAP admitted a connection not yet identified
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._halt = threading.Event()
         self.cut = 0  # connections shut down
+        self.cut_by_reason: collections.Counter = collections.Counter()  # "limit", "silent", "slow", "budget"
+        self.turned_away = 0  # connections the ZAP handler refused for the budget
         self.peak_held = 0  # largest total held bytes seen (for tests and logs)
         self.looks = 0  # connection measurements made (for tests: idle connections cost none)
 
     # called by the receive loop for every message it reads
-    def credit(self, frames: list) -> None:
+    def credit(self, frames: list, user: str | None = None) -> None:
         try:
             fd = frames[0].get(zmq.SRCFD)
         except zmq.ZMQError:
@@ -246,10 +405,29 @@ class _ConnectionGuard(threading.Thread):
         n = sum(_wire_bytes(len(f), self.curve) for f in frames)
         with self._lock:
             self._credit[fd] += n
-            self._credited.add(fd)
+            self._credited[fd] = user
+        if fd in self._unknown:
+            self._wake()  # identify it now: its budget and the ZAP handler's count depend on it
+
+    # called by the ZAP handler for every listed key that passed the handshake
+    def admit(self, user: str) -> str | None:
+        """None to admit one more connection of ``user``; else why not (too many not yet identified)."""
+        now = time.monotonic()
+        with self._lock:
+            q = self._pending.setdefault(user, collections.deque())
+            while q and now - q[0] > self.identify_s + 2 * self.IDLE_S:  # dropped by now, or identified
+                q.popleft()
+            if len(q) >= self.per_peer:
+                self.turned_away += 1
+                return (f"{len(q)} of its connections have not delivered a message yet "
+                        f"(budget {self.per_peer} per listed key)")
+            q.append(now)
+        return None
 
     def _received(self, fd: int) -> tuple[int, int] | None:
         """(bytes libzmq took off this socket, bytes still in the kernel queue); None: not TCP, or gone."""
+        if not hasattr(socket, "TCP_INFO"):
+            return None
         try:
             s = socket.socket(fileno=fd)
         except OSError:
@@ -267,14 +445,15 @@ class _ConnectionGuard(threading.Thread):
         queued = struct.unpack("<i", inq)[0]
         return struct.unpack_from("<Q", info, 128)[0] - queued, queued
 
-    def watch(self, sock, limit: int) -> None:
-        """Also watch ``sock`` (made after the guard started), ``limit`` bytes per connection.
+    def watch(self, sock, limit: int, peer: str | None = None) -> None:
+        """Also watch ``sock`` (made after the guard started), ``limit`` bytes per connection;
+        with ``peer``, its dialling events go to ``on_link``.
 
         Call before connecting it, so its first connection's event is not missed.
         """
-        mon = sock.get_monitor_socket(self._EVENTS)
+        mon = sock.get_monitor_socket(self._DIAL_EVENTS if peer is not None else self._EVENTS)
         with self._lock:
-            self._added.append((sock, mon, int(limit)))
+            self._added.append((sock, mon, int(limit), peer))
         self._wake()
 
     def _wake(self) -> None:
@@ -288,26 +467,38 @@ class _ConnectionGuard(threading.Thread):
             with self._lock:
                 self.monitors += self._added
                 self._added = []
-        for _sock, mon, limit in self.monitors:
+        for _sock, mon, limit, peer in self.monitors:
             while mon.poll(0):
                 try:
                     ev = parse_monitor_message(mon.recv_multipart())
                 except (zmq.ZMQError, ValueError):
                     break
                 fd = ev["value"]
+                if peer is not None and self.on_link is not None:
+                    self.on_link(peer, ev["event"], ev["value"])
                 if ev["event"] in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+                    self._forget(fd)  # a reused fd number: what we knew of the old connection is void
                     got = self._received(fd)
+                    inbound = ev["event"] == zmq.EVENT_ACCEPTED
                     with self._lock:
                         base = 0 if got is None else got[0] - self._credit[fd]
-                    self._conns[fd] = {"base": base, "t": time.monotonic(), "tcp": got is not None, "limit": limit,
-                                       "got": None, "held": 0}
+                    now = time.monotonic()
+                    self._conns[fd] = {"base": base, "t": now, "tcp": got is not None, "limit": limit,
+                                       "got": None, "held": 0, "in": inbound, "known": False, "user": None,
+                                       "last": now, "floor": None, "start": None, "mon": id(mon)}
+                    if inbound:
+                        self._unknown.add(fd)
                     if got is not None:
                         self._register(fd)
                         self._active.add(fd)
                 elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                    self._forget(fd)
+                    c = self._conns.get(fd)
+                    if c is not None and c["mon"] == id(mon):  # not a reused number now another socket's
+                        self._forget(fd)
 
     def _register(self, fd: int) -> None:
+        if self._epoll is None:
+            return
         mask = select.EPOLLIN | select.EPOLLET
         try:
             self._epoll.register(fd, mask)
@@ -317,14 +508,21 @@ class _ConnectionGuard(threading.Thread):
             pass
 
     def _forget(self, fd: int) -> None:
-        self._conns.pop(fd, None)
+        c = self._conns.pop(fd, None)
         self._active.discard(fd)
-        try:
-            self._epoll.unregister(fd)
-        except (OSError, ValueError):  # closed already (epoll dropped it by itself)
-            pass
+        self._unknown.discard(fd)
+        self._partial.discard(fd)
+        if c is not None and c["user"] is not None:
+            self._keyed.get(c["user"], set()).discard(fd)
+        if self._epoll is not None:
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):  # closed already (epoll dropped it by itself)
+                pass
 
-    def _shut(self, fd: int, held: int, why: str) -> None:
+    def _shut(self, fd: int, held: int, why: str, kind: str = "limit") -> None:
+        self.cut += 1  # counted first: whoever sees the connection end sees it counted
+        self.cut_by_reason[kind] += 1
         try:
             s = socket.socket(fileno=fd)
             try:
@@ -332,21 +530,68 @@ class _ConnectionGuard(threading.Thread):
             finally:
                 s.detach()
         except OSError:
+            self.cut -= 1
+            self.cut_by_reason[kind] -= 1
+            self._forget(fd)
             return
-        self.cut += 1
         self._forget(fd)
         if self.cut <= REJECTS_KEPT or self.cut % 100 == 0:
             self.log.warning("dropped a connection holding %d bytes of unfinished messages (%s; %d dropped so far)",
                              held, why, self.cut)
 
-    def check(self) -> None:
-        self._events()
-        for fd, _ev in self._epoll.poll(0):
-            if fd in self._conns:
-                self._active.add(fd)
+    def _identify(self, fd: int, user: str | None, now: float) -> None:
+        """``fd`` delivered a message under ``user``'s key: count it against that key's budget."""
+        c = self._conns.get(fd)
+        if c is None:
+            return
+        c["last"] = now
+        if not c["in"] or c["known"]:
+            return
+        c["known"] = True
+        self._unknown.discard(fd)
+        if user is None:  # --insecure: no key to count it against
+            return
+        c["user"] = user
         with self._lock:
-            look = (self._active | self._credited) & self._conns.keys()
-            self._credited = set()
+            q = self._pending.get(user)
+            if q:
+                q.popleft()
+        mine = self._keyed.setdefault(user, set())
+        mine.add(fd)
+        while len(mine) > self.per_peer:
+            old = min((f for f in mine if f != fd), key=lambda f: self._conns[f]["last"])
+            self._shut(old, self._conns[old]["held"], f"{user!r} holds more than {self.per_peer} connections; "
+                       "its longest idle one goes", "budget")
+
+    def _unfinished(self, fd: int, c: dict, held: int, credited: bool, now: float) -> None:
+        """Track an identified connection's unfinished message (bytes held beyond its floor)."""
+        if credited:
+            c["floor"] = held if c["floor"] is None else min(c["floor"], held)
+        if c["floor"] is None:
+            return
+        if held - c["floor"] > 0:
+            if c["start"] is None:
+                c["start"] = now
+            self._partial.add(fd)
+        else:
+            c["start"] = None
+            self._partial.discard(fd)
+
+    def check(self) -> None:
+        # Credits first, then events: a connection's ACCEPTED is queued before any message on it
+        # can be read, so every connection credited here is known once the events are in.
+        with self._lock:
+            credited = self._credited
+            self._credited = {}
+        self._events()
+        if self._epoll is not None:
+            for fd, _ev in self._epoll.poll(0):
+                if fd in self._conns:
+                    self._active.add(fd)
+        now = time.monotonic()
+        for fd, user in credited.items():
+            self._identify(fd, user, now)
+        look = (self._active | credited.keys()) & self._conns.keys()
         for fd in look:
             c = self._conns[fd]
             if not c["tcp"]:
@@ -365,11 +610,13 @@ class _ConnectionGuard(threading.Thread):
             else:
                 self._active.add(fd)
             c["got"] = rcvd
+            if c["in"] and c["known"]:
+                self._unfinished(fd, c, c["held"], fd in credited, now)
         held = {fd: c["held"] for fd, c in self._conns.items() if c["tcp"]}
         total = sum(max(0, h) for h in held.values())
         self.peak_held = max(self.peak_held, total)
         for fd, h in held.items():
-            if h > self._conns[fd]["limit"]:
+            if fd in self._conns and h > self._conns[fd]["limit"]:
                 self._shut(fd, h, f"limit {self._conns[fd]['limit']} per connection")
                 total -= h
         if total > self.total_limit:  # many connections at once: youngest first
@@ -380,18 +627,68 @@ class _ConnectionGuard(threading.Thread):
                 total -= held[fd]
                 self._shut(fd, held[fd], f"limit {self.total_limit} over all connections")
 
+    def timed(self) -> float | None:
+        """Drop unidentified connections past ``identify_s`` and slow unfinished messages; returns
+        seconds until the next such check is due (None: none is pending)."""
+        now = time.monotonic()
+        due: float | None = None
+        for fd in list(self._unknown):
+            c = self._conns.get(fd)
+            if c is None:
+                self._unknown.discard(fd)
+                continue
+            left = c["t"] + self.identify_s - now
+            if left > 0:
+                due = left if due is None else min(due, left)
+                continue
+            got = self._received(fd)
+            if got is not None and got[1] > 0:  # bytes still wait in the kernel: let libzmq read them first
+                due = self.TICK_S
+                continue
+            self._shut(fd, c["held"], f"no message within {self.identify_s:g}s of connecting", "silent")
+        for fd in list(self._partial):
+            c = self._conns.get(fd)
+            if c is None or c["start"] is None or c["floor"] is None:
+                self._partial.discard(fd)
+                continue
+            took = now - c["start"]
+            if took < self.identify_s:
+                left = self.identify_s - took
+                due = left if due is None else min(due, left)
+                continue
+            got = self._received(fd)
+            if got is None:
+                self._partial.discard(fd)
+                continue
+            with self._lock:
+                unfinished = got[0] - self._credit[fd] - c["base"] - c["floor"]
+            if unfinished <= 0:
+                c["start"] = None
+                self._partial.discard(fd)
+            elif unfinished / took < self.min_rate:
+                self._shut(fd, unfinished, f"an unfinished message arrived at {unfinished / took:.0f} bytes/s over "
+                           f"{took:.0f}s, under the floor of {self.min_rate:g}", "slow")
+            else:
+                due = self.IDLE_S if due is None else min(due, self.IDLE_S)
+        return due
+
     def run(self) -> None:
         poller = zmq.Poller()
-        poller.register(self._epoll.fileno(), zmq.POLLIN)
+        if self._epoll is not None:
+            poller.register(self._epoll.fileno(), zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         polled: set = set()
+        due: float | None = None
         while not self._halt.is_set():
             try:
-                for _sock, mon, _limit in self.monitors:
+                for _sock, mon, _limit, _peer in self.monitors:
                     if id(mon) not in polled:
                         poller.register(mon, zmq.POLLIN)
                         polled.add(id(mon))
-                poller.poll(int(1000 * (self.TICK_S if self._active else self.IDLE_S)))
+                wait = self.TICK_S if self._active else self.IDLE_S
+                if due is not None:
+                    wait = max(self.TICK_S, min(wait, due))
+                poller.poll(int(1000 * wait))
                 try:
                     while os.read(self._wake_r, 4096):
                         pass
@@ -400,6 +697,11 @@ class _ConnectionGuard(threading.Thread):
                 if self._halt.is_set():
                     break
                 self.check()
+                due = self.timed()
+                if self.tick is not None:
+                    t = self.tick()
+                    if t is not None:
+                        due = t if due is None else min(due, t)
                 if self._active:
                     self._halt.wait(self.TICK_S)  # bytes are flowing: look again after one tick, not at once
             except zmq.ZMQError:
@@ -416,13 +718,14 @@ class _ConnectionGuard(threading.Thread):
         with self._lock:
             self.monitors += self._added
             self._added = []
-        for sock, mon, _limit in self.monitors:
+        for sock, mon, _limit, _peer in self.monitors:
             try:
                 sock.disable_monitor()
             except zmq.ZMQError:
                 pass
             mon.close(linger=0)
-        self._epoll.close()
+        if self._epoll is not None:
+            self._epoll.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -529,9 +832,31 @@ class ZmqParty(Party):
         bind_endpoint: str | None = None,
         handshake_s: float = HANDSHAKE_S,
         context: SharedContext | None = None,
+        diagnose_s: float = DIAGNOSE_S,
+        unreachable_s: float | None = None,
+        identify_s: float = IDENTIFY_S,
+        min_rate: float = MIN_RATE,
+        conns_per_peer: int = CONNS_PER_PEER,
         **kw: Any,
     ) -> None:
+        """``diagnose_s``: a dialled link bad this long is logged and put into the status, and a
+        recv waiting on a peer that refused the handshake that long fails (:class:`PeerUnreachable`).
+        ``unreachable_s``: a recv waiting on a peer with no TCP connection for that long fails too
+        (None: it waits out its timeout, as parties started by hand may come up minutes apart).
+        ``identify_s``, ``min_rate``, ``conns_per_peer``: the bounds on accepted connections
+        (module docstring)."""
         super().__init__(name, roles, **kw)
+        self.diagnose_s = float(diagnose_s)
+        self.unreachable_s = None if unreachable_s is None else float(unreachable_s)
+        self._links: dict[str, _Link] = {}  # dialled peer -> what its DEALER's monitor told
+        self._links_lock = threading.Lock()
+        self._awaiting: collections.Counter = collections.Counter()  # (peer, kind) -> recvs waiting on it
+        self._gave_up: dict[str, str] = {}  # peer -> why a recv from it fails at once
+        self._links_due = 0.0  # monotonic time the links need a look again
+        self._link_report: dict[str, dict] = {}  # bad links reported, for the status
+        self._status_seen: dict = {"state": "starting", "done": 0, "total": 0}
+        if self._status_cb is not None:
+            self._status_cb = self._status_with_links(self._status_cb)
         missing = [p for p in roles if p not in endpoints]
         if missing:
             raise ValueError(f"no endpoint for parties {missing}")
@@ -558,10 +883,10 @@ class ZmqParty(Party):
         if not insecure:
             allowed = {k: n for n, k in public_keys.items() if n != name}
             if context is None:
-                self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure)
+                self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure, admit=self._admit_connection)
                 self._zap.start()
             else:
-                zap_domain = context.register(name, allowed, self.log, insecure)
+                zap_domain = context.register(name, allowed, self.log, insecure, admit=self._admit_connection)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
@@ -578,11 +903,11 @@ class ZmqParty(Party):
         self.dealers: dict[str, zmq.Socket] = {}
         self._endpoints = dict(endpoints)
         self._public_keys, self._secret_key = public_keys, secret_key
-        self._guard = None
-        if sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO"):
-            per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
-            self._guard = _ConnectionGuard([(self.router, per_conn)], (len(self.peers) + 2) * per_conn,
-                                           curve=not insecure, log=self.log)
+        per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
+        self._guard: _ConnectionGuard | None = _ConnectionGuard(
+            [(self.router, per_conn)], (len(self.peers) + 2) * per_conn, curve=not insecure, log=self.log,
+            identify_s=identify_s, min_rate=min_rate, per_peer=conns_per_peer, on_link=self._link_event,
+            tick=self._check_links)
         self.router.bind(bind_endpoint or endpoints[name])
         self._streams = _Streams(self)
         self._halt = threading.Event()
@@ -593,6 +918,135 @@ class ZmqParty(Party):
             self._guard.start()
         self._rx = threading.Thread(target=self._receive_loop, name=f"rx-{name}", daemon=True)
         self._rx.start()
+        # Dial the peers we exchange messages with now, not at the first send, so that a wrong
+        # endpoint or key shows within seconds (and not to all n - 1 peers: hundreds of owners
+        # that never talk to each other need no connection).
+        with self._send_lock:
+            for p in self.linked_peers():
+                self._dealer(p)
+
+    # ------------------------------------------------------------ connections
+    def connection_state(self, peer: str) -> dict:
+        """What this party knows of its connection to ``peer``: ``state`` (``"no TCP connection"``,
+        ``"handshaking"``, ``"handshake refused"``, ``"connected"``, ``"connection lost"``, or
+        ``"not dialled"``), ``endpoint``, ``since`` (epoch seconds), ``for_s`` and ``detail``."""
+        with self._links_lock:
+            link = self._links.get(peer)
+            if link is not None:
+                return link.as_dict()
+        return {"state": "not dialled", "endpoint": self._endpoints.get(peer), "since": None, "for_s": 0.0,
+                "detail": "no declared message goes to it"}
+
+    def _what_peer_did(self, peer: str) -> str:
+        did = super()._what_peer_did(peer)
+        with self._links_lock:
+            link = self._links.get(peer)
+            return did if link is None else f"{did}; {link.describe()}"
+
+    def recv(self, frm: str, kind: str, timeout: float | None = None) -> Any:
+        with self._links_lock:
+            self._awaiting[(frm, kind)] += 1
+            why = self._gave_up.get(frm)
+        try:
+            if why is not None:  # raised only if no message of this kind is queued already
+                self._mailbox.poison(frm, kind, PeerUnreachable(self.name, frm, kind, why, 0.0))
+            return super().recv(frm, kind, timeout)
+        finally:
+            with self._links_lock:
+                self._awaiting[(frm, kind)] -= 1
+                if self._awaiting[(frm, kind)] <= 0:
+                    del self._awaiting[(frm, kind)]
+
+    def _admit_connection(self, user: str) -> str | None:
+        """The ZAP handler's question for a listed key: may it open one more connection?"""
+        guard = self._guard
+        return None if guard is None else guard.admit(user)
+
+    def _link_event(self, peer: str, ev: int, value: int) -> None:
+        """A monitor event of the DEALER to ``peer`` (the guard's thread)."""
+        with self._links_lock:
+            link = self._links.get(peer)
+            if link is None:
+                return
+            was, reported = link.state, link.reported
+            up = link.event(ev, value)
+            self._links_due = 0.0
+        if up:
+            self._say_hello(peer)
+            if reported and was != UP:
+                self.log.info("reached %s at %s", peer, link.endpoint)
+                with self._links_lock:
+                    self._link_report.pop(peer, None)
+                self._write_status()
+
+    def _say_hello(self, peer: str) -> None:
+        """Send :data:`HELLO` on a connection whose handshake just succeeded: it names our key to the peer."""
+        with self._send_lock:
+            s = self.dealers.get(peer)
+            if s is None or self._halt.is_set():
+                return
+            try:
+                s.send(HELLO, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _fails_after(self, link: _Link) -> float | None:
+        if link.state == REFUSED:
+            return self.diagnose_s
+        if link.state == NO_TCP and link.attempts > 0:
+            return self.unreachable_s
+        return None
+
+    def _check_links(self) -> float | None:
+        """Report links bad for ``diagnose_s`` and give up on those past their limit (the guard's
+        thread, on every wake-up); returns seconds until a link needs a look again."""
+        now = time.monotonic()
+        if now < self._links_due:
+            return self._links_due - now
+        report, give_up, due = [], [], None
+        with self._links_lock:
+            for peer, link in self._links.items():
+                if link.state not in BAD_STATES:
+                    continue
+                limits = [(self.diagnose_s, "report")] if not link.reported else []
+                fail = self._fails_after(link)
+                if fail is not None and peer not in self._gave_up:
+                    limits.append((fail, "fail"))
+                for limit, what in limits:
+                    left = link.t + limit - now
+                    if left > 0:
+                        due = left if due is None else min(due, left)
+                    elif what == "report":
+                        link.reported = True
+                        self._link_report[peer] = dict(link.as_dict(), reported_after_s=round(self.elapsed(), 3))
+                        report.append((peer, link.describe()))
+                    else:
+                        self._gave_up[peer] = link.describe()
+                        give_up.append((peer, self._gave_up[peer], link.bad_for(),
+                                        [k for (p, k) in self._awaiting if p == peer]))
+            self._links_due = now + (due if due is not None else 3600.0)
+        for peer, why in report:
+            self.log.warning("peer %s: %s", peer, why)
+        if report:
+            self._write_status()
+        for peer, why, bad_for, kinds in give_up:
+            self.log.error("giving up on %s: %s", peer, why)
+            for kind in kinds:
+                self._mailbox.poison(peer, kind, PeerUnreachable(self.name, peer, kind, why, bad_for))
+        return due
+
+    def _status_with_links(self, cb):
+        """Wrap the status callback: every status carries the links reported bad (``"links"``)."""
+        def status(st: dict) -> None:
+            self._status_seen = dict(st)
+            with self._links_lock:
+                links = dict(self._link_report)
+            cb(dict(st, links=links) if links else st)
+        return status
+
+    def _write_status(self) -> None:
+        if self._status_cb is not None:
+            self._status_cb(dict(self._status_seen))
 
     # ----------------------------------------------------------------- sending
     def _dealer(self, peer: str) -> zmq.Socket:
@@ -602,6 +1056,7 @@ class ZmqParty(Party):
             return s
         s = self.ctx.socket(zmq.DEALER)
         s.linger = int(self.timeout * 1000)
+        s.reconnect_ivl_max = DIAL_RECONNECT_MAX_MS
         s.sndhwm = 0  # never drop: a slow peer back-pressures instead
         # Nothing is ever received on a DEALER (peers answer through our ROUTER), so a peer
         # that sends on it anyway can make libzmq hold one small message, no more.
@@ -614,8 +1069,11 @@ class ZmqParty(Party):
             s.curve_serverkey = self._public_keys[peer]
             s.curve_publickey = self._public_keys[self.name]
             s.curve_secretkey = self._secret_key
+        with self._links_lock:
+            self._links[peer] = _Link(peer, self._endpoints[peer])
+            self._links_due = 0.0
         if self._guard is not None:
-            self._guard.watch(s, 2 * DEALER_MAX_FRAME)
+            self._guard.watch(s, 2 * DEALER_MAX_FRAME, peer)
         s.connect(self._endpoints[peer])
         self.dealers[peer] = s
         return s
@@ -658,17 +1116,19 @@ class ZmqParty(Party):
             self._reject("empty message")
             return
         frames = parts[1:]
-        if self._guard is not None:
-            self._guard.credit(frames)
         user = None
         if not self.insecure:
             try:
                 user = frames[0].get("User-Id")
             except zmq.ZMQError:
                 user = None
-            if not user:
-                self._reject("message on a connection without an authenticated key")
-                return
+        if self._guard is not None:
+            self._guard.credit(frames, user or None)
+        if not self.insecure and not user:
+            self._reject("message on a connection without an authenticated key")
+            return
+        if len(frames) == 1 and len(frames[0]) == len(HELLO) and frames[0].bytes == HELLO:
+            return  # a new connection named its key (the guard counted it); nothing to deliver
         self._streams.feed(parts[0].bytes, user, frames)
 
     def _stream_refusal(self, plan: codec.Plan, user: str | None) -> str | None:

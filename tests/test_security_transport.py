@@ -354,3 +354,160 @@ def test_connection_guard_measures_only_connections_that_get_bytes():
     finally:
         for p in parties.values():
             p._transport_close(linger_s=0)
+
+
+# ------------------------------------------- issue 27, item 9: descriptors through authenticated idle connections
+def established_at(port: int) -> int:
+    """TCP connections in ESTABLISHED state whose local port is ``port`` (the victim's descriptors)."""
+    n = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="counts connections through /proc/net/tcp")
+def test_a_listed_key_cannot_pin_descriptors_with_idle_connections():
+    """client2, listed, opens 200 CURVE connections to the server under its own key: half say
+    nothing, half send one message and then idle.  The server keeps at most its budget per key
+    (2 identified + 2 not yet identified here), and client1's traffic goes on."""
+    keys = {n: zmq.curve_keypair() for n in ROLES}
+    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    quiet = logging.getLogger("fedhet.test.budget")
+    quiet.setLevel(logging.CRITICAL)
+    budget = 2
+    server = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                      secret_key=keys["server"][1], run_id=RUN, timeout=60, logger=quiet, identify_s=1.0,
+                      conns_per_peer=budget)
+    client = ZmqParty("client1", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                      secret_key=keys["client1"][1], run_id=RUN, timeout=60, logger=quiet)
+    port = int(eps["server"].rsplit(":", 1)[1])
+    ctx = zmq.Context()
+    try:
+        client.send("server", "before", 1)
+        assert server.recv("client1", "before") == 1
+        socks = []  # held: a collected socket is closed
+        for i in range(200):
+            s = ctx.socket(zmq.DEALER)
+            socks.append(s)
+            s.linger = 0
+            s.curve_serverkey = keys["server"][0]
+            s.curve_publickey, s.curve_secretkey = keys["client2"]
+            s.connect(eps["server"])
+            if i % 2:
+                s.send(b"junk")  # identifies the connection as client2's, then idles
+        guard = server._guard
+        # every connection beyond the budget is turned away at the handshake or dropped after it
+        wait_for(lambda: guard.turned_away + guard.cut_by_reason["budget"] + guard.cut_by_reason["silent"]
+                 >= 200 - 2 * budget, timeout=60, what="the connections beyond the budget to be refused")
+        # settled: what is left is the budget (identified + not yet identified) and client1's connection
+        wait_for(lambda: established_at(port) <= 2 * budget + 1, timeout=60,
+                 what=f"the server's connections to fall to the budget (now {established_at(port)})")
+        assert len(guard._keyed.get("client2", ())) <= budget
+        for i in range(3):  # honest traffic goes on
+            client.send("server", "during", i)
+            assert server.recv("client1", "during") == i
+            server.send("client1", "back", i)
+            assert client.recv("server", "back") == i
+    finally:
+        ctx.destroy(linger=0)
+        client._transport_close(linger_s=0)
+        server._transport_close(linger_s=0)
+
+
+# ------------------------------------------- issue 27, item 10: slow-loris from a listed key
+class Throttle(threading.Thread):
+    """A TCP relay between one client and the victim: full speed until ``trickle`` is set, then
+    10 bytes every 0.1 s (100 bytes/s at most).  ``cut`` is set when the victim closes its side."""
+
+    def __init__(self, target: tuple[str, int]):
+        super().__init__(daemon=True)
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.trickle = threading.Event()
+        self.cut = threading.Event()
+        self.trickled = 0
+        self.why = ""  # how the relay ended
+
+    def _back(self, victim: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := victim.recv(65536):
+                client.sendall(data)
+            self.why = "victim eof"
+        except OSError as e:
+            self.why = f"back {e!r}"
+        self.cut.set()
+
+    def run(self) -> None:
+        client, _ = self.listener.accept()
+        victim = socket.create_connection(self.target)
+        threading.Thread(target=self._back, args=(victim, client), daemon=True).start()
+        client.settimeout(0.1)
+        backlog = b""
+        try:
+            while not self.cut.is_set():
+                try:
+                    data = client.recv(65536)
+                    if not data:
+                        self.why = "client eof"
+                        break
+                    backlog += data
+                except socket.timeout:
+                    pass
+                if not self.trickle.is_set():
+                    victim.sendall(backlog)
+                    backlog = b""
+                elif backlog:
+                    victim.sendall(backlog[:10])
+                    self.trickled += min(10, len(backlog))
+                    backlog = backlog[10:]
+        except OSError as e:
+            self.why = f"fwd {e!r}"
+            self.cut.set()
+        finally:
+            client.close()
+            victim.close()
+            self.listener.close()
+
+
+def test_a_listed_key_trickling_a_message_is_cut():
+    keys = {n: zmq.curve_keypair() for n in ROLES}
+    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    quiet = logging.getLogger("fedhet.test.loris")
+    quiet.setLevel(logging.CRITICAL)
+    server = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                      secret_key=keys["server"][1], run_id=RUN, timeout=60, logger=quiet, identify_s=2.0,
+                      min_rate=1024)
+    client = ZmqParty("client1", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                      secret_key=keys["client1"][1], run_id=RUN, timeout=60, logger=quiet)
+    relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
+    relay.start()
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.reconnect_ivl = -1  # one connection, the one through the relay
+        s.curve_serverkey = keys["server"][0]
+        s.curve_publickey, s.curve_secretkey = keys["client2"]
+        s.connect(f"tcp://127.0.0.1:{relay.port}")
+        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
+        assert server.recv("client2", "k") == "first"  # at full speed: delivered
+        relay.trickle.set()
+        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 1, {"x": np.zeros(8192)}))  # 64 KiB
+        assert relay.cut.wait(60), f"the trickling connection was never cut ({relay.trickled} bytes trickled)"
+        assert server._guard.cut_by_reason["slow"] == 1, (server._guard.cut_by_reason, relay.why)
+        assert relay.trickled < 64 << 10  # cut long before the message could finish
+        client.send("server", "honest", 5)  # and the honest peer is still served
+        assert server.recv("client1", "honest") == 5
+    finally:
+        ctx.destroy(linger=0)
+        client._transport_close(linger_s=0)
+        server._transport_close(linger_s=0)
