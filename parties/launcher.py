@@ -3,7 +3,9 @@
 The launcher makes a run folder, fresh key pairs for every party (in a private
 temporary folder outside the run folder, mode 0700, removed when the run ends:
 the run folder is what users hand to an auditor, and a signing key there would
-let anyone re-sign its transcripts), assigns free loopback ports, writes the
+let anyone re-sign its transcripts; the secret halves live only in the launcher's
+memory, :class:`~fedhet.parties.keys.TemporaryKeys`, so a launcher killed with
+SIGKILL leaves none behind), assigns free loopback ports, writes the
 resolved federation file there, starts one ``fedhet party`` process per party,
 shows their progress, and stops everything as soon as any party fails.  No
 child outlives it: every party runs in its own process group, and every group
@@ -33,7 +35,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -45,7 +46,7 @@ from . import keys as keyfiles
 from .atomic import write_atomic, write_json_atomic
 from .federation import Federation
 from .host import THREAD_ENV, host_dir
-from .runtime import LAUNCHER_PID_ENV, party_dir
+from .runtime import LAUNCHER_PID_ENV, party_dir, raise_open_file_limit
 
 
 class RunFailed(RuntimeError):
@@ -70,16 +71,20 @@ def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | No
                   key_dir: Path | None = None) -> tuple[Federation, Path]:
     """Fresh keys, loopback ports and a run id; returns the resolved federation and its file.
 
-    Secret keys go to ``key_dir`` (default: a new private temporary folder, never
-    inside ``run_dir``); the caller removes it when the run is over.
+    Secret keys go to ``key_dir`` (default: a new :class:`~fedhet.parties.keys.TemporaryKeys`
+    folder, never inside ``run_dir``, whose secrets live in this process's memory); the caller
+    releases it when the run is over (``keys.release_temporary``; at the latest at exit).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    temporary = None
     if key_dir is None:
-        key_dir = Path(tempfile.mkdtemp(prefix=f"fedhet-keys-{run_dir.name}-"))
+        temporary = keyfiles.TemporaryKeys(run_dir.name)
+        key_dir = temporary.path
     parties = []
     used: set[int] = set()
     for p in fed.parties:
-        pub = keyfiles.generate(key_dir, p.name, overwrite=True)
+        pub = (temporary.generate(p.name) if temporary is not None
+               else keyfiles.generate(key_dir, p.name, overwrite=True))
         port = free_port()
         while port in used:
             port = free_port()
@@ -165,6 +170,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
            env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the federation locally; returns the run summary or raises RunFailed."""
     run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
+    raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
     resolved, fed_file = prepare_local(fed, run_dir, overrides)
     procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
     hosts = resolved.host_groups()
@@ -247,7 +253,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             view.stop()
         _stop_all(procs)
         restore_signals()
-        if resolved.key_dir is not None:
+        if resolved.key_dir is not None and not keyfiles.release_temporary(resolved.key_dir):
             shutil.rmtree(resolved.key_dir, ignore_errors=True)
     return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True, hosts=hosts,
                           codes={n: pr.returncode for n, pr in procs.items()})

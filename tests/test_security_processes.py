@@ -222,3 +222,46 @@ def test_two_thousand_idle_connections_from_a_stranger_do_not_stop_a_run(tmp_pat
     summary = json.loads((run_dir / "result.json").read_text())
     assert code == 0 and summary["ok"], summary.get("failed")
     assert {p["result"]["size"] for p in summary["parties"].values()} == {10000}
+
+
+# ------------------------------------------------------------ issue 27, item 12: secret keys left behind
+def _secret_keys(root: Path) -> list[Path]:
+    """Readable secret key files under ``root`` (a link whose target is gone holds nothing)."""
+    return [p for p in root.rglob("*.key") if p.is_file()]
+
+
+def test_kill_9_of_the_launcher_leaves_no_secret_key_behind(tmp_path):
+    tmp = tmp_path / "tmp"  # the runs' temporary folder, where the launcher keeps the parties' keys
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fedhet.parties.cli", "run", str(psi_fed(tmp_path, n=30000)),
+                             "--out", str(run_dir), "--no-progress"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    everything: set[int] = set()
+    try:
+        deadline = time.monotonic() + STARTUP
+        names = ("owner", "feature1", "feature2")
+        while not all(status(run_dir, n) for n in names):  # every party has loaded its keys
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not get going"
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before the kill: make it longer"
+        held = _secret_keys(tmp)
+        assert len(held) == 2 * len(names), held  # while the launcher lives, the parties can read them
+        everything = descendants(proc.pid) | {proc.pid}
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert _secret_keys(tmp) == [], "secret keys outlived the launcher"
+        left = alive(everything)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = alive(everything)
+    finally:
+        stop(proc, everything)
+    assert list(tmp.glob("fedhet-keys-*")), "the killed launcher's key folder (secret-free) is still there"
+    # the next start sweeps the dead launcher's folder, and its own goes with its end
+    again = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", str(psi_fed(tmp_path, n=2000)),
+                            "--out", str(tmp_path / "run2"), "--no-progress"], capture_output=True, text=True,
+                           env=env, timeout=STARTUP)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert list(tmp.glob("fedhet-keys-*")) == []
