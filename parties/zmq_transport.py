@@ -120,6 +120,7 @@ REFUSED = "handshake refused"
 UP = "connected"
 LOST = "connection lost"
 BAD_STATES = (NO_TCP, HANDSHAKING, REFUSED, LOST)
+SLOW_HANDSHAKE_S = 2.0  # a peer that refuses our HELLO closes at once; one that closes later timed out
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -139,6 +140,7 @@ class _Link:
         self.state, self.detail = NO_TCP, "dialling, no attempt finished yet"
         self.since, self.t = time.time(), time.monotonic()
         self.tcp = False  # the current attempt reached TCP
+        self.connected_at = 0.0  # monotonic time of the last TCP connection
         self.attempts = 0  # failed TCP attempts since the state was entered
         self.reported = False  # logged and put into the status for this episode
 
@@ -155,12 +157,15 @@ class _Link:
             self.attempts = self.attempts + 1 if self.state == NO_TCP else 1
             self._enter(NO_TCP, f"{self.attempts} attempt(s) refused or unanswered")
         elif ev == zmq.EVENT_CONNECTED:
-            self.tcp = True
+            self.tcp, self.connected_at = True, time.monotonic()
             if self.state != REFUSED:
                 self._enter(HANDSHAKING, "TCP connected, the CURVE handshake has not finished")
         elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._enter(UP, "CURVE handshake succeeded")
             return True
+        elif ev == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and time.monotonic() - self.connected_at > SLOW_HANDSHAKE_S:
+            # closed after a long handshake: its deadline passed (a peer too busy to answer), not a refusal
+            self._enter(HANDSHAKING, "the CURVE handshake timed out; retrying")
         elif ev in _HANDSHAKE_FAILED:
             self._enter(REFUSED, self._refusal(ev, value))
         elif ev == zmq.EVENT_DISCONNECTED and self.state == UP:

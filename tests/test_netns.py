@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -117,3 +118,51 @@ def test_two_namespaces_complete_fedavg(namespaces, tmp_path):
     assert results["client2"]["traffic"]["bytes_received"]["server"] > 0
     rep = audit(run_dir)
     assert rep.ok, rep.problems
+
+
+def test_wrong_port_across_namespaces_is_named_within_seconds(namespaces, tmp_path):
+    """client1's federation file names a port where nothing listens on the server's machine (the
+    server listens elsewhere): client1 reports "no TCP connection to" that endpoint in its log and
+    its status within 10 s of starting, rather than after the 60 s receive timeout."""
+    real, wrong = 25601, 25602
+    place = {"server": "a", "client1": "b"}
+    fed = Federation(
+        name="netns-wrong-port", algorithm={"name": "fedavg_logreg", "rounds": ROUNDS, "aggregation": "plain"},
+        timeout=60.0, seed=0,
+        parties=[PartySpec("server", "server", f"tcp://{ADDR['a']}:{wrong}"),
+                 PartySpec("client1", "client", f"tcp://{ADDR['b']}:{real}")],
+        key_dir=tmp_path / "keys", source=str(tmp_path / "federation.toml"))
+    fed_file = tmp_path / "federation.toml"
+    fed_file.write_text(fed.to_toml())
+    assert cli.main(["keys", str(fed_file), "--update"]) == 0
+    run_dir, run_id = tmp_path / "run", uuid.uuid4().hex
+    binds = {"server": f"tcp://{ADDR['a']}:{real}", "client1": f"tcp://{ADDR['b']}:{real}"}
+    procs = {}
+    status = run_dir / "parties" / "client1" / "status.json"
+    try:
+        for name, side in place.items():
+            procs[name] = subprocess.Popen(
+                ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties.cli", "party",
+                 str(fed_file), "--name", name, "--out", str(run_dir), "--run-id", run_id, "--quiet",
+                 "--bind", binds[name]],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        links = {}
+        deadline = time.monotonic() + 120  # hang guard (imports on a loaded machine)
+        while "links" not in links:
+            assert time.monotonic() < deadline, "client1 never reported the link"
+            assert procs["client1"].poll() is None, "client1 ended before it reported the link"
+            try:
+                links = json.loads(status.read_text())
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    got = links["links"]["server"]
+    assert got["state"] == "no TCP connection" and got["endpoint"] == f"tcp://{ADDR['a']}:{wrong}", got
+    assert got["reported_after_s"] <= 10.0, got  # the party's own clock: diagnose_s (5 s) after it dialled
+    log = (run_dir / "parties" / "client1" / "log.txt").read_text()
+    assert f"no TCP connection to tcp://{ADDR['a']}:{wrong}" in log and "WARNING" in log
