@@ -102,7 +102,7 @@ IDENTIFY_S = HANDSHAKE_S  # an accepted connection must deliver a message (its h
 CONNS_PER_PEER = 4  # identified connections per listed key, and as many not yet identified
 MIN_RATE = 1024  # bytes/s an unfinished message must arrive at, on average, once it is identify_s old
 DIAGNOSE_S = 5.0  # a dialled link bad this long is reported; a refused handshake then fails the waiting recv
-DIAL_RECONNECT_MAX_MS = 1000  # reconnect back-off cap: a dead peer costs a retry a second, not ten
+DIAL_RECONNECT_MAX_MS = 500  # reconnect back-off cap: a dead peer costs two retries a second, not ten
 
 
 class PeerUnreachable(PeerTimeout):
@@ -541,8 +541,8 @@ class _ConnectionGuard(threading.Thread):
             return
         self._forget(fd)
         if self.cut <= REJECTS_KEPT or self.cut % 100 == 0:
-            self.log.warning("dropped a connection holding %d bytes of unfinished messages (%s; %d dropped so far)",
-                             held, why, self.cut)
+            self.log.warning("dropped a connection (%s; %d bytes of unfinished messages; %d dropped so far)",
+                             why, held, self.cut)
 
     def _identify(self, fd: int, user: str | None, now: float) -> None:
         """``fd`` delivered a message under ``user``'s key: count it against that key's budget."""
