@@ -45,16 +45,30 @@ class PeerTimeout(PartyError, TimeoutError):
 
 
 class PartyAborted(PartyError):
-    """The federation is being torn down because another party failed."""
+    """The federation is being torn down because another party failed.
+
+    ``peer``: the party whose abort notice this is (None when the stop came from this
+    process, e.g. the in-memory runner).  A notice is only ever a statement about its own
+    sender: it names ``peer``, never a party the notice's text may mention."""
+
+    def __init__(self, reason: str, peer: str | None = None):
+        super().__init__(reason)
+        self.peer = peer
 
 
-class MessageRejected(PartyError):
-    """A peer sent a message this party refused (undeclared kind, payload against its schema,
-    or a flood); raised by the ``recv`` that waited for it, naming sender, kind and field."""
+class PeerFault(PartyError):
+    """A peer's own message shows it at fault: undeclared, malformed, out of bounds or
+    inconsistent.  The only exception that blames a peer (``fedhet.parties.failure``):
+    raise it naming the *sender* of the offending message, with what was wrong."""
 
     def __init__(self, me: str, peer: str, kind: str, reason: str):
         super().__init__(f"party {me!r} rejected a {kind!r} message from {peer!r}: {reason}")
         self.peer, self.kind, self.reason = peer, kind, reason
+
+
+class MessageRejected(PeerFault):
+    """A peer sent a message this party refused (undeclared kind, payload against its schema,
+    or a flood); raised by the ``recv`` that waited for it, naming sender, kind and field."""
 
 
 class _Mailbox:
@@ -66,6 +80,7 @@ class _Mailbox:
         self._poisoned: dict[tuple[str, str], Exception] = {}
         self._cv = threading.Condition()
         self.aborted: str | None = None
+        self.aborted_by: str | None = None  # the peer whose abort notice stopped us
 
     def put(self, env: codec.Envelope) -> str | None:
         """Queue ``env``; returns why it was refused when its (sender, kind) queue is full."""
@@ -86,9 +101,10 @@ class _Mailbox:
             self._poisoned.setdefault((frm, kind), err)
             self._cv.notify_all()
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, peer: str | None = None) -> None:
         with self._cv:
-            self.aborted = reason
+            if self.aborted is None:
+                self.aborted, self.aborted_by = reason, peer
             self._cv.notify_all()
 
     def get(self, frm: str, kind: str, timeout: float) -> codec.Envelope | None:
@@ -103,7 +119,7 @@ class _Mailbox:
                 if (frm, kind) in self._poisoned:
                     raise self._poisoned[(frm, kind)]
                 if self.aborted is not None:
-                    raise PartyAborted(self.aborted)
+                    raise PartyAborted(self.aborted, self.aborted_by)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -379,7 +395,7 @@ class Party:
                 self._record("recv", env.frm, env.kind, env.round, env.seq, env.nbytes, env.digest, env.payload)
         if env.kind == ABORT_KIND:
             reason = env.payload.get("reason", "") if isinstance(env.payload, dict) else ""
-            self._mailbox.abort(f"party {env.frm!r} failed: {str(reason)[:200]}")
+            self._mailbox.abort(f"party {env.frm!r} announced its own failure: {str(reason)[:2000]}", env.frm)
             return True
         full = self._mailbox.put(env)
         if full is not None:
