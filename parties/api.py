@@ -71,14 +71,91 @@ class MessageRejected(PeerFault):
     or a flood); raised by the ``recv`` that waited for it, naming sender, kind and field."""
 
 
+class RealClock:
+    """Wall-clock time: what every party process runs on."""
+
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, owner: str, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+
+class VirtualClock:
+    """Time for parties that are threads of one process (the in-memory runner's ``clock="virtual"``):
+    it stands still while any party works, and jumps to the earliest deadline only when every live
+    party waits (for a message, or in :meth:`sleep`).  A timeout is then an event of the protocol, not
+    a race with the machine's speed: an honest party is never timed out while it computes, and a
+    silent one is timed out however busy the machine is.
+
+    Only for role functions that wait in one thread at a time (a party computing in a helper thread
+    while its main thread waits would let time jump past it).  Every mailbox of the federation shares
+    :attr:`cv`; a delivery marks its receiver runnable at once (under that lock), so time cannot jump
+    between a send and the receiver's wake-up.  ``safety_s`` bounds each real wait, so a party blocked
+    elsewhere (a lock, a thread outside the clock) cannot hang a test for ever: it only re-checks.
+    """
+
+    virtual = True
+
+    def __init__(self, safety_s: float = 0.5) -> None:
+        self.cv = threading.Condition()
+        self._now = 0.0
+        self.live: set[str] = set()
+        self.waiting: dict[str, float] = {}   # party -> the deadline it waits for
+        self.safety_s = safety_s
+
+    def now(self) -> float:
+        return self._now
+
+    def start(self, owner: str) -> None:
+        with self.cv:
+            self.live.add(owner)
+
+    def finish(self, owner: str) -> None:
+        with self.cv:
+            self.live.discard(owner)
+            self.waiting.pop(owner, None)
+            self._advance()
+
+    def runnable(self, owner: str) -> None:
+        """``owner`` has something to do (a message arrived): caller holds :attr:`cv`."""
+        self.waiting.pop(owner, None)
+
+    def wait(self, owner: str, deadline: float) -> None:
+        """Wait (caller holds :attr:`cv`) until woken or ``deadline`` is due; the caller re-checks."""
+        self.waiting[owner] = deadline
+        self._advance()
+        if self._now < deadline and owner in self.waiting:
+            self.cv.wait(self.safety_s)
+        self.waiting.pop(owner, None)
+
+    def sleep(self, owner: str, seconds: float) -> None:
+        with self.cv:
+            deadline = self._now + max(0.0, seconds)
+            while self._now < deadline:
+                self.wait(owner, deadline)
+
+    def _advance(self) -> None:
+        if self.live and all(p in self.waiting for p in self.live):
+            due = min(self.waiting[p] for p in self.live)
+            if due > self._now:
+                self._now = due
+            self.cv.notify_all()
+
+
 class _Mailbox:
     """Received envelopes, keyed by (sender, kind), so a recv can wait for one kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "", clock: "RealClock | VirtualClock | None" = None) -> None:
         self._queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
         self._bytes: dict[tuple[str, str], int] = collections.defaultdict(int)
         self._poisoned: dict[tuple[str, str], Exception] = {}
-        self._cv = threading.Condition()
+        self.owner = owner
+        self.clock = clock or RealClock()
+        self._virtual = self.clock if isinstance(self.clock, VirtualClock) else None
+        self._cv = self._virtual.cv if self._virtual is not None else threading.Condition()
         self.aborted: str | None = None
         self.aborted_by: str | None = None  # the peer whose abort notice stopped us
 
@@ -92,23 +169,28 @@ class _Mailbox:
                         f"queued from {env.frm!r}; limit {QUEUE_MAX_MESSAGES} / {QUEUE_MAX_BYTES:,} bytes")
             q.append(env)
             self._bytes[key] += env.nbytes
-            self._cv.notify_all()
+            self._wake()
         return None
+
+    def _wake(self) -> None:
+        if self._virtual is not None:
+            self._virtual.runnable(self.owner)
+        self._cv.notify_all()
 
     def poison(self, frm: str, kind: str, err: Exception) -> None:
         """Make the next recv of (frm, kind) raise ``err`` (the message it waits for was refused)."""
         with self._cv:
             self._poisoned.setdefault((frm, kind), err)
-            self._cv.notify_all()
+            self._wake()
 
     def abort(self, reason: str, peer: str | None = None) -> None:
         with self._cv:
             if self.aborted is None:
                 self.aborted, self.aborted_by = reason, peer
-            self._cv.notify_all()
+            self._wake()
 
     def get(self, frm: str, kind: str, timeout: float) -> codec.Envelope | None:
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.now() + timeout
         with self._cv:
             while True:
                 q = self._queues.get((frm, kind))
@@ -120,10 +202,13 @@ class _Mailbox:
                     raise self._poisoned[(frm, kind)]
                 if self.aborted is not None:
                     raise PartyAborted(self.aborted, self.aborted_by)
-                left = deadline - time.monotonic()
+                left = deadline - self.clock.now()
                 if left <= 0:
                     return None
-                self._cv.wait(min(left, 0.5))
+                if self._virtual is not None:
+                    self._virtual.wait(self.owner, deadline)
+                else:
+                    self._cv.wait(min(left, 0.5))
 
 
 class Party:
@@ -144,6 +229,7 @@ class Party:
         status_cb: Callable[[dict], None] | None = None,
         declarations: dict[str, decl.MessageDecl] | None = None,
         sizes: dict[str, int] | None = None,
+        clock: RealClock | VirtualClock | None = None,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -163,7 +249,8 @@ class Party:
         self._status_cb = status_cb
         self._last_status = 0.0
         self._t0 = time.monotonic()
-        self._mailbox = _Mailbox()
+        self.clock = clock or RealClock()
+        self._mailbox = _Mailbox(name, self.clock)
         self._seq_out: dict[str, int] = collections.defaultdict(int)
         self._seq_in: dict[str, int] = collections.defaultdict(int)
         self._lock = threading.Lock()  # guards counters and the transcript
@@ -250,6 +337,15 @@ class Party:
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
+
+    def now(self) -> float:
+        """The clock that receive timeouts run on (monotonic seconds; virtual under the in-memory
+        runner's ``clock="virtual"``).  Protocol deadlines are computed from it, never from time.*."""
+        return self.clock.now()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on :meth:`now`'s clock (fault injection: a late party)."""
+        self.clock.sleep(self.name, seconds)
 
     def abort(self, reason: str) -> None:
         """Make every pending and future recv fail (used when another party failed)."""

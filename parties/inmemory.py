@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from . import contract
-from .api import Party, PartyAborted, PartyError
+from .api import Party, PartyAborted, PartyError, VirtualClock
 
 
 class InMemoryParty(Party):
@@ -57,7 +57,7 @@ class FederationFailed(PartyError):
 def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None, seed: int = 0,
                  data: dict[str, Any] | None = None, device: str = "cpu", timeout: float = 120.0,
                  data_dir=None, party_data: dict[str, dict] | None = None, base_dir=None,
-                 strict: bool = True) -> dict[str, Any]:
+                 strict: bool = True, clock: str = "real") -> dict[str, Any]:
     """Run every role function of ``algorithm`` in its own thread; return name -> result.
 
     ``algorithm`` is a :class:`~fedhet.parties.contract.Algorithm`, a module exposing one, or
@@ -66,8 +66,14 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     own data through ``algorithm.load_data`` unless ``data`` gives it; ``party_data`` gives a
     party's own data-file spec, as the ``data`` key of its section in a federation file.
     With ``strict`` every party refuses messages its declarations do not allow, exactly as
-    the process runtime does.
+    the process runtime does.  ``clock="virtual"`` runs receive timeouts on a
+    :class:`~fedhet.parties.api.VirtualClock`: a timeout fires only when every party waits, so tests
+    of dropouts, late and stalled parties do not depend on the machine's speed (role functions
+    that wait in one thread at a time only).
     """
+    if clock not in ("real", "virtual"):
+        raise ValueError(f"clock must be 'real' or 'virtual', got {clock!r}")
+    vclock = VirtualClock() if clock == "virtual" else None
     algo = contract.installed_algorithm(algorithm) if isinstance(algorithm, str) else contract.from_module(algorithm)
     if cfg is not None and not isinstance(cfg, dict):
         settings = cfg
@@ -83,7 +89,9 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     hub = InMemoryHub(roles)
     for name, _ in parties:
         hub.party(name, seed=seed, device=device, timeout=timeout,
-                  declarations=declared if strict else None, sizes=sizes)
+                  declarations=declared if strict else None, sizes=sizes, clock=vclock)
+        if vclock is not None:
+            vclock.start(name)   # every party is live before any thread can wait
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
     tbs: dict[str, str] = {}
@@ -106,6 +114,9 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
                 failures[name] = e
                 tbs[name] = traceback.format_exc()
             hub.abort(f"party {name!r} failed: {e}")
+        finally:
+            if vclock is not None:
+                vclock.finish(name)
 
     threads = [threading.Thread(target=body, args=(n, r), name=f"party-{n}", daemon=True) for n, r in parties]
     for t in threads:

@@ -166,7 +166,7 @@ class PlainAggregator(Aggregator):
         clients = sorted(set(clients))
         timeout = float(self.timeout if self.timeout is not None else party.timeout)
         t0 = time.monotonic()
-        deadline = t0 + timeout
+        deadline = party.now() + timeout
         acc = tmp = None
         wsum = e_sum = amax = 0.0
         got = []

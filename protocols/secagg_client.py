@@ -31,7 +31,6 @@ no test hook appears in :meth:`SecAggClient.submit`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -288,7 +287,7 @@ class SecAggClient:
         return self._peer_ident[v]
 
     def _from_server(self, party, server: str, kind: str, r: int) -> dict:
-        p = self._inbox.recv(party, server, kind, r, time.monotonic() + self._timeout(party))
+        p = self._inbox.recv(party, server, kind, r, party.now() + self._timeout(party))
         if p is None:
             raise SecAggError(f"client {party.name!r}: no {kind!r} from {server!r} for round {r} within "
                               f"{self._timeout(party):g}s")
@@ -328,7 +327,7 @@ class SecAggClient:
         def send(step: str, payload: dict) -> bool:
             """Send ``step``'s message as the faults say; True when the client vanishes after it."""
             if faults.delay is not None and faults.delay[0] == step:
-                time.sleep(float(faults.delay[1]))
+                party.sleep(float(faults.delay[1]))
             if faults.stale == step:
                 party.send(server, _KIND_OF_STEP[step], {**payload, "r": r - 1})
             party.send(server, _KIND_OF_STEP[step], payload)

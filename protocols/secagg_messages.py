@@ -11,7 +11,6 @@ alike.
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Callable
 
 import msgpack
@@ -82,7 +81,7 @@ class RoundInbox:
         self.log = log
 
     def recv(self, party, frm: str, kind: str, r: int, deadline: float):
-        """The round-``r`` payload of ``kind`` from ``frm``, or None once ``deadline`` (monotonic) passed."""
+        """The round-``r`` payload of ``kind`` from ``frm``, or None once ``deadline`` (``party.now()``) passed."""
         held = self._later.get((frm, kind))
         if held:
             for i, p in enumerate(held):
@@ -90,7 +89,7 @@ class RoundInbox:
                     return held.pop(i)
         while True:
             try:
-                p = party.recv(frm, kind, timeout=max(0.0, deadline - time.monotonic()))
+                p = party.recv(frm, kind, timeout=max(0.0, deadline - party.now()))
             except PeerTimeout:
                 return None
             if not isinstance(p, dict) or not isinstance(p.get("r"), int) or isinstance(p.get("r"), bool):

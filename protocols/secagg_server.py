@@ -111,7 +111,7 @@ class ServerRound:
         """Round-r messages of ``kind`` from ``frm`` until the timeout; the silent and the malformed are left out."""
         party, r, log = self.party, self.r, self.party.log
         t0 = time.monotonic()
-        deadline = t0 + self.timeout
+        deadline = party.now() + self.timeout
         got = {}
         for u in frm:
             p = self.inbox.recv(party, u, kind, r, deadline)
