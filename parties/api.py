@@ -29,6 +29,7 @@ ABORT_KIND = decl.ABORT_KIND  # "I failed, and why": peers stop at once instead 
 QUEUE_MAX_BYTES = 256 << 20
 QUEUE_MAX_MESSAGES = 4096
 MAX_REJECTS_KEPT = 100  # reasons kept verbatim; beyond, only counted by category
+MAX_EVIDENCE_KEYS = 4096  # (peer, kind) pairs whose last message's seq and digest are kept as evidence
 
 
 class PartyError(RuntimeError):
@@ -152,6 +153,7 @@ class _Mailbox:
         self._queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
         self._bytes: dict[tuple[str, str], int] = collections.defaultdict(int)
         self._poisoned: dict[tuple[str, str], Exception] = {}
+        self._poisoned_senders: dict[str, Exception] = {}
         self.owner = owner
         self.clock = clock or RealClock()
         self._virtual = self.clock if isinstance(self.clock, VirtualClock) else None
@@ -177,6 +179,12 @@ class _Mailbox:
             self._virtual.runnable(self.owner)
         self._cv.notify_all()
 
+    def poison_sender(self, frm: str, err: Exception) -> None:
+        """Make every recv from ``frm``, of any kind, raise ``err``."""
+        with self._cv:
+            self._poisoned_senders.setdefault(frm, err)
+            self._wake()
+
     def poison(self, frm: str, kind: str, err: Exception) -> None:
         """Make the next recv of (frm, kind) raise ``err`` (the message it waits for was refused)."""
         with self._cv:
@@ -200,6 +208,8 @@ class _Mailbox:
                     return env
                 if (frm, kind) in self._poisoned:
                     raise self._poisoned[(frm, kind)]
+                if frm in self._poisoned_senders:
+                    raise self._poisoned_senders[frm]
                 if self.aborted is not None:
                     raise PartyAborted(self.aborted, self.aborted_by)
                 left = deadline - self.clock.now()
@@ -253,6 +263,7 @@ class Party:
         self._mailbox = _Mailbox(name, self.clock)
         self._seq_out: dict[str, int] = collections.defaultdict(int)
         self._seq_in: dict[str, int] = collections.defaultdict(int)
+        self._last_in: dict[tuple[str, str], dict] = {}   # (peer, kind) -> seq, round, digest of its last message
         self._lock = threading.Lock()  # guards counters and the transcript
         self._send_lock = threading.Lock()
         self._reject_lock = threading.Lock()
@@ -298,6 +309,13 @@ class Party:
         if env is None:
             raise PeerTimeout(self.name, frm, kind, t, self._what_peer_did(frm))
         return env.payload
+
+    def last_received(self, peer: str, kind: str) -> dict | None:
+        """Evidence of the last ``kind`` message accepted from ``peer`` at the sequence layer: its seq,
+        round and digest (as in both parties' transcripts)."""
+        with self._lock:
+            got = self._last_in.get((peer, kind))
+        return dict(got, peer=peer, kind=kind) if got else None
 
     def _what_peer_did(self, peer: str) -> str:
         """For a timeout's message: what ``peer`` did send, so an honest peer is not called silent."""
@@ -347,9 +365,9 @@ class Party:
         """Wait ``seconds`` on :meth:`now`'s clock (fault injection: a late party)."""
         self.clock.sleep(self.name, seconds)
 
-    def abort(self, reason: str) -> None:
-        """Make every pending and future recv fail (used when another party failed)."""
-        self._mailbox.abort(reason)
+    def abort(self, reason: str, peer: str | None = None) -> None:
+        """Make every pending and future recv fail (used when another party, ``peer``, failed)."""
+        self._mailbox.abort(reason, peer)
 
     def close(self, timeout: float | None = None) -> None:
         """Closing barrier: tell every linked peer (:meth:`linked_peers`) we are done and wait for theirs.
@@ -473,11 +491,20 @@ class Party:
             expected = self._seq_in[env.frm]
             if env.seq != expected:
                 what = "replayed" if env.seq < expected else "out-of-order"
-                self._reject(f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}",
-                             env.frm, what)
+                why = f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}"
+                self._reject(why, env.frm, what)
+                if authenticated is not None:
+                    # Only the holder of env.frm's key can put a message on this link: an honest party
+                    # never repeats or skips a sequence number, so its key is replaying or is used by a
+                    # second sender.  Every wait on it fails now, naming it, instead of timing out.
+                    self._mailbox.poison_sender(env.frm, PeerFault(
+                        self.name, env.frm, env.kind, f"{why}: messages under {env.frm!r}'s key are out of "
+                        "sequence (a replay, or a second sender holding its key)"))
                 return False
             self._seq_in[env.frm] = expected + 1
             self.bytes_received[env.frm] += env.nbytes
+            if len(self._last_in) < MAX_EVIDENCE_KEYS or (env.frm, env.kind) in self._last_in:
+                self._last_in[(env.frm, env.kind)] = {"seq": env.seq, "round": env.round, "sha256": env.digest}
         refused = self._admit(env)
         if refused is not None:
             category, reason, err = refused
@@ -504,7 +531,7 @@ class Party:
         """Tell every peer this party failed (best effort), so they stop within seconds."""
         for p in self.peers:
             try:
-                self.send(p, ABORT_KIND, {"reason": str(reason)[:180]})
+                self.send(p, ABORT_KIND, {"reason": str(reason)[:schema.MAX_TEXT]})
             except Exception:  # a dead link must not hide the original failure
                 pass
 

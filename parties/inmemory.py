@@ -12,7 +12,7 @@ import traceback
 import uuid
 from typing import Any
 
-from . import contract
+from . import contract, failure
 from .api import Party, PartyAborted, PartyError, VirtualClock
 
 
@@ -38,20 +38,26 @@ class InMemoryHub:
         self.parties[name] = p
         return p
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, peer: str | None = None) -> None:
         for p in self.parties.values():
-            p.abort(reason)
+            if p.name != peer:
+                p.abort(reason, peer)
 
 
 class FederationFailed(PartyError):
-    """One or more parties failed; ``failures`` maps party name to its error."""
+    """One or more parties failed; ``failures`` maps party name to its error, ``records`` every
+    stopped party (the aborted too) to its failure record, and ``verdict`` is what the launcher
+    would conclude from them (:func:`fedhet.parties.failure.verdict`)."""
 
-    def __init__(self, failures: dict[str, BaseException], tracebacks: dict[str, str]):
+    def __init__(self, failures: dict[str, BaseException], tracebacks: dict[str, str],
+                 records: dict[str, dict] | None = None):
         first = next(iter(failures))
         super().__init__(
             "party " + ", ".join(repr(n) for n in failures) + f" failed: {first}: {failures[first]}"
         )
         self.failures, self.tracebacks = failures, tracebacks
+        self.records = dict(records or {})
+        self.verdict = failure.verdict(self.records)
 
 
 def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None, seed: int = 0,
@@ -94,6 +100,8 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
             vclock.start(name)   # every party is live before any thread can wait
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
+    records: dict[str, dict] = {}
+    aborted: dict[str, BaseException] = {}   # stopped by an abort notice (a forged one, too)
     tbs: dict[str, str] = {}
     index = contract.role_index(parties)
 
@@ -110,10 +118,13 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
                 d = algo.load_data(settings, ctx)
             results[name] = algo.roles[role](hub.parties[name], settings, d)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
+            records[name] = failure.record(e, name, role, transport=hub.parties.get(name))
             if not isinstance(e, PartyAborted):
                 failures[name] = e
                 tbs[name] = traceback.format_exc()
-            hub.abort(f"party {name!r} failed: {e}")
+            else:
+                aborted[name] = e
+            hub.abort(f"party {name!r} failed: {e}", name)
         finally:
             if vclock is not None:
                 vclock.finish(name)
@@ -124,5 +135,7 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     for t in threads:
         t.join()
     if failures:
-        raise FederationFailed(failures, tbs)
+        raise FederationFailed(failures, tbs, records)
+    if aborted:   # only notices stopped parties: no result may pass for a whole run's
+        raise FederationFailed(aborted, tbs, records)
     return results

@@ -10,11 +10,15 @@ process (:mod:`fedhet.parties.host`) runs for many parties at once, one thread e
     RUN_DIR/parties/N/metrics.jsonl        one line per metric() call
     RUN_DIR/parties/N/status.json          progress, rewritten atomically
     RUN_DIR/parties/N/result.json          final metrics, traffic, wall time (atomic)
-    RUN_DIR/parties/N/error.json           instead of result.json when it failed
+    RUN_DIR/parties/N/error.json           instead of result.json when it failed: the failure record
+                                           (fedhet.parties.failure: cause, culprit, evidence)
+    RUN_DIR/parties/N/.lock                held while the party runs: a second start is refused
+    RUN_DIR/parties/N/transcript.K.jsonl   an earlier start's transcript, kept (never overwritten)
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -24,6 +28,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import failure
 from . import keys as keyfiles
 from .api import PartyAborted
 from .atomic import write_json_atomic
@@ -103,6 +108,43 @@ def write_json_when_possible(path: Path, obj: dict, wait_s: float = FD_RETRY_S) 
             time.sleep(0.2)
 
 
+class PartyRunning(RuntimeError):
+    """This party already runs in this run folder (another process holds its lock)."""
+
+
+def lock_party_dir(pdir: Path, name: str) -> int:
+    """Hold ``pdir/.lock`` for the life of the process (an flock: the OS drops it when the process
+    dies, however it dies).  A second start of the same party in the same folder is refused here,
+    before it touches any file of the first."""
+    fd = os.open(pdir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+        raise PartyRunning(f"party {name!r} is already running in {pdir} (process {holder}); a second start "
+                           "would overwrite its files: stop it first, or give this run its own --out folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def keep_earlier_transcript(pdir: Path) -> Path | None:
+    """A restarted party never destroys evidence: an earlier start's transcript is kept beside as
+    ``transcript.K.jsonl`` (K = 1, 2, ...) before the new one is opened."""
+    t = pdir / "transcript.jsonl"
+    if not t.exists() or t.stat().st_size == 0:
+        return None
+    k = 1
+    while (pdir / f"transcript.{k}.jsonl").exists():
+        k += 1
+    dest = pdir / f"transcript.{k}.jsonl"
+    os.replace(t, dest)
+    return dest
+
+
 def party_dir(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / "parties" / name
 
@@ -164,7 +206,11 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     """
     die_with_launcher()
     raise_open_file_limit()
-    run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo)
+    try:
+        run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo)
+    except PartyRunning as e:   # the running party's files stay as they are
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     _stop_on_sigterm(run.record_stop)
     return run.run()
 
@@ -187,8 +233,10 @@ class PartyRun:
         self.spec = fed.party(name)
         self.pdir = party_dir(self.run_dir, name)
         self.pdir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_party_dir(self.pdir, name)   # before anything in the folder is touched
         for stale in ("result.json", "error.json", "status.json"):
             (self.pdir / stale).unlink(missing_ok=True)
+        keep_earlier_transcript(self.pdir)
         self.log = _logger(name, self.pdir / "log.txt", echo)
         self.run_id = run_id or fed.derived_run_id()
         self.t0 = time.perf_counter()
@@ -205,11 +253,33 @@ class PartyRun:
 
     def record_stop(self, why: str) -> None:
         """Write the "stopped" records (error.json and status) of a party stopped from outside."""
-        write_json_when_possible(self.pdir / "error.json", {
-            "party": self.name, "role": self.spec.role, "error": f"Stopped: {why}", "stopped": True,
-            "aborted_by_peer": False, "caused_by": None, "time": time.time(), "traceback": "",
-            "wall_s": time.perf_counter() - self.t0})
+        rec = failure.record(Stopped(why), self.name, self.spec.role, stopped=True)
+        rec.update(traceback="", wall_s=time.perf_counter() - self.t0)
+        write_json_when_possible(self.pdir / "error.json", rec)
         self.status({"state": "stopped", "error": f"Stopped: {why}"})
+
+    def announce_early(self, reason: str) -> None:
+        """An abort notice from a party that failed before its transport was up (settings, device,
+        data): a bare transport with the party's keys, so peers stop within seconds and name it."""
+        from .zmq_transport import ZmqParty
+
+        fed, name = self.fed, self.name
+        try:
+            if fed.key_dir is None:
+                return
+            secret = None if self.insecure else keyfiles.load_curve_secret(fed.key_dir, name)
+            public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
+            extra = {} if self.zmq_context is None else {"context": self.zmq_context}
+            bare = ZmqParty(name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
+                            secret_key=secret, insecure=self.insecure, bind_endpoint=self.bind, run_id=self.run_id,
+                            seed=fed.seed, device="cpu", timeout=fed.timeout, logger=self.log, **extra)
+        except Exception as e:  # noqa: BLE001 - no keys, or the port is taken: peers will time out
+            self.log.warning("party %s could not announce its failure to its peers: %s", name, e)
+            return
+        try:
+            bare.notify_failure(f"{name}: {reason}")
+        finally:
+            bare._transport_close(linger_s=FAILED_LINGER_S)
 
     def run(self) -> int:
         """Run the role function to completion; returns the exit code (0 = success, 1 = failed,
@@ -273,21 +343,22 @@ class PartyRun:
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
             reason = f"{type(e).__name__}: {e}"
             stopped = isinstance(e, (Stopped, KeyboardInterrupt))
-            # Caused by a peer (its abort notice, or its message refused): say so, so the run's
-            # summary can name the party that failed first rather than every party that stopped.
-            caused_by = getattr(e, "peer", None) if not stopped else None
             log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
-            if party is not None and not stopped and not isinstance(e, PartyAborted):
-                party.notify_failure(f"{name}: {reason}")
+            # The record first (cause, culprit, evidence: fedhet.parties.failure), then the notice:
+            # whoever the notice stops finds this party's own explanation already written.
+            rec = failure.record(e, name, spec.role, transport=party, stopped=stopped)
+            rec["wall_s"] = time.perf_counter() - t0
             try:
-                write_json_when_possible(pdir / "error.json", {
-                    "party": name, "role": spec.role, "error": reason, "stopped": stopped,
-                    "aborted_by_peer": isinstance(e, PartyAborted), "caused_by": caused_by,
-                    "time": time.time(), "traceback": traceback.format_exc(),
-                    "wall_s": time.perf_counter() - t0})
-                status({"state": "stopped" if stopped else "failed", "error": reason})
+                write_json_when_possible(pdir / "error.json", rec)
+                status({"state": "stopped" if stopped else "failed", "error": reason,
+                        "culprit": rec["culprit"], "cause": rec["cause"]})
             except Exception:
                 pass
+            if not stopped and not isinstance(e, PartyAborted):
+                if party is not None:
+                    party.notify_failure(f"{name}: {reason}")
+                else:
+                    self.announce_early(reason)
             if transcript is not None:
                 transcript.close()
             if party is not None:
