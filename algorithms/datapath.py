@@ -2,8 +2,8 @@
 
 The experiments read the datasets gathered in ``../shared/data`` (relative to
 the repository root).  ``FEDHET_DATA_DIR`` overrides that, and every loader
-also takes an explicit ``data_dir`` (the CLI's ``--data-dir``) for a user's
-own copy.  Nothing here downloads; loaders that can fetch from a public source
+also takes an explicit ``data_dir`` (``[federation] data_dir``, or ``--data-dir`` of
+``fedhet run`` / ``fedhet party``) for a user's own copy.  Nothing here downloads; loaders that can fetch from a public source
 do so themselves and cache under ``FEDHET_CACHE_DIR`` (default
 ``~/.cache/fedhet``).  ``FEDHET_NO_SHARED=1`` switches the ``../shared/data`` look-up off (a
 user's clone has no such folder; the test suite's first pass runs this way, so a test that reads the
@@ -42,14 +42,15 @@ def data_root(data_dir: str | os.PathLike | None = None, required: bool = True) 
         p = Path(data_dir).expanduser()
         if p.is_dir():
             return p.resolve()
-        raise DatasetNotFound(f"--data-dir {str(p)!r} is not a directory")
+        raise DatasetNotFound(f"data folder {str(p)!r} ([federation] data_dir or --data-dir) is not a directory")
     for p in _candidates():
         if p.is_dir():
             return p.resolve()
     if required:
         tried = ", ".join(str(p) for p in _candidates()) or f"nothing: {ENV_NO_SHARED} is set"
         raise DatasetNotFound(
-            f"no dataset folder found (tried {tried}); set {ENV_DATA_DIR} or the federation's data_dir"
+            f"no dataset folder found (tried {tried}); set {ENV_DATA_DIR}, set data_dir in [federation], "
+            "or pass --data-dir to `fedhet run` / `fedhet party`"
         )
     return None
 

@@ -688,4 +688,5 @@ ROLES = {OWNER: owner, HOLDER: holder, COORDINATOR: coordinator}
 ALGORITHM = Algorithm(
     name=NAME, summary="F³: frozen local LSTMs, representations Shamir-shared to holders, a GCN over a learned "
                        "consensus graph trained by the coordinator on reconstructed linear results",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("test",))

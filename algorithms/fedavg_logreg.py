@@ -149,4 +149,5 @@ ROLES = {"server": server, "client": client}
 
 ALGORITHM = Algorithm(
     name=NAME, summary="FedAvg logistic regression on breast cancer (the small horizontal job)",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("test_accuracy",))

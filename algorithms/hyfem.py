@@ -566,4 +566,5 @@ ROLES = {"server": server, "client": client}
 ALGORITHM = Algorithm(
     name=NAME, summary="HyFEM: hybrid FL by matched averaging (per-view extractors with secure "
                        "per-view aggregation, Hungarian-matched inference models)",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("final_global_accuracy", "final_local_accuracy"))

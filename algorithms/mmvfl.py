@@ -434,4 +434,5 @@ ROLES = {SERVER: server, PARTICIPANT: participant}
 ALGORITHM = Algorithm(
     name=NAME, summary="MMVFL: multi-participant multi-class VFL with l2,1 feature selection; pseudo-labels "
                        "combined by secure aggregation",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("accuracy",))

@@ -284,16 +284,19 @@ def render(rep: AuditReport, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rich.markup import escape
+    from rich.text import Text
+
     console = console or Console()
-    t = Table(title=f"audit of {rep.run_dir}")
+    t = Table(title=Text(f"audit of {rep.run_dir}", style="italic"))
     for col in ("party", "role", "kind", "sent", "sent bytes", "received", "received bytes"):
         t.add_column(col, justify="right" if "sent" in col or "received" in col else "left")
     for row in rep.table:
-        t.add_row(row["party"], row["role"], str(row["kind"]), str(row["sent"]), f"{row['sent_bytes']:,}",
-                  str(row["received"]), f"{row['received_bytes']:,}")
+        t.add_row(*(Text(str(v)) for v in (row["party"], row["role"], row["kind"], row["sent"],
+                                             f"{row['sent_bytes']:,}", row["received"], f"{row['received_bytes']:,}")))
     console.print(t)
     for w in rep.warnings:
-        console.print(f"[bold red]WARNING[/bold red]: {w}", highlight=False)
+        console.print(f"[bold red]WARNING[/bold red]: {escape(str(w))}", highlight=False)
     if rep.ok:
         console.print(f"[green]audit passed[/green]: {rep.messages} records, chains and signatures verified, "
                       "every send matched a receive, every message as declared"

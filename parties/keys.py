@@ -57,6 +57,12 @@ def generate(key_dir: str | os.PathLike, name: str, overwrite: bool = False) -> 
     return PublicKeys(pub.decode(), spub)
 
 
+def exists(key_dir: str | os.PathLike, name: str) -> bool:
+    """Whether ``key_dir`` holds all four key files of party ``name``."""
+    d = Path(key_dir)
+    return all((d / f"{name}.{s}").is_file() for s in ("curve.key", "curve.pub", "sign.key", "sign.pub"))
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text().strip()

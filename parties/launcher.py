@@ -47,7 +47,9 @@ from typing import Any
 from . import failure as failure_records
 from . import keys as keyfiles
 from .atomic import write_atomic, write_json_atomic
+from .contract import Algorithm, installed_algorithm, prepare
 from .federation import Federation
+from .settings import SettingsError
 from .host import THREAD_ENV, host_dir
 from .runtime import LAUNCHER_PID_ENV, party_dir
 
@@ -71,6 +73,25 @@ def free_port() -> int:
 def default_run_dir(fed: Federation) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{fed.algorithm_name}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def check_before_launch(fed: Federation, overrides: dict[str, Any] | None = None,
+                        algorithm: Algorithm | None = None) -> None:
+    """The checks a party would make of the settings, made once before any party starts (and before
+    the run folder exists): the ``[algorithm]`` table with ``--set`` overrides parses (unknown keys,
+    types, ranges, every key the algorithm requires).  (A role the algorithm lacks still fails
+    in its own party, by name: tests use such a party to fail one party on purpose.)"""
+    algo = algorithm if algorithm is not None else installed_algorithm(fed.algorithm_name)
+    table = fed.algorithm_cfg()
+    table.update(overrides or {})
+    how = " (with --set " + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + ")" if overrides else ""
+    try:
+        prepare(algo, table)
+    except ValueError as e:
+        msg = str(e)
+        hint = "" if "--describe" in msg else (f" (set keys in [algorithm] or with --set KEY=VALUE; `fedhet presets "
+                                                f"--describe {algo.name}` lists every key)")
+        raise SettingsError(f"{fed.source}: [algorithm]{how}: {msg}{hint}; no party was started") from None
 
 
 def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None,
@@ -149,8 +170,12 @@ def _group_alive(pgid: int) -> bool:
 
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
            timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
-           env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run the federation locally; returns the run summary or raises RunFailed."""
+           env: dict[str, str] | None = None, algorithm: Algorithm | None = None) -> dict[str, Any]:
+    """Run the federation locally; returns the run summary or raises RunFailed.
+
+    Bad settings raise :class:`SettingsError` before any party starts and before the run folder
+    is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
+    check_before_launch(fed, overrides, algorithm)
     run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
     resolved, fed_file = prepare_local(fed, run_dir, overrides)
     procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
@@ -397,8 +422,9 @@ class _Progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.fed, self.run_dir = fed, run_dir
-        self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), transient=False)
+        # markup=False: party names and metrics are shown as they are (rich would eat [brackets])
+        self.progress = Progress(TextColumn("{task.description:<18}", markup=False), BarColumn(),
+                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), transient=False)
         self.tasks = {p.name: self.progress.add_task(f"{p.name} ({p.role})", total=None, info="starting")
                       for p in fed.parties}
 

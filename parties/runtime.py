@@ -301,7 +301,8 @@ class PartyRun:
             # Settings, declarations and sizes before anything listens: a bad key fails here.
             settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
             if fed.key_dir is None:
-                raise ValueError(f"{fed.source}: [federation] key_dir is not set; run `fedhet keys` first")
+                raise ValueError(f"{fed.source}: [federation] key_dir is not set: set it to the folder of this "
+                                 f"machine's secret keys, then run `fedhet keys {fed.source} --update`")
             if not insecure:
                 check_keys_present(fed)
             signing = keyfiles.load_signing_key(fed.key_dir, name)
