@@ -289,12 +289,13 @@ def cmd_run(args) -> int:
 def cmd_audit(args) -> int:
     from .audit import audit, render
 
-    rep = audit(args.run_dir, _registry().get_algorithm, federation=args.federation)
+    rep = audit(args.run_dir, _registry().get_algorithm, federation=args.federation,
+                trust_folder_keys=args.trust_folder_keys)
     render(rep, console)
     if args.json:
-        print(json.dumps({"ok": rep.ok, "problems": rep.problems, "warnings": rep.warnings, "table": rep.table},
-                         indent=2))
-    return 0 if rep.ok else 1
+        print(json.dumps({"ok": rep.ok, "unverified": rep.unverified, "problems": rep.problems,
+                          "warnings": rep.warnings, "table": rep.table}, indent=2))
+    return rep.exit_code
 
 
 def cmd_demo(args) -> int:
@@ -356,7 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", help="verify a run's transcripts against the declared disclosures")
     p.add_argument("run_dir")
     p.add_argument("--federation", metavar="FED_TOML",
-                   help="the federation file whose signing keys you trust (default: the run folder's own, with a warning)")
+                   help="the federation file whose signing keys you trust (without it the audit is unverified)")
+    p.add_argument("--trust-folder-keys", action="store_true",
+                   help="accept the signing keys in the run folder's own config.json (else, without "
+                   "--federation, the audit is unverified and exits 1)")
     p.add_argument("--json", action="store_true", help="also print the report as JSON")
     p.set_defaults(fn=cmd_audit)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
