@@ -57,6 +57,33 @@ class PartyAborted(PartyError):
         self.peer = peer
 
 
+class FederationMismatch(PartyError):
+    """A peer's first message carries a different federation fingerprint: the two parties run from
+    different federation files.  Which file is wrong is not provable, so nobody is blamed; the
+    error names the peer and the sections (and [algorithm] keys) that differ."""
+
+    def __init__(self, me: str, peer: str, sections: list[str]):
+        super().__init__(f"party {me!r} and {peer!r} run from different federation files: "
+                         + ", ".join(sections) + " differ (compare the two machines' files; the run id and "
+                         "every section named must be the same everywhere)")
+        self.peer, self.sections = peer, sections
+
+
+def fingerprint_diff(mine: dict, theirs: dict | None) -> list[str]:
+    """The sections (and [algorithm] keys) in which two federation fingerprints differ."""
+    if theirs is None:
+        return ["the whole federation (its first message carried no fingerprint)"]
+    out = []
+    for sec in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(sec), theirs.get(sec)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out += [f"[{sec}] {k}" for k in keys]
+        elif a != b:
+            out.append(f"[[party]] {sec}" if sec in ("parties", "endpoints", "keys") else f"[{sec}]")
+    return out
+
+
 class PeerFault(PartyError):
     """A peer's own message shows it at fault: undeclared, malformed, out of bounds or
     inconsistent.  The only exception that blames a peer (``fedhet.parties.failure``):
@@ -154,6 +181,7 @@ class _Mailbox:
         self._bytes: dict[tuple[str, str], int] = collections.defaultdict(int)
         self._poisoned: dict[tuple[str, str], Exception] = {}
         self._poisoned_senders: dict[str, Exception] = {}
+        self._failed: Exception | None = None
         self.owner = owner
         self.clock = clock or RealClock()
         self._virtual = self.clock if isinstance(self.clock, VirtualClock) else None
@@ -178,6 +206,13 @@ class _Mailbox:
         if self._virtual is not None:
             self._virtual.runnable(self.owner)
         self._cv.notify_all()
+
+    def fail(self, err: Exception) -> None:
+        """Make every recv raise ``err`` (this party cannot go on: e.g. a federation mismatch)."""
+        with self._cv:
+            if self._failed is None:
+                self._failed = err
+            self._wake()
 
     def poison_sender(self, frm: str, err: Exception) -> None:
         """Make every recv from ``frm``, of any kind, raise ``err``."""
@@ -210,6 +245,8 @@ class _Mailbox:
                     raise self._poisoned[(frm, kind)]
                 if frm in self._poisoned_senders:
                     raise self._poisoned_senders[frm]
+                if self._failed is not None:
+                    raise self._failed
                 if self.aborted is not None:
                     raise PartyAborted(self.aborted, self.aborted_by)
                 left = deadline - self.clock.now()
@@ -240,6 +277,7 @@ class Party:
         declarations: dict[str, decl.MessageDecl] | None = None,
         sizes: dict[str, int] | None = None,
         clock: RealClock | VirtualClock | None = None,
+        fingerprint: dict | None = None,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -261,6 +299,9 @@ class Party:
         self._t0 = time.monotonic()
         self.clock = clock or RealClock()
         self._mailbox = _Mailbox(name, self.clock)
+        # The federation's fingerprint (Federation.fingerprint): sent on each link's first message,
+        # checked on each peer's; None (in-memory runs) sends and checks none.
+        self.fingerprint = fingerprint
         self._seq_out: dict[str, int] = collections.defaultdict(int)
         self._seq_in: dict[str, int] = collections.defaultdict(int)
         self._last_in: dict[tuple[str, str], dict] = {}   # (peer, kind) -> seq, round, digest of its last message
@@ -291,7 +332,8 @@ class Party:
             raise PartyError("message kind must be a non-empty string")
         with self._send_lock:
             seq = self._seq_out[to]
-            frames = codec.encode(self.run_id, self.name, to, kind, seq, payload, self.round)
+            frames = codec.encode(self.run_id, self.name, to, kind, seq, payload, self.round,
+                                  fed=self.fingerprint if seq == 0 else None)
             digest, n = codec.frames_digest(frames)
             self._transport_send(to, frames)
             self._seq_out[to] = seq + 1
@@ -502,6 +544,13 @@ class Party:
                         "sequence (a replay, or a second sender holding its key)"))
                 return False
             self._seq_in[env.frm] = expected + 1
+            if expected == 0 and self.fingerprint is not None:
+                differ = fingerprint_diff(self.fingerprint, env.fed)
+                if differ:
+                    mismatch = FederationMismatch(self.name, env.frm, differ)
+                    self._reject(str(mismatch), env.frm, "federation mismatch")
+                    self._mailbox.fail(mismatch)
+                    return False
             self.bytes_received[env.frm] += env.nbytes
             if len(self._last_in) < MAX_EVIDENCE_KEYS or (env.frm, env.kind) in self._last_in:
                 self._last_in[(env.frm, env.kind)] = {"seq": env.seq, "round": env.round, "sha256": env.digest}

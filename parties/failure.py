@@ -13,6 +13,9 @@ evidence names.  ``cause`` is one of:
 ``peer_abort``
     a peer's abort notice.  A notice is only ever a statement about its own sender ("I failed"):
     it names the sender, never a party its text may mention.
+``mismatch``
+    a peer's first message carries another federation fingerprint: the two run from different
+    federation files.  Which file is wrong is not provable: names nobody, gives both and the sections.
 ``timeout``
     a peer sent nothing in time.  Silence proves nothing about who is at fault (the peer, the
     network, a third party the peer waits for): ``culprit`` is None, and the evidence says whom the
@@ -30,9 +33,9 @@ import time
 import traceback
 from typing import Any, Mapping
 
-from .api import PartyAborted, PeerFault, PeerTimeout
+from .api import FederationMismatch, PartyAborted, PeerFault, PeerTimeout
 
-CAUSES = ("own", "peer_fault", "peer_abort", "timeout", "stopped")
+CAUSES = ("own", "peer_fault", "peer_abort", "mismatch", "timeout", "stopped")
 
 
 def record(exc: BaseException, party: str, role: str, transport: Any = None, stopped: bool = False) -> dict:
@@ -48,6 +51,9 @@ def record(exc: BaseException, party: str, role: str, transport: Any = None, sto
         last = getattr(transport, "last_received", None)
         if callable(last):
             evidence.update(last(exc.peer, exc.kind) or {})
+    elif isinstance(exc, FederationMismatch):
+        cause, culprit = "mismatch", None
+        evidence = {"peer": exc.peer, "sections": exc.sections}
     elif isinstance(exc, PartyAborted):
         cause, culprit = "peer_abort", exc.peer
         evidence = {"notice": str(exc)}
@@ -118,6 +124,14 @@ def verdict(records: Mapping[str, dict | None]) -> dict:
         return {"party": sender, "reason": f"it announced its own failure and left no record: "
                                           f"{(r.get('evidence') or {}).get('notice') or r.get('error')}",
                 "proven": True, "cause": "peer_abort", "evidence": evidence}
+
+    mism = [(n, r) for n, r in recs.items() if r.get("cause") == "mismatch"]
+    if mism:
+        n, r = min(mism, key=lambda x: _when(x[1]))
+        ev = r.get("evidence") or {}
+        return {"party": None, "reason": f"unknown which file is wrong: {n!r} and {ev.get('peer')!r} run from "
+                                        f"different federation files ({', '.join(ev.get('sections') or [])} differ)",
+                "proven": False, "cause": "mismatch", "evidence": evidence}
 
     waits = [r for r in recs.values() if r.get("cause") == "timeout"]
     if waits:

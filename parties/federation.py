@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 import difflib
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -189,6 +190,25 @@ class Federation:
         cfg = {k: v for k, v in self.algorithm.items() if k != "name"}
         cfg.setdefault("seed", self.seed)
         return cfg
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Digests of the canonical federation, by section, that every party sends on each link's
+        first message: parties and roles, endpoints, public keys, the [federation] settings all
+        parties share, and each [algorithm] key on its own (so a mismatch names the key).  What is
+        local to one machine (key_dir, data_dir, a party's data files, device, hosts) is left out."""
+        def h(x: Any) -> str:
+            return hashlib.sha256(json.dumps(x, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+        ps = sorted(self.parties, key=lambda p: p.name)
+        return {
+            "parties": h([(p.name, p.role) for p in ps]),
+            "endpoints": h([(p.name, p.endpoint) for p in ps]),
+            "keys": h([(p.name, p.public_key, p.sign_key) for p in ps]),
+            "federation": h({"name": self.name, "seed": self.seed, "timeout": self.timeout,
+                             "max_message_mb": self.max_message_mb}),
+            "algorithm": {str(k): h(v) for k, v in sorted({"name": self.algorithm_name,
+                                                           **self.algorithm_cfg()}.items())},
+        }
 
     def derived_run_id(self) -> str:
         """Run id all parties agree on without talking: the file's own hash."""

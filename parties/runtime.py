@@ -272,7 +272,8 @@ class PartyRun:
             extra = {} if self.zmq_context is None else {"context": self.zmq_context}
             bare = ZmqParty(name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
                             secret_key=secret, insecure=self.insecure, bind_endpoint=self.bind, run_id=self.run_id,
-                            seed=fed.seed, device="cpu", timeout=fed.timeout, logger=self.log, **extra)
+                            seed=fed.seed, device="cpu", timeout=fed.timeout, logger=self.log,
+                            fingerprint=fed.fingerprint(), **extra)
         except Exception as e:  # noqa: BLE001 - no keys, or the port is taken: peers will time out
             self.log.warning("party %s could not announce its failure to its peers: %s", name, e)
             return
@@ -319,7 +320,7 @@ class PartyRun:
                 secret_key=secret, insecure=insecure, bind_endpoint=self.bind, run_id=run_id, seed=fed.seed,
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
-                declarations=declared, sizes=sizes, **extra,
+                declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(), **extra,
             )
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")

@@ -103,3 +103,39 @@ def test_the_launcher_names_the_party_whose_own_failure_came_first_with_its_full
     summary = json.loads((tmp_path / "run" / "result.json").read_text())
     assert summary["failed"]["party"] == "client2" and summary["failed"]["proven"]
     assert "device 'cuda:3' requested but torch sees no CUDA device" in summary["failed"]["reason"]
+
+
+def test_two_machines_with_different_federation_files_stop_naming_the_peer_and_the_key(tmp_path):
+    """The label owner's file says psi_backend = "kkrt", the feature parties' "ecdh": every party stops
+    at the first message, naming the peer and `[algorithm] psi_backend`, and nobody is blamed."""
+    fed = replace(load(presets.path("psi")), timeout=180.0)
+    run_dir = tmp_path / "run"
+    resolved, fed_file = prepare_local(fed, run_dir, {"n": 200, "psi_backend": "ecdh"})
+    other = replace(resolved, algorithm={**resolved.algorithm, "psi_backend": "kkrt"})
+    owner_file = run_dir / "owner.toml"   # beside the resolved file: its key_dir is relative to it
+    owner_file.write_text(other.to_toml())
+    procs = {}
+    try:
+        for p in resolved.parties:
+            f = owner_file if p.role == "label_owner" else fed_file
+            procs[p.name] = subprocess.Popen(
+                [sys.executable, "-m", "fedhet.parties.cli", "party", str(f), "--name", p.name, "--out",
+                 str(run_dir), "--run-id", resolved.run_id, "--quiet"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        codes = {n: pr.wait(HANG_GUARD) for n, pr in procs.items()}
+    finally:
+        for pr in procs.values():
+            pr.kill()
+        shutil.rmtree(resolved.key_dir, ignore_errors=True)
+    assert all(c != 0 for c in codes.values()), codes
+    recs = {n: record(run_dir, n) for n in procs}
+    mism = [r for r in recs.values() if r["cause"] == "mismatch"]
+    assert mism, recs
+    for r in mism:
+        assert "[algorithm] psi_backend" in r["error"] and r["culprit"] is None
+        assert r["evidence"]["sections"] == ["[algorithm] psi_backend"]
+    # the others stopped at the detecting party's notice, not at the 180 s timeout
+    assert all(r["cause"] in ("mismatch", "peer_abort") for r in recs.values()), recs
+    from fedhet.parties import failure
+    v = failure.verdict(recs)
+    assert v["party"] is None and "different federation files" in v["reason"]
