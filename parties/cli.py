@@ -31,6 +31,8 @@ from rich.console import Console
 from rich.markup import escape  # messages quote [sections] and schemas [item]: rich would eat them
 from rich.text import Text
 
+from .progress import LOG_LEVELS
+
 console = Console(stderr=False)
 
 
@@ -201,9 +203,16 @@ def cmd_party(args) -> int:
                       "--run-id so messages of an earlier run can never be replayed into this one", style="yellow")
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     code = run_party(fed, args.name, out, algorithm, insecure=args.insecure, bind=args.bind,
-                     run_id=args.run_id or None, echo=not args.quiet)
+                     run_id=args.run_id or None, echo=not args.quiet, log_level=args.log_level)
     if not args.quiet:
         console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}", markup=False)
+        err = out / "parties" / args.name / "error.json"
+        if code != 0 and err.exists():
+            rec = json.loads(err.read_text())
+            who = rec.get("culprit")
+            blame = (f"the evidence names {who!r}" if who and who != args.name else
+                     "it failed on its own" if who == args.name else "no party is proven at fault")
+            console.print(f"  {rec.get('cause')}: {blame}: {rec.get('error')}", markup=False, highlight=False)
     return code
 
 
@@ -215,7 +224,7 @@ def cmd_host(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     return run_host(fed, args.host, out, algorithm, insecure=args.insecure, run_id=args.run_id or None,
-                    echo=not args.quiet)
+                    echo=not args.quiet, log_level=args.log_level)
 
 
 def _show_value(v: Any) -> str:
@@ -275,7 +284,8 @@ def cmd_run(args) -> int:
         console.print("[bold red]WARNING[/bold red]: --insecure: CURVE is OFF for every party", highlight=False)
     try:
         summary = launch(fed, args.out, insecure=args.insecure, timeout=args.timeout,
-                         progress=not args.no_progress, overrides=_parse_overrides(args.set), algorithm=algorithm)
+                         progress=not args.no_progress, overrides=_parse_overrides(args.set), algorithm=algorithm,
+                         log_level=args.log_level)
     except RunFailed as e:
         console.print(f"[bold red]run failed[/bold red]: {escape(str(e))}", highlight=False)
         return 1
@@ -336,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what log.txt records (and echoes)")
     p.set_defaults(fn=cmd_party)
     p = sub.add_parser("host", help="run the parties of one host of a federation (`fedhet run` starts these)")
     p.add_argument("file")
@@ -344,12 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
     p.set_defaults(fn=cmd_host)
     p = sub.add_parser("run", help="run every party of a federation as a local process")
     p.add_argument("federation", help="federation file or preset name")
     p.add_argument("--out", help="run folder (default runs/ALGORITHM-TIME-ID)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--timeout", type=float, help="fail the run if it takes longer (seconds)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] parameter")
     p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
     p.add_argument("--no-progress", action="store_true")

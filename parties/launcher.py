@@ -51,6 +51,7 @@ from .contract import Algorithm, installed_algorithm, prepare
 from .federation import Federation
 from .settings import SettingsError
 from .host import THREAD_ENV, host_dir
+from .progress import LinePrinter
 from .runtime import LAUNCHER_PID_ENV, party_dir
 
 
@@ -170,7 +171,8 @@ def _group_alive(pgid: int) -> bool:
 
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
            timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
-           env: dict[str, str] | None = None, algorithm: Algorithm | None = None) -> dict[str, Any]:
+           env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
+           log_level: str = "info") -> dict[str, Any]:
     """Run the federation locally; returns the run summary or raises RunFailed.
 
     Bad settings raise :class:`SettingsError` before any party starts and before the run folder
@@ -187,7 +189,10 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     host_env = dict(child_env)
     if resolved.host_threads > 0:  # before the host loads BLAS / OpenMP (torch is set in the host)
         host_env.update({k: str(resolved.host_threads) for k in THREAD_ENV})
-    view = _Progress(resolved, run_dir) if progress else None
+    # a terminal gets live bars; redirected output (a file, CI, nohup) gets progress lines as they come
+    view: _Progress | _Lines | None = None
+    if progress:
+        view = _Progress(resolved, run_dir) if sys.stdout.isatty() else _Lines(resolved, run_dir)
     restore_signals = _trap_termination()
     failure: dict[str, Any] | None = None
     try:
@@ -198,7 +203,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             if p.name in hosted:
                 continue
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
-                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet"]
+                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
             if insecure:
                 cmd.append("--insecure")
             with open(pdir / "stdout.log", "wb") as out:
@@ -209,7 +214,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
         for h in hosts:
             (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
-                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet"]
+                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
             if insecure:
                 cmd.append("--insecure")
             with open(host_dir(run_dir) / f"{h}.log", "wb") as out:
@@ -413,6 +418,27 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
         summary["failed"] = failure
     write_json_atomic(run_dir / "result.json", summary)
     return summary
+
+
+class _Lines:
+    """Progress lines (parties/progress.py) from the parties' status.json files, for output that is
+    not a terminal: one line per party when its state or step changes, at most every few seconds."""
+
+    def __init__(self, fed: Federation, run_dir: Path):
+        self.fed, self.run_dir = fed, run_dir
+        self.printer = LinePrinter(stream=sys.stdout)
+
+    def start(self) -> None:
+        print(f"run {self.fed.run_id}: {len(self.fed.parties)} parties, folder {self.run_dir}", flush=True)
+
+    def update(self) -> None:
+        for p in self.fed.parties:
+            st = _read_json(party_dir(self.run_dir, p.name) / "status.json")
+            if st is not None:
+                self.printer.maybe(st)
+
+    def stop(self) -> None:
+        self.update()
 
 
 class _Progress:

@@ -34,6 +34,7 @@ from .api import PartyAborted
 from .atomic import write_json_atomic
 from .contract import Algorithm, PartyContext, prepare
 from .federation import Federation, check_keys_present
+from .progress import LOG_LEVELS, LinePrinter
 from .transcript import Transcript
 
 if TYPE_CHECKING:  # the transport imports zmq; only a running party needs it
@@ -149,9 +150,11 @@ def party_dir(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / "parties" / name
 
 
-def _logger(name: str, path: Path, echo: bool) -> logging.Logger:
+def _logger(name: str, path: Path, echo: bool, level: str = "info") -> logging.Logger:
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: choose one of {', '.join(LOG_LEVELS)}")
     log = logging.getLogger(f"fedhet.party.{name}.{os.getpid()}")
-    log.setLevel(logging.INFO)
+    log.setLevel(getattr(logging, level.upper()))
     log.propagate = False
     fh = logging.FileHandler(path, encoding="utf-8")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s " + name + ": %(message)s"))
@@ -170,6 +173,21 @@ def config_record(fed: Federation, run_id: str, insecure: bool) -> dict:
     d["insecure"] = insecure
     d["algorithm_cfg"] = fed.algorithm_cfg()
     return d
+
+
+class _LogStream:
+    """A file-like sink that writes each progress line to the party's log at INFO."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.log.info("progress %s", text.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class Stopped(BaseException):
@@ -198,7 +216,7 @@ def _stop_on_sigterm(report=None) -> None:
 
 def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
               insecure: bool = False, bind: str | None = None, run_id: str | None = None,
-              echo: bool = True) -> int:
+              echo: bool = True, log_level: str = "info") -> int:
     """Run one party of ``algorithm`` to completion; returns the process exit code (0 = success).
 
     ``algorithm`` comes from the caller (the CLI resolves the federation's algorithm name
@@ -207,7 +225,8 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     die_with_launcher()
     raise_open_file_limit()
     try:
-        run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo)
+        run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo,
+                       log_level=log_level)
     except PartyRunning as e:   # the running party's files stay as they are
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -226,7 +245,7 @@ class PartyRun:
 
     def __init__(self, fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
                  insecure: bool = False, bind: str | None = None, run_id: str | None = None,
-                 echo: bool = True, zmq_context=None) -> None:
+                 echo: bool = True, zmq_context=None, log_level: str = "info") -> None:
         self.fed, self.name, self.algorithm = fed, name, algorithm
         self.insecure, self.bind, self.zmq_context = insecure, bind, zmq_context
         self.run_dir = Path(run_dir)
@@ -237,14 +256,28 @@ class PartyRun:
         for stale in ("result.json", "error.json", "status.json"):
             (self.pdir / stale).unlink(missing_ok=True)
         keep_earlier_transcript(self.pdir)
-        self.log = _logger(name, self.pdir / "log.txt", echo)
+        self.log = _logger(name, self.pdir / "log.txt", echo, log_level)
+        # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
+        self._lines = LinePrinter() if echo else None
+        self._logged = LinePrinter(stream=_LogStream(self.log))
+        self._stage_t = time.perf_counter()
         self.run_id = run_id or fed.derived_run_id()
         self.t0 = time.perf_counter()
         self.code: int | None = None  # the exit code once run() returned
         self.party: ZmqParty | None = None  # the ZmqParty once it is up (tests and hosts read its traffic)
 
+    def stage(self, what: str) -> None:
+        """Log a protocol stage with the time it took since the last one."""
+        now = time.perf_counter()
+        self.log.info("stage %s (%.2fs; %.2fs since start)", what, now - self._stage_t, now - self.t0)
+        self._stage_t = now
+
     def status(self, st: dict) -> None:
         st.update({"party": self.name, "role": self.spec.role, "state": st.get("state", "running")})
+        st.setdefault("elapsed_s", time.perf_counter() - self.t0)
+        if self._lines is not None:
+            self._lines.maybe(st)
+        self._logged.maybe(st)
         try:
             write_json_atomic(self.pdir / "status.json", st)
         except OSError as e:  # progress is advisory: out of descriptors must not fail the party
@@ -301,6 +334,7 @@ class PartyRun:
                                  f"({sorted(algo.roles)})")
             # Settings, declarations and sizes before anything listens: a bad key fails here.
             settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
+            self.stage("settings parsed")
             if fed.key_dir is None:
                 raise ValueError(f"{fed.source}: [federation] key_dir is not set: set it to the folder of this "
                                  f"machine's secret keys, then run `fedhet keys {fed.source} --update`")
@@ -312,6 +346,7 @@ class PartyRun:
             if not insecure and keyfiles.load_public(fed.key_dir, name).curve != spec.public_key:
                 raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
                                  "in the federation file")
+            self.stage("keys loaded")
             transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing)
             status({"state": "starting", "done": 0, "total": 0})
             extra = {} if self.zmq_context is None else {"context": self.zmq_context}
@@ -324,13 +359,17 @@ class PartyRun:
             )
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")
+            self.stage("transport up")
             idx, n = fed.role_index(name)
             ctx = PartyContext(name=name, role=spec.role, index=idx, n_of_role=n, data_dir=fed.data_dir or None,
                                data=spec.data or None, base_dir=fed.base_dir or None, device=party.device)
             data = algo.load_data(settings, ctx)
+            self.stage("data loaded")
             t_train = time.perf_counter()
             result = algo.roles[spec.role](party, settings, data)
+            self.stage("role finished")
             party.close()
+            self.stage("closing barrier passed")
             transcript.close()
             wall = time.perf_counter() - t0
             write_json_when_possible(pdir / "result.json", {
