@@ -849,7 +849,8 @@ def declarations(t: Table) -> list:
         declare(K_RESULT, "client", "server",
                 "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
                 no_arrays, payload=_result_schema()),
-    ] + [_guard(d) for d in aggregation.declarations(_update_length)]
+    ] + [_guard(d) for d in aggregation.declarations(_update_length,
+                                                     common_count(s) if s.method != "local" else None)]
 
 
 ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and client-unique features "

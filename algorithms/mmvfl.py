@@ -230,7 +230,8 @@ def declarations(s: Settings) -> list:
                                     "inner_iterations": sch.Int(lo=0), "n_features": sch.Int(lo=1),
                                     "solver": sch.Str(max_len=16)})),
     ] + psi.declarations(PARTICIPANT, PARTICIPANT) + [
-        _as_participant(d) for d in aggregation.declarations(None)]
+        _as_participant(d) for d in aggregation.declarations(
+            None, max(sizes(s)["z_len"], len(core.OBJECTIVE_FIELDS)))]
 
 
 # ---------------------------------------------------------------- data

@@ -44,7 +44,7 @@ from .fixedpoint import FixedPoint
 from .prg import PRG
 
 __all__ = [
-    "share", "reconstruct", "lagrange_coefficients", "interpolate", "syndromes", "locate_error",
+    "share", "reconstruct", "lagrange_coefficients", "interpolate", "syndromes", "locate_error", "parity_check",
     "share_float", "reconstruct_float", "share_bytes", "reconstruct_bytes",
 ]
 
@@ -236,12 +236,57 @@ def syndromes(shares, xs: Sequence[int], t: int, field: PrimeField = F61) -> np.
     if k == t:
         return np.zeros((0, *shares.shape[1:]), dtype=np.uint64)
     x = np.array(pts, dtype=np.uint64)
-    e = _diff(x, x, field.p)
-    e[np.arange(k), np.arange(k)] = 1
-    rows = [field.inv(_row_products(e, field))]
+    rows = [_dual_weights(pts, field)]
     for _ in range(k - t - 1):
         rows.append(field.mul(rows[-1], x))
     return field.matmul(np.stack(rows), flat).reshape(k - t, *shares.shape[1:])
+
+
+def parity_check(xs: Sequence[int], t: int, field: PrimeField = F61, r: int | None = None) -> np.ndarray:
+    """A random parity check ``c`` (length k) for shares at ``xs`` with threshold t: ``c @ shares``
+    is zero for consistent shares, and for inconsistent ones non-zero except with probability
+    below ``k / p`` over the choice of ``r`` (secret, drawn after the shares arrived).
+
+    ``c_i = v_i g(x_i)`` with ``g(x) = (x - r)**(k - t - 1)``, one element of the dual code (see
+    :func:`syndromes`): ``c @ y = sum_m C(k-t-1, m) (-r)**(k-t-1-m) S_m``, a polynomial in r of
+    degree < k - t whose coefficients vanish only if the syndromes do.  O(k**2) vectorised
+    products and k modular powers (the syndromes take O(k (k - t)) products and a matrix product).
+    """
+    pts = _check_points(xs, field)
+    k, t = len(pts), int(t)
+    if not 1 <= t <= k:
+        raise ValueError(f"need 1 <= t <= k shares, got t={t}, k={k}")
+    if k == t:
+        return np.zeros(k, dtype=np.uint64)
+    p = field.p
+    if r is None:
+        import secrets
+        r = secrets.randbelow(p)
+    g = np.array([pow(x - r, k - t - 1, p) for x in pts], dtype=np.uint64)
+    return field.mul(_dual_weights(pts, field), g)
+
+
+def _dual_weights(pts: tuple[int, ...], field: PrimeField) -> np.ndarray:
+    """``v_i = 1 / prod_{j != i} (x_i - x_j)`` (barycentric weights; the dual code's column scales)."""
+    x = np.array(pts, dtype=np.uint64)
+    k = len(pts)
+    e = _diff(x, x, field.p)
+    e[np.arange(k), np.arange(k)] = 1
+    return np.array(_batch_inverse([int(v) for v in _row_products(e, field)], field.p), dtype=np.uint64)
+
+
+def _batch_inverse(vals: list[int], p: int) -> list[int]:
+    """Inverses of non-zero residues with one modular inversion (Montgomery's trick)."""
+    prefix, acc = [], 1
+    for v in vals:
+        prefix.append(acc)
+        acc = acc * v % p
+    inv = pow(acc, -1, p)
+    out = [0] * len(vals)
+    for i in range(len(vals) - 1, -1, -1):
+        out[i] = inv * prefix[i] % p
+        inv = inv * vals[i] % p
+    return out
 
 
 def locate_error(shares, xs: Sequence[int], t: int, field: PrimeField = F61) -> int | None:
@@ -292,10 +337,7 @@ def _lagrange_matrix(pts: tuple[int, ...], ats: list[int], field: PrimeField) ->
     """``L[j, i]`` with ``f(ats[j]) = sum_i L[j, i] f(pts[i])`` for deg f < len(pts)."""
     x = np.array(pts, dtype=np.uint64)
     a = np.array(ats, dtype=np.uint64)
-    k = len(pts)
-    e = _diff(x, x, field.p)
-    e[np.arange(k), np.arange(k)] = 1
-    w = field.inv(_row_products(e, field))          # barycentric weights 1 / prod_{j != i} (x_i - x_j)
+    w = _dual_weights(pts, field)                    # barycentric weights 1 / prod_{j != i} (x_i - x_j)
     d = _diff(a, x, field.p)                         # a_j - x_i
     hit = d == 0                                     # an evaluation point that is a share point
     d[hit] = 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import PRG, SEED_BYTES
-from fedhet.crypto.shamir import interpolate, locate_error, reconstruct, share, syndromes
+from fedhet.crypto.shamir import interpolate, locate_error, parity_check, reconstruct, share
 
 from .secagg_config import SecAggError
 from .secagg_quantizer import Quantizer
@@ -99,8 +99,10 @@ def _decode(rows: np.ndarray, points: list[int], verify: Callable[[bytes], bool]
 def recover_secrets(items: list[SharedSecret], t: int) -> None:
     """Recover every secret from its k >= t shares, checking the redundant ones; fills each item in.
 
-    Shares of one secret must lie on one polynomial of degree < t (:func:`~fedhet.crypto.shamir.syndromes`,
-    batched over the secrets held at the same points), and the secret it gives must pass ``verify``.
+    Shares of one secret must lie on one polynomial of degree < t (a random parity check,
+    :func:`~fedhet.crypto.shamir.parity_check`, batched over the secrets held at the same points;
+    it misses an inconsistency with probability below k / 2**61), and the secret it gives must
+    pass ``verify``.
     When they do not, the wrong share is found where the data allow: with k >= t + 2 shares one
     wrong share is located from the syndromes (:func:`~fedhet.crypto.shamir.locate_error`); with
     k = t + 1, by the one leave-one-out subset whose secret passes ``verify``.  With k = t, or two
@@ -114,9 +116,8 @@ def recover_secrets(items: list[SharedSecret], t: int) -> None:
         groups.setdefault(tuple(it.points), []).append(it)
     for pts, its in groups.items():
         Y = np.concatenate([np.stack(it.rows) for it in its], axis=1)  # (k, SECRET_ELEMS * len(its))
-        S = syndromes(Y, list(pts), t, field=F61)
-        zero = (np.ones(len(its), dtype=bool) if S.shape[0] == 0
-                else ~np.any(S.reshape(S.shape[0], len(its), -1), axis=(0, 2)))
+        c = parity_check(list(pts), t, field=F61)  # random, drawn now: after the shares arrived
+        zero = ~np.any(F61.sum(F61.mul(Y, c[:, None]), axis=0).reshape(len(its), -1), axis=1)
         if zero.any():
             first = reconstruct(Y[:t], list(pts[:t]), field=F61).reshape(len(its), -1)
         for j, it in enumerate(its):

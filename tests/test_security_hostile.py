@@ -142,6 +142,21 @@ def test_wrong_share_without_a_redundant_one_cannot_name_a_sender():
     assert "cannot name a sender" in str(err) and "no sum is released" in str(err)
 
 
+def test_redundant_share_checks_detect_and_locate_one_wrong_share():
+    from fedhet.crypto.shamir import interpolate, locate_error, parity_check, share, syndromes
+    sh = share(F61.random((secagg.SECRET_ELEMS,)), 9, 4)
+    xs = list(range(1, 10))
+    assert not np.any(syndromes(sh, xs, 4)) and not np.any(F61.sum(F61.mul(sh, parity_check(xs, 4)[:, None]), 0))
+    assert np.array_equal(interpolate(sh[:4], xs[:4], xs[4:]), sh[4:])
+    bad = sh.copy()
+    bad[6, 2] = (int(bad[6, 2]) + 1) % F61.p
+    assert np.any(F61.sum(F61.mul(bad, parity_check(xs, 4)[:, None]), 0))
+    assert locate_error(bad, xs, 4) == 6
+    assert locate_error(bad[[0, 1, 2, 3, 6]], [1, 2, 3, 4, 7], 4) is None  # t + 1: detected, not placed
+    bad[1, 0] = (int(bad[1, 0]) + 1) % F61.p
+    assert locate_error(bad, xs, 4) is None  # two wrong: no single share explains it
+
+
 def test_consistent_redundant_shares_still_give_the_exact_sum():
     res = agg_federation(["c0", "c1", "c2", "c3", "c4"], SECURE)["server"]
     want = sum(np.linspace(-1, 1, M) * (1 + i) for i in range(5)) / 5
