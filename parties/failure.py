@@ -92,8 +92,11 @@ def verdict(records: Mapping[str, dict | None]) -> dict:
     1. a peer's message proven bad (``peer_fault``) names that peer: proof outranks everything;
     2. else a party that failed on its own (``own``; a process killed by a signal first, then the
        earliest by the record's own time);
-    3. else the sender of an abort notice that has no record of its own explaining it (its notice
-       is the only statement about it); a sender whose own record exists is judged by that record;
+    3. else the sender of an abort notice that its own record does not explain: an honest party
+       sends a notice only after failing on its own, on proof, on a mismatch or a timeout, never
+       after being stopped by a notice or from outside; so a sender with no record, or one whose
+       record says it was stopped, is named by its own notice (a forger), and a sender whose record
+       explains the notice is judged by that record;
     4. else nobody is proven: ``party`` is None and the reason says "unknown", with the evidence
        (who waited for whom).
     """
@@ -118,10 +121,11 @@ def verdict(records: Mapping[str, dict | None]) -> dict:
         return {"party": n, "reason": str(r.get("error")), "proven": True, "cause": "own", "evidence": evidence}
 
     notices = [(r["culprit"], r) for r in recs.values() if r.get("cause") == "peer_abort" and r.get("culprit")]
-    unexplained = [(s, r) for s, r in notices if s not in recs]
+    unexplained = [(s, r) for s, r in notices
+                   if s not in recs or (recs[s] or {}).get("cause") in ("peer_abort", "stopped")]
     if unexplained:
         sender, r = min(unexplained, key=lambda x: _when(x[1]))
-        return {"party": sender, "reason": f"it announced its own failure and left no record: "
+        return {"party": sender, "reason": f"its abort notice is not explained by a failure of its own: "
                                           f"{(r.get('evidence') or {}).get('notice') or r.get('error')}",
                 "proven": True, "cause": "peer_abort", "evidence": evidence}
 

@@ -41,6 +41,8 @@ from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import random_seed
 
+from fedhet.parties.api import PeerFault
+
 from .secagg_config import SecAggConfig, SecAggError, neighbours
 from .secagg_masks import apply_masks, share_secrets
 from .secagg_messages import (KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY, KIND_SHARES,
@@ -281,8 +283,15 @@ class SecAggClient:
     def _ident_of(self, party, v: str) -> bytes:
         if v not in self._peer_ident:
             p = party.recv(v, KIND_IDENT, timeout=self._timeout(party))
+            # v's own message is the evidence: the fault is v's, never ours (nor the server's)
             if not isinstance(p, dict) or not is_bytes(p.get("pk"), ck.KEY_BYTES):
-                raise SecAggError(f"client {v!r} sent a malformed identity key")
+                got = p.get("pk") if isinstance(p, dict) else p
+                size = len(got) if isinstance(got, (bytes, bytearray)) else type(got).__name__
+                raise PeerFault(party.name, v, KIND_IDENT, f"identity key must be {ck.KEY_BYTES} bytes, got {size}")
+            try:
+                ck.public_key_from_bytes(bytes(p["pk"]), "ed25519")
+            except ValueError as e:
+                raise PeerFault(party.name, v, KIND_IDENT, f"identity key is not an Ed25519 point: {e}") from None
             self._peer_ident[v] = bytes(p["pk"])
         return self._peer_ident[v]
 

@@ -73,7 +73,7 @@ def test_a_forged_abort_in_memory_names_the_forger_not_the_party_it_mentions():
     def forger(party, c, d):
         for p in ("client1", "client2"):
             party.send(p, "_abort", {"reason": "client1: RuntimeError: client1 crashed"})
-        return "forged"
+        return party.recv("server", "go", timeout=30)   # then plays along until it is stopped too
 
     def server(party, c, d):
         return party.recv("client1", "never", timeout=30)
@@ -83,6 +83,7 @@ def test_a_forged_abort_in_memory_names_the_forger_not_the_party_it_mentions():
         run_inmemory(_algo({"server": server, "client": honest, "forger": forger}), parties, clock="virtual")
     v = e.value.verdict
     assert v["party"] == "client3", v
+    assert e.value.records["client3"]["cause"] in ("peer_abort", "timeout")
     assert e.value.records["client1"]["culprit"] == "client3"
 
 
@@ -108,3 +109,40 @@ def test_a_refused_message_names_its_sender_with_its_sequence_number_and_digest(
     assert r["cause"] == "peer_fault" and r["culprit"] == "bad"
     assert r["evidence"]["seq"] == 1 and len(r["evidence"]["sha256"]) == 64
     assert e.value.verdict["party"] == "bad"
+
+
+def test_a_notice_from_a_party_that_was_itself_only_stopped_names_it():
+    # client3 forged notices, then was stopped by the notice of the server (which timed out waiting):
+    # its own record (stopped by a notice) cannot explain the notices it sent before.
+    recs = {"client1": rec(PartyAborted("n", "client3"), "client1"),
+            "client3": rec(PartyAborted("n", "server"), "client3"),
+            "server": rec(PeerTimeout("server", "client1", "k", 20.0), "server", "server")}
+    v = failure.verdict(recs)
+    assert v["party"] == "client3" and v["cause"] == "peer_abort"
+
+
+def test_an_identity_key_of_the_wrong_length_names_its_sender_not_the_victim_or_the_server():
+    import numpy as np
+
+    from fedhet.protocols.secagg import KIND_IDENT, SecAggClient, SecAggConfig, SecAggServer
+
+    cfg = SecAggConfig(clip=4.0, max_weight=10.0, timeout=5)
+    clients = ["c00", "c01", "c02", "c03"]
+
+    def server(party, c, d):
+        return SecAggServer(cfg).aggregate(party, clients, 0)
+
+    def client(party, c, d):
+        if party.name == "c02":   # a listed client: its first identity key is 31 bytes
+            for v in clients:
+                if v != "c02":
+                    party.send(v, KIND_IDENT, {"pk": bytes(31)})
+        return SecAggClient(cfg).submit(party, "server", np.ones(8), 1.0, 0)
+
+    with pytest.raises(FederationFailed) as e:
+        run_inmemory(_algo({"server": server, "client": client}),
+                     [("server", "server")] + [(u, "client") for u in clients], clock="virtual")
+    victims = [n for n, r in e.value.records.items() if r["cause"] == "peer_fault"]
+    assert victims and all(e.value.records[n]["culprit"] == "c02" for n in victims)
+    assert "identity key must be 32 bytes, got 31" in e.value.records[victims[0]]["error"]
+    assert e.value.verdict["party"] == "c02"

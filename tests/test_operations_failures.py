@@ -139,3 +139,31 @@ def test_two_machines_with_different_federation_files_stop_naming_the_peer_and_t
     from fedhet.parties import failure
     v = failure.verdict(recs)
     assert v["party"] is None and "different federation files" in v["reason"]
+
+
+def test_a_restarted_party_keeps_the_earlier_transcript_and_a_running_one_is_not_touched(tmp_path):
+    import os
+
+    from fedhet.algorithms import registry
+    from fedhet.parties.runtime import PartyRun, PartyRunning
+
+    fed = load(presets.path("demo"))
+    resolved, _ = prepare_local(fed, tmp_path / "run")
+    algo = registry.get_algorithm("fedavg_logreg")
+    try:
+        first = PartyRun(resolved, "server", tmp_path / "run", algo, echo=False)
+        earlier = "".join(f'{{"i": {i}}}\n' for i in range(308))
+        (first.pdir / "transcript.jsonl").write_text(earlier)
+        (first.pdir / "status.json").write_text('{"state": "running"}')
+        with pytest.raises(PartyRunning, match=f"already running .*process {os.getpid()}"):
+            PartyRun(resolved, "server", tmp_path / "run", algo, echo=False)
+        assert (first.pdir / "status.json").read_text() == '{"state": "running"}'
+        os.close(first._lock_fd)          # the first process died: the OS drops its lock
+        again = PartyRun(resolved, "server", tmp_path / "run", algo, echo=False)
+        assert (again.pdir / "transcript.1.jsonl").read_text() == earlier   # evidence kept, not overwritten
+        os.close(again._lock_fd)
+        third = PartyRun(resolved, "server", tmp_path / "run", algo, echo=False)
+        assert not (third.pdir / "transcript.2.jsonl").exists()            # nothing new to keep
+        os.close(third._lock_fd)
+    finally:
+        shutil.rmtree(resolved.key_dir, ignore_errors=True)
