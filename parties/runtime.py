@@ -48,15 +48,22 @@ LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties 
 FAILED_LINGER_S = 2.0
 
 
-def die_with_launcher() -> None:
+def die_with_launcher(report=None) -> None:
     """Under ``fedhet run``, end this party when the launcher dies, even by SIGKILL.
 
     The parties run in their own sessions (so a terminal's Ctrl-C reaches only
     the launcher, which then stops them in order); without this, a killed
-    launcher would leave them running.  Linux only (PR_SET_PDEATHSIG).
+    launcher would leave them running.  A watcher thread on the launcher's pid
+    writes the "stopped" record (``report``) and exits at once, whatever the main
+    thread is doing; PR_SET_PDEATHSIG (Linux) is the backstop.
     """
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     if not launcher or not sys.platform.startswith("linux"):
+        return
+    if report is not None and str(os.getppid()) == launcher:
+        from fedhet.crypto.pool import on_parent_exit
+
+        on_parent_exit(int(launcher), lambda: report("the launcher is gone"), code=143)
         return
     try:
         import ctypes
@@ -230,6 +237,7 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     except PartyRunning as e:   # the running party's files stay as they are
         print(f"error: {e}", file=sys.stderr)
         return 1
+    die_with_launcher(run.record_stop)   # now with the party's "stopped" record
     _stop_on_sigterm(run.record_stop)
     return run.run()
 
