@@ -92,21 +92,25 @@ def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: 
     lock = threading.Lock()
     stopping = threading.Event()
 
+    def record_all(why: str) -> None:
+        stopping.set()
+        with lock:
+            for r in runs:
+                if r.code is None and not (r.pdir / "result.json").exists():
+                    try:
+                        r.record_stop(why)
+                    except Exception:
+                        pass
+
     def on_sigterm(signum, frame):
         # As a party process does: record "stopped" for every party still running, then exit at
         # once (unwinding many threads out of long C calls could take arbitrarily long).
-        stopping.set()
-        why = f"stopped by signal {signal.Signals(signum).name}"
         try:
-            with lock:
-                for r in runs:
-                    if r.code is None and not (r.pdir / "result.json").exists():
-                        try:
-                            r.record_stop(why)
-                        except Exception:
-                            pass
+            record_all(f"stopped by signal {signal.Signals(signum).name}")
         finally:
             os._exit(143)
+
+    die_with_launcher(record_all)   # a killed launcher: the same records, from a watcher thread
 
     try:
         signal.signal(signal.SIGTERM, on_sigterm)
