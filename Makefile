@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedhet-installed
 
-.PHONY: demo test test-all bench setup clean
+.PHONY: demo test test-nodata test-data test-all bench setup clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy parties crypto
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
+
+# CI's two passes (.ci/run): as a user's clone without ../shared, then only the tests of the real data.
+test-nodata: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy parties crypto
+	d=$$(mktemp -d) && FEDHET_DATA_DIR=$$d FEDHET_NO_SHARED=1 $(PY) -m pytest -q --durations=20 -m "not data"; \
+	  rc=$$?; rmdir $$d; exit $$rc
+
+test-data: $(STAMP)
+	$(PY) -m pytest -q -m data
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q --runslow

@@ -91,7 +91,7 @@ from fedhet.algorithms.chfl_local import HIDDEN, CHFLClient, LocalClient, client
 from fedhet.algorithms.chfl_model import init_common_flat
 from fedhet.algorithms.partition import HorizontalSplit, chfl_partition, split_samples
 from fedhet.algorithms.toolkit import derive_seed, synchronize
-from fedhet.algorithms.party_table import DataFileError, DataSpecError, TableSpec, load_party_table
+from fedhet.algorithms.party_table import DataFileError, DataSpecError, TableSpec, check_finite, load_party_table
 from fedhet.parties.api import PartyError
 from fedhet.parties import schema as sch
 from fedhet.parties.contract import Algorithm, PartyContext
@@ -337,11 +337,30 @@ class ClientRows:
     n_clients: int
 
 
-def client_rows(s: Settings, X: np.ndarray, y: np.ndarray, index: int, n_clients: int) -> ClientRows:
-    """Client ``index``'s part of the whole table under the seeded CHFL partition."""
-    if tuple(X.shape) != tuple(s.shape[:2]) or int(y.max()) + 1 != s.n_classes:
+def _largest_label(y: np.ndarray) -> int:
+    """The largest finite label (-1 for none): NaN / inf labels are reported by client_rows."""
+    y = np.asarray(y)
+    finite = y[np.isfinite(y)] if y.dtype.kind in "fc" else y
+    return int(finite.max()) if finite.size else -1
+
+
+def client_rows(s: Settings, X: np.ndarray, y: np.ndarray, index: int, n_clients: int,
+                party: str | None = None) -> ClientRows:
+    """Client ``index``'s part of the whole table under the seeded CHFL partition.
+
+    ``X`` and ``y`` come from the caller (a built-in table, or arrays handed to :func:`run_table`):
+    the client's rows of them are checked like a party's file, and a NaN or infinite value is an
+    error naming the party (``party``, default ``client<index + 1>``), the argument, the row and
+    the column of the caller's arrays."""
+    who = party or f"client{index + 1}"
+    X, y = np.asarray(X), np.asarray(y)
+    if X.ndim != 2 or y.ndim != 1 or len(y) != len(X):
+        raise ValueError(f"chfl: party {who!r}: X must be 2-D and y 1-D with one label per row of X, "
+                         f"got X {X.shape} and y {y.shape}")
+    top = _largest_label(y)  # a NaN label is reported below, with its party
+    if tuple(X.shape) != tuple(s.shape[:2]) or top + 1 != s.n_classes:
         raise ValueError(f"chfl: the {s.dataset} table is {X.shape[0]} x {X.shape[1]} with "
-                         f"{int(y.max()) + 1} classes, the configuration says "
+                         f"{top + 1} classes, the configuration says "
                          f"{s.shape[0]} x {s.shape[1]} with {s.n_classes} (set n_samples, "
                          "n_features, n_classes to your copy's shape)")
     split = chfl_partition(X.shape[0], X.shape[1], n_clients, s.common_ratio, s.seed,
@@ -351,6 +370,10 @@ def client_rows(s: Settings, X: np.ndarray, y: np.ndarray, index: int, n_clients
     rows = [split.rows(index, p) for p in ("train", "val", "test")]
     cols = split.features(index)
     r = np.concatenate(rows)
+    order = np.argsort(r, kind="stable")  # report the first bad cell in the caller's row order
+    check_finite(y[r][order], party=who, argument="y", rows=r[order] + 1, what="label")
+    check_finite(X[r][:, cols][order], party=who, argument="X", rows=r[order] + 1,
+                 columns=[int(c) + 1 for c in cols])
     return ClientRows(np.ascontiguousarray(X[r][:, cols], dtype=np.float32), np.asarray(y[r], np.int64),
                       tuple(len(a) for a in rows), len(split.common), s.n_classes, index, n_clients)
 
@@ -367,7 +390,7 @@ def load_data(cfg: dict, name: str, role: str, index: int, n_of_role: int, data_
         raise ValueError(f"chfl: dataset 'files' but party {name!r} has no data file in the federation "
                          "(give its [[party]] a data = { path = ..., label = ..., classes = [...] })")
     X, y, _ = load_table(s.dataset, data_dir)
-    return client_rows(s, X, y, index, n_of_role)  # the rest of the table is dropped here
+    return client_rows(s, X, y, index, n_of_role, party=name)  # the rest of the table is dropped here
 
 
 def file_rows(s: Settings, ctx: PartyContext) -> ClientRows:
@@ -647,12 +670,12 @@ def run_table(cfg: dict, X: np.ndarray, y: np.ndarray, n_clients: int, *, device
 
     X, y = np.asarray(X), np.asarray(y)
     cfg = {"dataset": "table", "n_samples": int(X.shape[0]), "n_features": int(X.shape[1]),
-           "n_classes": int(y.max()) + 1, **cfg}
+           "n_classes": _largest_label(y) + 1, **cfg}
     s = settings(cfg)
     names = [f"client{k + 1}" for k in range(int(n_clients))]
     data: dict[str, Any] = {"server": None}
     for k, name in enumerate(names):  # before any thread starts: a bad table fails here
-        data[name] = client_rows(s, X, y, k, len(names))
+        data[name] = client_rows(s, X, y, k, len(names), party=name)
     return run_inmemory(sys.modules[__name__], [("server", "server")] + [(n, "client") for n in names],
                         cfg=cfg, seed=s.seed, data=data, device=device, timeout=timeout)
 
@@ -826,9 +849,11 @@ def declarations(t: Table) -> list:
         declare(K_RESULT, "client", "server",
                 "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
                 no_arrays, payload=_result_schema()),
-    ] + [_guard(d) for d in aggregation.declarations(_update_length)]
+    ] + [_guard(d) for d in aggregation.declarations(_update_length,
+                                                     common_count(s) if s.method != "local" else None)]
 
 
 ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and client-unique features "
                       "(Mori et al.), with its Common and Local baselines", roles=ROLES, load_data=load_party,
-                      declarations=declarations, settings=Table, sizes=sizes)
+                      declarations=declarations, settings=Table, sizes=sizes,
+                      headline=("final_test", "final"))

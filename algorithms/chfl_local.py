@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from fedhet.algorithms.chfl_model import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
 from fedhet.algorithms.partition import HorizontalSplit
+from fedhet.algorithms.party_table import check_finite
 from fedhet.algorithms.toolkit import Scaler, derive_seed, seeded, shuffled_batches
 
 DEFAULTS = {
@@ -111,6 +112,10 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
         raise ValueError(f"X is {X.shape}, the split is for "
                          f"({split.n_samples}, {split.n_features})")
     cols = split.features(k)
+    r = np.sort(np.concatenate([split.rows(k, p) for p in ("train", "val", "test")]))
+    who = f"client{k + 1}"
+    check_finite(np.asarray(y)[r], party=who, argument="y", rows=r + 1, what="label")
+    check_finite(np.asarray(X)[r][:, cols], party=who, argument="X", rows=r + 1, columns=[int(c) + 1 for c in cols])
     dc = len(split.common)
     parts = {p: np.asarray(X[split.rows(k, p)][:, cols], dtype=np.float32)
              for p in ("train", "val", "test")}

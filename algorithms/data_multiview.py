@@ -55,18 +55,23 @@ from fedhet.algorithms.datapath import dataset_path
 __all__ = [
     "MultiView", "PoseImages", "Fold", "DATASETS", "TABLE2_SPLITS", "KINDS",
     "load_multiview", "load_handwritten", "load_isolet", "load_relathe", "load_msrc_v5",
-    "load_coil20", "split_columns", "balanced_split", "cv_folds", "make_synthetic",
+    "load_coil20", "load_digits", "split_columns", "balanced_split", "cv_folds", "make_synthetic",
 ]
 
 KINDS = ("real", "stand-in", "synthetic")
-DATASETS = ("handwritten", "isolet", "relathe", "msrc_v5")
+DATASETS = ("handwritten", "isolet", "relathe", "msrc_v5", "digits")
 # Training / validation rows per class (Table 2); MSRC-v5 takes Caltech7's 20 / 5.
 TABLE2_SPLITS = {
     "handwritten": (120, 40),
     "isolet": (40, 20),
     "relathe": (400, 200),
     "msrc_v5": (20, 5),
+    "digits": (20, 10),   # packaged stand-in (no paper table): small enough for the tests
 }
+# scikit-learn's 8 x 8 digits cut into its four 4 x 4 quadrants (upper left, upper right, lower left,
+# lower right): 16 pixels a view.  It ships with scikit-learn, so needs no data folder.
+DIGITS_VIEWS = ("upper_left", "upper_right", "lower_left", "lower_right")
+DIGITS_DIMS = (16, 16, 16, 16)
 ISOLET_SPLIT = (200, 200, 217)
 RELATHE_SPLIT = (1400, 1400, 1522)
 
@@ -254,7 +259,21 @@ def load_coil20(data_dir: str | os.PathLike | None = None) -> PoseImages:
                       note="COIL-20 (20 objects x 72 poses) standing in for ModelNet40 multi-view")
 
 
+def load_digits(data_dir: str | os.PathLike | None = None) -> MultiView:
+    """scikit-learn's digits (1,797 rows, 10 classes, 8 x 8 pixels 0..16) as four views, the image's
+    4 x 4 quadrants (:data:`DIGITS_VIEWS`), scaled to [0, 1].  Packaged with scikit-learn: the
+    smallest multi-view set every test and first look can use without ``../shared/data``; it stands
+    in for Handwritten (``data_dir`` is accepted for a uniform loader signature and not read)."""
+    from sklearn.datasets import load_digits as sk_digits
+    d = sk_digits()
+    img = np.asarray(d.images, dtype=np.float32) / 16.0           # (N, 8, 8)
+    quads = [img[:, r:r + 4, c:c + 4].reshape(len(img), 16) for r in (0, 4) for c in (0, 4)]
+    return _finish("digits", "stand-in", quads, DIGITS_VIEWS, d.target, Path("sklearn.datasets.load_digits"),
+                   "scikit-learn digits (UCI optdigits test set), 4 x 4 quadrant views, standing in for Handwritten")
+
+
 _LOADERS = {
+    "digits": load_digits,
     "handwritten": load_handwritten,
     "isolet": load_isolet,
     "relathe": load_relathe,

@@ -21,11 +21,14 @@ import numpy as np
 
 from .datapath import data_root
 
-__all__ = ["PROVENANCE", "GRAPHS", "SIZES", "load_graph", "simulate", "split_indices", "TrafficData", "load_real"]
+__all__ = ["PROVENANCE", "GRAPHS", "SIZES", "GENERATED", "load_graph", "grid_graph", "provenance", "simulate",
+           "split_indices", "TrafficData", "load_real"]
 
 PROVENANCE = "synthetic (simulated on the real road graph)"
 GRAPHS = {"metr_la": "adj_mx.pkl", "pems_bay": "adj_mx_bay.pkl"}
-SIZES = {"metr_la": (2856, 207), "pems_bay": (4343, 325)}
+# Generated graphs: need no data folder (tests, first looks); "grid" is a 4 x 4 street grid.
+GENERATED = {"grid": 4}
+SIZES = {"metr_la": (2856, 207), "pems_bay": (4343, 325), "grid": (600, 16)}
 STEPS = 12
 
 
@@ -41,10 +44,40 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a graph pickle (only numpy arrays allowed)")
 
 
+def provenance(name: str) -> str:
+    """What a simulation on graph ``name`` is, for every table that shows its results."""
+    if name in GENERATED:
+        side = GENERATED[name]
+        return f"synthetic (simulated on a generated {side} x {side} grid road graph)"
+    return PROVENANCE
+
+
+def grid_graph(side: int = 4, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    """A generated road graph: ``side`` x ``side`` intersections with a sensor each, two-way roads
+    between grid neighbours of seeded lengths (0.5 to 1.5 miles), weighted as DCRNN weights its
+    graphs, exp(-(d / sigma)^2) with sigma the lengths' standard deviation, self loops 1."""
+    n = side * side
+    rng = np.random.default_rng([seed, side])
+    adj = np.eye(n)
+    for r in range(side):
+        for c in range(side):
+            i = r * side + c
+            for j in ((i + 1) if c + 1 < side else None, (i + side) if r + 1 < side else None):
+                if j is not None:
+                    adj[i, j] = adj[j, i] = rng.uniform(0.5, 1.5)
+    d = adj[(adj > 0) & ~np.eye(n, dtype=bool)]
+    sigma = float(d.std()) or 1.0
+    off = (adj > 0) & ~np.eye(n, dtype=bool)
+    adj[off] = np.exp(-(adj[off] / sigma) ** 2)
+    return [f"g{i}" for i in range(n)], adj
+
+
 def load_graph(name: str = "metr_la", data_dir=None) -> tuple[list[str], np.ndarray]:
     """(sensor ids, adjacency float64 (n, n)); adj[i, j] > 0: a road edge i -> j, weight from distance."""
+    if name in GENERATED:
+        return grid_graph(GENERATED[name])
     if name not in GRAPHS:
-        raise ValueError(f"unknown traffic graph {name!r}; choose one of {sorted(GRAPHS)}")
+        raise ValueError(f"unknown traffic graph {name!r}; choose one of {sorted(GRAPHS) + sorted(GENERATED)}")
     path = Path(data_root(data_dir)) / "traffic_metr_la_pems_bay" / GRAPHS[name]
     with open(path, "rb") as f:
         obj = _SafeUnpickler(io.BytesIO(f.read()), encoding="latin1").load()
@@ -118,7 +151,7 @@ def simulate(name: str = "metr_la", seed: int = 0, n_windows: int | None = None,
         drop[i, t0:t0 + dur] = np.maximum(drop[i, t0:t0 + dur], rng.uniform(*severity))
     speed = free[:, None] * (1 - prof) * (1 - drop) + rng.normal(0, noise, (n, T))
     x = np.clip(speed, 0, 85).reshape(n, W, STEPS).transpose(1, 0, 2)
-    return TrafficData(x, label, adj, split_indices(W))
+    return TrafficData(x, label, adj, split_indices(W), provenance(name))
 
 
 def load_real(h5_path, labels_path, name: str = "metr_la", data_dir=None) -> TrafficData:

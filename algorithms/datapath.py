@@ -2,10 +2,12 @@
 
 The experiments read the datasets gathered in ``../shared/data`` (relative to
 the repository root).  ``FEDHET_DATA_DIR`` overrides that, and every loader
-also takes an explicit ``data_dir`` (the CLI's ``--data-dir``) for a user's
-own copy.  Nothing here downloads; loaders that can fetch from a public source
+also takes an explicit ``data_dir`` (``[federation] data_dir``, or ``--data-dir`` of
+``fedhet run`` / ``fedhet party``) for a user's own copy.  Nothing here downloads; loaders that can fetch from a public source
 do so themselves and cache under ``FEDHET_CACHE_DIR`` (default
-``~/.cache/fedhet``).
+``~/.cache/fedhet``).  ``FEDHET_NO_SHARED=1`` switches the ``../shared/data`` look-up off (a
+user's clone has no such folder; the test suite's first pass runs this way, so a test that reads the
+data without declaring it fails there).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 ENV_DATA_DIR = "FEDHET_DATA_DIR"
 ENV_CACHE_DIR = "FEDHET_CACHE_DIR"
+ENV_NO_SHARED = "FEDHET_NO_SHARED"
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -25,6 +28,8 @@ def _candidates() -> list[Path]:
     if env:  # an explicit choice is the only place looked at
         return [Path(env).expanduser()]
     out: list[Path] = []
+    if os.environ.get(ENV_NO_SHARED, "").strip().lower() not in ("", "0", "false", "no", "off"):
+        return out
     out.append(Path.cwd() / ".." / "shared" / "data")
     # An editable install keeps the source tree: repo_root/algorithms/this file.
     out.append(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
@@ -37,14 +42,15 @@ def data_root(data_dir: str | os.PathLike | None = None, required: bool = True) 
         p = Path(data_dir).expanduser()
         if p.is_dir():
             return p.resolve()
-        raise DatasetNotFound(f"--data-dir {str(p)!r} is not a directory")
+        raise DatasetNotFound(f"data folder {str(p)!r} ([federation] data_dir or --data-dir) is not a directory")
     for p in _candidates():
         if p.is_dir():
             return p.resolve()
     if required:
-        tried = ", ".join(str(p) for p in _candidates())
+        tried = ", ".join(str(p) for p in _candidates()) or f"nothing: {ENV_NO_SHARED} is set"
         raise DatasetNotFound(
-            f"no dataset folder found (tried {tried}); set {ENV_DATA_DIR} or pass --data-dir"
+            f"no dataset folder found (tried {tried}); set {ENV_DATA_DIR}, set data_dir in [federation], "
+            "or pass --data-dir to `fedhet run` / `fedhet party`"
         )
     return None
 

@@ -82,9 +82,10 @@ MAX_BATCH = 4096
 
 @dataclass(frozen=True)
 class Settings(TableView):
-    dataset: Literal["vowels", "metr_la", "pems_bay"] = setting(
+    dataset: Literal["vowels", "metr_la", "pems_bay", "grid"] = setting(
         "vowels", "vowels: Japanese Vowels (real, 12 owners); metr_la / pems_bay: incident windows SIMULATED on "
-                  "the real road graph (one sensor per owner)")
+                  "the real road graph (one sensor per owner); grid: SIMULATED on a generated 4 x 4 street grid "
+                  "(no data folder)")
     n_sensors: int | None = setting(None, "traffic: keep the first n sensors and their subgraph (None: all)", lo=2)
     n_windows: int | None = setting(None, "traffic: simulated windows (None: the paper's 2,856 / 4,343)", lo=10)
     data_seed: int = setting(0, "traffic: seed of the simulator", lo=0)
@@ -131,8 +132,8 @@ class Settings(TableView):
     def validate(self):
         if (self.speeds_file is None) != (self.labels_file is None):
             raise ValueError("f3: speeds_file and labels_file go together (real speeds need the user's labels)")
-        if self.speeds_file is not None and self.dataset == "vowels":
-            raise ValueError("f3: speeds_file / labels_file are for the traffic data sets (metr_la, pems_bay)")
+        if self.speeds_file is not None and self.dataset not in ("metr_la", "pems_bay"):
+            raise ValueError("f3: speeds_file / labels_file are for the real road graphs (metr_la, pems_bay)")
         if self.graph == "given" and self.dataset == "vowels":
             raise ValueError("f3: graph 'given' needs a traffic data set (Japanese Vowels has no given graph)")
 
@@ -219,8 +220,8 @@ def provenance(s) -> str:
         return "real (UCI Japanese Vowels)"
     if s.speeds_file is not None:
         return f"real speeds ({s.speeds_file}) with user-given labels ({s.labels_file}): {s.dataset}"
-    from fedhet.algorithms.data_traffic import PROVENANCE
-    return f"{PROVENANCE}: {s.dataset}"
+    from fedhet.algorithms.data_traffic import provenance as traffic_provenance
+    return f"{traffic_provenance(s.dataset)}: {s.dataset}"
 
 
 def traffic_graph(s, data_dir=None) -> np.ndarray:
@@ -687,4 +688,5 @@ ROLES = {OWNER: owner, HOLDER: holder, COORDINATOR: coordinator}
 ALGORITHM = Algorithm(
     name=NAME, summary="F³: frozen local LSTMs, representations Shamir-shared to holders, a GCN over a learned "
                        "consensus graph trained by the coordinator on reconstructed linear results",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("test",))

@@ -302,14 +302,14 @@ def owner_data(dataset: str, *, data_seed: int = 0, split_seed: int = 123, val_f
         owners = parts["train"][0].series.shape[1]
         per = [{k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()} for c in range(owners)]
         n_classes, adj, prov = N_CLASSES, None, "real (UCI Japanese Vowels)"
-    elif dataset in ("metr_la", "pems_bay"):
-        from fedhet.algorithms.data_traffic import PROVENANCE, simulate
+    elif dataset in ("metr_la", "pems_bay", "grid"):
+        from fedhet.algorithms.data_traffic import simulate
         data = simulate(dataset, seed=data_seed, n_windows=n_windows, data_dir=data_dir)
         owners = n_sensors or data.adj.shape[0]
         per = [{k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()} for c in range(owners)]
-        n_classes, adj, prov = 2, data.adj[:owners, :owners], f"{PROVENANCE}: {dataset}"
+        n_classes, adj, prov = 2, data.adj[:owners, :owners], f"{data.provenance}: {dataset}"
     else:
-        raise ValueError(f"unknown F3 data set {dataset!r}; choose vowels, metr_la or pems_bay")
+        raise ValueError(f"unknown F3 data set {dataset!r}; choose vowels, metr_la, pems_bay or grid")
     per = [standardise_owner(r, padded=dataset == "vowels") for r in per]
     splits = {k: (np.stack([r[k][0] for r in per]), per[0][k][1], per[0][k][2]) for k in ("train", "val", "test")}
     return OwnerData(splits, n_classes, adj, prov)

@@ -61,7 +61,7 @@ def declarations(s: Settings) -> list:
                 payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),
         declare(K_EVAL, "client", "server", "test accuracy counts of the global model (no arrays)",
                 payload=sch.Fields({"correct": sch.Int(lo=0), "count": sch.Int(lo=0)})),
-    ] + aggregation.declarations(_vector_length)  # the clients' updates, plain or secure
+    ] + aggregation.declarations(_vector_length, s.n_features + 1)  # the clients' updates, plain or secure
 
 
 def load_data(s: Settings, ctx: PartyContext):
@@ -149,4 +149,5 @@ ROLES = {"server": server, "client": client}
 
 ALGORITHM = Algorithm(
     name=NAME, summary="FedAvg logistic regression on breast cancer (the small horizontal job)",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("test_accuracy",))

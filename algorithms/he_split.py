@@ -454,4 +454,5 @@ ALGORITHM = Algorithm(name=NAME, summary="FATE-style hetero NN: a packed Paillie
                       "layer between guests' bottom models and the host's top model", roles=ROLES,
                       load_data=lambda cfg, ctx: load_data(cfg, ctx.name, ctx.role, ctx.index, ctx.n_of_role,
                                                            ctx.data_dir),
-                      declarations=lambda cfg: list(DECLARATIONS), settings=Table)
+                      declarations=lambda cfg: list(DECLARATIONS), settings=Table,
+                      headline=("test_accuracy",))

@@ -76,6 +76,9 @@ K_PLAIN_VIEW = "hyfem/plain_view"
 AGGREGATION_DEFAULTS = {"aggregation": "secure", "secagg_clip": 8.0, "secagg_max_weight": 1.0}
 HANDWRITTEN_DIMS = (240, 76, 216, 47, 64, 6)   # pixel, fourier, profile, zer, kar, mor
 HANDWRITTEN_CLASSES = 10
+# Feature-view data sets: their view widths (scikit-learn's digits ships with the package: tests and
+# first looks need no data folder; it stands in for Handwritten).
+VIEW_DIMS = {"handwritten": HANDWRITTEN_DIMS, "digits": (16, 16, 16, 16)}
 COIL_POSES, COIL_OBJECTS = 72, 20
 SETTINGS = {  # setting -> (n_views, views_per_client, classes_per_client, unused_fraction)
     "fig3": (4, 3, 0.75, 0.0),
@@ -100,8 +103,9 @@ class Settings(TableView):
     passes: int | None = setting(None, "P matching passes (None: 2 M)", lo=1)
     threshold: float = setting(1.0, "matching cost of a new global neuron (relative to |a_j|^2)", lo=0)
     max_width: int | None = setting(None, "cap on the global hidden width (None: 2 x local)", lo=1)
-    dataset: Literal["handwritten", "coil20"] = setting("handwritten", "handwritten (6 feature views) "
-                                                        "or coil20 (pose views, CNN extractors)")
+    dataset: Literal["handwritten", "coil20", "digits"] = setting(
+        "handwritten", "handwritten (6 feature views), coil20 (pose views, CNN extractors) or digits "
+                       "(scikit-learn's, 4 quadrant views; packaged stand-in, no data folder)")
     scenario: Literal["fig3", "fig4", "custom"] = setting("fig3", "partition of the paper's Fig. 3 "
                                                          "or Fig. 4, or custom (the four keys below)")
     n_views: int | None = setting(None, "D views used (None: the setting's)", lo=1)
@@ -136,8 +140,8 @@ class Settings(TableView):
 
     def validate(self) -> None:
         d, v, c, _ = self.partition()
-        if self.dataset == "handwritten" and d > len(HANDWRITTEN_DIMS):
-            raise ValueError(f"n_views = {d}: handwritten has {len(HANDWRITTEN_DIMS)} views")
+        if self.dataset in VIEW_DIMS and d > len(VIEW_DIMS[self.dataset]):
+            raise ValueError(f"n_views = {d}: {self.dataset} has {len(VIEW_DIMS[self.dataset])} views")
         if self.dataset == "coil20" and (d < 1 or COIL_POSES % d):
             raise ValueError(f"n_views = {d}: coil20 pose views need a divisor of {COIL_POSES}")
         if v > d:
@@ -159,13 +163,13 @@ def classes_arg(c: float) -> int | float:
 
 
 def n_classes(s: Settings) -> int:
-    return HANDWRITTEN_CLASSES if s.dataset == "handwritten" else COIL_OBJECTS
+    return COIL_OBJECTS if s.dataset == "coil20" else HANDWRITTEN_CLASSES   # digits: 10 as well
 
 
 def model_spec(s: Settings) -> HyFEMModelSpec:
     d = s.partition()[0]
-    if s.dataset == "handwritten":
-        ext = tuple(ExtractorSpec("mlp", HANDWRITTEN_DIMS[k], embed_dim=s.embed_dim,
+    if s.dataset in VIEW_DIMS:
+        ext = tuple(ExtractorSpec("mlp", VIEW_DIMS[s.dataset][k], embed_dim=s.embed_dim,
                                   hidden=(s.extractor_hidden,)) for k in range(d))
     else:
         ext = tuple(ExtractorSpec("cnn", 1024, embed_dim=s.embed_dim, image_shape=(1, 32, 32),
@@ -225,7 +229,8 @@ def declarations(s: Settings) -> list:
                                     "theta": sch.Arr("<f4", (None,))})),
         declare(K_REPORT, "client", "server", "scores of the received local model on the evaluation "
                 "rows (scalars) and the round's training loss", payload=sch.Scalars()),
-    ] + aggregation.declarations(None)   # per-view extractors, lengths ext<d> (views differ)
+    ] + aggregation.declarations(None, max(extractor_size(e) for e in model_spec(s).extractors))
+    # per-view extractors, lengths ext<d> (views differ): bounded by the longest
 
 
 # ------------------------------------------------------------------------------- data
@@ -233,9 +238,9 @@ def declarations(s: Settings) -> list:
 def load_views(s: Settings, data_dir=None) -> tuple[list[np.ndarray], np.ndarray]:
     """All rows of the data set: the used views (float32, rows aligned) and the labels."""
     D = s.partition()[0]
-    if s.dataset == "handwritten":
-        from fedhet.algorithms.data_multiview import load_handwritten
-        mv = load_handwritten(data_dir, drop_small=False)
+    if s.dataset in VIEW_DIMS:
+        from fedhet.algorithms.data_multiview import load_multiview
+        mv = load_multiview(s.dataset, data_dir, **({"drop_small": False} if s.dataset == "handwritten" else {}))
         return [np.asarray(v, dtype=np.float32) for v in mv.views[:D]], np.asarray(mv.y, dtype=np.int64)
     from fedhet.algorithms.data_multiview import load_coil20
     pi = load_coil20(data_dir)
@@ -358,7 +363,7 @@ def prepared_views(s: Settings, data_dir=None):
     train, test = split_rows(s, len(y), groups, None if groups is None else y)
     # Public standardisation: the evaluation rows' column statistics (features only).
     stats = [(v[test].mean(0), v[test].std(0) + 1e-6) for v in views]
-    scale = [((v - mu) / sd).astype(np.float32) if s.dataset == "handwritten" else v
+    scale = [((v - mu) / sd).astype(np.float32) if s.dataset in VIEW_DIMS else v
              for v, (mu, sd) in zip(views, stats)]
     return scale, y, train, test
 
@@ -562,4 +567,5 @@ ROLES = {"server": server, "client": client}
 ALGORITHM = Algorithm(
     name=NAME, summary="HyFEM: hybrid FL by matched averaging (per-view extractors with secure "
                        "per-view aggregation, Hungarian-matched inference models)",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("final_global_accuracy", "final_local_accuracy"))

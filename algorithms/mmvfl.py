@@ -80,7 +80,7 @@ K_REPORT = "mmvfl/report"
 
 # (classes, views, rows) of each built-in data set (views after dropping Handwritten's 6-feature one).
 DATASET_SHAPES = {"handwritten": (10, 5, 2000), "isolet": (26, 3, 1560), "relathe": (2, 3, 1427),
-                  "msrc_v5": (7, 5, 210)}
+                  "msrc_v5": (7, 5, 210), "digits": (10, 4, 1797)}
 PAPER_PERCENTS = (2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0)
 
 # Z_k stays within [-0.007, 1.0] with zeta = eta = 1000 (mmvfl_core's docstring): clip 2.  A 64-bit
@@ -95,8 +95,9 @@ OBJECTIVE_AGG = {"secagg_clip": float(2 ** 30), "secagg_max_weight": 1.0, "secag
 
 @dataclass(frozen=True)
 class Settings(TableView):
-    dataset: Literal["handwritten", "isolet", "relathe", "msrc_v5"] = setting(
-        "handwritten", "built-in multi-view data set (msrc_v5 stands in for Caltech7)")
+    dataset: Literal["handwritten", "isolet", "relathe", "msrc_v5", "digits"] = setting(
+        "handwritten", "built-in multi-view data set (msrc_v5 stands in for Caltech7; digits: scikit-learn's, "
+                       "4 quadrant views, packaged, needs no data folder)")
     fold: int = setting(0, "cross-validation fold", lo=0)
     n_folds: int = setting(5, "folds of the cross-validation", lo=1)
     split_seed: int = setting(0, "seeds the folds (data_multiview.cv_folds)", lo=0)
@@ -229,7 +230,8 @@ def declarations(s: Settings) -> list:
                                     "inner_iterations": sch.Int(lo=0), "n_features": sch.Int(lo=1),
                                     "solver": sch.Str(max_len=16)})),
     ] + psi.declarations(PARTICIPANT, PARTICIPANT) + [
-        _as_participant(d) for d in aggregation.declarations(None)]
+        _as_participant(d) for d in aggregation.declarations(
+            None, max(sizes(s)["z_len"], len(core.OBJECTIVE_FIELDS)))]
 
 
 # ---------------------------------------------------------------- data
@@ -433,4 +435,5 @@ ROLES = {SERVER: server, PARTICIPANT: participant}
 ALGORITHM = Algorithm(
     name=NAME, summary="MMVFL: multi-participant multi-class VFL with l2,1 feature selection; pseudo-labels "
                        "combined by secure aggregation",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes)
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
+    headline=("accuracy",))

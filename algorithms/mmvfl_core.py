@@ -107,6 +107,8 @@ from typing import Sequence
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
+from fedhet.algorithms.party_table import check_finite
+
 __all__ = [
     "MMVFLSettings", "SOLVERS", "ROW_MODES", "OBJECTIVE_FIELDS",
     "ViewSystem", "prepare_view", "solver_costs", "choose_solver",
@@ -192,9 +194,7 @@ def _as_matrix(a, what: str, rows: int | None = None, cols: int | None = None) -
         raise ValueError(f"{what} has {a.shape[0]} rows, expected {rows}")
     if cols is not None and a.shape[1] != cols:
         raise ValueError(f"{what} has {a.shape[1]} columns, expected {cols}")
-    if not np.isfinite(a).all():
-        r, c = np.argwhere(~np.isfinite(a))[0]
-        raise ValueError(f"{what} has a NaN or infinite value at row {r}, column {c}")
+    check_finite(a, argument=what)  # DataFileError (a ValueError) naming the row and column
     return a
 
 

@@ -49,21 +49,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from fedhet.parties.federation import DATA_KEYS
+
 FORMATS = ("csv", "parquet", "npz")
 
-#: Every key of a party's data section, with a one-line description (docs and error hints).
-SPEC_KEYS: dict[str, str] = {
-    "path": "the party's data file; relative paths start at the federation file's folder",
-    "format": "csv | parquet | npz; default from the file name (.csv, .csv.gz, .tsv, .parquet, .pq, .npz)",
-    "id": "name of the ID column (needed by algorithms that align rows across parties)",
-    "id_type": "str (default) or int: how IDs are compared across parties",
-    "label": "name of the label column (for roles that hold labels)",
-    "classes": "all label values (integers or strings), in the order that defines codes 0..C-1",
-    "features": "list of feature column names, or \"rest\" (default): every column but id, label and ignore",
-    "ignore": "columns that features = \"rest\" leaves out",
-    "n_features": "number of feature columns this party must have (agreed in the federation file)",
-    "delimiter": "CSV field separator, one character (default \",\"; tab for .tsv)",
-}
+#: Every key of a party's data section, with a one-line description (docs and error hints): the
+#: federation file's own list, so a misspelt key fails when the file is loaded.
+SPEC_KEYS: dict[str, str] = DATA_KEYS
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -105,19 +97,31 @@ def _show(v: Any) -> str:
 
 def describe_position(*, party: str | None = None, dataset: str | None = None,
                       path: str | os.PathLike | None = None, row: int | None = None,
-                      line: int | None = None, column: str | int | None = None) -> str:
-    """``party 'c1', file 'c1.csv', data row 3 (line 4), column 'b'`` (the parts that are given)."""
+                      line: int | None = None, column: str | int | None = None,
+                      argument: str | None = None) -> str:
+    """``party 'c1', file 'c1.csv', data row 3 (line 4), column 'b'`` (the parts that are given).
+
+    With ``argument`` (an array handed to a Python function) rows and numbered columns also give
+    their 0-based index: ``party 'c1', argument 'X', row 3 (index 2), column 5 (index 4)``."""
     parts = []
     if party:
         parts.append(f"party {party!r}")
     if dataset:
         parts.append(f"dataset {dataset!r}")
+    if argument:
+        parts.append(f"argument {argument!r}")
     if path is not None:
         parts.append(f"file {str(path)!r}")
     if row is not None:
-        parts.append(f"data row {row}" + (f" (line {line})" if line is not None else ""))
+        if argument:
+            parts.append(f"row {row} (index {row - 1})")
+        else:
+            parts.append(f"data row {row}" + (f" (line {line})" if line is not None else ""))
     if column is not None:
-        parts.append(f"column {column}" if isinstance(column, int) else f"column {column!r}")
+        if isinstance(column, int):
+            parts.append(f"column {column}" + (f" (index {column - 1})" if argument else ""))
+        else:
+            parts.append(f"column {column!r}")
     return ", ".join(parts)
 
 
@@ -385,12 +389,17 @@ class PartyTable:
 # the shared NaN / inf check
 
 
-def check_finite(X: np.ndarray, *, columns: Sequence[str] | None = None, party: str | None = None,
+def check_finite(X: np.ndarray, *, columns: Sequence[str | int] | None = None, party: str | None = None,
                  dataset: str | None = None, path: str | os.PathLike | None = None,
-                 lines: Sequence[int] | None = None, what: str = "value") -> None:
+                 lines: Sequence[int] | None = None, what: str = "value", argument: str | None = None,
+                 rows: Sequence[int] | None = None) -> None:
     """Raise :class:`DataFileError` at the first NaN or infinite cell of ``X`` (1-D or 2-D), in
     row order, naming the data row (1-based; ``lines[i]`` is row i's line in a text file), the
-    column (``columns[j]``, else its 1-based number) and how many cells are bad in all."""
+    column (``columns[j]``, else its 1-based number) and how many cells are bad in all.
+
+    Arrays handed to the Python API are checked the same way: ``argument`` names the parameter,
+    ``rows[i]`` is the 1-based row of ``X[i]`` in the caller's array when ``X`` is a part of it
+    (``columns`` may then hold 1-based column numbers)."""
     a = np.asarray(X)
     if a.dtype.kind not in "fc":
         return
@@ -408,12 +417,15 @@ def check_finite(X: np.ndarray, *, columns: Sequence[str] | None = None, party: 
         col = columns[0] if columns is not None and len(columns) == 1 else None
     else:
         col = columns[c] if columns is not None else c + 1
-    where = describe_position(party=party, dataset=dataset, path=path, row=r + 1,
-                              line=None if lines is None else lines[r], column=col)
+    if isinstance(col, (np.integer,)):
+        col = int(col)
+    row = r + 1 if rows is None else int(rows[r])
+    line = None if lines is None else lines[r]
+    where = describe_position(party=party, dataset=dataset, path=path, row=row, line=line, column=col,
+                              argument=argument)
     more = f" ({count - 1} more non-finite cells)" if count > 1 else ""
     raise DataFileError(f"{where}: {what} is {kind}; values must be finite numbers{more}",
-                        party=party, path=path, row=r + 1, line=None if lines is None else lines[r],
-                        column=col, value=float(v))
+                        party=party, path=path, row=row, line=line, column=col, value=float(v))
 
 
 # --------------------------------------------------------------------------------------------

@@ -169,4 +169,5 @@ def feature(party, cfg: Settings, data: dict) -> dict:
 ROLES = {LABEL_OWNER: label_owner, FEATURE: feature}
 
 ALGORITHM = Algorithm(name=NAME, summary="private set intersection of synthetic ID sets (ECDH-PSI or KKRT16)",
-                      roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings)
+                      roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings,
+                      headline=("size", "correct"))

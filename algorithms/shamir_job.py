@@ -160,4 +160,5 @@ def declarations(s: Settings) -> list:
 DECLARATIONS = declarations(Settings())
 ALGORITHM = Algorithm(name=NAME, summary="Shamir-shared linear algebra: owners share, holders compute, "
                       "a coordinator reconstructs", roles=ROLES, load_data=load_data,
-                      declarations=declarations, settings=Settings)
+                      declarations=declarations, settings=Settings,
+                      headline=("correct", "max_err"))

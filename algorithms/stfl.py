@@ -634,4 +634,5 @@ class Table(TableView):
 
 ALGORITHM = Algorithm(name=NAME, summary="STFL: self-taught vertical FL (guests send VAE latent codes once), "
                       "and the hierarchical split network", roles=ROLES, load_data=load_party,
-                      declarations=lambda cfg: list(DECLARATIONS), settings=Table)
+                      declarations=lambda cfg: list(DECLARATIONS), settings=Table,
+                      headline=("test_accuracy",))

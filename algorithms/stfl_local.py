@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.data_fate import Views
+from fedhet.algorithms.party_table import check_finite
 from fedhet.algorithms.stfl_models import VAE, Encoder, HierarchicalNet, vae_loss
 from fedhet.algorithms.toolkit import (accuracy, as_tensor, class_loss, crc32_seed, label_tensor, logit_width,
                                        mlp, predict_classes, resolve_device, seeded, shuffled_batches,
@@ -154,8 +155,7 @@ def _check_2d(name: str, x, n: int | None = None) -> np.ndarray:
         raise ValueError(f"{name} must be 2-D (rows, features), got shape {x.shape}")
     if n is not None and x.shape[0] != n:
         raise ValueError(f"{name} has {x.shape[0]} rows, expected {n}")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name} contains NaN or inf")
+    check_finite(x, argument=name)  # DataFileError (a ValueError) naming the row and column
     return x
 
 

@@ -128,7 +128,14 @@ def ciphertexts_to_bytes(cts, public_key) -> np.ndarray:
 
 
 def ciphertexts_from_bytes(data: np.ndarray, public_key) -> list:
-    """Inverse of :func:`ciphertexts_to_bytes`; checks width and range ``0 < c < n**2``."""
+    """Inverse of :func:`ciphertexts_to_bytes`; every ciphertext must be a unit mod n**2.
+
+    A valid ciphertext lies in Z*_{n**2}: ``0 < c < n**2`` and ``gcd(c, n) = 1``.  One that is
+    not (``c = n``, a multiple of p or q) has no inverse, so the arithmetic would fail later
+    (``invert()``) or decrypt to garbage; it is refused here, naming its index.  The gcd is
+    checked once for the whole batch, on the product mod n (a unit exactly when every factor
+    is), and per ciphertext only when that fails.
+    """
     k = key_view(public_key.n)
     data = np.asarray(data)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != k.width:
@@ -136,14 +143,20 @@ def ciphertexts_from_bytes(data: np.ndarray, public_key) -> list:
             f"ciphertext bytes must be uint8 of shape (count, {k.width}), got {data.dtype} {data.shape}")
     raw = np.ascontiguousarray(data).tobytes()
     w = k.width
+    n = gmpy2.mpz(public_key.n)
     out = []
+    prod = gmpy2.mpz(1)
     for i in range(data.shape[0]):
         c = gmpy2.mpz(int.from_bytes(raw[i * w:(i + 1) * w], "big"))
         if not 0 < c < k.n2:
             raise ValueError(f"ciphertext {i} is not in (0, n**2)")
         out.append(c)
+        prod = prod * c % n
+    if gmpy2.gcd(prod, n) != 1:
+        i = next(i for i, c in enumerate(out) if gmpy2.gcd(c, n) != 1)
+        raise ValueError(f"ciphertext {i} is not a unit mod n**2 (it shares a factor with n): no valid "
+                         "encryption is")
     return out
-
 
 
 class EncryptedArray:

@@ -13,6 +13,7 @@ import os
 import select
 import threading
 import time
+from typing import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -27,15 +28,28 @@ def process_pool(workers: int, mp_context: str = "spawn") -> ProcessPoolExecutor
 
 def exit_with_parent(parent_pid: int) -> None:
     """Worker initializer: end this process as soon as ``parent_pid`` (its parent) is gone."""
+    on_parent_exit(parent_pid, lambda: None, code=1)
+
+
+def on_parent_exit(parent_pid: int, action: Callable[[], None], code: int) -> None:
+    """Once ``parent_pid`` (this process's parent) is gone, run ``action`` and end the process with
+    ``code`` at once, from a watcher thread: whatever the main thread is doing (a long C call
+    included), so nothing outlives its parent by more than the action takes."""
+    def leave() -> None:
+        try:
+            action()
+        finally:
+            os._exit(code)
+
     if os.getppid() != parent_pid:  # already orphaned while starting
-        os._exit(1)
+        leave()
     fd = None
     try:
         fd = os.pidfd_open(parent_pid)
     except (AttributeError, OSError):
         pass
     if fd is not None and os.getppid() != parent_pid:  # the pid was reused before we opened it
-        os._exit(1)
+        leave()
 
     def watch() -> None:
         if fd is not None:
@@ -43,6 +57,6 @@ def exit_with_parent(parent_pid: int) -> None:
         else:
             while os.getppid() == parent_pid:
                 time.sleep(POLL_S)
-        os._exit(1)
+        leave()
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

@@ -44,7 +44,7 @@ from .fixedpoint import FixedPoint
 from .prg import PRG
 
 __all__ = [
-    "share", "reconstruct", "lagrange_coefficients",
+    "share", "reconstruct", "lagrange_coefficients", "interpolate", "syndromes", "locate_error", "parity_check",
     "share_float", "reconstruct_float", "share_bytes", "reconstruct_bytes",
 ]
 
@@ -195,6 +195,157 @@ def reconstruct(shares, xs: Sequence[int], field: PrimeField = F61, t: int | Non
             field.add(acc, field.mul(flat[i], lam[i]), out=acc)
         return acc.reshape(shape)
     return _interpolate61(flat, lam, check).reshape(shape)
+
+
+def interpolate(shares, xs: Sequence[int], at: Sequence[int], field: PrimeField = F61) -> np.ndarray:
+    """Values at the points ``at`` of the polynomial of degree < len(xs) through ``(xs[i], shares[i])``.
+
+    Result shape ``(len(at), *shares.shape[1:])``.  ``at = [0]`` gives the secret like
+    :func:`reconstruct`; evaluated at the points of further shares it checks them: redundant shares
+    are consistent exactly when each equals the value there.  The Lagrange matrix is built in
+    barycentric form with vectorised field arithmetic (O(len(at) * len(xs) + len(xs)**2) products,
+    no Python loop over pairs) and applied with :meth:`PrimeField.matmul`.
+    """
+    pts = _check_points(xs, field)
+    shares = field.asarray(shares, "shares")
+    if shares.ndim < 1 or shares.shape[0] != len(pts):
+        raise ValueError(f"got {shares.shape[0] if shares.ndim else 0} shares for {len(pts)} points")
+    ats = [int(a) % field.p for a in at]
+    flat = shares.reshape(len(pts), -1)
+    out = field.matmul(_lagrange_matrix(pts, ats, field), flat) if ats else np.empty((0, flat.shape[1]), np.uint64)
+    return out.reshape(len(ats), *shares.shape[1:])
+
+
+def syndromes(shares, xs: Sequence[int], t: int, field: PrimeField = F61) -> np.ndarray:
+    """``H @ shares`` for the parity-check matrix H of k shares at ``xs`` with threshold t.
+
+    Shape ``(k - t, *shares.shape[1:])``: all zero exactly when the k shares lie on one
+    polynomial of degree < t, i.e. the redundant shares are consistent.  H is the dual of
+    the Reed-Solomon code the shares form, ``H[m, i] = v_i x_i**m`` (m < k - t) with
+    ``v_i = 1 / prod_{j != i} (x_i - x_j)``: ``sum_i v_i h(x_i) = 0`` for every h of degree
+    below k - 1, and ``f x**m`` is one for deg f < t.
+    """
+    pts = _check_points(xs, field)
+    k, t = len(pts), int(t)
+    shares = field.asarray(shares, "shares")
+    if shares.ndim < 1 or shares.shape[0] != k:
+        raise ValueError(f"got {shares.shape[0] if shares.ndim else 0} shares for {k} points")
+    if not 1 <= t <= k:
+        raise ValueError(f"need 1 <= t <= k shares, got t={t}, k={k}")
+    flat = shares.reshape(k, -1)
+    if k == t:
+        return np.zeros((0, *shares.shape[1:]), dtype=np.uint64)
+    x = np.array(pts, dtype=np.uint64)
+    rows = [_dual_weights(pts, field)]
+    for _ in range(k - t - 1):
+        rows.append(field.mul(rows[-1], x))
+    return field.matmul(np.stack(rows), flat).reshape(k - t, *shares.shape[1:])
+
+
+def parity_check(xs: Sequence[int], t: int, field: PrimeField = F61, r: int | None = None) -> np.ndarray:
+    """A random parity check ``c`` (length k) for shares at ``xs`` with threshold t: ``c @ shares``
+    is zero for consistent shares, and for inconsistent ones non-zero except with probability
+    below ``k / p`` over the choice of ``r`` (secret, drawn after the shares arrived).
+
+    ``c_i = v_i g(x_i)`` with ``g(x) = (x - r)**(k - t - 1)``, one element of the dual code (see
+    :func:`syndromes`): ``c @ y = sum_m C(k-t-1, m) (-r)**(k-t-1-m) S_m``, a polynomial in r of
+    degree < k - t whose coefficients vanish only if the syndromes do.  O(k**2) vectorised
+    products and k modular powers (the syndromes take O(k (k - t)) products and a matrix product).
+    """
+    pts = _check_points(xs, field)
+    k, t = len(pts), int(t)
+    if not 1 <= t <= k:
+        raise ValueError(f"need 1 <= t <= k shares, got t={t}, k={k}")
+    if k == t:
+        return np.zeros(k, dtype=np.uint64)
+    p = field.p
+    if r is None:
+        import secrets
+        r = secrets.randbelow(p)
+    g = np.array([pow(x - r, k - t - 1, p) for x in pts], dtype=np.uint64)
+    return field.mul(_dual_weights(pts, field), g)
+
+
+def _dual_weights(pts: tuple[int, ...], field: PrimeField) -> np.ndarray:
+    """``v_i = 1 / prod_{j != i} (x_i - x_j)`` (barycentric weights; the dual code's column scales)."""
+    x = np.array(pts, dtype=np.uint64)
+    k = len(pts)
+    e = _diff(x, x, field.p)
+    e[np.arange(k), np.arange(k)] = 1
+    return np.array(_batch_inverse([int(v) for v in _row_products(e, field)], field.p), dtype=np.uint64)
+
+
+def _batch_inverse(vals: list[int], p: int) -> list[int]:
+    """Inverses of non-zero residues with one modular inversion (Montgomery's trick)."""
+    prefix, acc = [], 1
+    for v in vals:
+        prefix.append(acc)
+        acc = acc * v % p
+    inv = pow(acc, -1, p)
+    out = [0] * len(vals)
+    for i in range(len(vals) - 1, -1, -1):
+        out[i] = inv * prefix[i] % p
+        inv = inv * vals[i] % p
+    return out
+
+
+def locate_error(shares, xs: Sequence[int], t: int, field: PrimeField = F61) -> int | None:
+    """The index of the one wrong share among k >= t + 2, or None.
+
+    None when the shares are consistent, when k < t + 2 (one redundant share detects an error
+    but cannot place it), or when no single share explains the syndromes (two or more wrong).
+    With one wrong share i off by d, the syndromes are ``d v_i x_i**m``, so ``S_1 / S_0 = x_i``;
+    the answer is checked: the other shares must then be consistent.
+    """
+    pts = _check_points(xs, field)
+    k = len(pts)
+    if k < int(t) + 2:
+        return None
+    S = syndromes(shares, pts, t, field).reshape(k - int(t), -1)
+    cols = np.flatnonzero(S[0])
+    if not cols.size:
+        return None
+    c = int(cols[0])
+    x = int(S[1, c]) * pow(int(S[0, c]), -1, field.p) % field.p
+    if x not in pts:
+        return None
+    i = pts.index(x)
+    shares = field.asarray(shares, "shares")
+    rest = [j for j in range(k) if j != i]
+    if np.any(syndromes(shares[rest], [pts[j] for j in rest], t, field)):
+        return None
+    return i
+
+
+def _row_products(m: np.ndarray, field: PrimeField) -> np.ndarray:
+    """Product mod p of each row of a uint64 matrix (pairwise halving, vectorised)."""
+    m = np.ascontiguousarray(m)
+    while m.shape[1] > 1:
+        if m.shape[1] % 2:
+            m = np.concatenate([m, np.ones((m.shape[0], 1), dtype=np.uint64)], axis=1)
+        m = field.mul(m[:, 0::2], m[:, 1::2])
+    return m[:, 0]
+
+
+def _diff(a: np.ndarray, b: np.ndarray, p: int) -> np.ndarray:
+    """``(a[:, None] - b[None, :]) mod p`` for canonical uint64 vectors."""
+    A, B = a[:, None], b[None, :]
+    return np.where(A >= B, A - B, A + np.uint64(p) - B)
+
+
+def _lagrange_matrix(pts: tuple[int, ...], ats: list[int], field: PrimeField) -> np.ndarray:
+    """``L[j, i]`` with ``f(ats[j]) = sum_i L[j, i] f(pts[i])`` for deg f < len(pts)."""
+    x = np.array(pts, dtype=np.uint64)
+    a = np.array(ats, dtype=np.uint64)
+    w = _dual_weights(pts, field)                    # barycentric weights 1 / prod_{j != i} (x_i - x_j)
+    d = _diff(a, x, field.p)                         # a_j - x_i
+    hit = d == 0                                     # an evaluation point that is a share point
+    d[hit] = 1
+    ell = _row_products(d, field)                    # prod_i (a_j - x_i), over the non-hits
+    L = field.mul(field.mul(field.inv(d), w[None, :]), ell[:, None])
+    rows = hit.any(axis=1)
+    L[rows] = hit[rows].astype(np.uint64)
+    return L
 
 
 # Shares are split at bit 31 (y = yh 2**31 + yl, yh < 2**30) and so are the

@@ -29,6 +29,7 @@ ABORT_KIND = decl.ABORT_KIND  # "I failed, and why": peers stop at once instead 
 QUEUE_MAX_BYTES = 256 << 20
 QUEUE_MAX_MESSAGES = 4096
 MAX_REJECTS_KEPT = 100  # reasons kept verbatim; beyond, only counted by category
+MAX_EVIDENCE_KEYS = 4096  # (peer, kind) pairs whose last message's seq and digest are kept as evidence
 
 
 class PartyError(RuntimeError):
@@ -45,27 +46,148 @@ class PeerTimeout(PartyError, TimeoutError):
 
 
 class PartyAborted(PartyError):
-    """The federation is being torn down because another party failed."""
+    """The federation is being torn down because another party failed.
+
+    ``peer``: the party whose abort notice this is (None when the stop came from this
+    process, e.g. the in-memory runner).  A notice is only ever a statement about its own
+    sender: it names ``peer``, never a party the notice's text may mention."""
+
+    def __init__(self, reason: str, peer: str | None = None):
+        super().__init__(reason)
+        self.peer = peer
 
 
-class MessageRejected(PartyError):
-    """A peer sent a message this party refused (undeclared kind, payload against its schema,
-    or a flood); raised by the ``recv`` that waited for it, naming sender, kind and field."""
+class FederationMismatch(PartyError):
+    """A peer's first message carries a different federation fingerprint: the two parties run from
+    different federation files.  Which file is wrong is not provable, so nobody is blamed; the
+    error names the peer and the sections (and [algorithm] keys) that differ."""
+
+    def __init__(self, me: str, peer: str, sections: list[str]):
+        super().__init__(f"party {me!r} and {peer!r} run from different federation files: "
+                         + ", ".join(sections) + " differ (compare the two machines' files; the run id and "
+                         "every section named must be the same everywhere)")
+        self.peer, self.sections = peer, sections
+
+
+def fingerprint_diff(mine: dict, theirs: dict | None) -> list[str]:
+    """The sections (and [algorithm] keys) in which two federation fingerprints differ."""
+    if theirs is None:
+        return ["the whole federation (its first message carried no fingerprint)"]
+    out = []
+    for sec in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(sec), theirs.get(sec)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out += [f"[{sec}] {k}" for k in keys]
+        elif a != b:
+            out.append(f"[[party]] {sec}" if sec in ("parties", "endpoints", "keys") else f"[{sec}]")
+    return out
+
+
+class PeerFault(PartyError):
+    """A peer's own message shows it at fault: undeclared, malformed, out of bounds or
+    inconsistent.  The only exception that blames a peer (``fedhet.parties.failure``):
+    raise it naming the *sender* of the offending message, with what was wrong."""
 
     def __init__(self, me: str, peer: str, kind: str, reason: str):
         super().__init__(f"party {me!r} rejected a {kind!r} message from {peer!r}: {reason}")
         self.peer, self.kind, self.reason = peer, kind, reason
 
 
+class MessageRejected(PeerFault):
+    """A peer sent a message this party refused (undeclared kind, payload against its schema,
+    or a flood); raised by the ``recv`` that waited for it, naming sender, kind and field."""
+
+
+class RealClock:
+    """Wall-clock time: what every party process runs on."""
+
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, owner: str, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+
+class VirtualClock:
+    """Time for parties that are threads of one process (the in-memory runner's ``clock="virtual"``):
+    it stands still while any party works, and jumps to the earliest deadline only when every live
+    party waits (for a message, or in :meth:`sleep`).  A timeout is then an event of the protocol, not
+    a race with the machine's speed: an honest party is never timed out while it computes, and a
+    silent one is timed out however busy the machine is.
+
+    Only for role functions that wait in one thread at a time (a party computing in a helper thread
+    while its main thread waits would let time jump past it).  Every mailbox of the federation shares
+    :attr:`cv`; a delivery marks its receiver runnable at once (under that lock), so time cannot jump
+    between a send and the receiver's wake-up.  ``safety_s`` bounds each real wait, so a party blocked
+    elsewhere (a lock, a thread outside the clock) cannot hang a test for ever: it only re-checks.
+    """
+
+    virtual = True
+
+    def __init__(self, safety_s: float = 0.5) -> None:
+        self.cv = threading.Condition()
+        self._now = 0.0
+        self.live: set[str] = set()
+        self.waiting: dict[str, float] = {}   # party -> the deadline it waits for
+        self.safety_s = safety_s
+
+    def now(self) -> float:
+        return self._now
+
+    def start(self, owner: str) -> None:
+        with self.cv:
+            self.live.add(owner)
+
+    def finish(self, owner: str) -> None:
+        with self.cv:
+            self.live.discard(owner)
+            self.waiting.pop(owner, None)
+            self._advance()
+
+    def runnable(self, owner: str) -> None:
+        """``owner`` has something to do (a message arrived): caller holds :attr:`cv`."""
+        self.waiting.pop(owner, None)
+
+    def wait(self, owner: str, deadline: float) -> None:
+        """Wait (caller holds :attr:`cv`) until woken or ``deadline`` is due; the caller re-checks."""
+        self.waiting[owner] = deadline
+        self._advance()
+        if self._now < deadline and owner in self.waiting:
+            self.cv.wait(self.safety_s)
+        self.waiting.pop(owner, None)
+
+    def sleep(self, owner: str, seconds: float) -> None:
+        with self.cv:
+            deadline = self._now + max(0.0, seconds)
+            while self._now < deadline:
+                self.wait(owner, deadline)
+
+    def _advance(self) -> None:
+        if self.live and all(p in self.waiting for p in self.live):
+            due = min(self.waiting[p] for p in self.live)
+            if due > self._now:
+                self._now = due
+            self.cv.notify_all()
+
+
 class _Mailbox:
     """Received envelopes, keyed by (sender, kind), so a recv can wait for one kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "", clock: "RealClock | VirtualClock | None" = None) -> None:
         self._queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
         self._bytes: dict[tuple[str, str], int] = collections.defaultdict(int)
         self._poisoned: dict[tuple[str, str], Exception] = {}
-        self._cv = threading.Condition()
+        self._poisoned_senders: dict[str, Exception] = {}
+        self._failed: Exception | None = None
+        self.owner = owner
+        self.clock = clock or RealClock()
+        self._virtual = self.clock if isinstance(self.clock, VirtualClock) else None
+        self._cv = self._virtual.cv if self._virtual is not None else threading.Condition()
         self.aborted: str | None = None
+        self.aborted_by: str | None = None  # the peer whose abort notice stopped us
 
     def put(self, env: codec.Envelope) -> str | None:
         """Queue ``env``; returns why it was refused when its (sender, kind) queue is full."""
@@ -77,22 +199,41 @@ class _Mailbox:
                         f"queued from {env.frm!r}; limit {QUEUE_MAX_MESSAGES} / {QUEUE_MAX_BYTES:,} bytes")
             q.append(env)
             self._bytes[key] += env.nbytes
-            self._cv.notify_all()
+            self._wake()
         return None
+
+    def _wake(self) -> None:
+        if self._virtual is not None:
+            self._virtual.runnable(self.owner)
+        self._cv.notify_all()
+
+    def fail(self, err: Exception) -> None:
+        """Make every recv raise ``err`` (this party cannot go on: e.g. a federation mismatch)."""
+        with self._cv:
+            if self._failed is None:
+                self._failed = err
+            self._wake()
+
+    def poison_sender(self, frm: str, err: Exception) -> None:
+        """Make every recv from ``frm``, of any kind, raise ``err``."""
+        with self._cv:
+            self._poisoned_senders.setdefault(frm, err)
+            self._wake()
 
     def poison(self, frm: str, kind: str, err: Exception) -> None:
         """Make the next recv of (frm, kind) raise ``err`` (the message it waits for was refused)."""
         with self._cv:
             self._poisoned.setdefault((frm, kind), err)
-            self._cv.notify_all()
+            self._wake()
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, peer: str | None = None) -> None:
         with self._cv:
-            self.aborted = reason
-            self._cv.notify_all()
+            if self.aborted is None:
+                self.aborted, self.aborted_by = reason, peer
+            self._wake()
 
     def get(self, frm: str, kind: str, timeout: float) -> codec.Envelope | None:
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.now() + timeout
         with self._cv:
             while True:
                 q = self._queues.get((frm, kind))
@@ -102,12 +243,19 @@ class _Mailbox:
                     return env
                 if (frm, kind) in self._poisoned:
                     raise self._poisoned[(frm, kind)]
+                if frm in self._poisoned_senders:
+                    raise self._poisoned_senders[frm]
+                if self._failed is not None:
+                    raise self._failed
                 if self.aborted is not None:
-                    raise PartyAborted(self.aborted)
-                left = deadline - time.monotonic()
+                    raise PartyAborted(self.aborted, self.aborted_by)
+                left = deadline - self.clock.now()
                 if left <= 0:
                     return None
-                self._cv.wait(min(left, 0.5))
+                if self._virtual is not None:
+                    self._virtual.wait(self.owner, deadline)
+                else:
+                    self._cv.wait(min(left, 0.5))
 
 
 class Party:
@@ -128,6 +276,8 @@ class Party:
         status_cb: Callable[[dict], None] | None = None,
         declarations: dict[str, decl.MessageDecl] | None = None,
         sizes: dict[str, int] | None = None,
+        clock: RealClock | VirtualClock | None = None,
+        fingerprint: dict | None = None,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -147,9 +297,14 @@ class Party:
         self._status_cb = status_cb
         self._last_status = 0.0
         self._t0 = time.monotonic()
-        self._mailbox = _Mailbox()
+        self.clock = clock or RealClock()
+        self._mailbox = _Mailbox(name, self.clock)
+        # The federation's fingerprint (Federation.fingerprint): sent on each link's first message,
+        # checked on each peer's; None (in-memory runs) sends and checks none.
+        self.fingerprint = fingerprint
         self._seq_out: dict[str, int] = collections.defaultdict(int)
         self._seq_in: dict[str, int] = collections.defaultdict(int)
+        self._last_in: dict[tuple[str, str], dict] = {}   # (peer, kind) -> seq, round, digest of its last message
         self._lock = threading.Lock()  # guards counters and the transcript
         self._send_lock = threading.Lock()
         self._reject_lock = threading.Lock()
@@ -177,7 +332,8 @@ class Party:
             raise PartyError("message kind must be a non-empty string")
         with self._send_lock:
             seq = self._seq_out[to]
-            frames = codec.encode(self.run_id, self.name, to, kind, seq, payload, self.round)
+            frames = codec.encode(self.run_id, self.name, to, kind, seq, payload, self.round,
+                                  fed=self.fingerprint if seq == 0 else None)
             digest, n = codec.frames_digest(frames)
             self._transport_send(to, frames)
             self._seq_out[to] = seq + 1
@@ -195,6 +351,13 @@ class Party:
         if env is None:
             raise PeerTimeout(self.name, frm, kind, t, self._what_peer_did(frm))
         return env.payload
+
+    def last_received(self, peer: str, kind: str) -> dict | None:
+        """Evidence of the last ``kind`` message accepted from ``peer`` at the sequence layer: its seq,
+        round and digest (as in both parties' transcripts)."""
+        with self._lock:
+            got = self._last_in.get((peer, kind))
+        return dict(got, peer=peer, kind=kind) if got else None
 
     def _what_peer_did(self, peer: str) -> str:
         """For a timeout's message: what ``peer`` did send, so an honest peer is not called silent."""
@@ -235,9 +398,18 @@ class Party:
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    def abort(self, reason: str) -> None:
-        """Make every pending and future recv fail (used when another party failed)."""
-        self._mailbox.abort(reason)
+    def now(self) -> float:
+        """The clock that receive timeouts run on (monotonic seconds; virtual under the in-memory
+        runner's ``clock="virtual"``).  Protocol deadlines are computed from it, never from time.*."""
+        return self.clock.now()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on :meth:`now`'s clock (fault injection: a late party)."""
+        self.clock.sleep(self.name, seconds)
+
+    def abort(self, reason: str, peer: str | None = None) -> None:
+        """Make every pending and future recv fail (used when another party, ``peer``, failed)."""
+        self._mailbox.abort(reason, peer)
 
     def close(self, timeout: float | None = None) -> None:
         """Closing barrier: tell every linked peer (:meth:`linked_peers`) we are done and wait for theirs.
@@ -361,11 +533,27 @@ class Party:
             expected = self._seq_in[env.frm]
             if env.seq != expected:
                 what = "replayed" if env.seq < expected else "out-of-order"
-                self._reject(f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}",
-                             env.frm, what)
+                why = f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}"
+                self._reject(why, env.frm, what)
+                if authenticated is not None:
+                    # Only the holder of env.frm's key can put a message on this link: an honest party
+                    # never repeats or skips a sequence number, so its key is replaying or is used by a
+                    # second sender.  Every wait on it fails now, naming it, instead of timing out.
+                    self._mailbox.poison_sender(env.frm, PeerFault(
+                        self.name, env.frm, env.kind, f"{why}: messages under {env.frm!r}'s key are out of "
+                        "sequence (a replay, or a second sender holding its key)"))
                 return False
             self._seq_in[env.frm] = expected + 1
+            if expected == 0 and self.fingerprint is not None:
+                differ = fingerprint_diff(self.fingerprint, env.fed)
+                if differ:
+                    mismatch = FederationMismatch(self.name, env.frm, differ)
+                    self._reject(str(mismatch), env.frm, "federation mismatch")
+                    self._mailbox.fail(mismatch)
+                    return False
             self.bytes_received[env.frm] += env.nbytes
+            if len(self._last_in) < MAX_EVIDENCE_KEYS or (env.frm, env.kind) in self._last_in:
+                self._last_in[(env.frm, env.kind)] = {"seq": env.seq, "round": env.round, "sha256": env.digest}
         refused = self._admit(env)
         if refused is not None:
             category, reason, err = refused
@@ -379,7 +567,7 @@ class Party:
                 self._record("recv", env.frm, env.kind, env.round, env.seq, env.nbytes, env.digest, env.payload)
         if env.kind == ABORT_KIND:
             reason = env.payload.get("reason", "") if isinstance(env.payload, dict) else ""
-            self._mailbox.abort(f"party {env.frm!r} failed: {str(reason)[:200]}")
+            self._mailbox.abort(f"party {env.frm!r} announced its own failure: {str(reason)[:2000]}", env.frm)
             return True
         full = self._mailbox.put(env)
         if full is not None:
@@ -392,7 +580,7 @@ class Party:
         """Tell every peer this party failed (best effort), so they stop within seconds."""
         for p in self.peers:
             try:
-                self.send(p, ABORT_KIND, {"reason": str(reason)[:180]})
+                self.send(p, ABORT_KIND, {"reason": str(reason)[:schema.MAX_TEXT]})
             except Exception:  # a dead link must not hide the original failure
                 pass
 

@@ -17,7 +17,13 @@ RUN --federation fed.toml``) takes every party's ``sign_key`` (and role) from
 the federation file the auditor trusts, and reports any party whose key or
 role in the run's ``config.json`` differs.  Without it the keys come from the
 folder's own ``config.json``, which anyone who can edit the folder can replace
-(and re-sign every transcript): the report then carries a loud warning.
+(and re-sign every transcript): the report is then *unverified*, and ``fedhet
+audit`` exits non-zero unless the auditor accepts the folder's keys
+explicitly (``--trust-folder-keys``).
+
+Sequence numbers.  Each link's sends, and its receipts, must be numbered
+0..k without a gap: a message deleted from both ends' transcripts (two
+colluding parties, each re-signing its own) leaves one (``sequence_gaps``).
 
 Robustness.  Records and config entries of the wrong shape (a ``null`` size,
 a list where a kind belongs, ...) are reported as problems naming the party,
@@ -46,10 +52,22 @@ class AuditReport:
     warnings: list[str] = field(default_factory=list)
     table: list[dict] = field(default_factory=list)  # party, kind, sent, sent_bytes, received, received_bytes
     messages: int = 0
+    keys_trusted: bool = False  # signing keys from a federation file, or the folder's accepted explicitly
 
     @property
     def ok(self) -> bool:
+        """No problem found in the folder (signatures checked against the keys used)."""
         return not self.problems
+
+    @property
+    def unverified(self) -> str | None:
+        """Why a problem-free report still proves nothing (None when the keys were trusted)."""
+        return None if self.keys_trusted else UNVERIFIED
+
+    @property
+    def exit_code(self) -> int:
+        """``fedhet audit``'s status: 0 only for a problem-free report against trusted keys."""
+        return 0 if self.ok and self.keys_trusted else 1
 
 
 def _declarations(config: dict, lookup: Callable[[str], Any] | None) -> tuple[dict, dict, Any, list[str]]:
@@ -70,12 +88,14 @@ def _declarations(config: dict, lookup: Callable[[str], Any] | None) -> tuple[di
 
 
 def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
-          federation: str | Path | None = None) -> AuditReport:
+          federation: str | Path | None = None, trust_folder_keys: bool = False) -> AuditReport:
     """Audit a run folder.  ``lookup`` maps the run's algorithm name to its Algorithm (the CLI
     hands the algorithms' registry; by default the installed entry points); ``federation``: the
-    federation file whose signing keys the auditor trusts."""
+    federation file whose signing keys the auditor trusts; ``trust_folder_keys``: accept the
+    folder's own keys instead (else, without ``federation``, the report is unverified)."""
     run_dir = Path(run_dir)
     rep = AuditReport(run_dir)
+    rep.keys_trusted = federation is not None or bool(trust_folder_keys)
     cfg_path = run_dir / "config.json"
     try:
         config = json.loads(cfg_path.read_text())
@@ -140,6 +160,7 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
         if key not in sends:
             frm, to, seq = key
             rep.problems.append(f"{frm} -> {to} seq {seq} ({r.get('kind')}): received but never sent")
+    rep.problems += sequence_gaps(sends, recvs)
     rep.table = [
         {"party": p, "role": roles.get(p, "?"), "kind": k, "sent": c[0], "sent_bytes": c[1],
          "received": c[2], "received_bytes": c[3]}
@@ -200,6 +221,8 @@ def config_problems(config) -> list[str]:
     return out
 
 
+UNVERIFIED = ("unverified: the signing keys come from the run folder itself; pass --federation fed.toml "
+              "(the file you trust) or accept the folder's keys with --trust-folder-keys")
 UNTRUSTED_KEYS_WARNING = (
     "signing keys taken from the audited folder's own config.json: whoever can edit the folder can replace "
     "them and re-sign every transcript, so the signatures prove nothing here. Pass the federation file you "
@@ -254,6 +277,27 @@ def trusted_sign_keys(rep: AuditReport, config: dict, federation: str | Path | N
     return keys
 
 
+def sequence_gaps(sends: dict, recvs: dict) -> list[str]:
+    """Gaps in each link's sequence numbers: a link's sends (and its receipts) must be 0..k.
+
+    Every message on a link takes the next sequence number, so a number missing from both ends
+    is a message deleted from both transcripts (by two colluding parties, each re-signing its
+    own); one missing from one end only is already reported as sent but never received (or the
+    reverse), and is not repeated here.
+    """
+    links: dict[tuple, set[int]] = defaultdict(set)
+    for frm, to, seq in list(sends) + list(recvs):
+        links[(frm, to)].add(seq)
+    out = []
+    for (frm, to), have in sorted(links.items()):
+        missing = [q for q in range(max(have) + 1) if q not in have]
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            out.append(f"{frm} -> {to}: sequence number(s) {shown} of 0..{max(have)} missing from both ends' "
+                       "transcripts: message(s) deleted from both")
+    return out
+
+
 def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, sizes: dict, name: str, r: dict,
                     sender: str, receiver: str) -> None:
     kind = r.get("kind")
@@ -284,17 +328,23 @@ def render(rep: AuditReport, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rich.markup import escape
+    from rich.text import Text
+
     console = console or Console()
-    t = Table(title=f"audit of {rep.run_dir}")
+    t = Table(title=Text(f"audit of {rep.run_dir}", style="italic"))
     for col in ("party", "role", "kind", "sent", "sent bytes", "received", "received bytes"):
         t.add_column(col, justify="right" if "sent" in col or "received" in col else "left")
     for row in rep.table:
-        t.add_row(row["party"], row["role"], str(row["kind"]), str(row["sent"]), f"{row['sent_bytes']:,}",
-                  str(row["received"]), f"{row['received_bytes']:,}")
+        t.add_row(*(Text(str(v)) for v in (row["party"], row["role"], row["kind"], row["sent"],
+                                             f"{row['sent_bytes']:,}", row["received"], f"{row['received_bytes']:,}")))
     console.print(t)
     for w in rep.warnings:
-        console.print(f"[bold red]WARNING[/bold red]: {w}", highlight=False)
-    if rep.ok:
+        console.print(f"[bold red]WARNING[/bold red]: {escape(str(w))}", highlight=False)
+    if rep.ok and rep.unverified:
+        console.print(f"[red]audit UNVERIFIED[/red]: {rep.messages} records consistent, but "
+                      f"{escape(str(rep.unverified))}", highlight=False, soft_wrap=True)
+    elif rep.ok:
         console.print(f"[green]audit passed[/green]: {rep.messages} records, chains and signatures verified, "
                       "every send matched a receive, every message as declared"
                       + (" (signatures against the folder's own keys: see the warning)" if rep.warnings else ""))

@@ -9,6 +9,11 @@
     fedhet messages ALGO                every message kind: sender, receiver, payload schema
     fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
     fedhet demo [--out D]               the headline job, end to end
+    fedhet --version                    the installed version
+
+Every message printed through rich is escaped (:func:`rich.markup.escape`) or printed as a
+``Text``: the messages quote TOML sections (``[[party]] #1``, ``[algorithm]``), which rich
+would otherwise read as markup and drop.
 
 This module is the one place in ``parties/`` that imports ``fedhet.algorithms``: it resolves
 algorithm names through the registry and hands the Algorithm to the runtime and the audit.
@@ -16,14 +21,28 @@ algorithm names through the registry and hands the Algorithm to the runtime and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.markup import escape  # schemas render lists as [item], which rich would read as markup
+from rich.markup import escape  # messages quote [sections] and schemas [item]: rich would eat them
+from rich.text import Text
+
+from .progress import LOG_LEVELS
 
 console = Console(stderr=False)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedhet")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _load_federation(spec: str):
@@ -31,12 +50,29 @@ def _load_federation(spec: str):
     from .federation import load
 
     p = Path(spec)
+    if p.is_dir():
+        if spec in presets.names():
+            raise ValueError(f"{spec!r} is both a preset and a folder here ({p.resolve()}): to run the preset, "
+                             f"rename the folder or run from another folder; to run a federation file, "
+                             f"give its path (a run folder holds one: {spec}/federation.toml)")
+        raise ValueError(f"{spec!r} is a folder, not a federation file or a preset (a run folder holds its "
+                         f"federation file: {spec}/federation.toml; presets: {', '.join(presets.names())})")
     if p.exists():
         return load(p)
     if spec in presets.names():
         return load(presets.path(spec))
     raise SystemExit(f"fedhet: {spec!r} is neither a federation file nor a preset "
                      f"(presets: {', '.join(presets.names())})")
+
+
+def _with_data_dir(fed, data_dir: str | None):
+    """The federation with ``--data-dir`` (folder of the built-in data sets) in force."""
+    if not data_dir:
+        return fed
+    p = Path(data_dir).expanduser()
+    if not p.is_dir():
+        raise ValueError(f"--data-dir {data_dir!r} is not a folder")
+    return dataclasses.replace(fed, data_dir=str(p.resolve()))
 
 
 def _parse_overrides(items: list[str]) -> dict:
@@ -64,7 +100,7 @@ def cmd_presets(args) -> int:
     if args.describe:
         return _describe_settings(args.describe)
     for n in presets.names():
-        console.print(f"[bold]{n:<22}[/bold] {presets.describe(n)}")
+        console.print(f"[bold]{escape(f'{n:<22}')}[/bold] {escape(presets.describe(n))}", highlight=False)
     return 0
 
 
@@ -82,15 +118,15 @@ def _describe_settings(spec: str) -> int:
 
     algo, _ = _algorithm_of(spec)
     rows = algo.describe_settings()
-    console.print(f"[bold]{algo.name}[/bold]: {algo.summary}", highlight=False)
+    console.print(f"[bold]{escape(algo.name)}[/bold]: {escape(algo.summary)}", highlight=False)
     if not rows:
         console.print("(this algorithm has no typed settings yet: its module docstring lists its keys)")
         return 0
-    t = Table(title=f"[algorithm] settings of {algo.name}")
+    t = Table(title=Text(f"[algorithm] settings of {algo.name}", style="italic"))
     for c in ("key", "type", "default", "range", "meaning"):
         t.add_column(c, overflow="fold")
     for r in rows:
-        t.add_row(r["key"], r["type"], json.dumps(r["default"]), r["range"], r["doc"])
+        t.add_row(*(Text(str(v)) for v in (r["key"], r["type"], json.dumps(r["default"]), r["range"], r["doc"])))
     console.print(t)
     return 0
 
@@ -111,22 +147,23 @@ def cmd_messages(args) -> int:
                               "payload": d.payload.render() if d.payload is not None else None}
                           for k, d in declared.items()}, indent=2))
         return 0
-    t = Table(title=f"message kinds of {algo.name}" + (f" ({args.algorithm})" if fed is not None else ""))
+    t = Table(title=Text(f"message kinds of {algo.name}" + (f" ({args.algorithm})" if fed is not None else ""),
+                         style="italic"))
     for c in ("kind", "sender", "receiver", "payload", "what"):
         t.add_column(c, overflow="fold")
     for k, d in declared.items():
-        t.add_row(k, ", ".join(d.sender), ", ".join(d.receiver),
-                  escape(d.payload.render()) if d.payload is not None else "(arrays checked by the audit)", d.what)
+        t.add_row(*(Text(v) for v in (k, ", ".join(d.sender), ", ".join(d.receiver),
+                                      d.payload.render() if d.payload is not None else "(arrays checked by the audit)",
+                                      d.what)))
     console.print(t)
     if sizes:
-        console.print("sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.items()), highlight=False)
+        console.print("sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.items()), highlight=False, markup=False)
     return 0
 
 
 def cmd_keys(args) -> int:
     from . import keys as keyfiles
-    from .atomic import write_atomic
-    from .federation import load
+    from .federation import load, update_public_keys
 
     fed = load(args.file)
     if fed.key_dir is None:
@@ -134,15 +171,21 @@ def cmd_keys(args) -> int:
     names = [args.name] if args.name else [p.name for p in fed.parties]
     for n in names:
         fed.party(n)  # validates the name
-    console.print(f"# keys in {fed.key_dir} (secret files mode 0600)")
+    console.print(f"# keys in {fed.key_dir} (secret files mode 0600)", markup=False, highlight=False)
+    made = {}
     for n in names:
-        pub = keyfiles.generate(fed.key_dir, n, overwrite=args.force)
-        spec = fed.party(n)
-        spec.public_key, spec.sign_key = pub.curve, pub.sign
-        console.print(f"# party {n}\npublic_key = \"{pub.curve}\"\nsign_key = \"{pub.sign}\"", markup=False)
+        if args.update and not args.force and keyfiles.exists(fed.key_dir, n):
+            pub = keyfiles.load_public(fed.key_dir, n)  # --update writes the keys this machine already has
+            note = " (existing keys)"
+        else:
+            pub = keyfiles.generate(fed.key_dir, n, overwrite=args.force)
+            note = ""
+        made[n] = pub
+        console.print(f"# party {n}{note}\npublic_key = \"{pub.curve}\"\nsign_key = \"{pub.sign}\"", markup=False)
     if args.update:
-        write_atomic(args.file, fed.to_toml())
-        console.print(f"# wrote the public keys into {args.file} (comments in it were not kept)")
+        update_public_keys(args.file, {n: pub.as_dict() for n, pub in made.items()})
+        console.print(f"# wrote the public keys into {args.file} (the rest of the file is unchanged)",
+                      markup=False, highlight=False)
     return 0
 
 
@@ -150,7 +193,7 @@ def cmd_party(args) -> int:
     from .federation import load
     from .runtime import run_party
 
-    fed = load(args.file)
+    fed = _with_data_dir(load(args.file), args.data_dir)
     out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
     if args.insecure:
         console.print("[bold red]WARNING[/bold red]: --insecure: CURVE encryption and sender authentication "
@@ -160,9 +203,16 @@ def cmd_party(args) -> int:
                       "--run-id so messages of an earlier run can never be replayed into this one", style="yellow")
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     code = run_party(fed, args.name, out, algorithm, insecure=args.insecure, bind=args.bind,
-                     run_id=args.run_id or None, echo=not args.quiet)
+                     run_id=args.run_id or None, echo=not args.quiet, log_level=args.log_level)
     if not args.quiet:
-        console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}")
+        console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}", markup=False)
+        err = out / "parties" / args.name / "error.json"
+        if code != 0 and err.exists():
+            rec = json.loads(err.read_text())
+            who = rec.get("culprit")
+            blame = (f"the evidence names {who!r}" if who and who != args.name else
+                     "it failed on its own" if who == args.name else "no party is proven at fault")
+            console.print(f"  {rec.get('cause')}: {blame}: {rec.get('error')}", markup=False, highlight=False)
     return code
 
 
@@ -174,52 +224,88 @@ def cmd_host(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     return run_host(fed, args.host, out, algorithm, insecure=args.insecure, run_id=args.run_id or None,
-                    echo=not args.quiet)
+                    echo=not args.quiet, log_level=args.log_level)
 
 
-def _print_summary(summary: dict, title: str) -> None:
+def _show_value(v: Any) -> str:
+    """A result value in full: floats to 4 places, tables and lists spelled out."""
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_show_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_show_value(x) for x in v) + "]"
+    return str(v)
+
+
+def _print_summary(summary: dict, title: str, headline: tuple[str, ...] = ()) -> None:
+    """The end-of-run table: per party its headline results (the algorithm's declared
+    ``headline`` keys) in full, never cut, then its other scalar results as room allows
+    (all of them are in the run folder's result.json)."""
     from rich.table import Table
 
-    t = Table(title=title)
-    for c in ("party", "role", "result", "sent", "received", "wall s"):
-        t.add_column(c)
+    rows = []
     for name, p in summary["parties"].items():
-        res = p.get("result") or {}
-        shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in res.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool))
+        res = p.get("result")
+        res = res if isinstance(res, dict) else {}
         tr = p.get("traffic", {})
-        t.add_row(name, p.get("role", "?"), shown or p.get("error", ""), f"{tr.get('bytes_sent_total', 0):,} B",
-                  f"{tr.get('bytes_received_total', 0):,} B", f"{p.get('wall_s', 0):.2f}")
+        rows.append({
+            "party (role)": f"{name} ({p.get('role', '?')})",
+            "headline": "\n".join(f"{k}={_show_value(res[k])}" for k in headline if res.get(k) is not None) or "-",
+            "other results": ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
+                                       if k not in headline and isinstance(v, (int, float, str))
+                                       and not isinstance(v, bool)) or str(p.get("error") or ""),
+            "sent/recv MB": f"{tr.get('bytes_sent_total', 0) / 1e6:.1f}/{tr.get('bytes_received_total', 0) / 1e6:.1f}",
+            "wall s": f"{p.get('wall_s', 0):.1f}"})
+    cols = ["party (role)"] + (["headline"] if headline else []) + ["other results", "sent/recv MB", "wall s"]
+    # Every column but "other results" at its full width; that one gets what is left of the
+    # console (each column costs its text plus 3 for padding and rule), or is left out.
+    need = {c: max([len(c)] + [len(line) for r in rows for line in r[c].splitlines()]) for c in cols}
+    room = console.width - 1 - sum(need[c] + 3 for c in cols if c != "other results") - 3
+    if room < 12:
+        cols.remove("other results")
+    t = Table(title=Text(title, style="italic"))
+    for c in cols:
+        t.add_column(c, justify="right" if c in ("sent/recv MB", "wall s") else "left",
+                     no_wrap=c != "other results", overflow="ellipsis" if c == "other results" else "fold",
+                     max_width=room if c == "other results" else None)
+    for r in rows:
+        t.add_row(*(Text(r[c], no_wrap=c == "other results", overflow="ellipsis" if c == "other results" else "fold")
+                    for c in cols))
     console.print(t)
 
 
 def cmd_run(args) -> int:
     from .launcher import RunFailed, launch
 
-    fed = _load_federation(args.federation)
+    fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
+    algorithm = _registry().get_algorithm(fed.algorithm_name)
     if args.insecure:
         console.print("[bold red]WARNING[/bold red]: --insecure: CURVE is OFF for every party", highlight=False)
     try:
         summary = launch(fed, args.out, insecure=args.insecure, timeout=args.timeout,
-                         progress=not args.no_progress, overrides=_parse_overrides(args.set))
+                         progress=not args.no_progress, overrides=_parse_overrides(args.set), algorithm=algorithm,
+                         log_level=args.log_level)
     except RunFailed as e:
-        console.print(f"[bold red]run failed[/bold red]: {e}", highlight=False)
+        console.print(f"[bold red]run failed[/bold red]: {escape(str(e))}", highlight=False)
         return 1
-    _print_summary(summary, f"{fed.algorithm_name}: {len(fed.parties)} parties, {summary['wall_s']:.1f}s")
+    _print_summary(summary, f"{fed.algorithm_name}: {len(fed.parties)} parties, {summary['wall_s']:.1f}s",
+                   algorithm.headline)
     run_dir = Path(args.out) if args.out else None
-    console.print(f"run folder: {run_dir or '(see runs/)'}; check it with `fedhet audit <run folder>`")
+    console.print(f"run folder: {run_dir or '(see runs/)'}; check it with `fedhet audit <run folder>`", markup=False)
     return 0
 
 
 def cmd_audit(args) -> int:
     from .audit import audit, render
 
-    rep = audit(args.run_dir, _registry().get_algorithm, federation=args.federation)
+    rep = audit(args.run_dir, _registry().get_algorithm, federation=args.federation,
+                trust_folder_keys=args.trust_folder_keys)
     render(rep, console)
     if args.json:
-        print(json.dumps({"ok": rep.ok, "problems": rep.problems, "warnings": rep.warnings, "table": rep.table},
-                         indent=2))
-    return 0 if rep.ok else 1
+        print(json.dumps({"ok": rep.ok, "unverified": rep.unverified, "problems": rep.problems,
+                          "warnings": rep.warnings, "table": rep.table}, indent=2))
+    return rep.exit_code
 
 
 def cmd_demo(args) -> int:
@@ -232,6 +318,7 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedhet", description="secure multi-party federated learning "
                                  "across parties that hold different features")
+    ap.add_argument("--version", action="version", version=f"fedhet {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("presets", help="list the federation presets that ship with fedhet")
     p.add_argument("--describe", metavar="ALGO_OR_PRESET",
@@ -246,7 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--name", help="only this party (on its own machine)")
     p.add_argument("--force", action="store_true", help="replace existing keys")
-    p.add_argument("--update", action="store_true", help="write the public keys into FILE")
+    p.add_argument("--update", action="store_true",
+                   help="write the public keys into FILE (only those values change; keys this machine already "
+                        "has are reused unless --force)")
     p.set_defaults(fn=cmd_keys)
     p = sub.add_parser("party", help="run one party of a federation (one per machine)")
     p.add_argument("file")
@@ -254,8 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run folder (default runs/ALGORITHM-RUNID)")
     p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
     p.add_argument("--bind", help="endpoint to listen on if it differs from the advertised one (tcp://*:5555)")
+    p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what log.txt records (and echoes)")
     p.set_defaults(fn=cmd_party)
     p = sub.add_parser("host", help="run the parties of one host of a federation (`fedhet run` starts these)")
     p.add_argument("file")
@@ -264,19 +355,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
     p.set_defaults(fn=cmd_host)
     p = sub.add_parser("run", help="run every party of a federation as a local process")
     p.add_argument("federation", help="federation file or preset name")
     p.add_argument("--out", help="run folder (default runs/ALGORITHM-TIME-ID)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--timeout", type=float, help="fail the run if it takes longer (seconds)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] parameter")
+    p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("audit", help="verify a run's transcripts against the declared disclosures")
     p.add_argument("run_dir")
     p.add_argument("--federation", metavar="FED_TOML",
-                   help="the federation file whose signing keys you trust (default: the run folder's own, with a warning)")
+                   help="the federation file whose signing keys you trust (without it the audit is unverified)")
+    p.add_argument("--trust-folder-keys", action="store_true",
+                   help="accept the signing keys in the run folder's own config.json (else, without "
+                   "--federation, the audit is unverified and exits 1)")
     p.add_argument("--json", action="store_true", help="also print the report as JSON")
     p.set_defaults(fn=cmd_audit)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
@@ -295,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError) as e:
-        console.print(f"[bold red]fedhet {args.cmd}[/bold red]: {e}", highlight=False)
+        console.print(f"[bold red]fedhet {args.cmd}[/bold red]: {escape(str(e))}", highlight=False)
         return 2
 
 

@@ -116,6 +116,7 @@ class Envelope:
     nbytes: int = 0  # encoded size of all frames
     digest: str = ""  # SHA-256 over all frames, for the transcript
     arrays: list = field(default_factory=list)  # [(dtype, shape)] for the transcript
+    fed: dict | None = None  # the sender's federation fingerprint (its first message on the link)
 
 
 def _flatten(obj: Any, arrays: list, bufs: list, depth: int = 0) -> Any:
@@ -159,7 +160,7 @@ def _flatten(obj: Any, arrays: list, bufs: list, depth: int = 0) -> Any:
 
 
 def encode(run: str, frm: str, to: str, kind: str, seq: int, payload: Any, round: int = 0,
-           chunk_bytes: int | None = None) -> list:
+           chunk_bytes: int | None = None, fed: dict | None = None) -> list:
     """Frames for one message: [header bytes, array data frames...].
 
     Each array is one frame, or ``ceil(nbytes / chunk_bytes)`` frames when it
@@ -180,6 +181,8 @@ def encode(run: str, frm: str, to: str, kind: str, seq: int, payload: Any, round
     split = any(len(v) > chunk for v in views)
     if split:  # only then: messages of small arrays keep exactly the frames they always had
         header["chunk_bytes"] = chunk
+    if fed is not None:  # the federation fingerprint, on a link's first message (Party.send)
+        header["fed"] = fed
     head = msgpack.packb(header, use_bin_type=True)
     if len(head) > MAX_HEADER_BYTES:
         raise ValueError(f"message {kind!r}: header of {len(head)} bytes exceeds {MAX_HEADER_BYTES} "
@@ -377,7 +380,22 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope
         raise MalformedMessage("array frames not referenced by the body")
     digest, n = frames_digest(mvs)
     return Envelope(run=p.run, frm=p.frm, to=p.to, kind=p.kind, seq=p.seq, round=p.round,
-                    payload=payload, nbytes=n, digest=digest, arrays=meta)
+                    payload=payload, nbytes=n, digest=digest, arrays=meta, fed=_fingerprint(p.header.get("fed")))
+
+
+def _fingerprint(fed: Any) -> dict | None:
+    """A received fingerprint: section -> hex digest, or section -> {key -> hex digest}; bounded."""
+    if fed is None:
+        return None
+    ok = isinstance(fed, dict) and len(fed) <= 16 and all(
+        isinstance(k, str) and len(k) <= 64 and (
+            (isinstance(v, str) and len(v) <= 64)
+            or (isinstance(v, dict) and len(v) <= 512 and all(
+                isinstance(a, str) and len(a) <= 64 and isinstance(b, str) and len(b) <= 64 for a, b in v.items())))
+        for k, v in fed.items())
+    if not ok:
+        raise MalformedMessage("federation fingerprint: expected section -> digest (or key -> digest), bounded")
+    return fed
 
 
 def describe(payload: Any) -> list:

@@ -14,7 +14,9 @@ and uses only what the contract names:
   user's file named in the party's section (``ctx.data``);
 - ``declarations(settings)``: the message kinds with their payload schemas;
   the party checks every receipt against them and the audit every record;
-- ``sizes(settings)``: the symbolic sizes the schemas use (``n_common``...).
+- ``sizes(settings)``: the symbolic sizes the schemas use (``n_common``...);
+- ``headline``: the result keys that are the run's outcome (final accuracy...): the end-of-run
+  table shows them first and in full for every party whose result has them.
 
 An algorithm module exposes one ``ALGORITHM = Algorithm(...)``.
 
@@ -80,6 +82,7 @@ class Algorithm:
     declarations: Callable[[Any], list] | None = None  # None only for ad-hoc test algorithms
     settings: type | None = None
     sizes: Callable[[Any], dict] = field(default=lambda s: {})
+    headline: tuple[str, ...] = ()  # result keys shown in full at the end of a run (final accuracy...)
 
     def parse(self, table: Mapping[str, Any] | None) -> Any:
         """The settings object for an ``[algorithm]`` table (a dict where ``settings`` is None)."""
@@ -123,7 +126,8 @@ def from_module(mod: Any) -> Algorithm:
 
     doc = (getattr(mod, "__doc__", "") or "").strip().splitlines()
     return Algorithm(name=mod.NAME, summary=doc[0] if doc else mod.NAME, roles=dict(mod.ROLES),
-                     load_data=load, declarations=declarations if hasattr(mod, "DECLARATIONS") else None)
+                     load_data=load, declarations=declarations if hasattr(mod, "DECLARATIONS") else None,
+                     headline=tuple(getattr(mod, "HEADLINE", ())))
 
 
 ENTRY_POINT_GROUP = "fedhet_algorithms"

@@ -44,6 +44,7 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
     """``lookup`` maps an algorithm name to its Algorithm, for the audits (the CLI hands the
     registry: the demo, like the rest of ``parties/``, knows no algorithm)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from fedhet.parties import presets
@@ -58,14 +59,14 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
         "HE-Paillier split": ("he_split", {"epochs": he_epochs}),
     }
     console.print(f"[bold]fedhet demo[/bold]: vertical FL on breast cancer (scikit-learn), host + guest as "
-                  f"separate processes over CURVE-encrypted ZeroMQ; run folders under {root}")
+                  f"separate processes over CURVE-encrypted ZeroMQ; run folders under {escape(str(root))}")
     rows = []
     for label, (preset, over) in runs.items():
         console.print(f"\n[bold]{label}[/bold] ({preset} preset, {over['epochs']} epochs)")
         try:
             s = launch(load(presets.path(preset)), root / preset, progress=progress, overrides=over)
         except RunFailed as e:
-            console.print(f"[bold red]demo failed[/bold red] in {label}: {e}", highlight=False)
+            console.print(f"[bold red]demo failed[/bold red] in {label}: {escape(str(e))}", highlight=False)
             return 1
         rep = audit(root / preset, lookup)
         res = _host(s)["result"]
@@ -92,7 +93,8 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
     console.print(f"* HE measured on {he['epochs']} epochs and extrapolated to {EPOCHS}; accuracy is after "
                   f"{he['epochs']} epochs. STFL's time includes the guest's VAE. FATE's published HE time on this "
                   "set: 17.4 s/epoch (STFL paper, Table III). Run folders: "
-                  + ", ".join(str(r["run_dir"]) for r in rows) + "; `fedhet audit <folder>` re-checks one.")
+                  + ", ".join(str(r["run_dir"]) for r in rows) + "; `fedhet audit <folder>` re-checks one.",
+                  markup=False)
     for r in rows:
         for p in r["audit"].problems[:5]:
             console.print(f"  - {r['label']}: {p}", markup=False)

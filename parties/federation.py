@@ -40,7 +40,9 @@ Validation errors name the file, the party and the field.
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -58,6 +60,62 @@ _ENDPOINT = re.compile(r"^(tcp://[^:/\s]+:\d{1,5}|ipc://\S+)$")
 
 class FederationError(ValueError):
     """The federation file is wrong; the message says where and how."""
+
+
+#: Every key of ``[federation]``, with a one-line description (error hints and docs).
+FEDERATION_KEYS: dict[str, str] = {
+    "name": "free text naming the federation",
+    "key_dir": "folder of this machine's secret keys, relative to the file",
+    "timeout": "seconds a party waits for any one message",
+    "seed": "seed of the run (the [algorithm] seed defaults to it)",
+    "max_message_mb": "largest message a party accepts, in MiB",
+    "run_id": "the id every party of one run uses",
+    "data_dir": "folder of the built-in data sets",
+    "hosts": "`fedhet run` only: host processes for the parties that name no host",
+    "host_threads": "`fedhet run` only: torch / BLAS threads per host process",
+}
+
+#: Every key of a ``[[party]]`` entry.
+PARTY_KEYS: dict[str, str] = {
+    "name": "the party's name",
+    "role": "its role in the algorithm",
+    "endpoint": "where it listens: tcp://HOST:PORT or ipc://PATH",
+    "device": "cpu | cuda | cuda:N | auto",
+    "public_key": "its Z85 CURVE public key (from `fedhet keys`)",
+    "sign_key": "its hex Ed25519 public key (from `fedhet keys`)",
+    "data": "its own data file: a table of the keys in DATA_KEYS",
+    "host": "`fedhet run` only: the host process it runs in",
+}
+
+#: Every key of a party's ``data`` table (``docs/user_data.md`` describes them in full;
+#: the algorithms' party_table module reads them).
+DATA_KEYS: dict[str, str] = {
+    "path": "the party's data file; relative paths start at the federation file's folder",
+    "format": "csv | parquet | npz; default from the file name (.csv, .csv.gz, .tsv, .parquet, .pq, .npz)",
+    "id": "name of the ID column (needed by algorithms that align rows across parties)",
+    "id_type": "str (default) or int: how IDs are compared across parties",
+    "label": "name of the label column (for roles that hold labels)",
+    "classes": "all label values (integers or strings), in the order that defines codes 0..C-1",
+    "features": "list of feature column names, or \"rest\" (default): every column but id, label and ignore",
+    "ignore": "columns that features = \"rest\" leaves out",
+    "n_features": "number of feature columns this party must have (agreed in the federation file)",
+    "delimiter": "CSV field separator, one character (default \",\"; tab for .tsv)",
+}
+
+
+def unknown_keys(given: Any, known: dict[str, str] | list[str], where: str) -> str | None:
+    """None when every key of ``given`` is known, else a message naming ``where``, each unknown
+    key with the closest known one (difflib), and the known keys."""
+    known = list(known)
+    bad = [str(k) for k in given if k not in known]
+    if not bad:
+        return None
+    shown = []
+    for k in bad:
+        near = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
+        shown.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return (f"{where}: unknown key{'s' if len(bad) > 1 else ''} {', '.join(shown)}; "
+            f"known keys: {', '.join(known)}")
 
 
 @dataclass
@@ -132,6 +190,25 @@ class Federation:
         cfg = {k: v for k, v in self.algorithm.items() if k != "name"}
         cfg.setdefault("seed", self.seed)
         return cfg
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Digests of the canonical federation, by section, that every party sends on each link's
+        first message: parties and roles, endpoints, public keys, the [federation] settings all
+        parties share, and each [algorithm] key on its own (so a mismatch names the key).  What is
+        local to one machine (key_dir, data_dir, a party's data files, device, hosts) is left out."""
+        def h(x: Any) -> str:
+            return hashlib.sha256(json.dumps(x, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+        ps = sorted(self.parties, key=lambda p: p.name)
+        return {
+            "parties": h([(p.name, p.role) for p in ps]),
+            "endpoints": h([(p.name, p.endpoint) for p in ps]),
+            "keys": h([(p.name, p.public_key, p.sign_key) for p in ps]),
+            "federation": h({"name": self.name, "seed": self.seed, "timeout": self.timeout,
+                             "max_message_mb": self.max_message_mb}),
+            "algorithm": {str(k): h(v) for k, v in sorted({"name": self.algorithm_name,
+                                                           **self.algorithm_cfg()}.items())},
+        }
 
     def derived_run_id(self) -> str:
         """Run id all parties agree on without talking: the file's own hash."""
@@ -212,7 +289,13 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     unknown = set(data) - {"federation", "algorithm", "party"}
     if unknown:
         raise err(f"unknown top-level tables {sorted(unknown)} (expected [federation], [algorithm], [[party]])")
+    for table in ("federation", "algorithm"):
+        if not isinstance(data.get(table, {}), dict):
+            raise err(f"[{table}] must be a table")
     fed = dict(data.get("federation", {}))
+    bad = unknown_keys(fed, FEDERATION_KEYS, "[federation]")
+    if bad:
+        raise err(bad)
     algo = dict(data.get("algorithm", {}))
     plist = data.get("party")
     if not isinstance(plist, list) or len(plist) < 2:
@@ -223,12 +306,12 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     seen: set[str] = set()
     endpoints: set[str] = set()
     for i, p in enumerate(plist):
-        where = f"[[party]] #{i + 1}" + (f" ({p.get('name')!r})" if isinstance(p, dict) and "name" in p else "")
+        where = f"[[party]] #{i + 1}" + (f" {p.get('name')!r}" if isinstance(p, dict) and "name" in p else "")
         if not isinstance(p, dict):
             raise err(f"{where} is not a table")
-        extra = set(p) - {"name", "role", "endpoint", "device", "public_key", "sign_key", "data", "host"}
-        if extra:
-            raise err(f"{where}: unknown fields {sorted(extra)}")
+        bad = unknown_keys(p, PARTY_KEYS, where)
+        if bad:
+            raise err(bad)
         for f in ("name", "role", "endpoint"):
             if not isinstance(p.get(f), str) or not p.get(f):
                 raise err(f"{where}: missing or empty field {f!r}")
@@ -252,6 +335,9 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         pdata = p.get("data", {})
         if not isinstance(pdata, dict):
             raise err(f"{where}: data must be a table, e.g. data = {{ path = \"mine.csv\", label = \"y\" }}")
+        bad = unknown_keys(pdata, DATA_KEYS, f"{where} data")
+        if bad:
+            raise err(bad)
         host = p.get("host", "")
         if not isinstance(host, str) or (host and not _NAME.match(host)):
             raise err(f"{where}: host {host!r} must be a name (letters, digits, _ . -, starting with a letter)")
@@ -284,16 +370,57 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     )
 
 
+def update_public_keys(path: str | os.PathLike, keys: dict[str, dict[str, str]]) -> None:
+    """Set ``public_key`` / ``sign_key`` of the named parties in the federation file at ``path``.
+
+    Only those values change: comments, layout, key order and keys left at their defaults stay
+    as the user wrote them (tomlkit edits the parsed document in place); the file is replaced
+    atomically.  ``keys``: party name -> ``{"public_key": ..., "sign_key": ...}``.
+    """
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    from .atomic import write_atomic
+
+    path = Path(path)
+    try:
+        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise FederationError(f"cannot read federation file {path}: {e.strerror}") from None
+    except (TOMLKitError, UnicodeDecodeError) as e:
+        raise FederationError(f"{path}: not valid TOML: {e}") from None
+    found: set[str] = set()
+    for entry in doc.get("party", []):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if name in keys:
+            for k, v in keys[name].items():
+                if k not in ("public_key", "sign_key"):
+                    raise ValueError(f"update_public_keys: {k!r} is not a public key field")
+                entry[k] = v
+            found.add(str(name))
+    missing = sorted(set(keys) - found)
+    if missing:
+        raise FederationError(f"{path}: no [[party]] named {missing}")
+    mode = path.stat().st_mode & 0o777
+    write_atomic(path, tomlkit.dumps(doc), mode=mode)
+
+
+def _key_hint(fed: Federation, name: str) -> str:
+    src = fed.source
+    return (f"run `fedhet keys {src} --update` (key pairs for every party on this machine, public keys "
+            f"written into the file), or on the party's own machine `fedhet keys {src} --name {name} --update` "
+            "and copy its public_key and sign_key into every machine's copy of the file")
+
+
 def check_keys_present(fed: Federation) -> None:
     """Every party must carry valid public keys (for CURVE pinning and transcript checks)."""
     from .keys import curve_public_ok, verify_key
 
     for p in fed.parties:
         if not p.public_key or not curve_public_ok(p.public_key):
-            raise FederationError(
-                f"{fed.source}: party {p.name!r} has no valid public_key; run `fedhet keys {fed.source}`")
+            raise FederationError(f"{fed.source}: party {p.name!r} has no valid public_key; {_key_hint(fed, p.name)}")
         if not p.sign_key:
-            raise FederationError(f"{fed.source}: party {p.name!r} has no sign_key; run `fedhet keys {fed.source}`")
+            raise FederationError(f"{fed.source}: party {p.name!r} has no sign_key; {_key_hint(fed, p.name)}")
         try:
             verify_key(p.sign_key)
         except ValueError as e:

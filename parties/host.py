@@ -72,7 +72,7 @@ def process_usage() -> dict:
 
 
 def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: Algorithm,
-             insecure: bool = False, run_id: str | None = None, echo: bool = False) -> int:
+             insecure: bool = False, run_id: str | None = None, echo: bool = False, log_level: str = "info") -> int:
     """Run every party of ``host`` to completion, one thread each; returns the exit code
     (0: every party done, 1: one or more failed, 143: stopped by SIGTERM)."""
     from .zmq_transport import SharedContext
@@ -87,26 +87,30 @@ def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: 
     run_id = run_id or fed.derived_run_id()
     t0 = time.perf_counter()
     context = SharedContext()
-    runs = [PartyRun(fed, name, run_dir, algorithm, insecure=insecure, run_id=run_id, echo=echo,
+    runs = [PartyRun(fed, name, run_dir, algorithm, insecure=insecure, run_id=run_id, echo=echo, log_level=log_level,
                      zmq_context=context) for name in groups[host]]
     lock = threading.Lock()
     stopping = threading.Event()
 
+    def record_all(why: str) -> None:
+        stopping.set()
+        with lock:
+            for r in runs:
+                if r.code is None and not (r.pdir / "result.json").exists():
+                    try:
+                        r.record_stop(why)
+                    except Exception:
+                        pass
+
     def on_sigterm(signum, frame):
         # As a party process does: record "stopped" for every party still running, then exit at
         # once (unwinding many threads out of long C calls could take arbitrarily long).
-        stopping.set()
-        why = f"stopped by signal {signal.Signals(signum).name}"
         try:
-            with lock:
-                for r in runs:
-                    if r.code is None and not (r.pdir / "result.json").exists():
-                        try:
-                            r.record_stop(why)
-                        except Exception:
-                            pass
+            record_all(f"stopped by signal {signal.Signals(signum).name}")
         finally:
             os._exit(143)
+
+    die_with_launcher(record_all)   # a killed launcher: the same records, from a watcher thread
 
     try:
         signal.signal(signal.SIGTERM, on_sigterm)

@@ -12,8 +12,8 @@ import traceback
 import uuid
 from typing import Any
 
-from . import contract
-from .api import Party, PartyAborted, PartyError
+from . import contract, failure
+from .api import Party, PartyAborted, PartyError, VirtualClock
 
 
 class InMemoryParty(Party):
@@ -38,26 +38,32 @@ class InMemoryHub:
         self.parties[name] = p
         return p
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, peer: str | None = None) -> None:
         for p in self.parties.values():
-            p.abort(reason)
+            if p.name != peer:
+                p.abort(reason, peer)
 
 
 class FederationFailed(PartyError):
-    """One or more parties failed; ``failures`` maps party name to its error."""
+    """One or more parties failed; ``failures`` maps party name to its error, ``records`` every
+    stopped party (the aborted too) to its failure record, and ``verdict`` is what the launcher
+    would conclude from them (:func:`fedhet.parties.failure.verdict`)."""
 
-    def __init__(self, failures: dict[str, BaseException], tracebacks: dict[str, str]):
+    def __init__(self, failures: dict[str, BaseException], tracebacks: dict[str, str],
+                 records: dict[str, dict] | None = None):
         first = next(iter(failures))
         super().__init__(
             "party " + ", ".join(repr(n) for n in failures) + f" failed: {first}: {failures[first]}"
         )
         self.failures, self.tracebacks = failures, tracebacks
+        self.records = dict(records or {})
+        self.verdict = failure.verdict(self.records)
 
 
 def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None, seed: int = 0,
                  data: dict[str, Any] | None = None, device: str = "cpu", timeout: float = 120.0,
                  data_dir=None, party_data: dict[str, dict] | None = None, base_dir=None,
-                 strict: bool = True) -> dict[str, Any]:
+                 strict: bool = True, clock: str = "real") -> dict[str, Any]:
     """Run every role function of ``algorithm`` in its own thread; return name -> result.
 
     ``algorithm`` is a :class:`~fedhet.parties.contract.Algorithm`, a module exposing one, or
@@ -66,8 +72,14 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     own data through ``algorithm.load_data`` unless ``data`` gives it; ``party_data`` gives a
     party's own data-file spec, as the ``data`` key of its section in a federation file.
     With ``strict`` every party refuses messages its declarations do not allow, exactly as
-    the process runtime does.
+    the process runtime does.  ``clock="virtual"`` runs receive timeouts on a
+    :class:`~fedhet.parties.api.VirtualClock`: a timeout fires only when every party waits, so tests
+    of dropouts, late and stalled parties do not depend on the machine's speed (role functions
+    that wait in one thread at a time only).
     """
+    if clock not in ("real", "virtual"):
+        raise ValueError(f"clock must be 'real' or 'virtual', got {clock!r}")
+    vclock = VirtualClock() if clock == "virtual" else None
     algo = contract.installed_algorithm(algorithm) if isinstance(algorithm, str) else contract.from_module(algorithm)
     if cfg is not None and not isinstance(cfg, dict):
         settings = cfg
@@ -83,9 +95,13 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     hub = InMemoryHub(roles)
     for name, _ in parties:
         hub.party(name, seed=seed, device=device, timeout=timeout,
-                  declarations=declared if strict else None, sizes=sizes)
+                  declarations=declared if strict else None, sizes=sizes, clock=vclock)
+        if vclock is not None:
+            vclock.start(name)   # every party is live before any thread can wait
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
+    records: dict[str, dict] = {}
+    aborted: dict[str, BaseException] = {}   # stopped by an abort notice (a forged one, too)
     tbs: dict[str, str] = {}
     index = contract.role_index(parties)
 
@@ -102,10 +118,16 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
                 d = algo.load_data(settings, ctx)
             results[name] = algo.roles[role](hub.parties[name], settings, d)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
+            records[name] = failure.record(e, name, role, transport=hub.parties.get(name))
             if not isinstance(e, PartyAborted):
                 failures[name] = e
                 tbs[name] = traceback.format_exc()
-            hub.abort(f"party {name!r} failed: {e}")
+            else:
+                aborted[name] = e
+            hub.abort(f"party {name!r} failed: {e}", name)
+        finally:
+            if vclock is not None:
+                vclock.finish(name)
 
     threads = [threading.Thread(target=body, args=(n, r), name=f"party-{n}", daemon=True) for n, r in parties]
     for t in threads:
@@ -113,5 +135,7 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     for t in threads:
         t.join()
     if failures:
-        raise FederationFailed(failures, tbs)
+        raise FederationFailed(failures, tbs, records)
+    if aborted:   # only notices stopped parties: no result may pass for a whole run's
+        raise FederationFailed(aborted, tbs, records)
     return results

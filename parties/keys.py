@@ -195,6 +195,12 @@ def sweep_stale(tmp_dir: str | os.PathLike | None = None) -> list[Path]:
     return removed
 
 
+def exists(key_dir: str | os.PathLike, name: str) -> bool:
+    """Whether ``key_dir`` holds all four key files of party ``name``."""
+    d = Path(key_dir)
+    return all((d / f"{name}.{s}").is_file() for s in ("curve.key", "curve.pub", "sign.key", "sign.pub"))
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text().strip()

@@ -12,9 +12,12 @@ child outlives it: every party runs in its own process group, and every group
 is killed at the end, also those whose party has already exited (its pool
 workers live in it).
 
-``result.json`` of a failed run names the party that failed first and why
-(``"failed": {"party", "reason"}``; killed parties first, then the earliest
-``error.json``), and every party's entry says ``"state"``: ``done``,
+``result.json`` of a failed run names the party the evidence proves at fault and
+why, or ``"party": null`` ("unknown") with the evidence
+(``"failed": {"party", "reason", "proven", "cause", "evidence"}``): the verdict of
+:mod:`fedhet.parties.failure` over every party's own failure record (and, for a
+process that left none, what the launcher saw: a signal or an exit code), never
+file ages or exit order.  Every party's entry says ``"state"``: ``done``,
 ``failed`` or ``stopped`` (stopped by the launcher because another failed).
 
 Hosts (``host`` / ``hosts`` in the federation file): the parties of one host
@@ -42,17 +45,24 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import failure as failure_records
 from . import keys as keyfiles
 from .atomic import write_atomic, write_json_atomic
+from .contract import Algorithm, installed_algorithm, prepare
 from .federation import Federation
+from .settings import SettingsError
 from .host import THREAD_ENV, host_dir
+from .progress import LinePrinter
 from .runtime import LAUNCHER_PID_ENV, party_dir, raise_open_file_limit
 
 
 class RunFailed(RuntimeError):
-    def __init__(self, party: str, reason: str, run_dir: Path, host: str | None = None):
+    """The run failed; ``party`` is the party the evidence proves at fault, or None ("unknown")."""
+
+    def __init__(self, party: str | None, reason: str, run_dir: Path, host: str | None = None):
         where = f" (in host {host!r})" if host else ""
-        super().__init__(f"party {party!r}{where} failed: {reason} (logs in {run_dir})")
+        who = f"party {party!r}{where} failed" if party else "the run failed, no party proven at fault"
+        super().__init__(f"{who}: {reason} (logs in {run_dir})")
         self.party, self.reason, self.run_dir, self.host = party, reason, run_dir, host
 
 
@@ -65,6 +75,25 @@ def free_port() -> int:
 def default_run_dir(fed: Federation) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{fed.algorithm_name}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def check_before_launch(fed: Federation, overrides: dict[str, Any] | None = None,
+                        algorithm: Algorithm | None = None) -> None:
+    """The checks a party would make of the settings, made once before any party starts (and before
+    the run folder exists): the ``[algorithm]`` table with ``--set`` overrides parses (unknown keys,
+    types, ranges, every key the algorithm requires).  (A role the algorithm lacks still fails
+    in its own party, by name: tests use such a party to fail one party on purpose.)"""
+    algo = algorithm if algorithm is not None else installed_algorithm(fed.algorithm_name)
+    table = fed.algorithm_cfg()
+    table.update(overrides or {})
+    how = " (with --set " + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + ")" if overrides else ""
+    try:
+        prepare(algo, table)
+    except ValueError as e:
+        msg = str(e)
+        hint = "" if "--describe" in msg else (f" (set keys in [algorithm] or with --set KEY=VALUE; `fedhet presets "
+                                                f"--describe {algo.name}` lists every key)")
+        raise SettingsError(f"{fed.source}: [algorithm]{how}: {msg}{hint}; no party was started") from None
 
 
 def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None,
@@ -110,26 +139,6 @@ def _absolute_data(data: dict, base_dir: str) -> dict:
     return out
 
 
-def _reason(run_dir: Path, name: str, code: int) -> str:
-    err = party_dir(run_dir, name) / "error.json"
-    if err.exists():
-        try:
-            return json.loads(err.read_text())["error"]
-        except Exception:
-            pass
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    out = party_dir(run_dir, name) / "stdout.log"
-    tail = ""
-    if out.exists():
-        lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.strip()]
-        tail = lines[-1] if lines else ""
-    return f"exited with code {code}" + (f": {tail}" if tail else "")
-
-
 def _stop_all(procs: dict[str, subprocess.Popen], grace: float = 3.0) -> None:
     """SIGTERM every party's process group, SIGKILL what is left after ``grace`` seconds.
 
@@ -167,8 +176,13 @@ def _group_alive(pgid: int) -> bool:
 
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
            timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
-           env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run the federation locally; returns the run summary or raises RunFailed."""
+           env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
+           log_level: str = "info") -> dict[str, Any]:
+    """Run the federation locally; returns the run summary or raises RunFailed.
+
+    Bad settings raise :class:`SettingsError` before any party starts and before the run folder
+    is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
+    check_before_launch(fed, overrides, algorithm)
     run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
     raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
     resolved, fed_file = prepare_local(fed, run_dir, overrides)
@@ -181,7 +195,10 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     host_env = dict(child_env)
     if resolved.host_threads > 0:  # before the host loads BLAS / OpenMP (torch is set in the host)
         host_env.update({k: str(resolved.host_threads) for k in THREAD_ENV})
-    view = _Progress(resolved, run_dir) if progress else None
+    # a terminal gets live bars; redirected output (a file, CI, nohup) gets progress lines as they come
+    view: _Progress | _Lines | None = None
+    if progress:
+        view = _Progress(resolved, run_dir) if sys.stdout.isatty() else _Lines(resolved, run_dir)
     restore_signals = _trap_termination()
     failure: dict[str, Any] | None = None
     try:
@@ -192,7 +209,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             if p.name in hosted:
                 continue
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
-                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet"]
+                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
             if insecure:
                 cmd.append("--insecure")
             with open(pdir / "stdout.log", "wb") as out:
@@ -203,7 +220,7 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
         for h in hosts:
             (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
-                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet"]
+                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
             if insecure:
                 cmd.append("--insecure")
             with open(host_dir(run_dir) / f"{h}.log", "wb") as out:
@@ -222,13 +239,9 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                 if time.monotonic() - failed_since > 1.0:
                     failed = [h for h in hosts if codes[h] is None]
             if failed:
-                if hosts:
-                    failure = _first_failure(run_dir, hosts, failed, codes)
-                    raise RunFailed(failure["party"], failure["reason"], run_dir, failure.get("host"))
-                # The first to fail is the cause; the rest usually failed waiting for it.
-                first = min(failed, key=lambda n: _failure_time(run_dir, n, codes[n] or 0))
-                failure = {"party": first, "reason": _reason(run_dir, first, codes[first] or 0)}
-                raise RunFailed(first, failure["reason"], run_dir)
+                # The evidence decides (fedhet.parties.failure.verdict), not which process ended first.
+                failure = _verdict(resolved, run_dir, hosts, codes)
+                raise RunFailed(failure["party"], failure["reason"], run_dir, failure.get("host"))
             if all(c == 0 for c in codes.values()):
                 break
             if timeout is not None and time.perf_counter() - t0 > timeout:
@@ -275,41 +288,45 @@ def _hosted_failures(run_dir: Path, hosts: dict[str, list[str]], codes: dict[str
     return any(_own_error(run_dir, n) is not None for h, ns in hosts.items() if codes[h] is None for n in ns)
 
 
-def _first_failure(run_dir: Path, hosts: dict[str, list[str]], failed: list[str],
-                   codes: dict[str, int | None]) -> dict[str, Any]:
-    """The party that failed first, over failed party processes and the parties of every host.
+def _verdict(fed: Federation, run_dir: Path, hosts: dict[str, list[str]],
+             codes: dict[str, int | None]) -> dict[str, Any]:
+    """The failed run's verdict: every party's own failure record, and for a process (or a host)
+    that ended without one, what the launcher saw of it (killed by a signal, or its exit code)."""
+    host_of = {n: h for h, ns in hosts.items() for n in ns}
+    records: dict[str, dict | None] = {}
+    for p in fed.parties:
+        rec = _read_json(party_dir(run_dir, p.name) / "error.json")
+        proc = host_of.get(p.name, p.name)
+        code = codes.get(proc)
+        if rec is None and code not in (None, 0):
+            if p.name in host_of:  # a host that died outright: its first unfinished party stands for it
+                if p.name != _unfinished(run_dir, hosts[proc])[0] or _hosted_any_record(run_dir, hosts[proc]):
+                    continue
+                rec = failure_records.exit_record(p.name, p.role, code or 0, f"host {proc!r} ended")
+            else:
+                rec = failure_records.exit_record(p.name, p.role, code or 0, _stdout_tail(run_dir, p.name))
+        if rec is not None and rec.get("cause") == "stopped":
+            # The launcher has stopped nobody yet: a party stopped now was stopped from outside
+            # (a signal to it or to its host), which is its own failure as far as the run goes.
+            rec = dict(rec, cause="own", culprit=p.name)
+        records[p.name] = rec
+    v = failure_records.verdict(records)
+    if v["party"] in host_of:
+        v["host"] = host_of[v["party"]]
+    return v
 
-    Order: a party process killed by a signal; then parties that failed on their own
-    before those that failed because of a peer (its abort notice or a refused message);
-    then the earliest report.  A host that died without any party's report (killed
-    outright) is blamed on its first unfinished party.
-    """
-    cands: list[tuple[tuple, dict]] = []
-    for n in failed:
-        if n in hosts:
-            continue
-        code = codes[n] or 0
-        err = _own_error(run_dir, n) or {}
-        by_peer = bool(err.get("aborted_by_peer") or err.get("caused_by"))
-        cands.append(((code >= 0, by_peer, _failure_time(run_dir, n, code)),
-                      {"party": n, "reason": _reason(run_dir, n, code)}))
-    for h, names in hosts.items():
-        for n in names:
-            own = _own_error(run_dir, n)
-            if own is None:
-                continue
-            err = own
-            by_peer = bool(err.get("aborted_by_peer") or err.get("caused_by"))
-            cands.append(((True, by_peer, _failure_time(run_dir, n, 0)),
-                          {"party": n, "host": h, "reason": str(err.get("error"))}))
-    if cands:
-        return min(cands, key=lambda c: c[0])[1]
-    for h in failed:  # hosts that ended without any party's report
-        if h in hosts:
-            code = codes[h] or 0
-            how = _reason(run_dir, h, code) if code < 0 else f"exited with code {code}"
-            return {"party": _unfinished(run_dir, hosts[h])[0], "host": h, "reason": f"host {h!r} {how}"}
-    return {"party": failed[0], "reason": "failed"}
+
+def _hosted_any_record(run_dir: Path, names: list[str]) -> bool:
+    return any((party_dir(run_dir, n) / "error.json").exists() for n in names)
+
+
+def _stdout_tail(run_dir: Path, name: str) -> str:
+    out = party_dir(run_dir, name) / "stdout.log"
+    try:
+        lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
 
 
 def _trap_termination():
@@ -329,25 +346,6 @@ def _trap_termination():
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     return lambda: [signal.signal(s, h) for s, h in old.items()]
-
-
-def _failure_time(run_dir: Path, name: str, code: int) -> float:
-    """Order failures by cause: a killed process first, then the earliest error report.
-
-    Peers of a dead party fail *because* of it (timeouts), so they sort after it.
-    An error report's own ``time`` (seconds since the epoch) counts where it has one,
-    else the file's modification time.
-    """
-    if code < 0:
-        return -1.0
-    err = party_dir(run_dir, name) / "error.json"
-    try:
-        t = json.loads(err.read_text()).get("time")
-        if isinstance(t, (int, float)) and not isinstance(t, bool):
-            return float(t)
-        return err.stat().st_mtime
-    except (OSError, ValueError, AttributeError):
-        return float("inf")
 
 
 def _read_json(path: Path) -> dict | None:
@@ -428,6 +426,27 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
     return summary
 
 
+class _Lines:
+    """Progress lines (parties/progress.py) from the parties' status.json files, for output that is
+    not a terminal: one line per party when its state or step changes, at most every few seconds."""
+
+    def __init__(self, fed: Federation, run_dir: Path):
+        self.fed, self.run_dir = fed, run_dir
+        self.printer = LinePrinter(stream=sys.stdout)
+
+    def start(self) -> None:
+        print(f"run {self.fed.run_id}: {len(self.fed.parties)} parties, folder {self.run_dir}", flush=True)
+
+    def update(self) -> None:
+        for p in self.fed.parties:
+            st = _read_json(party_dir(self.run_dir, p.name) / "status.json")
+            if st is not None:
+                self.printer.maybe(st)
+
+    def stop(self) -> None:
+        self.update()
+
+
 class _Progress:
     """A rich progress bar per party, fed by their status.json files."""
 
@@ -435,8 +454,9 @@ class _Progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.fed, self.run_dir = fed, run_dir
-        self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), transient=False)
+        # markup=False: party names and metrics are shown as they are (rich would eat [brackets])
+        self.progress = Progress(TextColumn("{task.description:<18}", markup=False), BarColumn(),
+                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), transient=False)
         self.tasks = {p.name: self.progress.add_task(f"{p.name} ({p.role})", total=None, info="starting")
                       for p in fed.parties}
 

@@ -10,11 +10,15 @@ process (:mod:`fedhet.parties.host`) runs for many parties at once, one thread e
     RUN_DIR/parties/N/metrics.jsonl        one line per metric() call
     RUN_DIR/parties/N/status.json          progress, rewritten atomically
     RUN_DIR/parties/N/result.json          final metrics, traffic, wall time (atomic)
-    RUN_DIR/parties/N/error.json           instead of result.json when it failed
+    RUN_DIR/parties/N/error.json           instead of result.json when it failed: the failure record
+                                           (fedhet.parties.failure: cause, culprit, evidence)
+    RUN_DIR/parties/N/.lock                held while the party runs: a second start is refused
+    RUN_DIR/parties/N/transcript.K.jsonl   an earlier start's transcript, kept (never overwritten)
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -24,11 +28,13 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import failure
 from . import keys as keyfiles
 from .api import PartyAborted
 from .atomic import write_json_atomic
 from .contract import Algorithm, PartyContext, prepare
 from .federation import Federation, check_keys_present
+from .progress import LOG_LEVELS, LinePrinter
 from .transcript import Transcript
 
 if TYPE_CHECKING:  # the transport imports zmq; only a running party needs it
@@ -42,15 +48,22 @@ LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties 
 FAILED_LINGER_S = 2.0
 
 
-def die_with_launcher() -> None:
+def die_with_launcher(report=None) -> None:
     """Under ``fedhet run``, end this party when the launcher dies, even by SIGKILL.
 
     The parties run in their own sessions (so a terminal's Ctrl-C reaches only
     the launcher, which then stops them in order); without this, a killed
-    launcher would leave them running.  Linux only (PR_SET_PDEATHSIG).
+    launcher would leave them running.  A watcher thread on the launcher's pid
+    writes the "stopped" record (``report``) and exits at once, whatever the main
+    thread is doing; PR_SET_PDEATHSIG (Linux) is the backstop.
     """
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     if not launcher or not sys.platform.startswith("linux"):
+        return
+    if report is not None and str(os.getppid()) == launcher:
+        from fedhet.crypto.pool import on_parent_exit
+
+        on_parent_exit(int(launcher), lambda: report("the launcher is gone"), code=143)
         return
     try:
         import ctypes
@@ -103,13 +116,52 @@ def write_json_when_possible(path: Path, obj: dict, wait_s: float = FD_RETRY_S) 
             time.sleep(0.2)
 
 
+class PartyRunning(RuntimeError):
+    """This party already runs in this run folder (another process holds its lock)."""
+
+
+def lock_party_dir(pdir: Path, name: str) -> int:
+    """Hold ``pdir/.lock`` for the life of the process (an flock: the OS drops it when the process
+    dies, however it dies).  A second start of the same party in the same folder is refused here,
+    before it touches any file of the first."""
+    fd = os.open(pdir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+        raise PartyRunning(f"party {name!r} is already running in {pdir} (process {holder}); a second start "
+                           "would overwrite its files: stop it first, or give this run its own --out folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def keep_earlier_transcript(pdir: Path) -> Path | None:
+    """A restarted party never destroys evidence: an earlier start's transcript is kept beside as
+    ``transcript.K.jsonl`` (K = 1, 2, ...) before the new one is opened."""
+    t = pdir / "transcript.jsonl"
+    if not t.exists() or t.stat().st_size == 0:
+        return None
+    k = 1
+    while (pdir / f"transcript.{k}.jsonl").exists():
+        k += 1
+    dest = pdir / f"transcript.{k}.jsonl"
+    os.replace(t, dest)
+    return dest
+
+
 def party_dir(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / "parties" / name
 
 
-def _logger(name: str, path: Path, echo: bool) -> logging.Logger:
+def _logger(name: str, path: Path, echo: bool, level: str = "info") -> logging.Logger:
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: choose one of {', '.join(LOG_LEVELS)}")
     log = logging.getLogger(f"fedhet.party.{name}.{os.getpid()}")
-    log.setLevel(logging.INFO)
+    log.setLevel(getattr(logging, level.upper()))
     log.propagate = False
     fh = logging.FileHandler(path, encoding="utf-8")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s " + name + ": %(message)s"))
@@ -128,6 +180,21 @@ def config_record(fed: Federation, run_id: str, insecure: bool) -> dict:
     d["insecure"] = insecure
     d["algorithm_cfg"] = fed.algorithm_cfg()
     return d
+
+
+class _LogStream:
+    """A file-like sink that writes each progress line to the party's log at INFO."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.log.info("progress %s", text.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class Stopped(BaseException):
@@ -156,7 +223,7 @@ def _stop_on_sigterm(report=None) -> None:
 
 def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
               insecure: bool = False, bind: str | None = None, run_id: str | None = None,
-              echo: bool = True) -> int:
+              echo: bool = True, log_level: str = "info") -> int:
     """Run one party of ``algorithm`` to completion; returns the process exit code (0 = success).
 
     ``algorithm`` comes from the caller (the CLI resolves the federation's algorithm name
@@ -164,7 +231,13 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     """
     die_with_launcher()
     raise_open_file_limit()
-    run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo)
+    try:
+        run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo,
+                       log_level=log_level)
+    except PartyRunning as e:   # the running party's files stay as they are
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    die_with_launcher(run.record_stop)   # now with the party's "stopped" record
     _stop_on_sigterm(run.record_stop)
     return run.run()
 
@@ -180,23 +253,39 @@ class PartyRun:
 
     def __init__(self, fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
                  insecure: bool = False, bind: str | None = None, run_id: str | None = None,
-                 echo: bool = True, zmq_context=None) -> None:
+                 echo: bool = True, zmq_context=None, log_level: str = "info") -> None:
         self.fed, self.name, self.algorithm = fed, name, algorithm
         self.insecure, self.bind, self.zmq_context = insecure, bind, zmq_context
         self.run_dir = Path(run_dir)
         self.spec = fed.party(name)
         self.pdir = party_dir(self.run_dir, name)
         self.pdir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_party_dir(self.pdir, name)   # before anything in the folder is touched
         for stale in ("result.json", "error.json", "status.json"):
             (self.pdir / stale).unlink(missing_ok=True)
-        self.log = _logger(name, self.pdir / "log.txt", echo)
+        keep_earlier_transcript(self.pdir)
+        self.log = _logger(name, self.pdir / "log.txt", echo, log_level)
+        # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
+        self._lines = LinePrinter() if echo else None
+        self._logged = LinePrinter(stream=_LogStream(self.log))
+        self._stage_t = time.perf_counter()
         self.run_id = run_id or fed.derived_run_id()
         self.t0 = time.perf_counter()
         self.code: int | None = None  # the exit code once run() returned
         self.party: ZmqParty | None = None  # the ZmqParty once it is up (tests and hosts read its traffic)
 
+    def stage(self, what: str) -> None:
+        """Log a protocol stage with the time it took since the last one."""
+        now = time.perf_counter()
+        self.log.info("stage %s (%.2fs; %.2fs since start)", what, now - self._stage_t, now - self.t0)
+        self._stage_t = now
+
     def status(self, st: dict) -> None:
         st.update({"party": self.name, "role": self.spec.role, "state": st.get("state", "running")})
+        st.setdefault("elapsed_s", time.perf_counter() - self.t0)
+        if self._lines is not None:
+            self._lines.maybe(st)
+        self._logged.maybe(st)
         try:
             write_json_atomic(self.pdir / "status.json", st)
         except OSError as e:  # progress is advisory: out of descriptors must not fail the party
@@ -205,11 +294,34 @@ class PartyRun:
 
     def record_stop(self, why: str) -> None:
         """Write the "stopped" records (error.json and status) of a party stopped from outside."""
-        write_json_when_possible(self.pdir / "error.json", {
-            "party": self.name, "role": self.spec.role, "error": f"Stopped: {why}", "stopped": True,
-            "aborted_by_peer": False, "caused_by": None, "time": time.time(), "traceback": "",
-            "wall_s": time.perf_counter() - self.t0})
+        rec = failure.record(Stopped(why), self.name, self.spec.role, stopped=True)
+        rec.update(traceback="", wall_s=time.perf_counter() - self.t0)
+        write_json_when_possible(self.pdir / "error.json", rec)
         self.status({"state": "stopped", "error": f"Stopped: {why}"})
+
+    def announce_early(self, reason: str) -> None:
+        """An abort notice from a party that failed before its transport was up (settings, device,
+        data): a bare transport with the party's keys, so peers stop within seconds and name it."""
+        from .zmq_transport import ZmqParty
+
+        fed, name = self.fed, self.name
+        try:
+            if fed.key_dir is None:
+                return
+            secret = None if self.insecure else keyfiles.load_curve_secret(fed.key_dir, name)
+            public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
+            extra = {} if self.zmq_context is None else {"context": self.zmq_context}
+            bare = ZmqParty(name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
+                            secret_key=secret, insecure=self.insecure, bind_endpoint=self.bind, run_id=self.run_id,
+                            seed=fed.seed, device="cpu", timeout=fed.timeout, logger=self.log,
+                            fingerprint=fed.fingerprint(), **extra)
+        except Exception as e:  # noqa: BLE001 - no keys, or the port is taken: peers will time out
+            self.log.warning("party %s could not announce its failure to its peers: %s", name, e)
+            return
+        try:
+            bare.notify_failure(f"{name}: {reason}")
+        finally:
+            bare._transport_close(linger_s=FAILED_LINGER_S)
 
     def run(self) -> int:
         """Run the role function to completion; returns the exit code (0 = success, 1 = failed,
@@ -230,8 +342,10 @@ class PartyRun:
                                  f"({sorted(algo.roles)})")
             # Settings, declarations and sizes before anything listens: a bad key fails here.
             settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
+            self.stage("settings parsed")
             if fed.key_dir is None:
-                raise ValueError(f"{fed.source}: [federation] key_dir is not set; run `fedhet keys` first")
+                raise ValueError(f"{fed.source}: [federation] key_dir is not set: set it to the folder of this "
+                                 f"machine's secret keys, then run `fedhet keys {fed.source} --update`")
             if not insecure:
                 check_keys_present(fed)
             signing = keyfiles.load_signing_key(fed.key_dir, name)
@@ -240,6 +354,7 @@ class PartyRun:
             if not insecure and keyfiles.load_public(fed.key_dir, name).curve != spec.public_key:
                 raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
                                  "in the federation file")
+            self.stage("keys loaded")
             transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing)
             status({"state": "starting", "done": 0, "total": 0})
             extra = {} if self.zmq_context is None else {"context": self.zmq_context}
@@ -248,17 +363,21 @@ class PartyRun:
                 secret_key=secret, insecure=insecure, bind_endpoint=self.bind, run_id=run_id, seed=fed.seed,
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
-                declarations=declared, sizes=sizes, **extra,
+                declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(), **extra,
             )
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")
+            self.stage("transport up")
             idx, n = fed.role_index(name)
             ctx = PartyContext(name=name, role=spec.role, index=idx, n_of_role=n, data_dir=fed.data_dir or None,
                                data=spec.data or None, base_dir=fed.base_dir or None, device=party.device)
             data = algo.load_data(settings, ctx)
+            self.stage("data loaded")
             t_train = time.perf_counter()
             result = algo.roles[spec.role](party, settings, data)
+            self.stage("role finished")
             party.close()
+            self.stage("closing barrier passed")
             transcript.close()
             wall = time.perf_counter() - t0
             write_json_when_possible(pdir / "result.json", {
@@ -273,21 +392,22 @@ class PartyRun:
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
             reason = f"{type(e).__name__}: {e}"
             stopped = isinstance(e, (Stopped, KeyboardInterrupt))
-            # Caused by a peer (its abort notice, or its message refused): say so, so the run's
-            # summary can name the party that failed first rather than every party that stopped.
-            caused_by = getattr(e, "peer", None) if not stopped else None
             log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
-            if party is not None and not stopped and not isinstance(e, PartyAborted):
-                party.notify_failure(f"{name}: {reason}")
+            # The record first (cause, culprit, evidence: fedhet.parties.failure), then the notice:
+            # whoever the notice stops finds this party's own explanation already written.
+            rec = failure.record(e, name, spec.role, transport=party, stopped=stopped)
+            rec["wall_s"] = time.perf_counter() - t0
             try:
-                write_json_when_possible(pdir / "error.json", {
-                    "party": name, "role": spec.role, "error": reason, "stopped": stopped,
-                    "aborted_by_peer": isinstance(e, PartyAborted), "caused_by": caused_by,
-                    "time": time.time(), "traceback": traceback.format_exc(),
-                    "wall_s": time.perf_counter() - t0})
-                status({"state": "stopped" if stopped else "failed", "error": reason})
+                write_json_when_possible(pdir / "error.json", rec)
+                status({"state": "stopped" if stopped else "failed", "error": reason,
+                        "culprit": rec["culprit"], "cause": rec["cause"]})
             except Exception:
                 pass
+            if not stopped and not isinstance(e, PartyAborted):
+                if party is not None:
+                    party.notify_failure(f"{name}: {reason}")
+                else:
+                    self.announce_early(reason)
             if transcript is not None:
                 transcript.close()
             if party is not None:

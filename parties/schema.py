@@ -85,12 +85,18 @@ class Spec:
 
 @dataclass(frozen=True)
 class Arr(Spec):
-    """A numpy array (or torch tensor) of one of ``dtype`` and this ``shape``."""
+    """A numpy array (or torch tensor) of one of ``dtype`` and this ``shape``.
+
+    ``finite`` (default): a floating-point array must hold no NaN or infinity (checked on
+    receipt, so the receive fails naming the sender); ``finite=False`` for the rare payload
+    where they mean something.  ``max_elems`` bounds the element count whatever the shape.
+    """
 
     dtype: str | tuple[str, ...]
     shape: tuple = ()
     doc: str = ""
     max_elems: int | None = None
+    finite: bool = True
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -113,6 +119,8 @@ class Arr(Spec):
         if dt is None:
             raise SchemaError(path, f"expected an array, got {type(v).__name__}")
         self.check_meta(dt, tuple(v.shape), path, sizes)
+        if self.finite:
+            check_finite(v, path)
 
     def _shape_text(self, sizes: Sizes | None = None) -> str:
         parts = []
@@ -131,6 +139,25 @@ class Arr(Spec):
 
     def has_arrays(self) -> bool:
         return True
+
+
+def check_finite(v: Any, path: str = "") -> None:
+    """SchemaError naming the first NaN or infinity of a floating-point array (others pass)."""
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind not in "fc" or v.size == 0:
+            return
+        finite = np.isfinite(v)
+        if finite.all():
+            return
+        bad = np.unravel_index(int(np.argmin(finite.reshape(-1))), v.shape)
+        at = int(bad[0]) if v.ndim == 1 else [int(i) for i in bad]
+        raise SchemaError(path, f"contains NaN or inf (first at index {at}: {v[bad]})")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+        finite = torch.isfinite(v)
+        if not bool(finite.all()):
+            i = int(torch.argmin(finite.reshape(-1).to(torch.uint8)))
+            raise SchemaError(path, f"contains NaN or inf (first at flat index {i}: {v.reshape(-1)[i].item()})")
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,8 @@ def _build(cls, raw: dict, algo: str):
         except SettingsError:
             raise
         except ValueError as e:
-            raise SettingsError(f"{algo}: {e}") from None
+            msg = str(e)
+            raise SettingsError(msg if msg.startswith(f"{algo}: ") else f"{algo}: {msg}") from None
     return obj
 
 

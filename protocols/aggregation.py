@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from fedhet.parties import schema as sch
+from fedhet.parties.api import PeerFault
 from fedhet.parties.declare import MessageDecl, declare
 
 from . import secagg
@@ -166,13 +167,18 @@ class PlainAggregator(Aggregator):
         clients = sorted(set(clients))
         timeout = float(self.timeout if self.timeout is not None else party.timeout)
         t0 = time.monotonic()
-        deadline = t0 + timeout
+        deadline = party.now() + timeout
         acc = tmp = None
         wsum = e_sum = amax = 0.0
         got = []
         rejected = {}
         for u in clients:
-            p = self._inbox.recv(party, u, KIND_PLAIN, r, deadline)
+            try:
+                p = self._inbox.recv(party, u, KIND_PLAIN, r, deadline)
+            except PeerFault as e:  # refused on receipt (e.g. a weight of inf), or out since: named, dropped
+                party.log.warning("plain aggregation round %d: dropped %s: %s", r, u, e)
+                rejected[u] = str(e)
+                continue
             if p is None:
                 party.log.info("plain aggregation round %d: %s dropped (silent for %gs)", r, u, timeout)
                 continue
@@ -274,12 +280,21 @@ def _plain_check(length: Callable[[dict], int] | None):
     return check
 
 
-def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDecl]:
-    """Every kind either aggregator sends; a plain update in a secure run fails the audit."""
+def declarations(length: Callable[[dict], int] | None = None, max_length: int | None = None) -> list[MessageDecl]:
+    """Every kind either aggregator sends; a plain update in a secure run fails the audit.
+
+    ``length(cfg)`` pins the vector length for the audit; ``max_length`` (from the run's settings:
+    the longest vector aggregated) bounds every received update on receipt (a plain one to
+    ``max_length`` elements, a masked one to ``max_length + 1``), so no update outgrows what the
+    settings call for."""
+    cap = secagg.DEFAULT_MAX_ELEMS if max_length is None else int(max_length)
     return [declare(KIND_PLAIN, "client", "server", "a client's vector in the clear, its weight (and max |x|)",
                     _plain_check(length), payload=sch.Fields({
-                        "r": sch.Int(), "x": sch.Arr(("<f4", "<f8"), (None,)), "w": sch.Float(),
-                        "amax": sch.Float()}))] + secagg.declarations(length)
+                        "r": sch.Int(), "x": sch.Arr(("<f4", "<f8"), (None,), max_elems=cap, finite=False),
+                        # Values are the server's own per-round checks (check_update): a NaN, an inf or
+                        # an out-of-range weight drops that update and names its sender.
+                        "w": sch.Float(finite=False), "amax": sch.Float(finite=False)}))
+            ] + secagg.declarations(length, max_length)
 
 
 DECLARATIONS = declarations()

@@ -34,6 +34,7 @@ from .he_link import (
     K_NOISE,
     K_PUBKEY,
     LayerStats,
+    fault,
     need_fields,
     recv_timed,
 )
@@ -97,13 +98,20 @@ class CKKSGuest:
     def _dec(self, msg, lay: CKKSLayout, groups: int, what: str) -> list[np.ndarray]:
         """Decrypt groups x chunks vectors into `groups` arrays of length m*L."""
         if not isinstance(msg, list) or len(msg) != groups * lay.chunks:
-            raise PartyError(f"{what}: expected {groups * lay.chunks} CKKS vectors")
+            raise fault(self.party, self.host, what, f"expected {groups * lay.chunks} CKKS vectors")
         t0 = time.perf_counter()
         out = []
         for g in range(groups):
-            parts = [self.ck.decrypt_vector(self.ck.from_wire(self.ctx, a)) for a in
-                     msg[g * lay.chunks:(g + 1) * lay.chunks]]
-            out.append(np.concatenate(parts)[:lay.total])
+            try:
+                parts = [self.ck.decrypt_vector(self.ck.from_wire(self.ctx, a)) for a in
+                         msg[g * lay.chunks:(g + 1) * lay.chunks]]
+            except ValueError as e:
+                raise fault(self.party, self.host, what, str(e)) from None
+            v = np.concatenate(parts)[:lay.total]
+            if v.size != lay.total or not np.all(np.isfinite(v)):
+                raise fault(self.party, self.host, what, f"CKKS vectors decrypt to {v.size} values (expected "
+                            f"{lay.total}) or to NaN / inf")
+            out.append(v)
         self.stats.decrypted += len(msg)
         self.stats.s_decrypt += time.perf_counter() - t0
         return out
@@ -170,15 +178,15 @@ class CKKSHost:
         from fedhet.crypto import ckks
 
         self.ck = ckks
-        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest)
+        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest, self.party)
         if msg["scheme"] != "ckks":
             raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host 'ckks'")
         try:
             self.ctx = ckks.context_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
         except ValueError as e:
-            raise PartyError(f"{K_PUBKEY} from {self.guest!r}: {e}") from None
+            raise fault(self.party, self.guest, K_PUBKEY, str(e)) from None
         if self.ctx.is_private():
-            raise PartyError(f"guest {self.guest!r} sent its secret key")
+            raise fault(self.party, self.guest, K_PUBKEY, "the context holds the guest's secret key")
         self.slots = ckks.slot_count(self.ctx)
 
     def close(self) -> None:
@@ -189,11 +197,11 @@ class CKKSHost:
 
     def _vecs(self, arrs, count: int, what: str) -> list:
         if not isinstance(arrs, list) or len(arrs) != count:
-            raise PartyError(f"{what}: expected {count} CKKS vectors")
+            raise fault(self.party, self.guest, what, f"expected {count} CKKS vectors")
         try:
             return [self.ck.from_wire(self.ctx, a) for a in arrs]
         except ValueError as e:
-            raise PartyError(f"{what}: {e}") from None
+            raise fault(self.party, self.guest, what, str(e)) from None
 
     def _noise(self, n: int) -> np.ndarray:
         rng = np.random.default_rng(secrets.randbits(128))
@@ -221,10 +229,11 @@ class CKKSHost:
         return out, np.stack([sums[k] for k in range(self.K)])
 
     def recv_acts(self) -> None:
-        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows", "ckks"), K_ACTS, self.guest)
+        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows", "ckks"), K_ACTS, self.guest,
+                          self.party)
         self.rows = int(msg["rows"])
         if not 0 < self.rows <= self.spec.batch_size:
-            raise PartyError(f"{K_ACTS}: {self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
+            raise fault(self.party, self.guest, K_ACTS, f"{self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
         self.lay = CKKSLayout(self.rows, self.d, self.K, self.slots)
         self.C = self._vecs(msg["ckks"], self.lay.chunks, K_ACTS)
 
@@ -237,8 +246,9 @@ class CKKSHost:
 
     def recv_forward(self) -> np.ndarray:
         masked = np.asarray(recv_timed(self.party, self.guest, K_FWD_MASKED, self.stats), dtype=np.float64)
-        if masked.shape != (self.rows, self.K):
-            raise PartyError(f"{K_FWD_MASKED}: shape {masked.shape}, expected ({self.rows}, {self.K})")
+        if masked.shape != (self.rows, self.K) or not np.all(np.isfinite(masked)):
+            raise fault(self.party, self.guest, K_FWD_MASKED, f"shape {masked.shape} (expected ({self.rows}, "
+                        f"{self.K})) or NaN / inf values")
         return masked - self._n_fwd.T
 
     def send_gradient(self, delta_ps: np.ndarray) -> None:
@@ -255,8 +265,9 @@ class CKKSHost:
     def finish_backward(self) -> None:
         lay = self.lay
         M = np.asarray(recv_timed(self.party, self.guest, K_GRAD_MASKED, self.stats), dtype=np.float64)
-        if M.shape != (self.K, self.d):
-            raise PartyError(f"{K_GRAD_MASKED}: shape {M.shape}, expected ({self.K}, {self.d})")
+        if M.shape != (self.K, self.d) or not np.all(np.isfinite(M)):
+            raise fault(self.party, self.guest, K_GRAD_MASKED, f"shape {M.shape} (expected ({self.K}, {self.d})) "
+                        "or NaN / inf values")
         M = M - self._n_grad
         E = self._vecs(recv_timed(self.party, self.guest, K_NOISE, self.stats), lay.groups * lay.chunks, K_NOISE)
         t0 = time.perf_counter()

@@ -3,18 +3,18 @@
 The kinds are the eight messages of :mod:`fedhet.protocols.he_interactive` (declared there with their
 payload checks); :class:`LayerStats` counts one side's work; :func:`recv_timed` receives and charges
 the wait to the counters; :func:`need_fields` rejects a payload that is not a dict with the expected
-keys, naming kind and sender.
+keys, naming kind and sender; :func:`fault` is the error for any received message proven bad.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
 
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PeerFault
 
 __all__ = [
     "K_PUBKEY", "K_ACTS", "K_NOISE", "K_FWD_CT", "K_FWD_MASKED", "K_GRAD_CT", "K_GRAD_MASKED", "K_INGRAD_CT",
-    "LayerStats", "recv_timed", "need_fields",
+    "LayerStats", "recv_timed", "need_fields", "fault",
 ]
 
 K_PUBKEY, K_ACTS, K_NOISE = "hei/pubkey", "hei/acts", "hei/noise_ct"
@@ -51,8 +51,13 @@ def recv_timed(party, frm: str, kind: str, stats: LayerStats):
     return msg
 
 
-def need_fields(msg, keys, kind: str, frm: str) -> dict:
-    """``msg`` itself if it is a dict holding every key in ``keys``; else PartyError naming kind and sender."""
+def fault(party, frm: str, kind: str, reason: str) -> PeerFault:
+    """The error for a message of ``kind`` from ``frm`` that is proven bad (it names ``frm``)."""
+    return PeerFault(party.name, frm, kind, reason)
+
+
+def need_fields(msg, keys, kind: str, frm: str, party) -> dict:
+    """``msg`` itself if it is a dict holding every key in ``keys``; else PeerFault naming kind and sender."""
     if not isinstance(msg, dict) or any(k not in msg for k in keys):
-        raise PartyError(f"{kind} from {frm!r} must be a dict with keys {list(keys)}")
+        raise fault(party, frm, kind, f"must be a dict with keys {list(keys)}")
     return msg

@@ -57,6 +57,7 @@ from .he_link import (
     K_NOISE,
     K_PUBKEY,
     LayerStats,
+    fault,
     need_fields,
     recv_timed,
 )
@@ -142,12 +143,13 @@ class PackedOps:
         return {"meta": meta, "ct": arr}
 
     def from_wire(self, msg, what: str):
+        """The received ciphertexts; ValueError saying what is wrong (the caller names the sender)."""
         try:
             enc = pl.EncryptedArray.from_wire(self.pk, msg["meta"], msg["ct"])
         except (KeyError, TypeError, ValueError) as e:
-            raise PartyError(f"{what}: malformed ciphertexts: {e}") from None
+            raise ValueError(f"malformed ciphertexts: {e}") from None
         if enc.slot_bits != self.slot_bits:
-            raise PartyError(f"{what}: ciphertexts packed in {enc.slot_bits}-bit slots, expected {self.slot_bits} "
+            raise ValueError(f"ciphertexts packed in {enc.slot_bits}-bit slots, expected {self.slot_bits} "
                              "(both sides derive slot_bits from the same settings)")
         return enc
 
@@ -216,13 +218,14 @@ class NaiveOps:
         return {"meta": {"shape": list(Y.shape)}, "ct": pl.ciphertexts_to_bytes(cts, self.pk)}
 
     def from_wire(self, msg, what: str) -> np.ndarray:
+        """The received ciphertexts; ValueError saying what is wrong (the caller names the sender)."""
         try:
             shape = tuple(int(s) for s in msg["meta"]["shape"])
             cts = pl.ciphertexts_from_bytes(msg["ct"], self.pk)
         except (KeyError, TypeError, ValueError) as e:
-            raise PartyError(f"{what}: malformed ciphertexts: {e}") from None
+            raise ValueError(f"malformed ciphertexts: {e}") from None
         if len(shape) != 2 or len(cts) != shape[0] * shape[1]:
-            raise PartyError(f"{what}: {len(cts)} ciphertexts do not fill shape {shape}")
+            raise ValueError(f"{len(cts)} ciphertexts do not fill shape {shape}")
         out = np.empty(len(cts), dtype=object)
         for i, c in enumerate(cts):
             out[i] = self._phe.EncryptedNumber(self.pk, int(c), 0)
@@ -302,37 +305,45 @@ class IntegerGuest:
             self.party.send(self.host, K_NOISE, self.ops.to_wire(enc, True))
         if self._ctx is not None:
             st.pool_misses = int(self._ctx.pool.misses)
-        ct = self.ops.from_wire(recv_timed(self.party, self.host, K_FWD_CT, st), K_FWD_CT)
+        ct = self._recv_ct(K_FWD_CT)
         t0 = time.perf_counter()
         dec = self.ops.decrypt(ct)  # (K, b): A W_g + e_B
         st.decrypted += self.ops.n_ct(ct)
         st.s_decrypt += time.perf_counter() - t0
         if dec.shape != (self.K, b):
-            raise PartyError(f"{K_FWD_CT}: expected ({self.K}, {b}) values, got {dec.shape}")
+            raise fault(self.party, self.host, K_FWD_CT, f"expected ({self.K}, {b}) values, got {dec.shape}")
         masked = dec + int_dot(self.eps.T, A_int.T)  # + A eps: now A W + e_B
         self.party.send(self.host, K_FWD_MASKED, encode_masked(masked, s.masked_bytes))
+
+    def _recv_ct(self, kind: str):
+        """The host's ciphertexts of ``kind``, checked (units mod n**2, layout); PeerFault naming the host."""
+        msg = recv_timed(self.party, self.host, kind, self.stats)
+        try:
+            return self.ops.from_wire(msg, kind)
+        except ValueError as e:
+            raise fault(self.party, self.host, kind, str(e)) from None
 
     # -- backward
     def backward(self) -> np.ndarray:
         """Masked weight gradient for the host; returns dL/dA (rows x d, mean over the batch)."""
         s, st = self.spec, self.stats
         b = self._A.shape[0]
-        ct = self.ops.from_wire(recv_timed(self.party, self.host, K_GRAD_CT, st), K_GRAD_CT)
+        ct = self._recv_ct(K_GRAD_CT)
         t0 = time.perf_counter()
         dec = self.ops.decrypt(ct)  # (K, d): G^T + e_W
         st.decrypted += self.ops.n_ct(ct)
         st.s_decrypt += time.perf_counter() - t0
         if dec.shape != (self.K, self.d):
-            raise PartyError(f"{K_GRAD_CT}: expected ({self.K}, {self.d}) values, got {dec.shape}")
+            raise fault(self.party, self.host, K_GRAD_CT, f"expected ({self.K}, {self.d}) values, got {dec.shape}")
         nu = uniform_ints(dec.shape, s.mask_bits + s.grad_bits(b))  # sized by rows: steps of eps do not grow
         self.party.send(self.host, K_GRAD_MASKED, encode_masked(dec + nu, s.masked_bytes))
-        ct = self.ops.from_wire(recv_timed(self.party, self.host, K_INGRAD_CT, st), K_INGRAD_CT)
+        ct = self._recv_ct(K_INGRAD_CT)
         t0 = time.perf_counter()
         g = self.ops.decrypt(ct)  # (b, d): delta W^T, frac d_frac + w_frac
         st.decrypted += self.ops.n_ct(ct)
         st.s_decrypt += time.perf_counter() - t0
         if g.shape != (b, self.d):
-            raise PartyError(f"{K_INGRAD_CT}: expected ({b}, {self.d}) values, got {g.shape}")
+            raise fault(self.party, self.host, K_INGRAD_CT, f"expected ({b}, {self.d}) values, got {g.shape}")
         self.eps = self.eps + weight_step(nu, b, s).T
         self._A = None
         scale = 2.0 ** -(s.d_frac_bits + s.w_frac_bits) / b
@@ -352,13 +363,13 @@ class IntegerHost:
         self._ctx = None
 
     def setup(self) -> None:
-        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest)
-        if msg["scheme"] != self.spec.scheme:
+        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest, self.party)
+        if msg["scheme"] != self.spec.scheme:  # differing settings, not proven malice: nobody is named
             raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host {self.spec.scheme!r}")
         try:
             pk = pl.public_key_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
         except ValueError as e:
-            raise PartyError(f"{K_PUBKEY} from {self.guest!r}: {e}") from None
+            raise fault(self.party, self.guest, K_PUBKEY, str(e)) from None
         if pk.n.bit_length() != self.spec.key_bits:
             raise PartyError(f"guest {self.guest!r} sent a {pk.n.bit_length()}-bit key, expected {self.spec.key_bits}")
         if self.spec.scheme == "paillier":
@@ -411,22 +422,26 @@ class IntegerHost:
 
     # -- forward
     def recv_acts(self) -> None:
-        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows",), K_ACTS, self.guest)
+        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows",), K_ACTS, self.guest,
+                          self.party)
         self.rows = int(msg["rows"])
         if not 0 < self.rows <= self.spec.batch_size:
-            raise PartyError(f"{K_ACTS}: {self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
-        if self.ops.two_layouts:
-            self.X_fwd = self.ops.from_wire(msg.get("fwd"), K_ACTS)
-            self.X_grad = self.ops.from_wire(msg["grad"], K_ACTS) if "grad" in msg else None
-        else:
-            X = self.ops.from_wire(msg.get("all"), K_ACTS)
-            self.X_fwd, self.X_grad = self.ops.transpose(X), X
+            raise fault(self.party, self.guest, K_ACTS, f"{self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
+        try:
+            if self.ops.two_layouts:
+                self.X_fwd = self.ops.from_wire(msg.get("fwd"), K_ACTS)
+                self.X_grad = self.ops.from_wire(msg["grad"], K_ACTS) if "grad" in msg else None
+            else:
+                X = self.ops.from_wire(msg.get("all"), K_ACTS)
+                self.X_fwd, self.X_grad = self.ops.transpose(X), X
+        except ValueError as e:
+            raise fault(self.party, self.guest, K_ACTS, str(e)) from None
         if tuple(self.X_fwd.shape) != (self.d, self.rows) or (
                 self.X_grad is not None and tuple(self.X_grad.shape) != (self.rows, self.d)):
-            raise PartyError(f"{K_ACTS}: activations of shape {tuple(self.X_fwd.shape)}, "
-                             f"expected ({self.d}, {self.rows})")
+            raise fault(self.party, self.guest, K_ACTS, f"activations of shape {tuple(self.X_fwd.shape)}, "
+                        f"expected ({self.d}, {self.rows})")
         if self.spec.scheme == "paillier" and self.X_fwd.bound > 1 << self.spec.a_bound_bits:
-            raise PartyError(f"{K_ACTS}: slot bound exceeds 2**(a_int_bits + a_frac_bits)")
+            raise fault(self.party, self.guest, K_ACTS, "slot bound exceeds 2**(a_int_bits + a_frac_bits)")
 
     def send_forward(self) -> None:
         t0 = time.perf_counter()
@@ -439,7 +454,10 @@ class IntegerHost:
     def recv_forward(self) -> np.ndarray:
         """The guest part of the layer output, A_g W (rows x K), exact on the 2**-(a_frac+w_frac) grid."""
         arr = recv_timed(self.party, self.guest, K_FWD_MASKED, self.stats)
-        masked = decode_masked(arr, self.spec.masked_bytes, (self.K, self.rows))
+        try:
+            masked = decode_masked(arr, self.spec.masked_bytes, (self.K, self.rows))
+        except PartyError as e:
+            raise fault(self.party, self.guest, K_FWD_MASKED, str(e)) from None
         Z = masked - self._e_fwd
         self._e_fwd = None
         return dequantize(Z.T, self.spec.a_frac_bits + self.spec.w_frac_bits)
@@ -464,10 +482,16 @@ class IntegerHost:
         """Unmask G + nu, send [[delta W^T]] (old weights), then W_g -= step(G + nu)."""
         s = self.spec
         arr = recv_timed(self.party, self.guest, K_GRAD_MASKED, self.stats)
-        M = decode_masked(arr, s.masked_bytes, (self.K, self.d)) - self._e_grad
-        enc_eps = self.ops.from_wire(recv_timed(self.party, self.guest, K_NOISE, self.stats), K_NOISE)
+        try:
+            M = decode_masked(arr, s.masked_bytes, (self.K, self.d)) - self._e_grad
+        except PartyError as e:
+            raise fault(self.party, self.guest, K_GRAD_MASKED, str(e)) from None
+        try:
+            enc_eps = self.ops.from_wire(recv_timed(self.party, self.guest, K_NOISE, self.stats), K_NOISE)
+        except ValueError as e:
+            raise fault(self.party, self.guest, K_NOISE, str(e)) from None
         if tuple(enc_eps.shape) != (self.K, self.d):
-            raise PartyError(f"{K_NOISE}: shape {tuple(enc_eps.shape)}, expected ({self.K}, {self.d})")
+            raise fault(self.party, self.guest, K_NOISE, f"shape {tuple(enc_eps.shape)}, expected ({self.K}, {self.d})")
         t0 = time.perf_counter()
         try:
             Y = self.ops.matmul(enc_eps, self._delta.T)  # (rows, d): delta eps^T

@@ -297,12 +297,12 @@ class _Streamer:
 def _recv(party, frm: str, kind: str, timeout: float | None, streamers: Sequence[_Streamer]) -> Any:
     """party.recv, but fails early (with the real cause) when one of our sending threads failed."""
     total = party.timeout if timeout is None else float(timeout)
-    deadline = time.monotonic() + total
+    deadline = party.now() + total
     while True:
         for s in streamers:
             if s.error is not None:
                 raise PartyError(f"PSI: sending {s.kind} failed: {type(s.error).__name__}: {s.error}") from s.error
-        left = deadline - time.monotonic()
+        left = deadline - party.now()
         if left <= 0:
             raise PeerTimeout(party.name, frm, kind, total)
         try:

@@ -76,11 +76,22 @@ every needed secret still has ``t_local`` share holders; otherwise it fails
 with :class:`SecAggError` and the server releases nothing (the remaining
 clients get an ``abort`` notice and raise too).  A message from an earlier
 round is discarded when read, so a late client cannot corrupt a later round;
-a message from a later round is kept for it.  A client whose message is
-malformed is dropped like a silent one and named, with the reason, in
-:attr:`SecAggResult.rejected`; a client whose own input is not finite (or
+messages of ONE later round (one per kind) are kept for it, and a message of
+a second later round names its sender (:class:`RoundInbox`).  A client whose
+message is malformed, or refused on receipt (its schema, a flood), is dropped
+like a silent one and named, with the reason, in :attr:`SecAggResult.rejected`,
+and stays out of every later round; a client whose own input is not finite (or
 whose weight is out of range) refuses it before sending anything, so the
 others go on without it.
+
+Unmasking shares are checked, not trusted: every share of a secret must lie
+on the polynomial that gives the dealer's committed seed (or its mask key's
+public key).  A holder proven to have sent a wrong share (one of its own
+secret, or of two or more dealers' secrets) fails the round with
+:class:`~fedhet.parties.api.PeerFault` naming it; when the data cannot tell
+(exactly t shares, two wrong ones, or one dealer who may have dealt the
+wrong share), the round fails saying it cannot name a sender, with the
+evidence.  Either way no sum is released (:func:`secagg_server.check_shares`).
 
 Quantisation and the error bound.  A client clips its vector to
 ``[-clip, clip]``, multiplies it by its weight ``w`` (``0 < w <= max_weight``)
@@ -98,9 +109,9 @@ from __future__ import annotations
 from .secagg_client import ClientRound, Faults, SecAggClient, SubmitResult
 from .secagg_config import SecAggConfig, SecAggError, harary_parameters, neighbours
 from .secagg_masks import apply_masks, reconstruct_secret, share_secrets
-from .secagg_messages import (DECLARATIONS, KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY,
-                              KIND_SHARES, KIND_UNMASK, KIND_UNMASK_REQUEST, SECRET_ELEMS, STEPS, RoundInbox,
-                              check_round, declarations)
+from .secagg_messages import (DECLARATIONS, DEFAULT_MAX_ELEMS, KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED,
+                              KIND_RELAY, KIND_SHARES, KIND_UNMASK, KIND_UNMASK_REQUEST, SECRET_ELEMS, STEPS, RoundInbox,
+                              check_round, declarations, payload_bytes)
 from .secagg_quantizer import Quantizer, check_input
 from .secagg_server import SecAggResult, SecAggServer, prune
 
@@ -109,5 +120,6 @@ __all__ = [
     "Quantizer", "check_input", "check_round", "neighbours", "harary_parameters", "prune", "apply_masks",
     "share_secrets", "reconstruct_secret", "RoundInbox", "DECLARATIONS", "declarations", "ClientRound",
     "KIND_IDENT", "KIND_KEYS", "KIND_KEYLIST", "KIND_SHARES", "KIND_RELAY", "KIND_MASKED",
-    "KIND_UNMASK_REQUEST", "KIND_UNMASK", "STEPS", "SECRET_ELEMS",
+    "KIND_UNMASK_REQUEST", "KIND_UNMASK", "STEPS", "SECRET_ELEMS", "DEFAULT_MAX_ELEMS",
+    "payload_bytes",
 ]

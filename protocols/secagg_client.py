@@ -31,7 +31,6 @@ no test hook appears in :meth:`SecAggClient.submit`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -41,6 +40,8 @@ import numpy as np
 from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import random_seed
+
+from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggError, neighbours
 from .secagg_masks import apply_masks, share_secrets
@@ -282,13 +283,20 @@ class SecAggClient:
     def _ident_of(self, party, v: str) -> bytes:
         if v not in self._peer_ident:
             p = party.recv(v, KIND_IDENT, timeout=self._timeout(party))
+            # v's own message is the evidence: the fault is v's, never ours (nor the server's)
             if not isinstance(p, dict) or not is_bytes(p.get("pk"), ck.KEY_BYTES):
-                raise SecAggError(f"client {v!r} sent a malformed identity key")
+                got = p.get("pk") if isinstance(p, dict) else p
+                size = len(got) if isinstance(got, (bytes, bytearray)) else type(got).__name__
+                raise PeerFault(party.name, v, KIND_IDENT, f"identity key must be {ck.KEY_BYTES} bytes, got {size}")
+            try:
+                ck.public_key_from_bytes(bytes(p["pk"]), "ed25519")
+            except ValueError as e:
+                raise PeerFault(party.name, v, KIND_IDENT, f"identity key is not an Ed25519 point: {e}") from None
             self._peer_ident[v] = bytes(p["pk"])
         return self._peer_ident[v]
 
     def _from_server(self, party, server: str, kind: str, r: int) -> dict:
-        p = self._inbox.recv(party, server, kind, r, time.monotonic() + self._timeout(party))
+        p = self._inbox.recv(party, server, kind, r, party.now() + self._timeout(party))
         if p is None:
             raise SecAggError(f"client {party.name!r}: no {kind!r} from {server!r} for round {r} within "
                               f"{self._timeout(party):g}s")
@@ -328,7 +336,7 @@ class SecAggClient:
         def send(step: str, payload: dict) -> bool:
             """Send ``step``'s message as the faults say; True when the client vanishes after it."""
             if faults.delay is not None and faults.delay[0] == step:
-                time.sleep(float(faults.delay[1]))
+                party.sleep(float(faults.delay[1]))
             if faults.stale == step:
                 party.send(server, _KIND_OF_STEP[step], {**payload, "r": r - 1})
             party.send(server, _KIND_OF_STEP[step], payload)

@@ -11,7 +11,6 @@ alike.
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Callable
 
 import msgpack
@@ -19,7 +18,7 @@ import numpy as np
 
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import SEED_BYTES
-from fedhet.parties.api import PeerTimeout
+from fedhet.parties.api import QUEUE_MAX_BYTES, PeerFault, PeerTimeout
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare, no_arrays
 
@@ -27,7 +26,7 @@ __all__ = [
     "KIND_IDENT", "KIND_KEYS", "KIND_KEYLIST", "KIND_SHARES", "KIND_RELAY", "KIND_MASKED",
     "KIND_UNMASK_REQUEST", "KIND_UNMASK", "STEPS", "SECRET_ELEMS", "RoundInbox", "check_round", "round_context",
     "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
-    "MAX_CLIENTS",
+    "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "masked_schema", "payload_bytes",
 ]
 
 KIND_IDENT = "secagg/ident"
@@ -74,35 +73,94 @@ def check_round(last: int | None, r: int) -> None:
                          "needs a new, larger round number")
 
 
+def payload_bytes(p) -> int:
+    """Bytes a decoded payload holds in its arrays and byte strings (what a held message costs)."""
+    if isinstance(p, np.ndarray):
+        return int(p.nbytes)
+    if isinstance(p, (bytes, bytearray, str)):
+        return len(p)
+    if isinstance(p, dict):
+        return sum(payload_bytes(v) for v in p.values())
+    if isinstance(p, (list, tuple)):
+        return sum(payload_bytes(v) for v in p)
+    return 8
+
+
 class RoundInbox:
-    """Reads one (sender, kind) for the current round: drops older rounds, keeps later ones."""
+    """Reads one (sender, kind) for the current round: drops older rounds, holds ONE later round per sender.
+
+    Per-link order means an honest sender's message of the current round comes before its later
+    ones; a later-round message is read only when the sender skipped the current round (an honest
+    client dropped from round r goes on to r + 1 while the reader still finishes r).  So at most one
+    later round is held per sender, at most one message per kind (:meth:`held_bytes` counts them).
+    A message of a second later round, or a second one of a kind for the held round, is a
+    :class:`PeerFault` naming the sender, and so is a payload without a round number or one the
+    party API refused (schema, flood): the sender is out of every later read too, so a hostile
+    sender costs one bounded message per kind and is named, and the reader goes on without it.
+    """
 
     def __init__(self, log):
-        self._later: dict[tuple[str, str], list] = {}
+        self._later: dict[str, tuple[int, dict[str, dict]]] = {}  # sender -> (round, kind -> payload)
+        self._faulty: dict[str, PeerFault] = {}
         self.log = log
 
+    def faulty(self, frm: str) -> PeerFault | None:
+        """The fault that put ``frm`` out of the protocol (None while it is not)."""
+        return self._faulty.get(frm)
+
+    def held_bytes(self, frm: str | None = None) -> int:
+        """Bytes of later-round messages held (from ``frm``, or from every sender)."""
+        return sum(payload_bytes(p) for u, (_, kinds) in self._later.items() if frm in (None, u)
+                   for p in kinds.values())
+
+    def _fault(self, party, frm: str, kind: str, reason: str) -> PeerFault:
+        e = PeerFault(party.name, frm, kind, reason)
+        self._faulty[frm] = e
+        self._later.pop(frm, None)
+        return e
+
     def recv(self, party, frm: str, kind: str, r: int, deadline: float):
-        """The round-``r`` payload of ``kind`` from ``frm``, or None once ``deadline`` (monotonic) passed."""
-        held = self._later.get((frm, kind))
-        if held:
-            for i, p in enumerate(held):
-                if p["r"] == r:
-                    return held.pop(i)
+        """The round-``r`` payload of ``kind`` from ``frm``, or None once ``deadline`` (``party.now()``) passed.
+
+        Raises :class:`PeerFault` (naming ``frm``) when ``frm`` broke the rules, now or before.
+        """
+        if frm in self._faulty:
+            raise self._faulty[frm]
+        held = self._later.get(frm)
+        if held is not None and held[0] <= r:
+            p = held[1].pop(kind, None)
+            if held[0] < r or not held[1]:
+                del self._later[frm]
+            if p is not None and held[0] == r:
+                return p
         while True:
             try:
-                p = party.recv(frm, kind, timeout=max(0.0, deadline - time.monotonic()))
+                p = party.recv(frm, kind, timeout=max(0.0, deadline - party.now()))
             except PeerTimeout:
                 return None
-            if not isinstance(p, dict) or not isinstance(p.get("r"), int) or isinstance(p.get("r"), bool):
-                self.log.warning("secagg: discarded a %s message from %s without a round number", kind, frm)
-                continue
-            if p["r"] < r:
+            except PeerFault as e:
+                self._faulty[frm] = e
+                self._later.pop(frm, None)
+                raise
+            pr = p.get("r") if isinstance(p, dict) else None
+            if not isinstance(pr, (int, np.integer)) or isinstance(pr, bool):
+                raise self._fault(party, frm, kind, "a message without a round number")
+            if pr < r:
                 self.log.info("secagg: discarded a late %s message of round %d from %s (now round %d)",
-                              kind, p["r"], frm, r)
+                              kind, pr, frm, r)
                 continue
-            if p["r"] > r:
-                self._later.setdefault((frm, kind), []).append(p)
-                continue
+            if pr > r:
+                held = self._later.get(frm)
+                if held is None:
+                    self._later[frm] = (int(pr), {kind: p})
+                    continue
+                if held[0] == pr and kind not in held[1]:
+                    held[1][kind] = p
+                    continue
+                what = (f"a second {kind!r} message of round {pr}" if held[0] == pr
+                        else f"a message of round {pr} while one of round {held[0]} is already held")
+                raise self._fault(party, frm, kind, f"{what} (reading round {r}): at most one later round, "
+                                  "one message per kind, is kept for a sender")
             return p
 
 
@@ -145,21 +203,35 @@ def _notice(**fields: sch.Spec) -> sch.Spec:
                       sch.Fields({"r": _R, "abort": sch.Str(max_len=4096)})))
 
 
+# Without the vector length from the settings, a masked input may hold as many elements as fit the
+# party API's per-sender queue bound (QUEUE_MAX_BYTES) in the widest ring.
+DEFAULT_MAX_ELEMS = QUEUE_MAX_BYTES // 8
+
+
+def masked_schema(max_length: int | None) -> sch.Spec:
+    """``secagg/masked``: a ring vector of exactly ``max_length + 1`` elements at most (the input and
+    its weight); ``max_length`` from the settings, or :data:`DEFAULT_MAX_ELEMS` when unknown."""
+    cap = DEFAULT_MAX_ELEMS if max_length is None else int(max_length) + 1
+    return sch.Fields({"r": _R, "y": sch.Arr(("<u4", "<u8"), (None,), max_elems=cap)})
+
+
 SCHEMAS: dict[str, sch.Spec] = {
     KIND_KEYS: sch.Fields({"r": _R, "c_pk": _KEY, "s_pk": _KEY, "commit": _KEY, "sig": sch.Bytes(length=64)}),
     KIND_KEYLIST: _notice(universe=_NAMES, frac_bits=sch.Int(lo=0, hi=64), ring_bits=sch.Int(lo=1, hi=64),
                           keys=sch.MapOf(sch.ListOf(sch.Bytes(max_len=64), length=4), max_len=MAX_CLIENTS)),
     KIND_SHARES: sch.Fields({"r": _R, "ct": sch.MapOf(_SEALED, max_len=MAX_CLIENTS)}),
     KIND_RELAY: _notice(u2=_NAMES, ct=sch.MapOf(_SEALED, max_len=MAX_CLIENTS)),
-    KIND_MASKED: sch.Fields({"r": _R, "y": sch.Arr(("<u4", "<u8"), (None,))}),
+    KIND_MASKED: masked_schema(None),
     KIND_UNMASK_REQUEST: _notice(u3=_NAMES),
     KIND_UNMASK: sch.Fields({"r": _R, "b_of": _NAMES, "s_of": _NAMES,
                              "shares": sch.Arr("<u8", (None, SECRET_ELEMS), max_elems=MAX_CLIENTS * SECRET_ELEMS)}),
 }
 
 
-def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDecl]:
-    """The protocol's message kinds; ``length(cfg)`` (optional) pins the vector length for the audit."""
+def declarations(length: Callable[[dict], int] | None = None, max_length: int | None = None) -> list[MessageDecl]:
+    """The protocol's message kinds; ``length(cfg)`` (optional) pins the vector length for the audit;
+    ``max_length`` (from the run's settings: the longest vector aggregated) bounds every masked input
+    on receipt to ``max_length + 1`` elements."""
     def masked(arrays, cfg):
         return _ring_vector(arrays, cfg, None if length is None else int(length(cfg)))
 
@@ -177,7 +249,7 @@ def declarations(length: Callable[[dict], int] | None = None) -> list[MessageDec
         declare(KIND_RELAY, "server", "client", "sealed shares addressed to the client, and U2", no_arrays,
                 payload=SCHEMAS[KIND_RELAY]),
         declare(KIND_MASKED, "client", "server", "the masked, quantised, weighted input (a uniform ring vector)",
-                masked, payload=SCHEMAS[KIND_MASKED]),
+                masked, payload=SCHEMAS[KIND_MASKED] if max_length is None else masked_schema(max_length)),
         declare(KIND_UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived", no_arrays,
                 payload=SCHEMAS[KIND_UNMASK_REQUEST]),
         declare(KIND_UNMASK, "client", "server",

@@ -34,16 +34,17 @@ import numpy as np
 
 from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
+from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggError, neighbours
-from .secagg_masks import apply_masks, reconstruct_secret
+from .secagg_masks import SharedSecret, apply_masks, recover_secrets
 from .secagg_messages import (KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY, KIND_SHARES, KIND_UNMASK,
                               KIND_UNMASK_REQUEST, SECRET_ELEMS, RoundInbox, check_round, is_bytes,
                               round_context, seed_commitment)
 from .secagg_quantizer import Quantizer
 
 __all__ = ["SecAggServer", "SecAggResult", "ServerRound", "prune", "advertise_round", "share_round",
-           "masked_round", "unmask_round"]
+           "masked_round", "unmask_round", "check_shares"]
 
 
 @dataclass
@@ -111,10 +112,15 @@ class ServerRound:
         """Round-r messages of ``kind`` from ``frm`` until the timeout; the silent and the malformed are left out."""
         party, r, log = self.party, self.r, self.party.log
         t0 = time.monotonic()
-        deadline = t0 + self.timeout
+        deadline = party.now() + self.timeout
         got = {}
         for u in frm:
-            p = self.inbox.recv(party, u, kind, r, deadline)
+            try:
+                p = self.inbox.recv(party, u, kind, r, deadline)
+            except PeerFault as e:  # refused on receipt, or out of the protocol since: named, dropped
+                log.warning("secagg round %d: dropped %s: %s", r, u, e)
+                self.rejected[u] = f"{e.kind}: {e.reason}"
+                continue
             if p is None:
                 log.info("secagg round %d: %s dropped (no %s within %gs)", r, u, kind, self.timeout)
                 continue
@@ -224,6 +230,39 @@ def masked_round(st: ServerRound, u2: set[str], length: int | None) -> tuple[np.
     return acc, u3
 
 
+def check_shares(st: ServerRound, items: dict) -> None:
+    """Fail the round, naming the holder proven at fault where one is, if any unmasking share was wrong.
+
+    A holder whose share is off the polynomial that gives the dealer's committed secret either
+    sent a wrong share or was dealt one by that dealer.  It is named (:class:`PeerFault`) when no
+    single other party explains it: a wrong share of its own secret, or of the secrets of two or
+    more dealers.  Otherwise, and for secrets that could not be recovered at all, the round fails
+    with the evidence and says that it cannot name a sender.  Nothing is released either way.
+    """
+    r = st.r
+    against: dict[str, set[str]] = {}  # holder -> owners of the secrets its share is off for
+    for (_, owner), it in items.items():
+        for h in it.off:
+            against.setdefault(h, set()).add(owner)
+    lost = [it.note for it in items.values() if it.secret is None]
+    if not against and not lost:
+        return
+    proven = sorted(h for h, owners in against.items() if h in owners or len(owners) >= 2)
+    facts = [f"{h!r}'s unmasking share of the secret(s) of {sorted(o)} is off the polynomial the other holders' "
+             "shares give (which matches the dealer's commitment)" for h, o in sorted(against.items())]
+    unsure = [f"{h!r} sent a wrong share or {sorted(o)[0]!r} dealt it one" for h, o in sorted(against.items())
+              if h not in proven]
+    evidence = "; ".join(facts + lost)
+    if proven:
+        for h in proven:
+            st.rejected[h] = f"{KIND_UNMASK}: wrong unmasking shares"
+        raise PeerFault(st.party.name, proven[0], KIND_UNMASK,
+                        f"secure aggregation round {r}: wrong unmasking shares from {proven} "
+                        f"(proven: no single other party explains them); {evidence}; no sum is released")
+    raise SecAggError(f"secure aggregation round {r} failed: inconsistent unmasking shares, sender unknown"
+                      + (f" ({'; '.join(unsure)})" if unsure else "") + f": {evidence}; no sum is released")
+
+
 def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[str],
                  acc: np.ndarray) -> SecAggResult:
     """Round 3: collect the shares (U4), reconstruct the secrets, remove their masks from ``acc``, decode."""
@@ -257,30 +296,39 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
         p = un[h]
         nb = len(p["b_of"])
         for v, row in zip(p["b_of"], p["shares"][:nb]):
-            b_rows[v].append((idx[h] + 1, row))
+            b_rows[v].append((h, idx[h] + 1, row))
         for v, row in zip(p["s_of"], p["shares"][nb:]):
-            s_rows[v].append((idx[h] + 1, row))
-    masks: list[tuple[bytes, int]] = []
+            s_rows[v].append((h, idx[h] + 1, row))
+    ctx = round_context(st.cfg.tag, st.party.run_id, r)
+
+    def seed_of(u):
+        return lambda b: seed_commitment(b) == adv[u]["commit"]
+
+    def key_of(v):
+        def verify(raw: bytes) -> bool:
+            try:
+                return ck.public_bytes(ck.private_key_from_bytes(raw, "x25519")) == adv[v]["s_pk"]
+            except ValueError:
+                return False
+        return verify
+
+    def item(what: str, rows: list, verify) -> SharedSecret:
+        return SharedSecret(what, [h for h, _, _ in rows], [x for _, x, _ in rows], [a for _, _, a in rows], verify)
+
+    b_items = {u: item(f"the self-mask seed of {u!r}", b_rows[u], seed_of(u)) for u in sorted(u3)}
+    s_items = {v: item(f"the mask key of {v!r}", s_rows[v], key_of(v)) for v in sorted(u2 - u3)}
     try:
-        for u in sorted(u3):
-            pts = [x for x, _ in b_rows[u]]
-            bu = reconstruct_secret([row for _, row in b_rows[u]], pts, tl, f"the self-mask seed of {u!r}")
-            if seed_commitment(bu) != adv[u]["commit"]:
-                raise SecAggError(f"the reconstructed self-mask seed of {u!r} does not match its commitment")
-            masks.append((bu, -1))
-        ctx = round_context(st.cfg.tag, st.party.run_id, r)
-        for v in sorted(u2 - u3):
-            pts = [x for x, _ in s_rows[v]]
-            sk_raw = reconstruct_secret([row for _, row in s_rows[v]], pts, tl, f"the mask key of {v!r}")
-            sk = ck.private_key_from_bytes(sk_raw, "x25519")
-            if ck.public_bytes(sk) != adv[v]["s_pk"]:
-                raise SecAggError(f"the reconstructed mask key of {v!r} does not match its public key")
-            for u in sorted(nbrs[v] & u3):
-                seed = ck.agree(sk, adv[u]["s_pk"], info=b"mask" + ctx)
-                # u added +PRG(s_uv) when u sorts before v: take it back out.
-                masks.append((seed, -1 if idx[u] < idx[v] else +1))
+        recover_secrets(list(b_items.values()) + list(s_items.values()), tl)
     except SecAggError as e:
         raise SecAggError(f"secure aggregation round {r} failed: {e}; no sum is released") from None
+    check_shares(st, {**{("b", u): it for u, it in b_items.items()}, **{("s", v): it for v, it in s_items.items()}})
+    masks: list[tuple[bytes, int]] = [(it.secret, -1) for it in b_items.values()]
+    for v, it in s_items.items():
+        sk = ck.private_key_from_bytes(it.secret, "x25519")
+        for u in sorted(nbrs[v] & u3):
+            seed = ck.agree(sk, adv[u]["s_pk"], info=b"mask" + ctx)
+            # u added +PRG(s_uv) when u sorts before v: take it back out.
+            masks.append((seed, -1 if idx[u] < idx[v] else +1))
     t0 = time.monotonic()
     apply_masks(acc, masks)
     total, wsum = st.quant.decode(acc)

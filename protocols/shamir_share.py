@@ -43,7 +43,6 @@ ask for results in the order the holders send them.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -252,7 +251,7 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
     if not t <= quorum <= m:
         raise ValueError(f"quorum must be in t..{m} (t = {t}, {m} holders asked), got {quorum}")
     total = party.timeout if timeout is None else float(timeout)
-    deadline = time.monotonic() + total
+    deadline = party.now() + total
     got: dict[str, SharedArray] = {}
 
     def take(h: str, wait: float) -> None:
@@ -272,7 +271,7 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
             if len(got) >= quorum:
                 break
             take(h, 0.0)
-        left = deadline - time.monotonic()
+        left = deadline - party.now()
         if not pending or len(got) >= quorum or left <= 0:
             break
         take(pending[0], min(0.05, left))

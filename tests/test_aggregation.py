@@ -1,7 +1,6 @@
 """The aggregator interface (protocols/aggregation.py): plain and secure behind one call, and FedAvg on both."""
 from __future__ import annotations
 
-import time
 import types
 
 import numpy as np
@@ -36,13 +35,13 @@ def federate(cfg, xs, ws, rounds=(0,), late=None):
             if i:
                 party.send("server", "test/ready", None)
             if late and late[:2] == (party.name, r):
-                time.sleep(late[2])
+                party.sleep(late[2])   # on the virtual clock: late by protocol time, not by luck
             agg.submit(party, "server", xs[party.name][i], ws[party.name], r)
         return {}
 
     algo = types.SimpleNamespace(NAME="agg-test", ROLES={"server": server, "client": client},
                                  load_data=lambda *a: None)
-    out = run_inmemory(algo, [("server", "server")] + [(c, "client") for c in CLIENTS], timeout=30)
+    out = run_inmemory(algo, [("server", "server")] + [(c, "client") for c in CLIENTS], timeout=30, clock="virtual")
     return out["server"]
 
 

@@ -25,7 +25,6 @@ import torch
 from fedhet.algorithms import chfl as C
 from fedhet.algorithms import chfl_local as L
 from fedhet.algorithms.chfl_model import MLPColumn, UniqueColumn, common_numel, init_common_flat
-from fedhet.algorithms.datapath import data_root
 from fedhet.parties import api, presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
@@ -362,9 +361,7 @@ def test_preset_as_processes_passes_audit(tmp_path):
 # --------------------------------------------------------------------- real data
 
 
-def test_covertype_partition_and_count():
-    if data_root(required=False) is None:
-        pytest.skip("covertype needs ../shared/data (set FEDHET_DATA_DIR)")
+def test_covertype_partition_and_count(shared_data):
     cfg = {"dataset": "covertype", "seed": 1000, "feature_seed": 0}
     parts = [C.load_data(cfg, f"client{k}", "client", k, 5) for k in range(5)]
     assert all(p.n_common == 16 for p in parts)

@@ -12,7 +12,6 @@ from fedhet.algorithms import chfl
 from fedhet.algorithms.chfl_local import CHFLClient, aggregate, client_data, select_per_client
 from fedhet.algorithms.chfl_model import (CHFLNet, MLPColumn, UniqueColumn, common_numel,
                                           common_to_flat, flat_to_common, init_common_flat)
-from fedhet.algorithms.datapath import data_root
 from fedhet.algorithms.partition import (chfl_partition, split_features, split_samples,
                                          vertical_split)
 
@@ -260,16 +259,10 @@ def test_vertical_split():
 
 # ------------------------------------------------------------------- data
 
-def _need_data():
-    if data_root(required=False) is None:
-        pytest.skip("needs ../shared/data (set FEDHET_DATA_DIR)")
-
-
 @pytest.mark.parametrize("name,shape,classes", [
     ("covertype", (15120, 54), 7), ("sensorless", (2200, 48), 11),
     ("jannis", (30145, 54), 4), ("vehicle", (846, 18), 4)])
-def test_stored_loaders(name, shape, classes):
-    _need_data()
+def test_stored_loaders(name, shape, classes, shared_data):
     from fedhet.algorithms.data_tabular import load_tabular
     d = load_tabular(name)
     assert d.name == name and d.X.shape == shape and d.X.dtype == np.float32

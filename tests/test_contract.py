@@ -176,7 +176,7 @@ def test_an_abort_notice_stops_peers_at_once():
     b = hub.party("b", timeout=30, declarations=[])
     a.notify_failure("disk full")
     from fedhet.parties.api import PartyAborted
-    with pytest.raises(PartyAborted, match="party 'a' failed: disk full"):
+    with pytest.raises(PartyAborted, match="party 'a' announced its own failure: disk full"):
         b.recv("a", "anything")
 
 

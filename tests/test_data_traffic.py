@@ -12,6 +12,7 @@ def _graph():
         pytest.skip("traffic graphs not present")
 
 
+@pytest.mark.data
 def test_graph_and_split():
     ids, adj = _graph()
     assert len(ids) == 207 and adj.shape == (207, 207) and np.all(np.diag(adj) == 1)
@@ -34,6 +35,7 @@ def _auc(score, y):
     return (r[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1))
 
 
+@pytest.mark.data
 def test_simulation_seeded_and_graph_carries_signal():
     _graph()
     a = dt.simulate("metr_la", seed=1, n_windows=1000)

@@ -17,6 +17,7 @@ def test_parse_ts_small(tmp_path):
         dv.parse_ts(p)
 
 
+@pytest.mark.data
 def test_real_vowels():
     try:
         tr, te = dv.load_vowels()

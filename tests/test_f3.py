@@ -186,7 +186,7 @@ def test_asking_t_holders_in_turn_gives_the_model_that_asking_all_gives():
     from fedhet.parties import presets
     from fedhet.parties.federation import load
     from fedhet.parties.inmemory import run_inmemory
-    fed = load(presets.path("f3_small"))
+    fed = load(presets.path("f3_grid"))   # generated graph: no data folder needed
     parties = [(p.name, p.role) for p in fed.parties]
     assert sum(r == "holder" for _, r in parties) == 3
     out = {}

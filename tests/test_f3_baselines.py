@@ -147,6 +147,7 @@ def test_fedavg_returns_one_shared_model():
     assert T.local_probabilities(m, x[0], None).shape == (40, 3)
 
 
+@pytest.mark.data   # Japanese Vowels
 def test_owner_data_equals_f3_load_data():
     from fedhet.algorithms import f3
     from fedhet.parties.settings import parse_settings

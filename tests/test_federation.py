@@ -28,7 +28,7 @@ def test_presets_load():
     (lambda d: d["party"][1].update(endpoint="http://x"), "endpoint"),
     (lambda d: d["party"][1].update(endpoint="tcp://127.0.0.1:5000"), "used by another party"),
     (lambda d: d["party"][1].update(device="tpu"), "device"),
-    (lambda d: d["party"][1].update(colour="red"), "unknown fields"),
+    (lambda d: d["party"][1].update(colour="red"), "unknown key 'colour'"),
     (lambda d: d["algorithm"].pop("name"), r"\[algorithm\] needs a name"),
     (lambda d: d.update(extra={}), "unknown top-level"),
     (lambda d: d["federation"].update(timeout=-1), "positive"),

@@ -12,7 +12,6 @@ import json
 import numpy as np
 import pytest
 from fedhet.algorithms import hyfem
-from fedhet.algorithms.datapath import data_root
 from fedhet.parties import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
@@ -20,8 +19,7 @@ from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
 from fedhet.parties.settings import parse_settings
 
-pytestmark = pytest.mark.skipif(data_root(required=False) is None,
-                                reason="HyFEM runs need ../shared/data (set FEDHET_DATA_DIR)")
+pytestmark = pytest.mark.data   # Handwritten (the generic all-algorithms test covers HyFEM on digits)
 
 PARTIES = [("server", "server")] + [(f"client{i}", "client") for i in range(1, 5)]
 SMALL = {"max_rows": 600, "extractor_hidden": 32, "inference_hidden": 16, "embed_dim": 8,

@@ -238,7 +238,7 @@ def test_audit_passes_a_clean_run(demo_run):
     rep = audit(run_dir)
     assert rep.ok, rep.problems
     assert rep.messages > 0
-    assert cli.main(["audit", str(run_dir)]) == 0
+    assert cli.main(["audit", str(run_dir), "--trust-folder-keys"]) == 0
 
 
 @pytest.mark.parametrize("tamper", ["digest_byte", "middle_byte", "remove_record"])

@@ -343,7 +343,8 @@ def test_bad_input_is_named():
         mc.MMVFLSettings(inner_iters=0)
     X = np.ones((4, 3))
     X[2, 1] = np.nan
-    with pytest.raises(ValueError, match="participant 1 X has a NaN .* row 2, column 1"):
+    with pytest.raises(ValueError, match=r"argument 'participant 1 X', row 3 \(index 2\), column 2 \(index 1\): "
+                                          "value is NaN"):
         mc.init_participant(1, X, 2, mc.MMVFLSettings())
     with pytest.raises(ValueError, match="every view needs 5 rows"):
         mc.run_centralized([np.ones((5, 2)), np.ones((4, 2))], np.zeros(5, int), [0, 1], mc.MMVFLSettings())

@@ -12,6 +12,13 @@ from fedhet.parties.settings import parse_settings
 PARTIES = [("server", "server")] + [(f"p{i}", "participant") for i in range(1, 6)]
 SMALL = {"dataset": "handwritten", "train_per_class": 12, "val_per_class": 6, "max_iter": 4,
          "percents": [10, 50, 100], "report_model": True}
+# the oracle comparisons on packaged data (scikit-learn's digits, 4 views) and on the real Handwritten
+DATASETS = [pytest.param("digits", id="digits"), pytest.param("handwritten", id="handwritten", marks=pytest.mark.data)]
+
+
+def parties_of(dataset):
+    k = mmvfl.DATASET_SHAPES[dataset][1]
+    return [("server", "server")] + [(f"p{i}", "participant") for i in range(1, k + 1)]
 
 
 def _oracle(cfg):
@@ -27,38 +34,41 @@ def _oracle(cfg):
     return rows, core.run_centralized(views, mv.y[rows], np.arange(rows.size), s.core())
 
 
-def _compare(res, ref, rows, atol):
+def _compare(res, ref, rows, atol, parties=PARTIES):
     assert res["server"]["iterations"] == ref.iterations
     np.testing.assert_allclose(np.array(res["server"]["Z"]), ref.Z, rtol=0, atol=atol)
-    for k, (name, _) in enumerate(PARTIES[1:]):
+    for k, (name, _) in enumerate(parties[1:]):
         r = res[name]
         assert r["index"] == k and r["ids"] == rows.tolist()
         np.testing.assert_allclose(np.array(r["W"]), ref.W[k], rtol=1e-9, atol=atol)
         np.testing.assert_allclose(np.array(r["Z_k"]), ref.Z_views[k], rtol=0, atol=atol)
 
 
-def test_plain_federated_run_equals_the_centralised_oracle():
-    cfg = {**SMALL, "aggregation": "plain"}
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_plain_federated_run_equals_the_centralised_oracle(dataset):
+    cfg = {**SMALL, "dataset": dataset, "aggregation": "plain"}
     rows, ref = _oracle(cfg)
-    res = run_inmemory("mmvfl", PARTIES, cfg, seed=0)
+    res = run_inmemory("mmvfl", parties_of(dataset), cfg, seed=0)
     assert len(rows) == mmvfl.n_common_rows(parse_settings(mmvfl.Settings, cfg, "mmvfl"))
-    _compare(res, ref, rows, atol=1e-9)
+    _compare(res, ref, rows, atol=1e-9, parties=parties_of(dataset))
     np.testing.assert_allclose(res["server"]["smoothed"], ref.smoothed, rtol=1e-12)
 
 
-def test_secure_federated_run_within_the_quantisation_bound():
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_secure_federated_run_within_the_quantisation_bound(dataset):
     # one round: Z is one aggregation of identical inputs, so the stated bound applies directly
-    cfg = {**SMALL, "aggregation": "secure", "max_iter": 1}
+    PARTIES = parties_of(dataset)
+    cfg = {**SMALL, "dataset": dataset, "aggregation": "secure", "max_iter": 1}
     rows, ref = _oracle(cfg)
     res = run_inmemory("mmvfl", PARTIES, cfg, seed=0)
     bound = res["server"]["max_mean_error_bound"]
     assert 0 < bound < 1e-10
     assert np.max(np.abs(np.array(res["server"]["Z"]) - ref.Z)) <= bound
     # several rounds: the error stays at the bound's scale
-    cfg = {**SMALL, "aggregation": "secure"}
+    cfg = {**SMALL, "dataset": dataset, "aggregation": "secure"}
     rows, ref = _oracle(cfg)
     res = run_inmemory("mmvfl", PARTIES, cfg, seed=0)
-    _compare(res, ref, rows, atol=1e3 * res["server"]["max_mean_error_bound"] + 1e-12)
+    _compare(res, ref, rows, atol=1e3 * res["server"]["max_mean_error_bound"] + 1e-12, parties=PARTIES)
 
 
 def test_label_holder_must_be_first(tmp_path):
@@ -69,6 +79,7 @@ def test_label_holder_must_be_first(tmp_path):
         parse_settings(mmvfl.Settings, {**cfg, "fold": 5}, "mmvfl")
 
 
+@pytest.mark.data   # Handwritten's view widths (the all-algorithms test runs the digits preset as processes)
 def test_processes_audit_and_nothing_label_or_x_shaped_leaves(tmp_path):
     from fedhet.parties import presets
     from fedhet.parties.audit import audit

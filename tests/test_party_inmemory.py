@@ -69,3 +69,54 @@ def test_fedavg_in_memory_learns_and_is_deterministic():
     assert r1["server"]["test_accuracy"] > 0.9
     # every client ends with the server's final model
     assert all(r1[c]["weights"] == r1["server"]["weights"] for c in ("c1", "c2", "c3"))
+
+
+def _three(roles):
+    return types.SimpleNamespace(NAME="clock-test", ROLES=roles, load_data=lambda *a: None)
+
+
+def test_on_the_virtual_clock_a_working_party_is_never_timed_out():
+    """The receiver's timeout (0.01 s) is far shorter than the sender's real work (a busy machine):
+    on the virtual clock the timeout cannot fire while the sender works, only when everyone waits."""
+    import time
+
+    def slow(party, c, d):
+        time.sleep(0.3)          # real work, 30x the receiver's timeout
+        party.send("a", "late", 7)
+        return "sent"
+
+    def receiver(party, c, d):
+        got = party.recv("b", "late", timeout=0.01)
+        with pytest.raises(PeerTimeout):   # c never sends: this one does fire, as an event
+            party.recv("c", "never", timeout=0.01)
+        return got
+
+    out = run_inmemory(_three({"x": receiver, "y": slow, "z": lambda p, c, d: "idle"}),
+                       [("a", "x"), ("b", "y"), ("c", "z")], clock="virtual")
+    assert out["a"] == 7 and out["b"] == "sent"
+    # the same federation on the wall clock times the slow sender out
+    with pytest.raises(FederationFailed, match="waited 0.01s"):
+        run_inmemory(_three({"x": receiver, "y": slow, "z": lambda p, c, d: "idle"}),
+                     [("a", "x"), ("b", "y"), ("c", "z")])
+
+
+def test_a_party_sleeping_on_the_virtual_clock_is_late_whatever_the_machine():
+    """party.sleep(5) makes a sender late for a 1 s timeout in protocol time, and on time for a 10 s one."""
+    def late(party, c, d):
+        party.sleep(5.0)
+        party.send("a", "m", 1)
+        return None
+
+    def receiver(timeout):
+        def role(party, c, d):
+            t0 = party.now()
+            try:
+                return ("got", party.recv("b", "m", timeout=timeout), party.now() - t0)
+            except PeerTimeout:
+                return ("timeout", None, party.now() - t0)
+        return role
+
+    out = run_inmemory(_three({"x": receiver(1.0), "y": late}), [("a", "x"), ("b", "y")], clock="virtual")
+    assert out["a"] == ("timeout", None, 1.0)
+    out = run_inmemory(_three({"x": receiver(10.0), "y": late}), [("a", "x"), ("b", "y")], clock="virtual")
+    assert out["a"] == ("got", 1, 5.0)

@@ -130,8 +130,10 @@ def test_replaced_sign_key_passes_only_an_audit_that_trusts_the_folder(psi_run, 
     assert rep.ok, rep.problems  # the folder is self-consistent...
     assert rep.warnings == [UNTRUSTED_KEYS_WARNING]  # ...and the audit says how little that means
     capsys.readouterr()
-    assert cli.main(["audit", str(run)]) == 0
-    assert "WARNING" in capsys.readouterr().out
+    assert cli.main(["audit", str(run)]) == 1  # issue 27, item 15: unverified unless the keys are accepted
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "unverified: the signing keys come from the run folder itself" in out
+    assert cli.main(["audit", str(run), "--trust-folder-keys"]) == 0
     rep = audit(run, federation=trusted)
     assert not rep.ok
     assert any(p.startswith("feature2:") and "signature does not verify" in p for p in rep.problems), rep.problems

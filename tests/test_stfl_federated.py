@@ -22,7 +22,6 @@ import torch
 from fedhet.algorithms import data_fate as D
 from fedhet.algorithms import stfl as S
 from fedhet.algorithms import stfl_local as L
-from fedhet.algorithms.datapath import data_root
 from fedhet.parties import api, presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
@@ -69,16 +68,11 @@ def test_settings_reject_bad_config():
         S.load_data({}, "g", "guest", 0, 2)
 
 
-def _shared_or_skip(name):
-    if name != "breast_sk" and data_root(required=False) is None:
-        pytest.skip("needs ../shared/data (set FEDHET_DATA_DIR)")
-
-
-@pytest.mark.parametrize("name", ["breast_sk", "cancer", "vehicle", "payment", "credit"])
+@pytest.mark.parametrize("name", ["breast_sk"] + [pytest.param(n, marks=pytest.mark.data)
+                                                  for n in ("cancer", "vehicle", "payment", "credit")])
 def test_declared_shapes_and_host_split_match_data_fate(name):
     """The audit's table (rows, widths) is the data's, and the host's split of its own IDs is the
     split of the whole data set (every guest holds every ID)."""
-    _shared_or_skip(name)
     full = D.load(name, seed=0)
     assert S.SHAPES[name] == (len(full.host.ids), full.host.x.shape[1], full.guests[0].x.shape[1])
     split = D.make_split(full, 0)

@@ -7,7 +7,6 @@ import torch
 
 from fedhet.algorithms import data_fate as D
 from fedhet.algorithms import stfl_local as L
-from fedhet.algorithms.datapath import data_root
 from fedhet.algorithms.stfl_models import VAE, HierarchicalNet, vae_loss
 from fedhet.algorithms.toolkit import mlp
 
@@ -17,13 +16,6 @@ FAST = {"epochs": 20, "vae_epochs": 20, "lr": 1e-2, "vae_lr": 1e-2}
 @pytest.fixture(scope="module")
 def breast_views():
     return D.prepare("breast_sk", seed=3)
-
-
-def _fate_root():
-    root = data_root(required=False)
-    if root is None or not (root / "fate").is_dir():
-        pytest.skip("needs ../shared/data (set FEDHET_DATA_DIR)")
-    return root
 
 
 # ------------------------------------------------------------------ models
@@ -193,8 +185,8 @@ def test_split_rejects_bad_fractions():
         data.host.rows(np.array(["missing-id"]))
 
 
-def test_fate_cancer_matches_sklearn_table():
-    root = _fate_root()
+def test_fate_cancer_matches_sklearn_table(shared_data):
+    root = shared_data
     from sklearn.datasets import load_breast_cancer
 
     data = D.load("cancer", data_dir=root)
@@ -214,8 +206,8 @@ def test_fate_cancer_matches_sklearn_table():
 
 @pytest.mark.parametrize("name,host_d,guest_d,k,n", [
     ("payment", 13, 10, 2, 30000), ("credit", 5, 5, 2, 30000), ("vehicle", 9, 9, 4, 846)])
-def test_fate_loaders(name, host_d, guest_d, k, n):
-    root = _fate_root()
+def test_fate_loaders(name, host_d, guest_d, k, n, shared_data):
+    root = shared_data
     data = D.load(name, data_dir=root)
     assert data.n_classes == k
     assert data.host.x.shape == (n, host_d) and data.guests[0].x.shape == (n, guest_d)
