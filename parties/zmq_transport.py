@@ -143,6 +143,7 @@ class _Link:
         self.connected_at = 0.0  # monotonic time of the last TCP connection
         self.attempts = 0  # failed TCP attempts since the state was entered
         self.reported = False  # logged and put into the status for this episode
+        self.lost_at: float | None = None  # monotonic time an up connection broke (None: up, or never was)
 
     def _enter(self, state: str, detail: str) -> None:
         if state != self.state:
@@ -162,6 +163,7 @@ class _Link:
                 self._enter(HANDSHAKING, "TCP connected, the CURVE handshake has not finished")
         elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._enter(UP, "CURVE handshake succeeded")
+            self.lost_at = None
             return True
         elif ev == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and time.monotonic() - self.connected_at > SLOW_HANDSHAKE_S:
             # closed after a long handshake: its deadline passed (a peer too busy to answer), not a refusal
@@ -170,6 +172,7 @@ class _Link:
             self._enter(REFUSED, self._refusal(ev, value))
         elif ev == zmq.EVENT_DISCONNECTED and self.state == UP:
             self._enter(LOST, "the connection closed or broke; reconnecting")
+            self.lost_at = time.monotonic()
         return False
 
     def _refusal(self, ev: int, value: int) -> str:
@@ -188,6 +191,10 @@ class _Link:
 
     def describe(self) -> str:
         ep, dur = self.endpoint, f"{self.bad_for():.1f}s"
+        if self.state == LOST or (self.lost_at is not None and self.state == NO_TCP):
+            gone = time.monotonic() - (self.lost_at if self.lost_at is not None else self.t)
+            return (f"connection to {ep} lost {gone:.1f}s ago and not re-established (the party stopped, "
+                    "or the network between us broke)")
         if self.state == NO_TCP:
             return (f"no TCP connection to {ep} for {dur} ({self.detail}): nothing accepts connections there "
                     "(wrong host or port, a firewall, or the party is not running)")
@@ -195,8 +202,7 @@ class _Link:
             return f"TCP connection to {ep} made, but the CURVE handshake has not finished for {dur}"
         if self.state == REFUSED:
             return f"handshake refused at {ep} (for {dur}): {self.detail}"
-        if self.state == LOST:
-            return f"connection to {ep} lost {dur} ago; reconnecting"
+
         return f"connected but silent: our connection to {ep} is up (CURVE handshake succeeded {dur} ago)"
 
     def as_dict(self) -> dict:
@@ -839,6 +845,7 @@ class ZmqParty(Party):
         context: SharedContext | None = None,
         diagnose_s: float = DIAGNOSE_S,
         unreachable_s: float | None = None,
+        lost_s: float | None = None,
         identify_s: float = IDENTIFY_S,
         min_rate: float = MIN_RATE,
         conns_per_peer: int = CONNS_PER_PEER,
@@ -853,6 +860,9 @@ class ZmqParty(Party):
         super().__init__(name, roles, **kw)
         self.diagnose_s = float(diagnose_s)
         self.unreachable_s = None if unreachable_s is None else float(unreachable_s)
+        # a peer whose up connection broke and stays down this long is gone (it died or the network
+        # broke): waits on it end then, not after the whole timeout, and later waits at once
+        self.lost_s = None if lost_s is None else float(lost_s)
         self._links: dict[str, _Link] = {}  # dialled peer -> what its DEALER's monitor told
         self._links_lock = threading.Lock()
         self._awaiting: collections.Counter = collections.Counter()  # (peer, kind) -> recvs waiting on it
@@ -996,8 +1006,11 @@ class ZmqParty(Party):
                 pass
 
     def _fails_after(self, link: _Link) -> float | None:
+        """Seconds after ``link.t`` (its state's start) at which waits on its peer give up."""
         if link.state == REFUSED:
             return self.diagnose_s
+        if link.lost_at is not None and self.lost_s is not None and link.state in (LOST, NO_TCP):
+            return max(0.0, self.lost_s - (link.t - link.lost_at))   # counted from the loss
         if link.state == NO_TCP and link.attempts > 0:
             return self.unreachable_s
         return None

@@ -167,3 +167,45 @@ def test_a_restarted_party_keeps_the_earlier_transcript_and_a_running_one_is_not
         os.close(third._lock_fd)
     finally:
         shutil.rmtree(resolved.key_dir, ignore_errors=True)
+
+
+def test_hand_started_parties_give_up_on_a_killed_peer_when_its_connection_stays_down(tmp_path):
+    """kill -9 of a client mid-run, no launcher: the server's link to it breaks and stays down, so
+    the waits on it end after LOST_S, not after the federation's 600 s receive timeout (the hang
+    guard, far shorter, would fail the test first)."""
+    import json as _json
+    import os
+    import signal
+    import time
+
+    fed = replace(load(presets.path("demo")), timeout=600.0)
+    resolved, fed_file = prepare_local(fed, tmp_path / "run", {"rounds": 400, "aggregation": "plain"})
+    run_dir = tmp_path / "run"
+    procs = {}
+    try:
+        for p in resolved.parties:
+            procs[p.name] = subprocess.Popen(
+                [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name, "--out",
+                 str(run_dir), "--run-id", resolved.run_id, "--quiet"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        st = run_dir / "parties" / "client2" / "status.json"
+        deadline = time.monotonic() + HANG_GUARD
+        while True:   # an event, not a sleep: client2 is mid-run once it reports a step
+            assert time.monotonic() < deadline and procs["client2"].poll() is None
+            try:
+                if _json.loads(st.read_text()).get("done", 0) >= 2:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        os.kill(procs["client2"].pid, signal.SIGKILL)
+        codes = {n: pr.wait(HANG_GUARD) for n, pr in procs.items() if n != "client2"}
+    finally:
+        for pr in procs.values():
+            pr.kill()
+        shutil.rmtree(resolved.key_dir, ignore_errors=True)
+    # the server dropped client2 (plain aggregation goes on without it) or stopped naming the lost link
+    server_dir = run_dir / "parties" / "server"
+    log = (server_dir / "log.txt").read_text()
+    assert "lost" in log and "client2" in log, log[-2000:]
+    assert all(c in (0, 1) for c in codes.values()), codes
