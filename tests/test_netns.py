@@ -166,3 +166,90 @@ def test_wrong_port_across_namespaces_is_named_within_seconds(namespaces, tmp_pa
     assert got["reported_after_s"] <= 10.0, got  # the party's own clock: diagnose_s (5 s) after it dialled
     log = (run_dir / "parties" / "client1" / "log.txt").read_text()
     assert f"no TCP connection to tcp://{ADDR['a']}:{wrong}" in log and "WARNING" in log
+
+
+def _federation(tmp_path, name, algorithm, place, port0, device=None):
+    fed = Federation(
+        name=name, algorithm=algorithm, timeout=60.0, seed=0,
+        parties=[PartySpec(n, "server" if n == "server" else "client", f"tcp://{ADDR[side]}:{port0 + i}",
+                           device=(device or {}).get(n, "cpu"))
+                 for i, (n, side) in enumerate(place.items())],
+        key_dir=tmp_path / "keys", source=str(tmp_path / "federation.toml"))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    fed_file = tmp_path / "federation.toml"
+    fed_file.write_text(fed.to_toml())
+    assert cli.main(["keys", str(fed_file), "--update"]) == 0
+    return load(fed_file), fed_file
+
+
+def _start(namespaces, side, fed_file, name, run_dir, run_id):
+    return subprocess.Popen(
+        ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties.cli", "party",
+         str(fed_file), "--name", name, "--out", str(run_dir), "--run-id", run_id, "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+
+def _records(run_dir, names):
+    return {n: json.loads((run_dir / "parties" / n / "error.json").read_text()) for n in names}
+
+
+def test_different_files_and_a_missing_device_across_namespaces_are_named_not_timed_out(namespaces, tmp_path):
+    """Item 2: the server's machine holds a file with another [algorithm] rounds; item 3: client2's
+    file asks for CUDA on a CPU host.  Each party stops on the evidence (a fingerprint mismatch, an
+    abort notice naming client2), never on the 60 s receive timeout."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("needs a host without CUDA")
+    place = {"server": "a", "client1": "b", "client2": "b"}
+    algo = {"name": "fedavg_logreg", "rounds": ROUNDS, "aggregation": "plain"}
+    # item 2
+    fed, fed_file = _federation(tmp_path / "m", "netns-mismatch", algo, place, 25611)
+    other = tmp_path / "m" / "server.toml"
+    other.write_text(fed_file.read_text().replace(f"rounds = {ROUNDS}", f"rounds = {ROUNDS + 1}"))
+    run_dir, run_id = tmp_path / "m" / "run", uuid.uuid4().hex
+    procs = {n: _start(namespaces, side, other if n == "server" else fed_file, n, run_dir, run_id)
+             for n, side in place.items()}
+    try:
+        codes = {n: p.wait(timeout=180) for n, p in procs.items()}  # hang guard
+    finally:
+        for p in procs.values():
+            p.kill()
+    assert all(c != 0 for c in codes.values()), codes
+    recs = _records(run_dir, place)
+    assert any(r["cause"] == "mismatch" and r["evidence"]["sections"] == ["[algorithm] rounds"] for r in recs.values())
+    assert all(r["cause"] in ("mismatch", "peer_abort") for r in recs.values()), recs
+    # item 3
+    fed, fed_file = _federation(tmp_path / "d", "netns-device", algo, place, 25621, device={"client2": "cuda"})
+    run_dir, run_id = tmp_path / "d" / "run", uuid.uuid4().hex
+    procs = {n: _start(namespaces, side, fed_file, n, run_dir, run_id) for n, side in place.items()}
+    try:
+        codes = {n: p.wait(timeout=180) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+    recs = _records(run_dir, place)
+    assert recs["client2"]["cause"] == "own" and "CUDA" in recs["client2"]["error"]
+    for n in ("server", "client1"):
+        assert recs[n]["cause"] == "peer_abort" and recs[n]["culprit"] == "client2", recs[n]
+
+
+def test_a_second_start_in_a_namespace_is_refused_and_the_first_runs_on(namespaces, tmp_path):
+    """Item 4 on the party's own machine: the same party started twice in one run folder."""
+    place = {"server": "a", "client1": "b", "client2": "b"}
+    fed, fed_file = _federation(tmp_path, "netns-twice", {"name": "fedavg_logreg", "rounds": ROUNDS,
+                                                          "aggregation": "plain"}, place, 25631)
+    run_dir, run_id = tmp_path / "run", uuid.uuid4().hex
+    first = _start(namespaces, "a", fed_file, "server", run_dir, run_id)
+    try:
+        lock = run_dir / "parties" / "server" / ".lock"
+        deadline = time.monotonic() + 120  # hang guard
+        while not (lock.exists() and lock.read_text().strip()):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
+        second = _start(namespaces, "a", fed_file, "server", run_dir, run_id)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode == 1 and "already running" in err and "Traceback" not in err, err
+        assert first.poll() is None and not (run_dir / "parties" / "server" / "error.json").exists()
+    finally:
+        first.kill()
+        first.wait()
