@@ -226,6 +226,12 @@ def test_no_party_outlives_a_killed_launcher(tmp_path, sig):
         kill_strays(run_dir)
     assert left == {}, left
     assert code == (128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL)
+    if sig == signal.SIGKILL:
+        # each party's watcher on the launcher's pid wrote its record and exited at once, from its own
+        # thread, whatever the main thread was doing (a signal handler waits for the main thread)
+        for n in ("server", "client1", "client2"):
+            rec = json.loads((run_dir / "parties" / n / "error.json").read_text())
+            assert rec["cause"] == "stopped" and "the launcher is gone" in rec["error"], rec
 
 
 # ------------------------------------------------------------------ audit
