@@ -67,6 +67,12 @@ def die_with_launcher(report=None) -> None:
         from fedhet.crypto.pool import on_parent_exit
 
         on_parent_exit(int(launcher), lambda: report("the launcher is gone"), code=143)
+        try:  # the watcher replaces the parent-death signal: one record, written by it
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, 0)  # 1 = PR_SET_PDEATHSIG, 0 = none
+        except Exception:
+            pass
         return
     try:
         import ctypes
