@@ -1000,6 +1000,12 @@ class ZmqParty(Party):
             s = self.dealers.get(peer)
             if s is None or self._halt.is_set():
                 return
+            with self._links_lock:
+                link = self._links.get(peer)
+                if link is not None and link.state != UP:
+                    # the connection broke before we got to it: a hello queued now would wait for a
+                    # reconnection that may never come (the peer finished) and hold our exit for the linger
+                    return
             try:
                 s.send(HELLO, zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -1224,10 +1230,14 @@ class ZmqParty(Party):
             self._guard.stop()
             self._guard.join(timeout=2)
             self._guard.close()
-        for s in self.dealers.values():
+        with self._links_lock:
+            gone = {p for p, link in self._links.items() if link.lost_at is not None and link.state != UP}
+        for peer, s in self.dealers.items():
             # a clean close lingers until queued messages reach the peer; a failed party passes a short
-            # linger so messages queued for a dead peer do not hold its exit for the whole timeout
-            s.close(linger=None if linger_s is None else int(max(0.0, linger_s) * 1000))
+            # linger so messages queued for a dead peer do not hold its exit for the whole timeout, and
+            # so does a peer whose connection broke and is down now (it finished, or it is gone)
+            linger = 0.0 if peer in gone else linger_s
+            s.close(linger=None if linger is None else int(max(0.0, linger) * 1000))
         self.router.close(linger=0)
         if self._zap is not None:
             self._zap.stop()
