@@ -6,6 +6,7 @@ A TOML file (example: ``fedhet presets``)::
     name = "demo"            # free text
     key_dir = "keys"         # relative to this file; secret keys of the parties run here
     timeout = 120            # seconds a party waits for any one message
+    # peer_lost_s = 10       # a peer whose connection broke and stays down this long is gone
     seed = 0
     max_message_mb = 1024    # ZMQ_MAXMSGSIZE and the decoder's limit
     # run_id = "..."         # all parties of one run must agree; `fedhet run` makes a fresh one
@@ -67,6 +68,7 @@ FEDERATION_KEYS: dict[str, str] = {
     "name": "free text naming the federation",
     "key_dir": "folder of this machine's secret keys, relative to the file",
     "timeout": "seconds a party waits for any one message",
+    "peer_lost_s": "seconds a peer's broken connection may stay down before waits on it end (default 10)",
     "seed": "seed of the run (the [algorithm] seed defaults to it)",
     "max_message_mb": "largest message a party accepts, in MiB",
     "run_id": "the id every party of one run uses",
@@ -148,6 +150,7 @@ class Federation:
     base_dir: str = ""  # the federation file's folder: relative data paths start there
     hosts: int = 0  # host processes for the parties that name no host (0: one process per party)
     host_threads: int = 0  # torch / BLAS threads per host process (0: the libraries' defaults)
+    peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down this long is gone
 
     # ------------------------------------------------------------- queries
     @property
@@ -205,7 +208,7 @@ class Federation:
             "endpoints": h([(p.name, p.endpoint) for p in ps]),
             "keys": h([(p.name, p.public_key, p.sign_key) for p in ps]),
             "federation": h({"name": self.name, "seed": self.seed, "timeout": self.timeout,
-                             "max_message_mb": self.max_message_mb}),
+                             "max_message_mb": self.max_message_mb, "peer_lost_s": self.peer_lost_s}),
             "algorithm": {str(k): h(v) for k, v in sorted({"name": self.algorithm_name,
                                                            **self.algorithm_cfg()}.items())},
         }
@@ -228,6 +231,8 @@ class Federation:
             fed["hosts"] = self.hosts
         if self.host_threads:
             fed["host_threads"] = self.host_threads
+        if self.peer_lost_s != 10.0:
+            fed["peer_lost_s"] = self.peer_lost_s
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
         fed.update(self.extra)
@@ -350,12 +355,13 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
             key_dir = Path(base_dir) / key_dir
     try:
         timeout = float(fed.pop("timeout", 120.0))
+        peer_lost_s = float(fed.pop("peer_lost_s", 10.0))
         seed = int(fed.pop("seed", 0))
         max_mb = int(fed.pop("max_message_mb", 1024))
     except (TypeError, ValueError) as e:
         raise err(f"[federation]: {e}") from None
-    if timeout <= 0 or max_mb <= 0:
-        raise err("[federation]: timeout and max_message_mb must be positive")
+    if timeout <= 0 or max_mb <= 0 or peer_lost_s <= 0:
+        raise err("[federation]: timeout, max_message_mb and peer_lost_s must be positive")
     counts = {}
     for k in ("hosts", "host_threads"):
         v = fed.pop(k, 0)
@@ -365,7 +371,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     return Federation(
         name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
         timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
-        data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed,
+        data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed, peer_lost_s=peer_lost_s,
         base_dir=str(base_dir) if base_dir is not None else "", **counts,
     )
 

@@ -46,9 +46,6 @@ LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties 
 
 # A failed party gives queued messages this long to leave before it exits (not the whole timeout).
 FAILED_LINGER_S = 2.0
-# A peer whose connection broke and stays down this long is taken as gone (it stopped, or the network
-# broke): a wait on it ends then, instead of after the whole receive timeout, and later waits at once.
-LOST_S = 10.0
 
 
 def die_with_launcher(report=None) -> None:
@@ -373,7 +370,7 @@ class PartyRun:
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
                 declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-                lost_s=min(LOST_S, fed.timeout), **extra,
+                lost_s=min(fed.peer_lost_s, fed.timeout), **extra,
             )
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")

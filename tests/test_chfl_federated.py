@@ -16,6 +16,8 @@
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 
 import numpy as np
@@ -330,7 +332,7 @@ def test_presets_parse():
 
 
 def test_preset_as_processes_passes_audit(tmp_path):
-    fed = load(presets.path("chfl_small"))
+    fed = replace(load(presets.path("chfl_small")), hosts=2)   # two host processes: two torch imports, not four
     run_dir = tmp_path / "run"
     over = {"rounds": 2, "local_epochs": 1, "hidden": [32, 16], "lr": 0.01}
     launch(fed, run_dir, progress=False, timeout=240, overrides=over)

@@ -24,15 +24,26 @@ def by_hand(tmp_path: Path, fed, names=None):
     """Start each party as its own `fedhet party` process (no launcher), as users do across machines."""
     run_dir = tmp_path / "run"
     resolved, fed_file = prepare_local(fed, run_dir)
-    procs = {}
-    for p in resolved.parties:
-        if names is not None and p.name not in names:
-            continue
-        procs[p.name] = subprocess.Popen(
-            [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name, "--out",
-             str(run_dir), "--run-id", resolved.run_id, "--quiet"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    procs = {p.name: start(fed_file, p.name, run_dir, resolved.run_id) for p in resolved.parties
+             if names is None or p.name in names}
     return resolved, fed_file, run_dir, procs
+
+
+def start(fed_file, name, run_dir, run_id):
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", name, "--out",
+         str(run_dir), "--run-id", run_id, "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+
+def wait_all(procs, resolved) -> dict:
+    """Every process's exit code (the hang guard ends a hung test), then no process and no key left."""
+    try:
+        return {n: pr.wait(HANG_GUARD) for n, pr in procs.items()}
+    finally:
+        for pr in procs.values():
+            pr.kill()
+        shutil.rmtree(resolved.key_dir, ignore_errors=True)
 
 
 def record(run_dir: Path, name: str) -> dict:
@@ -45,12 +56,7 @@ def test_a_party_without_its_device_stops_its_peers_with_a_notice_naming_it(tmp_
     fed = replace(fed, timeout=180.0, parties=[replace(p, device="cuda") if p.name == "client1" else p
                                                for p in fed.parties])
     resolved, _, run_dir, procs = by_hand(tmp_path, fed)
-    try:
-        codes = {n: pr.wait(HANG_GUARD) for n, pr in procs.items()}
-    finally:
-        for pr in procs.values():
-            pr.kill()
-        shutil.rmtree(resolved.key_dir, ignore_errors=True)
+    codes = wait_all(procs, resolved)
     assert all(c != 0 for c in codes.values()), codes
     own = record(run_dir, "client1")
     assert own["cause"] == "own" and "CUDA" in own["error"]
@@ -114,19 +120,9 @@ def test_two_machines_with_different_federation_files_stop_naming_the_peer_and_t
     other = replace(resolved, algorithm={**resolved.algorithm, "psi_backend": "kkrt"})
     owner_file = run_dir / "owner.toml"   # beside the resolved file: its key_dir is relative to it
     owner_file.write_text(other.to_toml())
-    procs = {}
-    try:
-        for p in resolved.parties:
-            f = owner_file if p.role == "label_owner" else fed_file
-            procs[p.name] = subprocess.Popen(
-                [sys.executable, "-m", "fedhet.parties.cli", "party", str(f), "--name", p.name, "--out",
-                 str(run_dir), "--run-id", resolved.run_id, "--quiet"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        codes = {n: pr.wait(HANG_GUARD) for n, pr in procs.items()}
-    finally:
-        for pr in procs.values():
-            pr.kill()
-        shutil.rmtree(resolved.key_dir, ignore_errors=True)
+    procs = {p.name: start(owner_file if p.role == "label_owner" else fed_file, p.name, run_dir, resolved.run_id)
+             for p in resolved.parties}
+    codes = wait_all(procs, resolved)
     assert all(c != 0 for c in codes.values()), codes
     recs = {n: record(run_dir, n) for n in procs}
     mism = [r for r in recs.values() if r["cause"] == "mismatch"]
@@ -171,23 +167,19 @@ def test_a_restarted_party_keeps_the_earlier_transcript_and_a_running_one_is_not
 
 def test_hand_started_parties_give_up_on_a_killed_peer_when_its_connection_stays_down(tmp_path):
     """kill -9 of a client mid-run, no launcher: the server's link to it breaks and stays down, so
-    the waits on it end after LOST_S, not after the federation's 600 s receive timeout (the hang
-    guard, far shorter, would fail the test first)."""
+    the waits on it end after [federation] peer_lost_s, not after the federation's 600 s receive
+    timeout (the hang guard, far shorter, would fail the test first)."""
     import json as _json
     import os
     import signal
     import time
 
-    fed = replace(load(presets.path("demo")), timeout=600.0)
+    fed = replace(load(presets.path("demo")), timeout=600.0, peer_lost_s=2.0)
     resolved, fed_file = prepare_local(fed, tmp_path / "run", {"rounds": 400, "aggregation": "plain"})
     run_dir = tmp_path / "run"
     procs = {}
     try:
-        for p in resolved.parties:
-            procs[p.name] = subprocess.Popen(
-                [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name, "--out",
-                 str(run_dir), "--run-id", resolved.run_id, "--quiet"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        procs = {p.name: start(fed_file, p.name, run_dir, resolved.run_id) for p in resolved.parties}
         st = run_dir / "parties" / "client2" / "status.json"
         deadline = time.monotonic() + HANG_GUARD
         while True:   # an event, not a sleep: client2 is mid-run once it reports a step

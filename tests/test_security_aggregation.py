@@ -236,7 +236,7 @@ def run_secagg(cfg, xs, faults, seed=0):
     return run_inmemory(algo, [("server", "server")] + [(c, "client") for c in clients], seed=seed, timeout=60)
 
 
-@pytest.mark.parametrize("n", [20, 50])
+@pytest.mark.parametrize("n", [20, pytest.param(50, marks=pytest.mark.slow)])
 def test_secagg_plus_end_to_end_with_n_minus_t_random_dropouts(n):
     rng = np.random.default_rng(100 + n)
     cfg = SecAggConfig(graph="harary", clip=4.0, timeout=3.0)  # generous: 50 threads on a loaded CPU

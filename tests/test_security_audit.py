@@ -12,21 +12,18 @@
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedhet.parties import cli, presets
 from fedhet.parties.audit import UNTRUSTED_KEYS_WARNING, audit
 from fedhet.parties.federation import load
 from fedhet.parties.launcher import launch
-from fedhet.parties.transcript import GENESIS, canonical, head_message
+from transcript_tools import resign  # a helper module of tests/
 
 
 @pytest.fixture(scope="module")
@@ -45,34 +42,6 @@ def psi_run(tmp_path_factory):
 def copy_run(run_dir: Path, dest: Path) -> Path:
     shutil.copytree(run_dir, dest)
     return dest
-
-
-def resign(run: Path, party: str, edit=None) -> str:
-    """Rewrite ``party``'s transcript (after ``edit(records)``) as a valid chain signed by a NEW key, and
-    put that key into config.json, as someone who can edit the folder would.  Returns the new public key."""
-    cfg = json.loads((run / "config.json").read_text())
-    path = run / "parties" / party / "transcript.jsonl"
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line]
-    head = recs.pop()
-    assert head["type"] == "head"
-    if edit is not None:
-        edit(recs)
-    key = Ed25519PrivateKey.generate()
-    prev, lines = GENESIS, []
-    for i, r in enumerate(recs):
-        r["i"], r["prev"] = i, prev
-        line = canonical(r)
-        prev = hashlib.sha256(line).hexdigest()
-        lines.append(line)
-    head.update(count=len(recs), head=prev, sig=key.sign(head_message(cfg["run_id"], party, len(recs), prev)).hex())
-    lines.append(canonical(head))
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
-    for p in cfg["party"]:
-        if p["name"] == party:
-            p["sign_key"] = pub
-    (run / "config.json").write_text(json.dumps(cfg))
-    return pub
 
 
 # ------------------------------------------------------------ item 12

@@ -21,14 +21,12 @@ evidence) and, for floods, the bound on what the victim holds.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedhet.crypto import paillier as pl
@@ -38,8 +36,9 @@ from fedhet.parties import schema as sch
 from fedhet.parties.api import PeerFault
 from fedhet.parties.audit import audit
 from fedhet.parties.declare import declare, index
+from transcript_tools import public_hex, resign
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
-from fedhet.parties.transcript import GENESIS, Transcript, canonical, head_message
+from fedhet.parties.transcript import Transcript
 from fedhet.protocols import he_interactive as hei
 from fedhet.protocols import secagg
 from fedhet.protocols.secagg_messages import MAX_CLIENTS
@@ -364,10 +363,6 @@ ALGO = contract.Algorithm(
     declarations=lambda s: [declare(PING, "a", "b", "a counter", payload=sch.Fields({"i": sch.Int()}))])
 
 
-def _pub(key: Ed25519PrivateKey) -> str:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
-
-
 @pytest.fixture
 def ping_run(tmp_path) -> tuple[Path, dict]:
     """A real two-party run folder: 'a' sends 'b' five pings, both close; signed transcripts."""
@@ -391,30 +386,15 @@ def ping_run(tmp_path) -> tuple[Path, dict]:
     for p in parties.values():
         p.transcript.close()
     cfg = {"run_id": hub.run_id, "algorithm": {"name": ALGO.name}, "algorithm_cfg": {},
-           "party": [{"name": p, "role": p, "sign_key": _pub(keys[p])} for p in ("a", "b")]}
+           "party": [{"name": p, "role": p, "sign_key": public_hex(keys[p])} for p in ("a", "b")]}
     (run / "config.json").write_text(json.dumps(cfg))
     return run, keys
 
 
-def resign(run: Path, party: str, key: Ed25519PrivateKey, drop=None) -> None:
-    """Rewrite ``party``'s transcript without the records ``drop(r)`` selects, re-signed with ``key``."""
-    cfg = json.loads((run / "config.json").read_text())
-    path = run / "parties" / party / "transcript.jsonl"
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line]
-    head = recs.pop()
-    recs = [r for r in recs if drop is None or not drop(r)]
-    prev, lines = GENESIS, []
-    for i, r in enumerate(recs):
-        r["i"], r["prev"] = i, prev
-        line = canonical(r)
-        prev = hashlib.sha256(line).hexdigest()
-        lines.append(line)
-    head.update(count=len(recs), head=prev, sig=key.sign(head_message(cfg["run_id"], party, len(recs), prev)).hex())
-    path.write_bytes(b"".join(x + b"\n" for x in lines + [canonical(head)]))
-    for p in cfg["party"]:
-        if p["name"] == party:
-            p["sign_key"] = _pub(key)
-    (run / "config.json").write_text(json.dumps(cfg))
+def drop(which):
+    def edit(recs):
+        recs[:] = [r for r in recs if not which(r)]
+    return edit
 
 
 def lookup(name):
@@ -425,8 +405,8 @@ def test_audit_reports_a_message_deleted_from_both_transcripts(ping_run):
     run, keys = ping_run
     assert audit(run, lookup).ok
     # the colluders: 'a' drops its send of seq 2, 'b' its receipt of it, each re-signing with its OWN key
-    resign(run, "a", keys["a"], drop=lambda r: r["dir"] == "send" and r["peer"] == "b" and r["seq"] == 2)
-    resign(run, "b", keys["b"], drop=lambda r: r["dir"] == "recv" and r["peer"] == "a" and r["seq"] == 2)
+    resign(run, "a", key=keys["a"], edit=drop(lambda r: r["dir"] == "send" and r["peer"] == "b" and r["seq"] == 2))
+    resign(run, "b", key=keys["b"], edit=drop(lambda r: r["dir"] == "recv" and r["peer"] == "a" and r["seq"] == 2))
     rep = audit(run, lookup)
     assert not rep.ok
     assert rep.problems == ["a -> b: sequence number(s) 2 of 0..5 missing from both ends' transcripts: "
@@ -435,7 +415,7 @@ def test_audit_reports_a_message_deleted_from_both_transcripts(ping_run):
 
 def test_audit_with_the_folders_own_keys_is_unverified_unless_accepted(ping_run, monkeypatch, capsys):
     run, keys = ping_run
-    resign(run, "b", Ed25519PrivateKey.generate())  # a forged key, written into config.json
+    resign(run, "b", key=Ed25519PrivateKey.generate())  # a forged key, written into config.json
     rep = audit(run, lookup)
     assert rep.ok and rep.unverified and rep.exit_code == 1  # self-consistent, but proves nothing
     monkeypatch.setattr(cli, "_registry", lambda: types.SimpleNamespace(get_algorithm=lookup))
