@@ -303,13 +303,22 @@ def test_torch_tagged_frame_does_not_import_torch_in_a_numpy_receiver():
 
 
 # ------------------------------------------------------------ item 5: idle strangers are shed
-def test_idle_unauthenticated_connections_are_dropped_after_the_handshake_interval():
+def loopback_federation():
+    """Fresh CURVE keys and free loopback endpoints for ROLES, and a party maker with a quiet log."""
     keys = {n: zmq.curve_keypair() for n in ROLES}
     eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
-    quiet = logging.getLogger("fedhet.test.shed")
+    quiet = logging.getLogger("fedhet.test.transport")
     quiet.setLevel(logging.CRITICAL)
-    party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
-                     secret_key=keys["server"][1], run_id=RUN, timeout=5, logger=quiet, handshake_s=0.5)
+
+    def make(name, **kw):
+        return ZmqParty(name, ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
+                        secret_key=keys[name][1], run_id=RUN, logger=quiet, **kw)
+    return keys, eps, make
+
+
+def test_idle_unauthenticated_connections_are_dropped_after_the_handshake_interval():
+    keys, eps, make = loopback_federation()
+    party = make("server", timeout=5, handshake_s=0.5)
     host, port = eps["server"][len("tcp://"):].split(":")
     socks = []
     try:
@@ -479,15 +488,9 @@ class Throttle(threading.Thread):
 
 
 def test_a_listed_key_trickling_a_message_is_cut():
-    keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
-    quiet = logging.getLogger("fedhet.test.loris")
-    quiet.setLevel(logging.CRITICAL)
-    server = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
-                      secret_key=keys["server"][1], run_id=RUN, timeout=60, logger=quiet, identify_s=2.0,
-                      min_rate=1024)
-    client = ZmqParty("client1", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
-                      secret_key=keys["client1"][1], run_id=RUN, timeout=60, logger=quiet)
+    keys, eps, make = loopback_federation()
+    server = make("server", timeout=60, identify_s=2.0, min_rate=1024)
+    client = make("client1", timeout=60)
     relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
     relay.start()
     ctx = zmq.Context()
