@@ -5,8 +5,10 @@ An algorithm module assembles its roles from these instead of writing its own co
 =====================  =========================================================================
 idea                   names
 =====================  =========================================================================
-seeds                  :func:`derive_seed` (the one derivation for new code), :func:`crc32_seed`
-                       (the frozen derivation STFL and the HE split network were trained with)
+seeds                  :func:`derive_seed` (the one derivation for new code); the frozen ones
+                       models were trained with: :func:`frozen_seed` (STFL, HyFEM),
+                       :func:`crc32_seed` (the HE split network); numpy streams
+                       :func:`stream_rng` with the named tags of :class:`Stream`
 devices                :func:`resolve_device` (a ``torch.device``; ``parties.api.resolve_device``
                        stays the runtime's string form)
 seeded RNG             :func:`seeded` (fork torch's global RNG, seed it, serialise such blocks
@@ -32,6 +34,7 @@ import threading
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -53,6 +56,39 @@ def derive_seed(seed: int, *tags: int | str) -> int:
         words.extend(t.encode() if isinstance(t, str) else [int(t)])
     state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
     return int.from_bytes(state.tobytes(), "little") & ((1 << 63) - 1)
+
+
+class Stream(IntEnum):
+    """The named numeric tags of fedhet's seeded numpy streams: ``stream_rng(seed, Stream.X, ...)``.
+
+    The values are frozen (each is what its algorithm was trained with; changing one changes that
+    algorithm's results).  A new stream takes a new name here, never a bare number at its call.
+    """
+
+    CHFL_ROW_ORDER = 7          # CHFL: a client's order of its own rows before the split
+    MATCHING_TIES = 8           # HyFEM's matched averaging: random tie-breaking of the assignment
+    HYFEM_ROWS = 7013           # HyFEM: which rows a run keeps (max_rows)
+    MMVFL_SPLIT = 7919          # MMVFL: the train/validation permutation
+    FATE_SPLIT = 0x57F1         # FATE tabular sets: the train/test split
+    FATE_ORDER = 0x5EED         # FATE tabular sets: the row order
+    F3_OWNER_STRIDE = 100_003   # F3: owner i's local model seed is seed * stride + i
+
+
+def stream_rng(seed: int, *tags: int) -> np.random.Generator:
+    """numpy's generator for the stream ``(seed, *tags)`` (tags: :class:`Stream` members, indices).
+
+    The same generator as ``np.random.default_rng([seed, *tags])``.
+    """
+    return np.random.default_rng(np.random.SeedSequence([int(seed), *(int(t) for t in tags)]))
+
+
+def frozen_seed(seed: int, *tags: int | str) -> int:
+    """The 31-bit seed STFL and HyFEM were trained with: CRC-32 of ``repr((seed, *tags))``.
+
+    Kept so that their models stay the same for the same seed; new algorithms use
+    :func:`derive_seed`.
+    """
+    return crc32_seed(repr((int(seed), *tags)), 31)
 
 
 def crc32_seed(key: str, bits: int = 32) -> int:
