@@ -49,6 +49,7 @@ import numpy as np
 
 from fedhet.algorithms.datapath import DatasetNotFound, dataset_path
 from fedhet.algorithms.party_table import check_finite
+from fedhet.algorithms.toolkit import Scaler, Stream, stream_rng
 
 DATASETS = ("cancer", "payment", "credit", "vehicle", "breast_sk")
 
@@ -71,6 +72,12 @@ class PartyTable:
             raise ValueError(f"ids ({len(self.ids)}) and features {self.x.shape} do not match")
         if self.y is not None and len(self.y) != len(self.ids):
             raise ValueError(f"ids ({len(self.ids)}) and labels ({len(self.y)}) do not match")
+
+    def labels(self) -> np.ndarray:
+        """The labels (the host's table); an error for a table without them."""
+        if self.y is None:
+            raise ValueError(f"this table ({', '.join(self.columns[:3])}...) has no label column")
+        return self.y
         if len(set(self.ids.tolist())) != len(self.ids):
             raise ValueError("duplicate IDs in a party's table")
         if len(self.columns) != self.x.shape[1]:
@@ -117,24 +124,6 @@ class Split:
 
     def sizes(self) -> dict:
         return {"selftaught": len(self.selftaught), "train": len(self.train), "test": len(self.test)}
-
-
-@dataclass
-class Scaler:
-    """Per-column z-score; columns with no spread are centred only."""
-
-    mean: np.ndarray
-    std: np.ndarray
-
-    @classmethod
-    def fit(cls, x: np.ndarray) -> "Scaler":
-        if len(x) == 0:
-            raise ValueError("cannot fit a standardisation on zero rows")
-        std = x.std(axis=0)
-        return cls(x.mean(axis=0), np.where(std > 1e-12, std, 1.0))
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return ((x - self.mean) / self.std).astype(np.float32)
 
 
 @dataclass
@@ -199,13 +188,13 @@ def _read_csv(path: str) -> tuple[list[str], np.ndarray, np.ndarray | None, np.n
     return header[start:], ids, y, x
 
 
-def _table(path: Path, cols: slice = slice(None), keep_y: bool = True) -> PartyTable:
+def read_table(path: Path, cols: slice = slice(None), keep_y: bool = True) -> PartyTable:
     names, ids, y, x = _read_csv(str(path))
     return PartyTable(ids.copy(), x[:, cols].copy(), list(names[cols]),
                       None if (y is None or not keep_y) else y.copy())
 
 
-def _labels_to_range(y: np.ndarray) -> tuple[np.ndarray, int]:
+def labels_to_range(y: np.ndarray) -> tuple[np.ndarray, int]:
     classes = np.unique(y)
     if not np.array_equal(classes, np.arange(len(classes))):
         y = np.searchsorted(classes, y)
@@ -234,11 +223,11 @@ def load(name: str, data_dir=None, n_guests: int = 1, seed: int = 0) -> Vertical
     elif name in ("cancer", "payment", "vehicle"):
         stem = {"cancer": "breast", "payment": "default_credit", "vehicle": "vehicle_scale"}[name]
         ext = ".csv.gz" if name == "payment" else ".csv"
-        host = _table(dataset_path("fate", f"{stem}_hetero_guest{ext}", data_dir=data_dir))
-        guest = _table(dataset_path("fate", f"{stem}_hetero_host{ext}", data_dir=data_dir))
+        host = read_table(dataset_path("fate", f"{stem}_hetero_guest{ext}", data_dir=data_dir))
+        guest = read_table(dataset_path("fate", f"{stem}_hetero_host{ext}", data_dir=data_dir))
         if host.y is None:
             raise DatasetNotFound(f"{stem}_hetero_guest has no label column 'y'")
-        y, k = _labels_to_range(host.y)
+        y, k = labels_to_range(host.labels())
         host.y = y
         data = VerticalData(name, k, host, [guest],
                             notes=f"host = FATE {stem}_hetero_guest (labels), guest = FATE {stem}_hetero_host.")
@@ -247,9 +236,9 @@ def load(name: str, data_dir=None, n_guests: int = 1, seed: int = 0) -> Vertical
         names, _, _, x = _read_csv(str(p))
         if x.shape[1] != 10:
             raise ValueError(f"{p}: expected 10 feature columns, got {x.shape[1]}")
-        host = _table(p, slice(0, 5))
-        guest = _table(p, slice(5, 10), keep_y=False)
-        y, k = _labels_to_range(host.y)
+        host = read_table(p, slice(0, 5))
+        guest = read_table(p, slice(5, 10), keep_y=False)
+        y, k = labels_to_range(host.labels())
         host.y = y
         data = VerticalData(
             "credit", k, host, [guest],
@@ -269,7 +258,7 @@ def load_sklearn_breast(seed: int = 0) -> VerticalData:
     ids = np.array([f"patient-{i:04d}" for i in range(len(x))])
     names = [str(n) for n in b.feature_names]
     host = PartyTable(ids.copy(), x[:, 20:30].copy(), names[20:30], b.target.astype(np.int64))
-    order = np.random.default_rng([seed, 0x5EED]).permutation(len(x))
+    order = stream_rng(seed, Stream.FATE_ORDER).permutation(len(x))
     guest = PartyTable(ids[order], x[order, :20].copy(), names[:20])
     return VerticalData("breast_sk", 2, host, [guest],
                         notes="sklearn load_breast_cancer; host = 'worst' features 20..29 + label, "
@@ -294,7 +283,7 @@ def make_split(data: VerticalData, seed: int, selftaught_frac: float = 0.4,
     n_test = int(round(test_frac * n))
     if n - n_self - n_test < 2 or n_test < 1:
         raise ValueError(f"{data.name}: {n} shared IDs are too few for this split")
-    perm = np.random.default_rng([seed, 0x57F1]).permutation(n)
+    perm = stream_rng(seed, Stream.FATE_SPLIT).permutation(n)
     return Split(selftaught=ids[perm[:n_self]], test=ids[perm[n_self:n_self + n_test]],
                  train=ids[perm[n_self + n_test:]], seed=seed)
 
@@ -304,7 +293,7 @@ def host_view(data: VerticalData, split: Split, with_selftaught: bool = True) ->
     dropped self-taught rows, which only the "(all data)" baselines read."""
     tr, te = (data.host.rows(s) for s in (split.train, split.test))
     sc = Scaler.fit(tr.x)
-    hv = HostView(tr.ids, sc(tr.x), tr.y, te.ids, sc(te.x), te.y, data.n_classes)
+    hv = HostView(tr.ids, sc(tr.x), tr.labels(), te.ids, sc(te.x), te.labels(), data.n_classes)
     if with_selftaught:
         st = data.host.rows(split.selftaught)
         hv.ids_selftaught, hv.x_selftaught, hv.y_selftaught = st.ids, sc(st.x), st.y

@@ -142,6 +142,8 @@ def _finish(name: str, kind: str, views: Sequence[np.ndarray], names: Sequence[s
         X = np.ascontiguousarray(X.astype(np.float32))
         _check_finite(name, vn, X, path)
         out.append(X)
+    if n is None:
+        raise ValueError(f"{name} ({path}): no views")
     return MultiView(views=out, y=_labels(y_raw, name, path, n), view_names=tuple(names),
                      name=name, kind=kind, note=note)
 

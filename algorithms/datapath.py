@@ -58,6 +58,8 @@ def data_root(data_dir: str | os.PathLike | None = None, required: bool = True) 
 def dataset_path(*parts: str, data_dir: str | os.PathLike | None = None) -> Path:
     """Path of one dataset file or folder; a clear error if it is missing."""
     root = data_root(data_dir)
+    if root is None:   # data_root raises when required; this keeps the type exact
+        raise DatasetNotFound(f"{'/'.join(parts)}: no dataset folder")
     p = root.joinpath(*parts)
     if not p.exists():
         raise DatasetNotFound(f"{'/'.join(parts)} not found under {root}")

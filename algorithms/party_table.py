@@ -905,7 +905,9 @@ def check_features(table: PartyTable, expected: int | Sequence[str], source: str
     declared in ``source``; a :class:`DataFileError` names party, file, expected and found."""
     w = _Where(table.party, table.path)
     found = list(table.feature_names)
-    if isinstance(expected, (int, np.integer)) and not isinstance(expected, bool):
+    if isinstance(expected, bool):
+        raise TypeError(f"{source}: the expected features are a count or a list of names, got {expected!r}")
+    if isinstance(expected, (int, np.integer)):
         if len(found) != int(expected):
             raise w.err(f"has {len(found)} feature columns ({_list(found)}), but {source} expects {int(expected)}")
         return

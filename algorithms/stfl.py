@@ -299,17 +299,17 @@ def _own_table(s: Settings, role: str, index: int, data_dir=None) -> tuple[data_
     elif ds == "credit":
         # give_credit_homo_test holds both parties' columns in one file (data_fate's docstring).
         p = dataset_path("fate", "give_credit_homo_test.csv.gz", data_dir=data_dir)
-        table = data_fate._table(p, slice(0, 5) if role == HOST else slice(5, 10), keep_y=role == HOST)
+        table = data_fate.read_table(p, slice(0, 5) if role == HOST else slice(5, 10), keep_y=role == HOST)
     else:
         stem, ext = _FATE_FILES[ds]
         # FATE calls the label owner "guest": its *_hetero_guest file is the STFL host's.
         fname = f"{stem}_hetero_{'guest' if role == HOST else 'host'}{ext}"
-        table = data_fate._table(dataset_path("fate", fname, data_dir=data_dir), keep_y=role == HOST)
+        table = data_fate.read_table(dataset_path("fate", fname, data_dir=data_dir), keep_y=role == HOST)
     if role == HOST:
         if table.y is None:
             raise ValueError(f"stfl: {ds}: the host's table has no label column")
         if ds != "breast_sk":
-            table.y, n_classes = data_fate._labels_to_range(table.y)
+            table.y, n_classes = data_fate.labels_to_range(table.y)
         table.y = table.y.copy()
     rows, dh, dg = SHAPES[ds]
     want = dh if role == HOST else dg
