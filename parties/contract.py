@@ -135,8 +135,8 @@ class Algorithm:
     def check_roles(self, roles: Mapping[str, str]) -> None:
         for name, role in roles.items():
             if role not in self.roles:
-                raise ValueError(f"party {name!r} has role {role!r}, which {self.name} does not have "
-                                 f"(roles: {sorted(self.roles)})")
+                raise ValueError(f"role {role!r} of party {name!r} is not a role of {self.name} "
+                                 f"({sorted(self.roles)})")
 
 
 def from_module(mod: Any) -> Algorithm:
