@@ -156,9 +156,9 @@ def mask_floor(k, m, seed, repeats=3):
 # ------------------------------------------------------------- processes
 def processes_available() -> bool:
     """Whether the launcher can start these roles (they must be a registered algorithm)."""
-    from fedhet.algorithms.registry import ALGORITHMS
+    from fedhet.algorithms import registry
 
-    return NAME in ALGORITHMS
+    return NAME in registry.names()
 
 
 def bench_processes(k, m, method, rounds, seed, code_dir=None):

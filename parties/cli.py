@@ -107,7 +107,7 @@ def cmd_presets(args) -> int:
 def _algorithm_of(spec: str):
     """An algorithm name, or a preset / federation file whose algorithm is meant."""
     reg = _registry()
-    if spec in reg.ALGORITHMS:
+    if spec in reg.names():
         return reg.get_algorithm(spec), None
     fed = _load_federation(spec)
     return reg.get_algorithm(fed.algorithm_name), fed

@@ -5,8 +5,8 @@ algorithm by name: it is given an :class:`Algorithm` — by the CLI, which is
 the one place that wires the algorithms' registry to ``parties/`` —
 and uses only what the contract names:
 
-- ``roles``: role name -> role function ``fn(party, settings, data) -> dict``
-  (:class:`RoleFunction`); plain code written against the party API;
+- ``roles``: role name -> role function ``fn(party, settings, data) -> result``
+  (:class:`RoleFunction`); plain code written against the party API, :class:`PartyLike`;
 - ``settings``: the settings dataclass, parsed from the ``[algorithm]``
   table by :func:`fedhet.parties.settings.parse_settings` (unknown keys,
   types and ranges checked before any party starts);
@@ -18,45 +18,79 @@ and uses only what the contract names:
 - ``headline``: the result keys that are the run's outcome (final accuracy...): the end-of-run
   table shows them first and in full for every party whose result has them.
 
-An algorithm module exposes one ``ALGORITHM = Algorithm(...)``.
-
-Where no registry is handed in (a test calling ``run_inmemory("chfl", ...)`` or
-``audit(run_dir)``), :func:`installed_algorithm` finds the algorithm through the
-``fedhet_algorithms`` entry-point group of the installed distributions — fedhet's own
-algorithms are listed there by ``pyproject.toml``, and a user's package can add its own
-the same way — so ``parties/`` still never imports an algorithm by name.
+An algorithm is a package exposing one ``ALGORITHM = Algorithm(...)``, registered by one
+entry point in the ``fedhet_algorithms`` group (fedhet's own are listed by ``pyproject.toml``;
+a user's package adds its own the same way), with a ``smoke.toml`` federation beside its
+``__init__.py``: its smallest run, which the generic test runs.  :func:`installed_algorithm`
+finds an algorithm by that entry point, so ``parties/`` never imports one by name; both
+runners run a party's role through :func:`fedhet.parties.role.run_role`.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from importlib.metadata import EntryPoint, distributions
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from . import declare as decl
 from .settings import SettingsError, describe_settings, parse_settings
 
 
+@runtime_checkable
 class PartyLike(Protocol):
-    """What a role function may use of a party (both transports implement it)."""
+    """What a role or protocol function may use of a party: both transports' parties
+    (:class:`fedhet.parties.api.Party`, in memory and over ZeroMQ) implement it.
 
-    name: str
-    role: str
-    peers: list[str]
-    device: str
+    Read-only: who the party is and who its peers are, its device, seed, run id, default
+    receive timeout, log, and the bytes it sent and received per peer.  ``round`` is the one
+    attribute a role writes (the round its messages and metrics are recorded under).
+    """
+
     round: int
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def roles(self) -> dict[str, str]: ...          # every party's name -> role (itself included)
+    @property
+    def peers(self) -> list[str]: ...               # every other party, sorted
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def seed(self) -> int: ...                      # the federation's seed
+    @property
+    def device(self) -> str: ...                    # resolved ("cpu", "cuda:0"...)
+    @property
+    def timeout(self) -> float: ...                 # the default receive timeout, seconds
+    @property
+    def log(self) -> logging.Logger: ...
+    @property
+    def bytes_sent(self) -> dict[str, int]: ...     # peer -> bytes sent to it so far
+    @property
+    def bytes_received(self) -> dict[str, int]: ... # peer -> bytes received from it so far
 
     def send(self, to: str, kind: str, payload: Any) -> None: ...
     def recv(self, frm: str, kind: str, timeout: float | None = None) -> Any: ...
-    def broadcast(self, kind: str, payload: Any, to: Any = None) -> None: ...
-    def gather(self, kind: str, frm: Any = None, timeout: float | None = None) -> dict: ...
+    def broadcast(self, kind: str, payload: Any, to: Iterable[str] | None = None) -> None: ...
+    def gather(self, kind: str, frm: Iterable[str] | None = None,
+               timeout: float | None = None) -> dict[str, Any]: ...
     def peers_with_role(self, role: str) -> list[str]: ...
     def progress(self, done: int, total: int, **metrics: Any) -> None: ...
     def metric(self, **values: Any) -> None: ...
+    def now(self) -> float: ...                     # the clock receive timeouts run on (virtual in tests)
+    def sleep(self, seconds: float) -> None: ...    # on now()'s clock
 
 
 class RoleFunction(Protocol):
-    def __call__(self, party: Any, settings: Any, data: Any) -> dict: ...
+    """A role: ``fn(party, settings, data) -> result``, where ``settings`` is the algorithm's parsed
+    settings object, ``data`` what its ``load_data`` returned for this party, and the result the
+    party's JSON-able outcome (a dict of named results; secagg_bench's server returns a list)."""
+
+    def __call__(self, party: PartyLike, settings: Any, data: Any, /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +111,7 @@ class PartyContext:
 class Algorithm:
     name: str
     summary: str
-    roles: Mapping[str, Callable[..., dict]]
+    roles: Mapping[str, RoleFunction]
     load_data: Callable[[Any, PartyContext], Any]
     declarations: Callable[[Any], list] | None = None  # None only for ad-hoc test algorithms
     settings: type | None = None
@@ -101,13 +135,16 @@ class Algorithm:
     def check_roles(self, roles: Mapping[str, str]) -> None:
         for name, role in roles.items():
             if role not in self.roles:
-                raise ValueError(f"party {name!r} has role {role!r}, which {self.name} does not have "
-                                 f"(roles: {sorted(self.roles)})")
+                raise ValueError(f"role {role!r} of party {name!r} is not a role of {self.name} "
+                                 f"({sorted(self.roles)})")
 
 
 def from_module(mod: Any) -> Algorithm:
-    """The :class:`Algorithm` of a module: its ``ALGORITHM``, or one built from the older
-    ``NAME/ROLES/load_data/DECLARATIONS`` attributes (raw dict settings)."""
+    """The :class:`Algorithm` of ``mod``: an Algorithm itself, or a module exposing ``ALGORITHM``.
+
+    Ad-hoc algorithms of tests may instead be any object with ``NAME``, ``ROLES``, ``load_data``
+    (called as ``load_data(settings, ctx)``) and optionally ``DECLARATIONS`` (a list, or a function
+    of the settings); their settings stay a raw dict."""
     if isinstance(mod, Algorithm):
         return mod
     algo = getattr(mod, "ALGORITHM", None)
@@ -115,43 +152,46 @@ def from_module(mod: Any) -> Algorithm:
         return algo
     for attr in ("NAME", "ROLES", "load_data"):
         if not hasattr(mod, attr):
-            raise TypeError(f"{getattr(mod, '__name__', mod)!r} is not an algorithm: it lacks {attr}")
-
-    def load(cfg, ctx: PartyContext):
-        return mod.load_data(cfg, ctx.name, ctx.role, ctx.index, ctx.n_of_role, ctx.data_dir)
+            raise TypeError(f"{getattr(mod, '__name__', mod)!r} is not an algorithm: it has no ALGORITHM "
+                            f"(nor the {attr} of an ad-hoc test algorithm)")
 
     def declarations(cfg):
         d = mod.DECLARATIONS
         return list(d(cfg) if callable(d) else d)
 
-    doc = (getattr(mod, "__doc__", "") or "").strip().splitlines()
-    return Algorithm(name=mod.NAME, summary=doc[0] if doc else mod.NAME, roles=dict(mod.ROLES),
-                     load_data=load, declarations=declarations if hasattr(mod, "DECLARATIONS") else None,
-                     headline=tuple(getattr(mod, "HEADLINE", ())))
+    return Algorithm(name=mod.NAME, summary=mod.NAME, roles=dict(mod.ROLES),
+                     load_data=lambda settings, ctx: mod.load_data(settings, ctx),
+                     declarations=declarations if hasattr(mod, "DECLARATIONS") else None)
 
 
 ENTRY_POINT_GROUP = "fedhet_algorithms"
 
 
-def installed_algorithm(name: str) -> Algorithm:
-    """The algorithm registered as ``name`` in the ``fedhet_algorithms`` entry-point group."""
-    from importlib.metadata import distributions
-
+def installed_entry_points() -> dict[str, EntryPoint]:
+    """name -> entry point of every algorithm in the ``fedhet_algorithms`` group of the installed
+    distributions (fedhet's own, listed by its ``pyproject.toml``, and any package's that adds one)."""
     # Every distribution's metadata, not only the first of each name: a stale fedhet.egg-info
     # in a source tree on sys.path would otherwise hide the installed entry points.
-    eps: dict = {}
+    eps: dict[str, EntryPoint] = {}
     for dist in distributions():
         for ep in dist.entry_points:
             if ep.group == ENTRY_POINT_GROUP:
                 eps.setdefault(ep.name, ep)
+    return eps
+
+
+def installed_algorithm(name: str) -> Algorithm:
+    """The algorithm registered as ``name`` in the ``fedhet_algorithms`` entry-point group."""
+    eps = installed_entry_points()
     if name not in eps:
         raise ValueError(f"unknown algorithm {name!r}; installed: {', '.join(sorted(eps)) or 'none'} "
                          f"(entry-point group {ENTRY_POINT_GROUP!r}; reinstall fedhet if this list is stale)")
     return from_module(eps[name].load())
 
 
-def role_index(parties: list[tuple[str, str]]) -> dict[str, tuple[int, int]]:
-    """name -> (position among parties of its role, number of parties of that role)."""
+def role_index(parties: Sequence[tuple[str, str]]) -> dict[str, tuple[int, int]]:
+    """name -> (position among parties of its role, number of parties of that role), for the
+    ``(name, role)`` pairs in federation order."""
     counts: dict[str, int] = {}
     pos: dict[str, int] = {}
     for name, role in parties:
@@ -160,9 +200,12 @@ def role_index(parties: list[tuple[str, str]]) -> dict[str, tuple[int, int]]:
     return {name: (pos[name], counts[role]) for name, role in parties}
 
 
-def prepare(algorithm: Algorithm, table: Mapping[str, Any] | None) -> tuple[Any, dict | None, dict]:
-    """Parse the settings, build the declarations and sizes; errors name the key."""
-    s = algorithm.parse(table)
+def prepare(algorithm: Algorithm, table: Any) -> tuple[Any, dict | None, dict]:
+    """Parse the settings, build the declarations and sizes; errors name the key.
+
+    ``table``: the ``[algorithm]`` table (a dict, or None), or settings already parsed (any other
+    object), which are used as they are."""
+    s = algorithm.parse(table) if table is None or isinstance(table, dict) else table
     try:
         declared = algorithm.declared(s)
         sizes = dict(algorithm.sizes(s) or {})

@@ -180,11 +180,6 @@ class Federation:
         order = {p.name: i for i, p in enumerate(self.parties)}
         return {h: sorted(ns, key=order.__getitem__) for h, ns in groups.items() if len(ns) > 1}
 
-    def role_index(self, name: str) -> tuple[int, int]:
-        role = self.party(name).role
-        same = [p.name for p in self.parties if p.role == role]
-        return same.index(name), len(same)
-
     @property
     def algorithm_name(self) -> str:
         return str(self.algorithm["name"])

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import contract, failure
 from .api import Party, PartyAborted, PartyError, VirtualClock
+from .role import LOAD, run_role
 
 
 class InMemoryParty(Party):
@@ -81,13 +82,10 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
         raise ValueError(f"clock must be 'real' or 'virtual', got {clock!r}")
     vclock = VirtualClock() if clock == "virtual" else None
     algo = contract.installed_algorithm(algorithm) if isinstance(algorithm, str) else contract.from_module(algorithm)
-    if cfg is not None and not isinstance(cfg, dict):
-        settings = cfg
-        declared, sizes = algo.declared(settings), dict(algo.sizes(settings) or {})
-    else:
-        table = dict(cfg or {})
-        table.setdefault("seed", seed)
-        settings, declared, sizes = contract.prepare(algo, table)
+    if cfg is None or isinstance(cfg, dict):   # a table (else settings already parsed)
+        cfg = dict(cfg or {})
+        cfg.setdefault("seed", seed)
+    settings, declared, sizes = contract.prepare(algo, cfg)
     roles = dict(parties)
     if len(roles) != len(parties):
         raise ValueError("party names must be unique")
@@ -103,20 +101,14 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     records: dict[str, dict] = {}
     aborted: dict[str, BaseException] = {}   # stopped by an abort notice (a forged one, too)
     tbs: dict[str, str] = {}
-    index = contract.role_index(parties)
 
     def body(name: str, role: str) -> None:
         try:
-            if data is not None and name in data:
-                d = data[name]
-            else:
-                ctx = contract.PartyContext(
-                    name=name, role=role, index=index[name][0], n_of_role=index[name][1],
-                    data_dir=None if data_dir is None else str(data_dir),
-                    data=(party_data or {}).get(name), base_dir=None if base_dir is None else str(base_dir),
-                    device=hub.parties[name].device)
-                d = algo.load_data(settings, ctx)
-            results[name] = algo.roles[role](hub.parties[name], settings, d)
+            results[name] = run_role(algo, settings, hub.parties[name], parties,
+                                     data_dir=None if data_dir is None else str(data_dir),
+                                     data_spec=(party_data or {}).get(name),
+                                     base_dir=None if base_dir is None else str(base_dir),
+                                     data=data[name] if data is not None and name in data else LOAD)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             records[name] = failure.record(e, name, role, transport=hub.parties.get(name))
             if not isinstance(e, PartyAborted):

@@ -32,9 +32,10 @@ from . import failure
 from . import keys as keyfiles
 from .api import PartyAborted
 from .atomic import write_json_atomic
-from .contract import Algorithm, PartyContext, prepare
+from .contract import Algorithm, prepare
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
+from .role import run_role
 from .transcript import Transcript
 
 if TYPE_CHECKING:  # the transport imports zmq; only a running party needs it
@@ -275,6 +276,7 @@ class PartyRun:
         self._lines = LinePrinter() if echo else None
         self._logged = LinePrinter(stream=_LogStream(self.log))
         self._stage_t = time.perf_counter()
+        self.stage_at: dict[str, float] = {}  # stage -> when it ended (perf_counter)
         self.run_id = run_id or fed.derived_run_id()
         self.t0 = time.perf_counter()
         self.code: int | None = None  # the exit code once run() returned
@@ -284,7 +286,7 @@ class PartyRun:
         """Log a protocol stage with the time it took since the last one."""
         now = time.perf_counter()
         self.log.info("stage %s (%.2fs; %.2fs since start)", what, now - self._stage_t, now - self.t0)
-        self._stage_t = now
+        self._stage_t = self.stage_at[what] = now
 
     def status(self, st: dict) -> None:
         st.update({"party": self.name, "role": self.spec.role, "state": st.get("state", "running")})
@@ -343,9 +345,7 @@ class PartyRun:
             algo = self.algorithm
             if algo.name != fed.algorithm_name:
                 raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
-            if spec.role not in algo.roles:
-                raise ValueError(f"role {spec.role!r} of party {name!r} is not a role of {algo.name} "
-                                 f"({sorted(algo.roles)})")
+            algo.check_roles({name: spec.role})
             # Settings, declarations and sizes before anything listens: a bad key fails here.
             settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
             self.stage("settings parsed")
@@ -375,14 +375,9 @@ class PartyRun:
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")
             self.stage("transport up")
-            idx, n = fed.role_index(name)
-            ctx = PartyContext(name=name, role=spec.role, index=idx, n_of_role=n, data_dir=fed.data_dir or None,
-                               data=spec.data or None, base_dir=fed.base_dir or None, device=party.device)
-            data = algo.load_data(settings, ctx)
-            self.stage("data loaded")
-            t_train = time.perf_counter()
-            result = algo.roles[spec.role](party, settings, data)
-            self.stage("role finished")
+            result = run_role(algo, settings, party, list(fed.roles.items()),
+                              data_dir=fed.data_dir or None, data_spec=spec.data or None,
+                              base_dir=fed.base_dir or None, stage=self.stage)
             party.close()
             self.stage("closing barrier passed")
             transcript.close()
@@ -390,7 +385,7 @@ class PartyRun:
             write_json_when_possible(pdir / "result.json", {
                 "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
                 "result": result, "traffic": party.traffic(), "wall_s": wall,
-                "role_wall_s": time.perf_counter() - t_train, "device": party.device, "insecure": insecure,
+                "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device, "insecure": insecure,
             })
             status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
             log.info("party %s finished in %.2fs", name, wall)

@@ -1,36 +1,31 @@
-"""Every registered algorithm, through the one contract: its smallest preset runs in memory and as
-processes, the process run passes the audit, and both give the same results for the same seed."""
+"""Every installed algorithm, through the one contract: its smoke federation runs in memory and as
+processes, the process run passes the audit, and both give the same results for the same seed.
+
+The algorithms are those of the ``fedhet_algorithms`` entry points; each one's smallest run is the
+federation file ``smoke.toml`` beside its package's ``__init__.py``, so adding an algorithm takes
+its package, one entry point and that file, and no line here.  ``example_sum`` (a package under
+``tests/example_algorithm/``, registered through an entry point of its own) shows it.
+"""
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from fedhet.algorithms import registry
-from fedhet.parties import presets
 from fedhet.parties.audit import audit
-from fedhet.parties.federation import load
+from fedhet.parties.contract import ENTRY_POINT_GROUP, installed_entry_points
+from fedhet.parties.federation import Federation, load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
 
-# The smallest preset of each algorithm, cut down further so each run takes seconds.  A new
-# algorithm must add its line here (the test below fails until it does).  Each runs on data that
-# ships with a package or is generated, so a clone without ../shared tests every algorithm.
-SMALLEST = {
-    "fedavg_logreg": ("demo", {"rounds": 3}),
-    "psi": ("psi", {"n": 300}),
-    "shamir": ("shamir", {}),
-    "stfl": ("stfl", {"epochs": 2, "vae_epochs": 2}),
-    "he_split": ("he_split", {"epochs": 1, "max_batches": 1, "key_bits": 1024}),
-    "chfl": ("chfl_small", {"rounds": 1, "local_epochs": 1, "hidden": [16]}),
-    "secagg_bench": ("secagg", {"m": 200}),
-    "hyfem": ("hyfem_digits", {"rounds": 2, "local_steps": 4, "max_rows": 300, "extractor_hidden": 16,
-                        "inference_hidden": 16, "embed_dim": 8}),
-    "mmvfl": ("mmvfl_digits", {"train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 100]}),
-    "f3": ("f3_grid", {"local_epochs": 2, "epochs": 2, "graph": "icdf", "test_samples": 2}),
-}
+SMOKE = "smoke.toml"
+EXAMPLE_DIR = Path(__file__).parent / "example_algorithm"
 
 # Keys whose values are measurements of this run (time, load, the transport's framing: a run
 # id's length changes header bytes), not results.
@@ -54,31 +49,87 @@ def _jsonable(x):
     return json.loads(json.dumps(x, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
-def test_every_registered_algorithm_has_a_smallest_preset():
-    assert sorted(SMALLEST) == registry.names()
-    for name, (preset, _) in SMALLEST.items():
-        assert load(presets.path(preset)).algorithm_name == name
+def smoke_federation(name: str) -> Federation:
+    """The smoke federation of installed algorithm ``name``: ``smoke.toml`` beside the ``__init__.py``
+    of the package its entry point names."""
+    module = installed_entry_points()[name].module
+    try:
+        folder = resources.files(module)
+    except TypeError:   # a plain module (no package, no folder of its own)
+        pytest.fail(f"algorithm {name!r}: its entry point names {module!r}, a module; an algorithm is a "
+                    f"package, with its smallest run in {module.replace('.', '/')}/{SMOKE} beside its __init__.py")
+    path = folder / SMOKE
+    if not path.is_file():
+        pytest.fail(f"algorithm {name!r} has no smoke federation: put its smallest run in {path} "
+                    f"(beside the __init__.py of {module})")
+    fed = load(Path(str(path)))
+    assert fed.algorithm_name == name, f"{path} runs {fed.algorithm_name!r}, not {name!r}"
+    return fed
 
 
-@pytest.mark.parametrize("name", sorted(SMALLEST))
-def test_in_memory_and_processes_agree_and_pass_the_audit(name, tmp_path):
-    preset, overrides = SMALLEST[name]
-    fed = load(presets.path(preset))
+def check_processes_match_memory(name: str, tmp_path: Path) -> dict:
+    """Run ``name``'s smoke federation as processes (audited) and in memory; both must agree.
+    Returns the process run's summary."""
+    fed = smoke_federation(name)
     algo = registry.get_algorithm(name)
+    assert algo.name == name, f"entry point {name!r} loads algorithm {algo.name!r}"
     # Federations of four or more parties run in two host processes (each party a thread with its own
     # keys, CURVE sockets, transcript and files, as in `hosts = N`): the protocol crosses process
     # boundaries all the same, at two imports of torch instead of one per party.  One process per
     # party is what test_launcher and each algorithm's own process test run.
     if len(fed.parties) >= 4:
         fed = replace(fed, hosts=2)
-    summary = launch(fed, tmp_path / "run", progress=False, overrides=overrides, timeout=240)
+    summary = launch(fed, tmp_path / "run", progress=False, timeout=240)
     rep = audit(tmp_path / "run", registry.get_algorithm)
     assert rep.ok, rep.problems[:5]
     assert rep.messages > 0
 
-    cfg = {**fed.algorithm_cfg(), **overrides}
-    mem = run_inmemory(algo, [(p.name, p.role) for p in fed.parties], cfg, seed=fed.seed, timeout=120)
+    mem = run_inmemory(algo, [(p.name, p.role) for p in fed.parties], fed.algorithm_cfg(), seed=fed.seed,
+                       timeout=120)
     for p in fed.parties:
         got = _comparable(_jsonable(summary["parties"][p.name]["result"]))
         want = _comparable(_jsonable(mem[p.name]))
         assert got == want, f"{name}: party {p.name} differs between processes and in-memory"
+    return summary
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_in_memory_and_processes_agree_and_pass_the_audit(name, tmp_path):
+    check_processes_match_memory(name, tmp_path)
+
+
+# ------------------------------------------------ a new algorithm: a package, an entry point, a preset
+def register(tmp_path: Path, monkeypatch, entry_points: dict[str, str], *folders: Path) -> None:
+    """Install ``entry_points`` (name -> module) as a distribution's, in this process and in the
+    processes it launches: a ``*.dist-info`` folder in ``tmp_path``, which goes on sys.path and on
+    PYTHONPATH with ``folders`` (where the modules are)."""
+    info = tmp_path / "site" / "fedhet_example-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fedhet-example\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\n" + "".join(f"{n} = {m}\n" for n, m in entry_points.items()))
+    paths = [str(info.parent)] + [str(f) for f in folders]
+    for p in reversed(paths):
+        monkeypatch.syspath_prepend(p)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+
+
+def test_a_new_algorithm_takes_its_package_one_entry_point_and_one_preset(tmp_path, monkeypatch):
+    assert "example_sum" not in registry.names()
+    register(tmp_path, monkeypatch, {"example_sum": "fedhet_example_sum"}, EXAMPLE_DIR)
+    assert "example_sum" in registry.names()
+    summary = check_processes_match_memory("example_sum", tmp_path)
+    assert summary["parties"]["summer"]["result"] == {"total": 3.0, "adders": 2}
+
+
+def test_an_algorithm_without_a_smoke_federation_is_named_with_the_file_it_needs(tmp_path, monkeypatch):
+    pkg = tmp_path / "code" / "fedhet_example_bare"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    register(tmp_path, monkeypatch, {"example_bare": "fedhet_example_bare", "example_flat": "fedhet_example_sum.roles"},
+             tmp_path / "code", EXAMPLE_DIR)
+    with pytest.raises(pytest.fail.Exception, match=r"'example_bare' has no smoke federation: .*"
+                                                    r"fedhet_example_bare/smoke\.toml"):
+        smoke_federation("example_bare")
+    with pytest.raises(pytest.fail.Exception, match=r"'example_flat'.* a module; an algorithm is a package"):
+        smoke_federation("example_flat")

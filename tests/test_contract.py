@@ -11,7 +11,7 @@ import pytest
 
 from fedhet.parties import schema as sch
 from fedhet.parties.api import MessageRejected, PeerTimeout
-from fedhet.parties.contract import Algorithm, installed_algorithm
+from fedhet.parties.contract import Algorithm, PartyLike
 from fedhet.parties.declare import declare
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.parties.settings import SettingsError, TableView, describe_settings, parse_settings, setting
@@ -219,11 +219,15 @@ def test_a_schema_violation_fails_the_run_naming_the_field():
     assert "field 'v'" in str(e.value) and "'x/vec'" in str(e.value)
 
 
-def test_registry_and_entry_points_agree():
-    from fedhet.algorithms import registry
+def test_both_transports_parties_are_party_like():
+    """What roles may use of a party (PartyLike) is what both transports give them; mypy checks the
+    same where the runners hand their parties to run_role (parties/inmemory.py, parties/runtime.py)."""
+    from fedhet.parties.api import Party
+    from fedhet.parties.zmq_transport import ZmqParty
 
-    for name in registry.names():
-        assert installed_algorithm(name).name == registry.get_algorithm(name).name == name
+    assert isinstance(InMemoryHub({"a": "r", "b": "r"}).party("a"), PartyLike)
+    assert issubclass(ZmqParty, Party)
+    assert not isinstance(object(), PartyLike)
 
 
 def test_parties_import_no_algorithm_outside_the_cli():

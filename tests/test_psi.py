@@ -333,14 +333,14 @@ def test_psi_job_in_memory_three_parties():
 
 
 def test_psi_preset_runs_as_processes_and_passes_the_audit(tmp_path):
-    from fedhet.algorithms.registry import ALGORITHMS
+    from fedhet.algorithms import registry
     from fedhet.parties import presets
     from fedhet.parties.audit import audit
     from fedhet.parties.federation import load
     from fedhet.parties.launcher import launch
 
-    if "psi" not in ALGORITHMS:
-        pytest.skip('register "psi": "fedhet.algorithms.psi_job" in algorithms/registry.py')
+    if "psi" not in registry.names():
+        pytest.skip('register "psi" in the fedhet_algorithms entry points of pyproject.toml')
     fed = load(presets.path("psi"))
     summary = launch(fed, run_dir=tmp_path / "run", progress=False, timeout=120, overrides={"n": 500})
     assert summary["ok"]
