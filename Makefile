@@ -39,8 +39,8 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 --runslow
 
 bench: $(STAMP)
-	$(PY) benchmarks/transport.py --quick
-	$(PY) benchmarks/crypto.py --quick
+	$(PY) -m benchmarks.transport --quick
+	$(PY) -m benchmarks.crypto --quick
 
 clean:
 	rm -rf runs .pytest_cache
