@@ -7,8 +7,8 @@
   Python sets.
 * :func:`intersection_tests`: the two tests both backends meet: every case of :data:`CASES` and
   hypothesis' lists of :data:`ids` give what Python's sets give.
-* :func:`unkeyed_hashes` / :func:`leaks`: the scan that no raw ID or unkeyed hash of one
-  crosses the wire.
+* :func:`unkeyed_hashes` / :func:`leaks` / :func:`scan_a_run`: the scan that no raw ID or unkeyed
+  hash of one crosses the wire.
 """
 from __future__ import annotations
 
@@ -113,3 +113,17 @@ def leaks(frames, forbidden):
     """Every forbidden value found in a captured frame (``wire`` fixture), named."""
     return [f"{frm}->{to}: {what}" for frm, to, fr in frames for f in fr
             for v, what in forbidden.items() if v in f]
+
+
+def scan_a_run(run_psi, wire, forbidden):
+    """Two parties with 40 customer IDs each, 15 in common, in chunks of 16: the run finds the 15, and
+    nothing on the wire (``wire`` fixture) is in ``forbidden(ids)``; returns both ID lists and that map."""
+    rng = np.random.default_rng(2)
+    mk = lambda k: [f"cust-{v:08d}-é" for v in rng.integers(0, 10**8, k)]  # noqa: E731
+    lo_ids, f_ids = mk(40), mk(40)
+    f_ids[:15] = lo_ids[:15]
+    res = run_psi(lo_ids, [f_ids], chunk=16)
+    assert res["f0"].size == 15
+    bad = forbidden(lo_ids + f_ids)
+    assert len(wire) > 6 and leaks(wire, bad) == []
+    return lo_ids, f_ids, bad

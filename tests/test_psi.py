@@ -14,7 +14,7 @@ from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import psi
 
-from psi_oracle import CASES, check_result, intersection_tests, leaks, psi_runner, unkeyed_hashes
+from psi_oracle import CASES, check_result, intersection_tests, leaks, psi_runner, scan_a_run, unkeyed_hashes
 
 P = 2**255 - 19
 A = 486662
@@ -163,14 +163,7 @@ def _forbidden(raw_ids):
 
 
 def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash(wire):
-    rng = np.random.default_rng(2)
-    mk = lambda k: [f"cust-{v:08d}-é" for v in rng.integers(0, 10**8, k)]  # noqa: E731
-    lo_ids, f_ids = mk(40), mk(40)
-    f_ids[:15] = lo_ids[:15]
-    res = run_psi(lo_ids, [f_ids], chunk=16)
-    assert res["f0"].size == 15
-    bad = _forbidden(lo_ids + f_ids)
-    assert len(wire) > 6 and leaks(wire, bad) == []
+    lo_ids, f_ids, bad = scan_a_run(run_psi, wire, _forbidden)
     # the scan itself finds a leak when there is one
     assert leaks([("x", "y", [b"..." + lo_ids[3].encode() + b"..."])], bad)
     assert leaks([("x", "y", [grp.hash_to_point(grp.encode_item(f_ids[0]))])], bad)
