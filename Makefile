@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedhet-installed
 
-.PHONY: demo test test-nodata test-data test-all bench setup clean
+.PHONY: demo test test-nodata test-data test-all bench results-doc setup clean
 
 setup: $(STAMP)
 
@@ -39,8 +39,12 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 --runslow
 
 bench: $(STAMP)
-	$(PY) benchmarks/transport.py --quick
-	$(PY) benchmarks/crypto.py --quick
+	$(PY) -m benchmarks.transport --quick
+	$(PY) -m benchmarks.crypto --quick
+
+# docs/results.md from the committed results files (tests/test_results_doc.py keeps them equal)
+results-doc: $(STAMP)
+	$(PY) -m benchmarks.results_doc
 
 clean:
 	rm -rf runs .pytest_cache

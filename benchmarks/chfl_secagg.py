@@ -26,8 +26,8 @@ Every party is its own process over CURVE-encrypted ZeroMQ on loopback
 Every run goes through ``harness.launch_audited`` (the launcher, then ``fedhet audit``); the result
 records whether the audit passed.
 
-    python benchmarks/chfl_secagg.py --quick     # 3 rounds x E=1 timing, 3-round Table II row
-    python benchmarks/chfl_secagg.py             # 5 rounds x E=5 timing, the full 20-round row
+    python -m benchmarks.chfl_secagg --quick     # 3 rounds x E=1 timing, 3-round Table II row
+    python -m benchmarks.chfl_secagg             # 5 rounds x E=5 timing, the full 20-round row
 
 Writes ``benchmarks/results/chfl_secagg{,_quick}.{json,md}`` atomically.
 """
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import chfl as C
 
 RESULTS = harness.RESULTS

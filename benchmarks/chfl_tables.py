@@ -14,11 +14,11 @@ heads on shared common columns (the Common baseline is that common column),
 one Local job, plain aggregation (exactly the in-process mean; the same
 numbers ``chfl_local.sweep`` gives, checked by the tests).
 
-    python benchmarks/chfl_tables.py --quick          # ~1 split x 1 seed, 8 rounds
-    python benchmarks/chfl_tables.py                  # 3 splits x 3 seeds, 20 rounds
-    python benchmarks/chfl_tables.py --only table2 --datasets covertype --resume
-    python benchmarks/chfl_tables.py --only fig4 --name part_b   # a second process...
-    python benchmarks/chfl_tables.py --resume --only table2 --datasets covertype \
+    python -m benchmarks.chfl_tables --quick          # ~1 split x 1 seed, 8 rounds
+    python -m benchmarks.chfl_tables                  # 3 splits x 3 seeds, 20 rounds
+    python -m benchmarks.chfl_tables --only table2 --datasets covertype --resume
+    python -m benchmarks.chfl_tables --only fig4 --name part_b   # a second process...
+    python -m benchmarks.chfl_tables --resume --only table2 --datasets covertype \
         --import-runs benchmarks/results/part_b.json           # ...merged into the main tables
 
 Writes benchmarks/results/chfl_tables{,_quick}.{json,md,png} atomically
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import chfl
 from fedhet.algorithms.chfl_local import DEFAULTS
 from fedhet.algorithms.data_tabular import load_tabular

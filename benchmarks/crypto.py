@@ -18,8 +18,8 @@ its baseline row, measured in the same run, variants interleaved):
 * Keys: X25519 + HKDF, Ed25519 sign / verify, AEAD seal (AES-256-GCM) vs XChaCha20-Poly1305 (PyNaCl).
 * HE rows from ``benchmarks/crypto_he.py`` (``rows(quick) -> list[dict]``) when it imports.
 
-    python benchmarks/crypto.py            # full sizes
-    python benchmarks/crypto.py --quick    # small sizes, a fast look
+    python -m benchmarks.crypto            # full sizes
+    python -m benchmarks.crypto --quick    # small sizes, a fast look
 
 Writes benchmarks/results/crypto.json and crypto.md (``crypto_quick.*`` with
 --quick), atomically.  Timings
@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-import harness
+from benchmarks import harness
 from fedhet.crypto import keys
 from fedhet.crypto.field import F61, P61
 from fedhet.crypto.fixedpoint import FixedPoint
@@ -351,13 +351,10 @@ def bench_keys(quick: bool, repeats: int) -> list[dict]:
 
 # -- HE rows from the sibling benchmark ---------------------------------------------
 def he_rows(quick: bool) -> tuple[list[dict], str | None]:
-    sys.path.insert(0, str(HERE))
     try:
-        import crypto_he  # noqa: PLC0415  (optional sibling module)
+        from benchmarks import crypto_he  # noqa: PLC0415  (optional sibling module)
     except Exception as exc:  # noqa: BLE001 - any import failure just skips the HE rows
         return [], f"HE rows skipped: benchmarks/crypto_he.py did not import ({type(exc).__name__}: {exc})"
-    finally:
-        sys.path.remove(str(HERE))
     try:
         rows = list(crypto_he.rows(quick))
     except Exception as exc:  # noqa: BLE001

@@ -8,7 +8,7 @@ as its fixed-width 512 bytes (its exponent is not counted, which favours phe).
 ratio_speed = values_per_s / baseline values_per_s;
 ratio_bytes = baseline bytes_per_value / bytes_per_value (> 1: fewer bytes).
 
-    python benchmarks/crypto_he.py [--quick]
+    python -m benchmarks.crypto_he [--quick]
 
 writes benchmarks/results/crypto_he.json and .md (``crypto_he_quick.*`` with --quick; atomically)
 and prints the table.
@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-import harness
+from benchmarks import harness
 
 from fedhet.crypto import ckks
 from fedhet.crypto.paillier import (

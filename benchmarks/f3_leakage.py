@@ -20,18 +20,15 @@ should be ≤ 0 up to noise).  Data: Japanese Vowels (real), local LSTMs trained
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+from benchmarks import harness
 
-from fedhet.algorithms import f3  # noqa: E402
-from fedhet.algorithms import f3_training as T  # noqa: E402
-from fedhet.parties.contract import PartyContext  # noqa: E402
-from fedhet.parties.settings import parse_settings  # noqa: E402
+from fedhet.algorithms import f3
+from fedhet.algorithms import f3_training as T
+from fedhet.parties.contract import PartyContext
+from fedhet.parties.settings import parse_settings
 
 
 class Recorder(f3.InProcessHolders):

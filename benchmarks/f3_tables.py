@@ -19,26 +19,23 @@
   given (traffic) / κ-NN (κ = 10) / ICDF / Gumbel-softmax, without and with (soft) alignment.
 * Fig. 3: entropy of the owners' predicted labels per test sample (seed 0).
 
-Full: ``python benchmarks/f3_tables.py`` (see ``--help`` for the traffic budget); ``--quick``: tiny.
+Full: ``python -m benchmarks.f3_tables`` (see ``--help`` for the traffic budget); ``--quick``: tiny.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness
+from benchmarks import harness
 from fedhet.algorithms import f3_baselines as B
 from fedhet.algorithms import f3_models as FM
 from fedhet.algorithms import f3_training as T
 from fedhet.algorithms.toolkit import as_tensor, seeded
-from fedhet.parties.atomic import write_atomic
 
 NAME = "f3_tables"
 CACHE = harness.RESULTS / "cache"
@@ -482,7 +479,7 @@ def main(argv=None):
                 r["runs"].setdefault(key, {})[str(seed)] = res
                 print(f"[{ds} s{seed}] {key}: {res}", flush=True)
                 doc["environment"] = session.finish()
-                write_atomic(out.path("json"), harness.json_text(doc))
+                out.write(doc)
         write_all(doc, args.quick, args.out)
     doc["environment"] = session.finish()
     write_all(doc, args.quick, args.out)

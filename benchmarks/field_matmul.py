@@ -23,7 +23,7 @@ against float64 ``np.matmul`` of the same stacked shapes; public operands at F3'
 fractional bits (14 forward, 18 backward) with magnitudes like a training step's.  Every batched
 result is checked against the per-element :func:`lmatmul_trusted`.
 
-    python benchmarks/field_matmul.py [--quick] [--repeats N]
+    python -m benchmarks.field_matmul [--quick] [--repeats N]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import argparse
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-import harness
+from benchmarks import harness
 from fedhet.crypto import field_matmul as fm
 from fedhet.crypto.field import F61, P61
 from fedhet.protocols import shared_array as sa

@@ -40,7 +40,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from fedhet.parties.atomic import write_atomic
+from fedhet.parties.atomic import json_default, write_atomic
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -63,23 +63,18 @@ def add_common_args(ap: argparse.ArgumentParser, *, quick_help: str = "a fast lo
 
 
 def command_line(script: str | os.PathLike, argv: Sequence[str] | None = None) -> str:
-    """``python benchmarks/NAME.py ARGS`` for the record (``argv`` None: this process's)."""
+    """``python -m benchmarks.NAME ARGS`` for the record (``argv`` None: this process's)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(["python", f"benchmarks/{Path(script).name}", *args])
+    return " ".join(["python", "-m", f"benchmarks.{Path(script).stem}", *args])
 
 
 # ----------------------------------------------------------------------------- results
 
 def _jsonable(o: Any):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
+    """The one JSON hook (``fedhet.parties.atomic.json_default``), plus parsed flags as dicts."""
     if isinstance(o, argparse.Namespace):
         return vars(o)
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+    return json_default(o)
 
 
 def json_text(doc: Any, indent: int | None = 2) -> str:
@@ -247,6 +242,17 @@ class Session:
         env = self.meta
         return {"machine": f"{env['machine']}, {env['cpu_count_os']} cores, Python {env['python']}",
                 "when": self.started[:16], "command": self.command}
+
+
+def publish(out: Output, doc: dict, markdown: Callable[[Any], str], session: Session,
+            into: dict | None = None) -> int:
+    """A script's last step: the session's end under ``environment`` of ``into`` (default ``doc``),
+    then the JSON and its markdown written and the markdown printed; returns exit status 0."""
+    (doc if into is None else into)["environment"] = session.finish()
+    md = markdown(doc)
+    out.write(doc, md)
+    print(md)
+    return 0
 
 
 def render_only(out: Output, markdown: Callable[[Any], str]) -> None:

@@ -21,7 +21,7 @@ of 128 rows, d = K = 8 as in the network): CPU seconds per training batch of the
 (steady state: from the end of the first batch to the end of the last), the same three widths,
 interleaved; less sensitive to the shared machine's load than the wall times above.
 
-    python benchmarks/he_slots.py [--quick] [--reps 2] [--epochs 2] [--batches 5]
+    python -m benchmarks.he_slots [--quick] [--reps 2] [--epochs 2] [--batches 5]
 
 Writes benchmarks/results/he_slots.{json,md} (``_quick`` with --quick).
 """
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import he_split
 from fedhet.parties.launcher import RunFailed
 from fedhet.protocols import he_interactive as hei

@@ -15,7 +15,7 @@ A 100-epoch encrypted run costs ~10 minutes per seed on cancer here and ~8-12
 hours on the 30,000-row sets (``he_vs_plain.md``), so payment and credit get
 the reference column unless named in ``--encrypted``.
 
-    python benchmarks/he_split_table1.py [--quick] [--seeds 0 1 2] [--encrypted cancer]
+    python -m benchmarks.he_split_table1 [--quick] [--seeds 0 1 2] [--encrypted cancer]
 
 Writes benchmarks/results/he_split_table1{,_quick}.{json,md} after every seed.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import he_split
 from fedhet.parties.launcher import RunFailed
 PAPER = {"cancer": 92.04, "payment": 74.87, "credit": 93.44}  # STFL paper, Table I, FATE column

@@ -18,8 +18,8 @@ sets) are measured on ``--he-epochs`` epochs (or ``--naive-batches``
 batches) and extrapolated to the full epoch count; the table marks every
 extrapolated number with ``*``.
 
-    python benchmarks/he_vs_plain.py --quick            # cancer only, few epochs
-    python benchmarks/he_vs_plain.py                    # cancer, payment, credit
+    python -m benchmarks.he_vs_plain --quick            # cancer only, few epochs
+    python -m benchmarks.he_vs_plain                    # cancer, payment, credit
 
 Writes benchmarks/results/he_vs_plain.{json,md,png} (``_quick`` with --quick).
 """
@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import he_split
 from fedhet.parties.launcher import RunFailed
 

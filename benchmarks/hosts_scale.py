@@ -12,9 +12,9 @@ from ``/proc`` every 0.2 s over every process of the run: the peak RSS of each p
 peak of their sum, and the most file descriptors and threads any process held (the hosts' own
 records, ``RUN_DIR/hosts/H.json``, agree).  Bytes: what every owner sent, and all parties in total.
 
-    python benchmarks/hosts_scale.py                       # N in 60, 120, 207, 330; H in 4, 8 (0 at N = 60)
-    python benchmarks/hosts_scale.py --quick               # N = 20 in 2 hosts and as processes
-    python benchmarks/hosts_scale.py --parties 330 --hosts 6
+    python -m benchmarks.hosts_scale                       # N in 60, 120, 207, 330; H in 4, 8 (0 at N = 60)
+    python -m benchmarks.hosts_scale --quick               # N = 20 in 2 hosts and as processes
+    python -m benchmarks.hosts_scale --parties 330 --hosts 6
 """
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+from benchmarks import harness
 
 NAME = "hosts_scale"
 HOLDERS = 3
@@ -165,7 +164,6 @@ def main(argv=None) -> int:
     hosts = args.hosts or ([0, 2] if args.quick else [0, 4, 8])
     session = harness.Session(NAME + ("_quick" if args.quick else ""), __file__, argv)
     rows = []
-    out_name = NAME + ("_quick" if args.quick else "")
     for n in sizes:
         for h in hosts:
             if h == 0 and n > args.processes_upto:
@@ -181,10 +179,7 @@ def main(argv=None) -> int:
                             f"H = 0 (one process per party) runs only up to {args.processes_upto} parties: "
                             "each party process holds ~60 MiB, so 330 of them would need ~19 GiB of this "
                             "machine's 24 GiB. The machine is shared: see the load average below.")}
-            args.out.mkdir(parents=True, exist_ok=True)
-            from fedhet.parties.atomic import write_atomic
-            write_atomic(args.out / f"{out_name}.json", harness.json_text(doc))
-            write_atomic(args.out / f"{out_name}.md", markdown(doc))
+            harness.Output(NAME, args.quick, args.out).write(doc, markdown(doc))
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

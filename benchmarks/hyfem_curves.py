@@ -20,7 +20,7 @@ writes it (``COIL_PROX``) and Centralized given the federation's M x Q steps a r
   secure per-view aggregation on the ``hyfem`` preset: the server's round time and each client's
   bytes sent and received.
 
-Full: ``python benchmarks/hyfem_curves.py`` (32 rounds, 3 seeds); ``--quick``: fewer rounds.
+Full: ``python -m benchmarks.hyfem_curves`` (32 rounds, 3 seeds); ``--quick``: fewer rounds.
 ``--settings a,b`` merges those settings into the existing JSON; with ``--resume`` the runs it
 already holds for them (same rounds and settings) are kept, so a stopped run picks up where it
 was.  ``--coil-probe``: why HyFEM-Prox sat at chance on COIL-20 (hyfem_curves_coil_probe.md).
@@ -28,14 +28,12 @@ was.  ``--coil-probe``: why HyFEM-Prox sat at chance on COIL-20 (hyfem_curves_co
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness
+from benchmarks import harness
 from fedhet.algorithms import hyfem
 from fedhet.algorithms import hyfem_steps as H
 from fedhet.parties.settings import parse_settings
@@ -469,7 +467,7 @@ def markdown(doc: dict) -> str:
     missing = [k for k in SETTINGS if k not in doc["curves"]]
     if missing and not doc.get("quick"):
         lines += ["**Not yet measured:** " + ", ".join(f"`{k}` ({SETTINGS[k]['rounds']} rounds)" for k in missing)
-                  + f".  Run `python benchmarks/hyfem_curves.py --settings {','.join(missing)}` (merges into "
+                  + f".  Run `python -m benchmarks.hyfem_curves --settings {','.join(missing)}` (merges into "
                   "this file; the settings above are kept).", ""]
     if "fig4" in doc["curves"]:
         lines += ["## Why Fig. 4's mu trade-off does not appear here", "", ANALYSIS, ""]
@@ -566,6 +564,18 @@ def _flat(layers) -> np.ndarray:
     return np.concatenate([np.concatenate([W.ravel(), b.ravel()]) for W, b in layers])
 
 
+def _probe_views(s, clients):
+    """A probe's setting split as the roles split it: the model spec, each client's views, each
+    client's training data, and the evaluation views and labels."""
+    spec = hyfem.model_spec(s)
+    views, y, train, test = hyfem.prepared_views(s)
+    part = hyfem.make_partition(s, y[train], clients)
+    cv = {m: tuple(int(d) for d in part.views[m]) for m in range(len(part.rows))}
+    data = {m: H.ClientData({d: views[d][train[part.rows[m]]] for d in cv[m]}, y[train[part.rows[m]]])
+            for m in cv}
+    return spec, cv, data, {d: views[d][test] for d in range(spec.n_views)}, y[test]
+
+
 def mu_probe(seed: int = 0, warm_rounds: int = 2, client: int = 0) -> dict:
     """What eq. (6)'s terms do to one local update (Fig. 4 setting): from the state after
     ``warm_rounds`` HyFEM-Avg rounds (the same steps the roles run, in process), client
@@ -576,14 +586,8 @@ def mu_probe(seed: int = 0, warm_rounds: int = 2, client: int = 0) -> dict:
     round's mean cross-entropy, and the trained local model's accuracy on all evaluation rows and
     on the rows of the client's own classes (vs the received model's)."""
     s = parse_settings(hyfem.Settings, {"scenario": "fig4", "seed": seed})
-    spec = hyfem.model_spec(s)
-    views, y, train, test = hyfem.prepared_views(s)
-    part = hyfem.make_partition(s, y[train], SETTINGS["fig4"]["clients"])
-    M = len(part.rows)
-    cv = {m: tuple(int(d) for d in part.views[m]) for m in range(M)}
-    data = {m: H.ClientData({d: views[d][train[part.rows[m]]] for d in cv[m]}, y[train[part.rows[m]]])
-            for m in range(M)}
-    xt, yt = {d: views[d][test] for d in range(spec.n_views)}, y[test]
+    spec, cv, data, xt, yt = _probe_views(s, SETTINGS["fig4"]["clients"])
+    M = len(cv)
     base = s.config("cpu")
     avg = H.HyFEMConfig.from_dict(base, method="avg")
     state = H.init_server(spec, cv, base)
@@ -695,14 +699,8 @@ def coil_prox_probe(seed: int = 0, client: int = 0, rounds: int = 3) -> dict:
     client, the steps the roles run, in process) for three variants."""
     st = SETTINGS["coil20_v4"]
     s = parse_settings(hyfem.Settings, {**st["cfg"], "seed": seed})
-    spec = hyfem.model_spec(s)
-    views, y, train, test = hyfem.prepared_views(s)
-    part = hyfem.make_partition(s, y[train], st["clients"])
-    M = len(part.rows)
-    cv = {m: tuple(int(d) for d in part.views[m]) for m in range(M)}
-    data = {m: H.ClientData({d: views[d][train[part.rows[m]]] for d in cv[m]}, y[train[part.rows[m]]])
-            for m in range(M)}
-    xt, yt = {d: views[d][test] for d in range(spec.n_views)}, y[test]
+    spec, cv, data, xt, yt = _probe_views(s, st["clients"])
+    M = len(cv)
     base = s.config("cpu")
     state0 = H.init_server(spec, cv, base)
     rec = H.message_for_client(state0, spec, client)

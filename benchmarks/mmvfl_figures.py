@@ -6,7 +6,7 @@ MMVFL's accuracies come from ``mmvfl_core.run_centralized``, which the federated
 exactly (tests/test_mmvfl_federated.py); beta is tuned per p, fold and view over the grid, as the
 paper does.  Data: Handwritten, Isolet, Relathe are the paper's (real); MSRC-v5 is a STAND-IN for
 Caltech7.  ``--quick``: Handwritten, fold 0, beta in {1e-2, 1}, 20 rounds.
-Full: ``python benchmarks/mmvfl_figures.py`` (all four sets, 5 folds, beta 1e-5..10, 200 rounds).
+Full: ``python -m benchmarks.mmvfl_figures`` (all four sets, 5 folds, beta 1e-5..10, 200 rounds).
 
 The work is split into units (data set, fold, beta), independent of each other: each runs MMVFL,
 supMVLFL and supFL per view and scores every p (``selection_accuracy``).  After every unit the JSON is rewritten atomically (markdown and
@@ -15,8 +15,8 @@ refuses a file written with other settings (betas, rounds, model settings), so r
 mixed.  ``--datasets`` / ``--folds`` choose the units of this invocation; the summary covers the
 folds whose every beta is done.  ``--jobs N`` runs units in N processes (one BLAS thread each).
 
-    python benchmarks/mmvfl_figures.py --datasets handwritten --skip-processes
-    python benchmarks/mmvfl_figures.py --resume --datasets msrc_v5 isolet --jobs 2
+    python -m benchmarks.mmvfl_figures --datasets handwritten --skip-processes
+    python -m benchmarks.mmvfl_figures --resume --datasets msrc_v5 isolet --jobs 2
 """
 from __future__ import annotations
 
@@ -24,17 +24,15 @@ import argparse
 import concurrent.futures as cf
 import functools
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+from benchmarks import harness
 
-from fedhet.algorithms import mmvfl, mmvfl_core as core  # noqa: E402
-from fedhet.algorithms.data_multiview import DATASETS, TABLE2_SPLITS, cv_folds, load_multiview  # noqa: E402
+from fedhet.algorithms import mmvfl, mmvfl_core as core
+from fedhet.algorithms.data_multiview import DATASETS, TABLE2_SPLITS, cv_folds, load_multiview
 
 PERCENTS = list(mmvfl.PAPER_PERCENTS)
 METHODS = ("MMVFL", "supFL", "supMVLFL")

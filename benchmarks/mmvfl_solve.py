@@ -17,30 +17,28 @@ BLAS runs on ``--threads`` threads (default 1, via threadpoolctl): on a
 shared machine multi-threaded BLAS timings swing by 100x with other jobs'
 load, and one thread is what the flop model describes.
 
-    python benchmarks/mmvfl_solve.py            # all shapes, 5 repeats
-    python benchmarks/mmvfl_solve.py --quick    # Handwritten + Relathe views, 2 repeats
+    python -m benchmarks.mmvfl_solve            # all shapes, 5 repeats
+    python -m benchmarks.mmvfl_solve --quick    # Handwritten + Relathe views, 2 repeats
 
 Writes benchmarks/results/mmvfl_solve.{json,md} (``_quick`` with --quick).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import scipy
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from benchmarks import harness
+
 from fedhet.algorithms import data_multiview as dm
 from fedhet.algorithms import mmvfl_core as mc
-from fedhet.parties.atomic import write_atomic
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BETA = 1e-2
 EPSILON = 1e-8
 
@@ -155,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         "numpy": np.__version__, "scipy": scipy.__version__,
         "load_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join(["python", "benchmarks/mmvfl_solve.py", *(argv if argv is not None else sys.argv[1:])]),
     }
+    session = harness.Session("mmvfl_solve", __file__, argv)
+    meta["command"] = session.command
     names = ("handwritten", "relathe") if args.quick else dm.DATASETS
     rows: list[dict] = []
     with threadpool_limits(limits=args.threads if args.threads > 0 else None, user_api="blas"):
@@ -166,10 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             rows += rows_for(name, repeats, args.data_dir, concatenated=not args.quick)
     meta["load_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-    stem = "mmvfl_solve_quick" if args.quick else "mmvfl_solve"
-    write_atomic(RESULTS / f"{stem}.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    write_atomic(RESULTS / f"{stem}.md", to_markdown(rows, meta))
-    print(f"wrote {RESULTS / (stem + '.json')} and {RESULTS / (stem + '.md')}")
+    meta["environment"] = session.finish()
+    paths = harness.Output("mmvfl_solve", args.quick).write({"meta": meta, "rows": rows}, to_markdown(rows, meta))
+    print(f"wrote {paths['json']} and {paths['md']}")
     return 0
 
 

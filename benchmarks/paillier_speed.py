@@ -11,7 +11,7 @@ party processes.  old = the whole code tree at ``--old-ref`` (the commit before 
 from a ``git archive`` copy), new = this tree (default ``obfuscation="short_exponent"``), and this
 tree with ``obfuscation="standard"`` (what the matmul change alone buys).  Interleaved, medians.
 
-    python benchmarks/paillier_speed.py [--quick] [--old-ref REF]
+    python -m benchmarks.paillier_speed [--quick] [--old-ref REF]
 
 Writes benchmarks/results/paillier_speed.{json,md} (``_quick`` with --quick).
 """
@@ -29,15 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-import harness
+from benchmarks import harness
 from fedhet.crypto.paillier import PackingSpec, PaillierContext, generate_keypair
 
 KEY_BITS = 2048
 OLD_REF = "82baf56"
 RUNNER = r'''
 import json, sys
-sys.path.insert(0, "benchmarks")
-import harness
+from benchmarks import harness
 over = json.loads(sys.argv[1])
 run = harness.launch_audited("he_split", overrides=over, audit=False)
 host = next(p for p in run.summary["parties"].values() if p["role"] == "host")
@@ -201,11 +200,7 @@ def main(argv=None) -> int:
         doc["he_split"] = [r for ds in args.he_datasets
                            for r in he_rows(args.old_ref, 1 if args.quick else args.he_reps, args.epochs, ds,
                                             2 if args.quick else args.batches)]
-    meta["environment"] = session.finish()
-    md = markdown(doc)
-    out.write(doc, md)
-    print(md)
-    return 0
+    return harness.publish(out, doc, markdown, session, into=meta)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ Peers that start thread pools are held to one thread (``RAYON_NUM_THREADS=1``,
 ``OMP_NUM_THREADS=1`` unless set) so a per-core rate is what it says.  Variants are interleaved
 per repeat and medians reported; the machine is shared, so the load average is recorded.
 
-    python benchmarks/peers.py [--quick] [--only paillier layer secagg shamir] [--render-only]
+    python -m benchmarks.peers [--quick] [--only paillier layer secagg shamir] [--render-only]
 
 Writes benchmarks/results/peers.{json,md} (``peers_quick.*`` with --quick).
 """
@@ -72,7 +72,7 @@ from typing import Any, Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-import harness  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from fedhet.crypto.field import P61  # noqa: E402
 from fedhet.crypto.paillier import PackingSpec, PaillierContext, generate_keypair  # noqa: E402
 from fedhet.crypto.shamir import reconstruct, share  # noqa: E402
@@ -559,7 +559,7 @@ def flower_error_bound(ws: dict, clip: float, max_weight: float, target_range: i
 
 
 def secagg_rows(k: int, m: int, rounds: int, passes: int, seed: int = 0) -> tuple[list[dict], dict]:
-    import secagg as fsecagg  # benchmarks/secagg.py
+    from benchmarks import secagg as fsecagg
     from fedhet.protocols.secagg_config import SecAggConfig
 
     cfg = SecAggConfig()
@@ -769,11 +769,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         doc["shamir"] = shamir_rows(1 << (20 if q else 22), 1 << (12 if q else 14), 3 if q else 5)
         print(f"shamir done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    doc["meta"]["environment"] = session.finish()
-    md = markdown(doc)
-    out.write(doc, md)
-    print(md)
-    return 0
+    return harness.publish(out, doc, markdown, session, into=doc["meta"])
 
 
 if __name__ == "__main__":

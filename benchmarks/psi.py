@@ -21,9 +21,9 @@ call; the reported time is the later party's call, from both parties ready to th
 Anchors quoted in the issue (not measured here): openmined.psi ~215 s
 single-threaded for 2^20 x 2^20; SecretFlow ECDH-PSI ~40 s on 4 cores.
 
-    python benchmarks/psi.py            # 2^10, 2^12, ..., 2^20
-    python benchmarks/psi.py --quick    # up to 2^16
-    python benchmarks/psi.py --sizes 20 # only 2^20
+    python -m benchmarks.psi            # 2^10, 2^12, ..., 2^20
+    python -m benchmarks.psi --quick    # up to 2^16
+    python -m benchmarks.psi --sizes 20 # only 2^20
 
 Writes benchmarks/results/psi.json and .md atomically (psi_quick.* with --quick,
 psi_custom.* with --sizes).  The machine
@@ -36,7 +36,7 @@ import multiprocessing as mp
 import sys
 import time
 
-import harness
+from benchmarks import harness
 from fedhet.crypto import ecdh_psi as grp
 
 ANCHORS = {"openmined.psi, 1 thread, 2^20 x 2^20": 215.0, "SecretFlow ECDH-PSI, 4 cores, 2^20 x 2^20": 40.0}

@@ -16,9 +16,9 @@ extrapolates 2^20 linearly (x4 per doubling pair), clearly marked as such.  The 
 2^20 x 2^20 in <= 15 s wall here and >= 5x less CPU than ECDH at 2^20.  The machine is shared: the
 load average before and after each run is recorded.
 
-    python benchmarks/psi_kkrt.py                  # 2^16, 2^18, 2^20, both backends
-    python benchmarks/psi_kkrt.py --ecdh-max 18    # ECDH at 2^20 extrapolated from 2^18
-    python benchmarks/psi_kkrt.py --quick          # 2^12, 2^14
+    python -m benchmarks.psi_kkrt                  # 2^16, 2^18, 2^20, both backends
+    python -m benchmarks.psi_kkrt --ecdh-max 18    # ECDH at 2^20 extrapolated from 2^18
+    python -m benchmarks.psi_kkrt --quick          # 2^12, 2^14
 
 Writes benchmarks/results/psi_kkrt.json and .md atomically (psi_kkrt_quick.* with --quick).
 """
@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import harness
-import psi as psi_bench  # benchmarks/psi.py: the audited launch of the psi job
+from benchmarks import harness
+from benchmarks import psi as psi_bench  # benchmarks/psi.py: the audited launch of the psi job
 
 GOAL_S = 15.0
 GOAL_CPU_RATIO = 5.0

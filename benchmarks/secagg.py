@@ -53,7 +53,7 @@ import time
 
 import numpy as np
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import secagg_job
 
 CLIP, MAX_WEIGHT = secagg_job.CLIP, secagg_job.MAX_WEIGHT

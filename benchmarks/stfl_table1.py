@@ -5,8 +5,8 @@ seeds (each seed = a new random self-taught/train/test split and new initialisat
 
 The HE split-network column (FATE-style hetero NN) is left empty here; another benchmark fills it.
 
-    python benchmarks/stfl_table1.py            # 100 epochs; 3 seeds (10 for the small sets)
-    python benchmarks/stfl_table1.py --quick    # 10 epochs, 2 seeds: a fast look
+    python -m benchmarks.stfl_table1            # 100 epochs; 3 seeds (10 for the small sets)
+    python -m benchmarks.stfl_table1 --quick    # 10 epochs, 2 seeds: a fast look
 
 Writes benchmarks/results/stfl_table1{,_quick}.json and .md (atomically).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import harness
+from benchmarks import harness
 from fedhet.algorithms import data_fate
 from fedhet.algorithms.datapath import DatasetNotFound
 from fedhet.algorithms.stfl_local import METHODS, STFLConfig

@@ -23,8 +23,8 @@ small acknowledgement is back (best of the repeats) as throughput, with the
 CURVE / plain ratio of each layer; plus single-core speeds of CURVE's
 cipher, two other AEADs, SHA-256 and a memory copy, which explain the ratios.
 
-    python benchmarks/transport.py           # 1, 4, 16, 64, 256 MiB
-    python benchmarks/transport.py --quick   # 1, 4, 16 MiB, fewer repeats
+    python -m benchmarks.transport           # 1, 4, 16, 64, 256 MiB
+    python -m benchmarks.transport --quick   # 1, 4, 16 MiB, fewer repeats
 
 Writes benchmarks/results/transport.json and transport.md
 (``transport_quick.*`` with --quick), atomically.
@@ -42,7 +42,7 @@ import time
 import numpy as np
 import zmq
 
-import harness
+from benchmarks import harness
 from fedhet.parties.launcher import free_port
 RUN = "transport-bench"
 ROLES = {"a": "bench", "b": "bench"}

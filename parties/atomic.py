@@ -49,10 +49,12 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = 
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, mode: int | None = None) -> Path:
-    return write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=_default) + "\n", mode)
+    return write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=json_default) + "\n", mode)
 
 
-def _default(o: Any):
+def json_default(o: Any):
+    """The ``json.dumps(default=...)`` hook of every JSON file fedhet writes: numpy arrays and
+    scalars as plain lists and numbers, paths as strings."""
     if hasattr(o, "tolist"):
         return o.tolist()
     if hasattr(o, "item"):

@@ -69,3 +69,16 @@ def wire(monkeypatch):
 
     monkeypatch.setattr(InMemoryParty, "_transport_send", capture)
     return frames
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (``pytestmark = pytest.mark.usefixtures(...)``): the
+    roles run with ``torch_threads = 1``, and on tiny layers extra intra-op threads only add
+    spin-waits on a shared CPU."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

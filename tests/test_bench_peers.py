@@ -8,17 +8,14 @@ give None and a "pip install" note, never an error.  No timing here.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import peers  # noqa: E402
-from fedhet.crypto.field import P61  # noqa: E402
-from fedhet.crypto.paillier import PaillierContext, generate_keypair  # noqa: E402
-from fedhet.crypto.shamir import reconstruct, share  # noqa: E402
+from benchmarks import peers
+from fedhet.crypto.field import P61
+from fedhet.crypto.paillier import PaillierContext, generate_keypair
+from fedhet.crypto.shamir import reconstruct, share
 
 
 def test_check_ints_rejects_a_wrong_or_missing_value():

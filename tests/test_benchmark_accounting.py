@@ -4,18 +4,14 @@ CHFL tables' runs (the federated roles in memory) give ``chfl_local.sweep``'s nu
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from benchmarks import chfl_tables
+from benchmarks import he_vs_plain
 
-import chfl_tables  # noqa: E402
-import he_vs_plain  # noqa: E402
-
-from fedhet.algorithms import chfl, chfl_local, he_split  # noqa: E402
-from fedhet.parties.inmemory import run_inmemory  # noqa: E402
+from fedhet.algorithms import chfl, chfl_local, he_split
+from fedhet.parties.inmemory import run_inmemory
 
 
 def _he_run(batches: int) -> dict:

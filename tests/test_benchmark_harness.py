@@ -14,14 +14,10 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import harness  # noqa: E402
+from benchmarks import harness
 
 
 def test_output_writes_json_md_png_under_the_quick_stem(tmp_path):
@@ -65,7 +61,7 @@ def test_read_names_the_missing_file(tmp_path):
 
 def test_session_metadata_fields():
     s = harness.Session("demo", "demo.py", ["--quick"])
-    assert s.command == "python benchmarks/demo.py --quick"
+    assert s.command == "python -m benchmarks.demo --quick"
     env = s.finish()
     for key in ("cpu_count", "cpu_model", "memory_gib", "python", "versions", "git_commit", "git_dirty",
                 "loadavg_start", "loadavg_end", "started", "finished", "elapsed_s", "platform"):

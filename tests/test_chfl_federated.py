@@ -41,13 +41,7 @@ K = 3
 AGG_KINDS = {d.kind for d in aggregation.DECLARATIONS}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The roles use one torch thread (torch_threads = 1); so does the by-hand loop in this thread.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

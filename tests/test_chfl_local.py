@@ -18,13 +18,7 @@ from fedhet.algorithms.partition import (chfl_partition, split_features, split_s
 SMALL = (16, 8, 8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny layers: extra intra-op threads only add spin-waits on a shared CPU.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _toy(n=600, d=12, c=3, seed=0):

@@ -8,7 +8,6 @@ timeouts are only safety nets, except where the state is known before the wait b
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import pytest
@@ -16,6 +15,9 @@ import zmq
 
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties.zmq_transport import PeerUnreachable, ZmqParty
+
+import net_tools  # a helper module of tests/
+from net_tools import free_port
 
 ROLES = {"a": "server", "b": "client"}
 RUN = "links"
@@ -40,19 +42,8 @@ def logger(name: str) -> tuple[logging.Logger, Records]:
     return log, rec
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(pred, timeout=SAFETY_S, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return net_tools.wait_for(pred, timeout, what, poll=0.01)
 
 
 @pytest.fixture

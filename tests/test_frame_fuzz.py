@@ -13,7 +13,6 @@ sequence number is delivered and ``recv`` returns it.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import msgpack
@@ -25,6 +24,8 @@ from hypothesis import strategies as st
 
 from fedhet.parties import codec
 from fedhet.parties.zmq_transport import ZmqParty
+
+from net_tools import curve_dealer, free_port  # a helper module of tests/
 
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "fuzz-run"
@@ -183,12 +184,6 @@ hostile = st.one_of(random_bytes(), truncated(), mutated_header(), bad_arrays(),
 
 
 # ------------------------------------------------------------------ test
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _expect_delivery(frames, party) -> bool:
     """What the party ought to decide: decode locally and apply the party's checks."""
     try:
@@ -206,16 +201,11 @@ def _decisions(party) -> int:
 @pytest.fixture(scope="module")
 def live():
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{_free_port()}" for n in ROLES}
+    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
     party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
                      secret_key=keys["server"][1], run_id=RUN, timeout=5.0, max_message_bytes=LIMIT,
                      logger=QUIET)
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.linger = 0
-    s.curve_serverkey = keys["server"][0]
-    s.curve_publickey, s.curve_secretkey = keys["client1"]
-    s.connect(eps["server"])
+    ctx, s = curve_dealer(keys, eps["server"])
     yield party, s
     ctx.destroy(linger=0)
     party._transport_close()

@@ -6,7 +6,6 @@ Small keys (1024 bits) and few batches keep it fast; the default 2048-bit runs a
 from __future__ import annotations
 
 import json
-import types
 
 import numpy as np
 import pytest
@@ -21,6 +20,8 @@ from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
 from fedhet.protocols import he_interactive as hei
+
+from he_link import run_pair  # a helper module of tests/
 
 KEY = 1024
 FRAC_A, FRAC_W = hei.LayerSpec.a_frac_bits, hei.LayerSpec.w_frac_bits
@@ -37,42 +38,7 @@ def _exact(rows) -> np.ndarray:
 
 def run_layer(spec: hei.LayerSpec, A, W_g, eps, delta=None, steps: int = 1):
     """Both sides of one link in memory, the host holding W_g and the guest eps (true weight W_g + eps)."""
-    d, K = W_g.shape
-    box = {"Z": [], "grad": []}
-
-    def host(party, cfg, data):
-        h = hei.host_layer(party, "g", spec, np.zeros((d, K)))
-        h.W = W_g.copy()
-        h.setup()
-        for _ in range(steps):
-            h.recv_acts()
-            h.send_forward()
-            box["Z"].append(h.recv_forward())
-            if delta is not None:
-                h.send_gradient(delta)
-                h.finish_backward()
-        h.close()
-        box["h"] = h
-        return {}
-
-    def guest(party, cfg, data):
-        g = hei.guest_layer(party, "h", spec, d, K)
-        g.setup()
-        g.eps = eps.copy()
-        for _ in range(steps):
-            g.forward(A, delta is not None)
-            if delta is not None:
-                box["grad"].append(g.backward())
-        g.close()
-        box["g"] = g
-        return {}
-
-    layer = {f: getattr(spec, f) for f in ("key_bits", "slot_bits", "mask_bits", "lr", "batch_size", "max_steps")}
-    mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None,
-                                DECLARATIONS=hei.declarations(defaults={"he": spec.scheme, "interactive_width": K,
-                                                                         "in_width": d, **layer}))
-    run_inmemory(mod, [("h", "host"), ("g", "guest")], data={"h": None, "g": None})
-    return box
+    return run_pair(spec, spec, A, W_g, eps, delta, steps)
 
 
 # ------------------------------------------------------------------------------------------ the layer

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +27,8 @@ from fedhet.parties import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import FederationError, from_dict, load
 from fedhet.parties.launcher import RunFailed, launch
+
+from launch_tools import launch_in_background  # a helper module of tests/
 
 STARTUP = 90.0  # hang guard only
 
@@ -135,16 +136,7 @@ def test_failing_party_in_a_host_is_named_and_writes_its_error(tmp_path):
 def test_sigterm_to_a_host_stops_its_parties_with_their_records(tmp_path):
     fed = replace(load(presets.path("demo")), hosts=2, timeout=60)
     run_dir = tmp_path / "run"
-    outcome: dict = {}
-
-    def target():
-        try:
-            launch(fed, run_dir, progress=False, overrides={"rounds": 100000})
-        except BaseException as e:  # noqa: BLE001 - inspected below
-            outcome["error"] = e
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
+    th, outcome = launch_in_background(fed, run_dir, overrides={"rounds": 100000})
     names = fed.host_groups()["host2"]
     deadline = time.monotonic() + STARTUP
     pids: list[int] = []

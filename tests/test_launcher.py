@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,8 @@ from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import RunFailed, launch
+
+from launch_tools import launch_in_background  # a helper module of tests/
 
 STARTUP = 90.0  # seconds a party process may take to come up on a loaded machine (hang guard only)
 STOP_GRACE = 3.0  # the launcher's SIGTERM -> SIGKILL grace
@@ -135,17 +136,7 @@ def test_insecure_processes_also_match_and_warn(tmp_path):
 def test_killed_party_fails_the_run_by_name_and_leaves_no_process(tmp_path):
     fed = replace(demo_fed(), parties=demo_fed().parties[:3], timeout=FED_TIMEOUT)
     run_dir = tmp_path / "killed"
-    outcome: dict = {}
-
-    def target():
-        try:
-            launch(fed, run_dir, progress=False, overrides={"rounds": 100000})
-        except BaseException as e:  # noqa: BLE001 - inspected below
-            outcome["error"] = e
-            outcome["t"] = time.monotonic()
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
+    th, outcome = launch_in_background(fed, run_dir, overrides={"rounds": 100000})
     try:
         victim = wait_until_mid_run(run_dir, "client1", th.is_alive)
         pids = set(run_processes(run_dir, "party"))

@@ -7,8 +7,6 @@ import types
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import codec
@@ -16,52 +14,18 @@ from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import psi
 
+from psi_oracle import CASES, check_result, intersection_tests, leaks, psi_runner, scan_a_run, unkeyed_hashes
+
 P = 2**255 - 19
 A = 486662
 
 
 # ---------------------------------------------------------------- harness
-def _lo(party, cfg, ids):
-    return psi.psi_label_owner(party, ids, party.peers_with_role("feature"), reveal_to_all=cfg.get("reveal", True),
-                               order=cfg.get("order", "sorted"), chunk=cfg.get("chunk", 7),
-                               workers=cfg.get("workers", 0))
-
-
-def _fe(party, cfg, ids):
-    return psi.psi_feature_party(party, ids, party.peers_with_role("label_owner")[0],
-                                 chunk=cfg.get("chunk", 5), workers=cfg.get("workers", 0))
-
-
-ALGO = types.SimpleNamespace(NAME="psi_test", ROLES={"label_owner": _lo, "feature": _fe}, load_data=None)
-
-
-def run_psi(lo_ids, feature_ids, **cfg):
-    parties = [("lo", "label_owner")] + [(f"f{j}", "feature") for j in range(len(feature_ids))]
-    data = {"lo": list(lo_ids)} | {f"f{j}": list(ids) for j, ids in enumerate(feature_ids)}
-    return run_inmemory(ALGO, parties, cfg=cfg, data=data, timeout=30.0)
-
-
+run_psi = psi_runner("psi_test")
 
 
 def envelopes(frames):
     return [codec.decode(fr) for _, _, fr in frames]
-
-
-def expected(lo_ids, *others):
-    common = set(lo_ids)
-    for o in others:
-        common &= set(o)
-    return sorted(common, key=grp.sort_key)
-
-
-def check_result(res, lo_ids, feature_ids):
-    want = expected(lo_ids, *feature_ids)
-    data = {"lo": list(lo_ids)} | {f"f{j}": list(ids) for j, ids in enumerate(feature_ids)}
-    for name, r in res.items():
-        assert r.revealed and r.ids == want, name
-        # rows point at the first occurrence of each common ID in that party's own input
-        assert [data[name].index(i) for i in r.ids] == r.rows.tolist(), name
-        assert r.rows.dtype == np.int64
 
 
 # -------------------------------------------------------------- primitive
@@ -154,32 +118,8 @@ def test_match_rows_agrees_with_a_dict_including_prefix_collisions():
 
 
 # --------------------------------------------------------------- protocol
-CASES = {
-    "both empty": ([], [[]]),
-    "owner empty": ([], [["a", "b"]]),
-    "feature empty": ([1, 2, 3], [[]]),
-    "disjoint": (list(range(20)), [list(range(20, 45))]),
-    "identical": ([f"id{i}" for i in range(30)], [[f"id{i}" for i in range(30)]]),
-    "partial": (list(range(0, 60, 2)), [list(range(0, 60, 3))]),
-    "duplicates": ([5, 1, 5, 2, 1, 9, 9, 3], [[9, 9, 1, 7, 1, 5, 5]]),
-    "unicode": (["Zoë", "日本", "🙂", "e\u0301", "\u00e9", "a"], [["\u00e9", "🙂", "b", "日本", "日本"]]),
-    "types kept apart": ([1, "1", b"1", 2], [["1", 2, b"2", -1]]),
-}
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_intersection_equals_python_sets(case):
-    lo_ids, feature_ids = CASES[case]
-    check_result(run_psi(lo_ids, feature_ids), lo_ids, feature_ids)
-
-
-ids = st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=4)), max_size=30)
-
-
-@settings(max_examples=30, deadline=None)
-@given(ids, ids)
-def test_intersection_equals_python_sets_hypothesis(x, y):
-    check_result(run_psi(x, [y]), x, [y])
+test_intersection_equals_python_sets, test_intersection_equals_python_sets_hypothesis = \
+    intersection_tests(run_psi, CASES, max_examples=30)
 
 
 def test_multi_party_everyone_ends_with_the_same_ordered_list():
@@ -217,36 +157,16 @@ def test_process_pool_protocol_streams_many_chunks():
 # ------------------------------------------------------------ on the wire
 def _forbidden(raw_ids):
     """Raw ID bytes and every unkeyed hash of an ID a careless implementation might send."""
-    out = {}
-    for x in raw_ids:
-        raw = x.encode() if isinstance(x, str) else bytes(x)
-        enc = grp.encode_item(x)
-        for label, v in [("raw", raw), ("encoded", enc), ("sha256", hashlib.sha256(raw).digest()),
-                         ("sha256(enc)", hashlib.sha256(enc).digest()),
-                         ("blake2b", hashlib.blake2b(raw, digest_size=32).digest()),
-                         ("blake2b(enc)", hashlib.blake2b(enc, digest_size=32).digest()),
-                         ("curve point", grp.hash_to_point(enc))]:
-            out[v] = f"{label} of {x!r}"
-    return out
-
-
-def _leaks(frames, forbidden):
-    return [f"{frm}->{to}: {what}" for frm, to, fr in frames for f in fr
-            for v, what in forbidden.items() if v in f]
+    return unkeyed_hashes(raw_ids, lambda raw, enc: [
+        ("sha256(enc)", hashlib.sha256(enc).digest()), ("blake2b", hashlib.blake2b(raw, digest_size=32).digest()),
+        ("blake2b(enc)", hashlib.blake2b(enc, digest_size=32).digest()), ("curve point", grp.hash_to_point(enc))])
 
 
 def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash(wire):
-    rng = np.random.default_rng(2)
-    mk = lambda k: [f"cust-{v:08d}-é" for v in rng.integers(0, 10**8, k)]  # noqa: E731
-    lo_ids, f_ids = mk(40), mk(40)
-    f_ids[:15] = lo_ids[:15]
-    res = run_psi(lo_ids, [f_ids], chunk=16)
-    assert res["f0"].size == 15
-    bad = _forbidden(lo_ids + f_ids)
-    assert len(wire) > 6 and _leaks(wire, bad) == []
+    lo_ids, f_ids, bad = scan_a_run(run_psi, wire, _forbidden)
     # the scan itself finds a leak when there is one
-    assert _leaks([("x", "y", [b"..." + lo_ids[3].encode() + b"..."])], bad)
-    assert _leaks([("x", "y", [grp.hash_to_point(grp.encode_item(f_ids[0]))])], bad)
+    assert leaks([("x", "y", [b"..." + lo_ids[3].encode() + b"..."])], bad)
+    assert leaks([("x", "y", [grp.hash_to_point(grp.encode_item(f_ids[0]))])], bad)
 
 
 def _points_of(frames, kind):

@@ -2,58 +2,23 @@
 from __future__ import annotations
 
 import hashlib
-import types
 
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from nacl import bindings as sodium
 
 from fedhet.crypto import cuckoo, ot
-from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import codec
 from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import psi, psi_kkrt
 
+from psi_oracle import CASES, check_result, intersection_tests, psi_runner, scan_a_run, unkeyed_hashes
+
 
 # ---------------------------------------------------------------- harness
-def _lo(party, cfg, ids):
-    return psi.psi_label_owner(party, ids, party.peers_with_role("feature"), reveal_to_all=cfg.get("reveal", True),
-                               order=cfg.get("order", "sorted"), chunk=cfg.get("chunk", 7), workers=0,
-                               backend=cfg.get("backend", "kkrt"))
-
-
-def _fe(party, cfg, ids):
-    return psi.psi_feature_party(party, ids, party.peers_with_role("label_owner")[0], chunk=cfg.get("chunk", 5),
-                                 workers=0, backend=cfg.get("backend", "kkrt"))
-
-
-ALGO = types.SimpleNamespace(NAME="psi_kkrt_test", ROLES={"label_owner": _lo, "feature": _fe}, load_data=None)
-
-
-def run_psi(lo_ids, feature_ids, **cfg):
-    parties = [("lo", "label_owner")] + [(f"f{j}", "feature") for j in range(len(feature_ids))]
-    data = {"lo": list(lo_ids)} | {f"f{j}": list(ids) for j, ids in enumerate(feature_ids)}
-    return run_inmemory(ALGO, parties, cfg=cfg, data=data, timeout=120.0)
-
-
-def expected(lo_ids, *others):
-    common = set(lo_ids)
-    for o in others:
-        common &= set(o)
-    return sorted(common, key=grp.sort_key)
-
-
-def check_result(res, lo_ids, feature_ids):
-    want = expected(lo_ids, *feature_ids)
-    data = {"lo": list(lo_ids)} | {f"f{j}": list(ids) for j, ids in enumerate(feature_ids)}
-    for name, r in res.items():
-        assert r.revealed and r.ids == want, name
-        assert [data[name].index(i) for i in r.ids] == r.rows.tolist(), name
-        assert r.rows.dtype == np.int64
+run_psi = psi_runner("psi_kkrt_test", backend="kkrt", timeout=120.0)
 
 
 def _as(lst):
@@ -278,35 +243,17 @@ def test_protocol_rehashes_when_the_first_cuckoo_seed_fails(monkeypatch):
 
 # --------------------------------------------------------------- protocol
 CASES = {
-    "both empty": ([], [[]]),
-    "owner empty": ([], [["a", "b"]]),
-    "feature empty": ([1, 2, 3], [[]]),
+    **CASES,
     "one element each, common": (["x"], [["x"]]),
     "one element each, different": (["x"], [["y"]]),
-    "disjoint": (list(range(20)), [list(range(20, 45))]),
-    "identical": ([f"id{i}" for i in range(30)], [[f"id{i}" for i in range(30)]]),
-    "partial": (list(range(0, 60, 2)), [list(range(0, 60, 3))]),
-    "duplicates": ([5, 1, 5, 2, 1, 9, 9, 3], [[9, 9, 1, 7, 1, 5, 5]]),
     "unicode": (["Zoë", "日本", "🙂", "e\u0301", "\u00e9", "a", "\ud800"], [["\u00e9", "🙂", "b", "日本", "日本", "\ud800"]]),
-    "types kept apart": ([1, "1", b"1", 2], [["1", 2, b"2", -1]]),
     "large ints": ([2**64, -2**100, 10**300, 7], [[10**300, 2**64 + 1, -2**100, 7]]),
     "many chunks": ([f"a{i}" for i in range(700)], [[f"a{i}" for i in range(350, 1200)]]),
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_intersection_equals_python_sets(case):
-    lo_ids, feature_ids = CASES[case]
-    check_result(run_psi(lo_ids, feature_ids), lo_ids, feature_ids)
-
-
-ids = st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=4)), max_size=30)
-
-
-@settings(max_examples=25, deadline=None)
-@given(ids, ids)
-def test_intersection_equals_python_sets_hypothesis(x, y):
-    check_result(run_psi(x, [y]), x, [y])
+test_intersection_equals_python_sets, test_intersection_equals_python_sets_hypothesis = \
+    intersection_tests(run_psi, CASES, max_examples=25)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -374,27 +321,12 @@ def test_output_length_follows_the_sizes():
 
 # ------------------------------------------------------------ on the wire
 def _forbidden(raw_ids):
-    out = {}
-    for x in raw_ids:
-        raw = x.encode() if isinstance(x, str) else bytes(x)
-        enc = grp.encode_item(x)
-        for label, v in [("raw", raw), ("encoded", enc), ("sha256", hashlib.sha256(raw).digest()),
-                         ("blake2b", hashlib.blake2b(raw, digest_size=16).digest()),
-                         ("digest", psi_kkrt.item_digests([enc]).tobytes())]:
-            out[v] = f"{label} of {x!r}"
-    return out
+    return unkeyed_hashes(raw_ids, lambda raw, enc: [("blake2b", hashlib.blake2b(raw, digest_size=16).digest()),
+                                                     ("digest", psi_kkrt.item_digests([enc]).tobytes())])
 
 
 def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash_or_a_bare_codeword(wire):
-    rng = np.random.default_rng(2)
-    mk = lambda k: [f"cust-{v:08d}-é" for v in rng.integers(0, 10**8, k)]  # noqa: E731
-    lo_ids, f_ids = mk(40), mk(40)
-    f_ids[:15] = lo_ids[:15]
-    res = run_psi(lo_ids, [f_ids], chunk=16)
-    assert res["f0"].size == 15
-    bad = _forbidden(lo_ids + f_ids)
-    leaks = [f"{frm}->{to}: {what}" for frm, to, fr in wire for f in fr for v, what in bad.items() if v in f]
-    assert len(wire) > 6 and leaks == []
+    scan_a_run(run_psi, wire, _forbidden)
     # U rows are not the label owner's codewords (they are masked by PRG output)
     envs = [codec.decode(fr) for _, _, fr in wire]
     u = np.concatenate([e.payload["u"] for e in envs if e.kind == psi_kkrt.K_U])

@@ -36,24 +36,13 @@ import zmq
 from fedhet.parties import codec
 from fedhet.parties.zmq_transport import REJECTS_KEPT, STREAM_START, ZmqParty
 
+from net_tools import curve_dealer, free_port, wait_for  # a helper module of tests/
+
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "security-run"
 MiB = 1 << 20
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # ------------------------------------------------------------ item 1: memory
@@ -237,12 +226,7 @@ def live(tmp_path):
     log.addHandler(fh)
     party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
                      secret_key=keys["server"][1], run_id=RUN, timeout=5, logger=log)
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.linger = 0
-    s.curve_serverkey = keys["server"][0]
-    s.curve_publickey, s.curve_secretkey = keys["client1"]
-    s.connect(eps["server"])
+    ctx, s = curve_dealer(keys, eps["server"])
     yield party, s, logfile
     ctx.destroy(linger=0)
     party._transport_close()

@@ -24,12 +24,7 @@ GUEST_DIMS, WIDTHS, HOST_DIM = (4, 5), (3, 2), 3
 LR, BS = 0.02, 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _toy(n_classes=3, n=90, seed=0):

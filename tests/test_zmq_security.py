@@ -8,7 +8,6 @@ so every message crosses a real CURVE handshake over loopback TCP.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 import warnings
 
@@ -21,25 +20,17 @@ from fedhet.parties import codec
 from fedhet.parties.api import PeerFault, PeerTimeout
 from fedhet.parties.zmq_transport import WIRE_OVERHEAD, InsecureTransportWarning, ZmqParty
 
+import net_tools  # a helper module of tests/
+from net_tools import free_port
+
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "run-under-test"
 QUIET = logging.getLogger("fedhet.test.quiet")
 QUIET.setLevel(logging.CRITICAL)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(pred, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return net_tools.wait_for(pred, timeout, what)
 
 
 class Live:

@@ -1,0 +1,37 @@
+"""Loopback networking helpers of the transport tests (a helper module of tests/)."""
+from __future__ import annotations
+
+import socket
+import time
+
+import zmq
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on just now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout=10.0, what="condition", poll=0.005):
+    """Poll ``pred`` until it is true; fail the test naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def curve_dealer(keys: dict, endpoint: str, *, server: str = "server", client: str = "client1"):
+    """A raw CURVE DEALER socket holding ``client``'s keys, connected to ``server`` at ``endpoint``
+    (``keys``: name -> (public, secret)); returns (context, socket); ``context.destroy(linger=0)``
+    closes both."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.curve_serverkey = keys[server][0]
+    s.curve_publickey, s.curve_secretkey = keys[client]
+    s.connect(endpoint)
+    return ctx, s
