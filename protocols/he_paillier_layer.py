@@ -95,7 +95,7 @@ class PackedOps:
         self.ctx, self.spec = ctx, spec
         self.pk = ctx.public_key
         self.n = int(self.pk.n)
-        self.slot_bits, self.slots = pl.PackingSpec(0, 1, spec.slot_bits).layout(ctx.key_bits)
+        self.slot_bits, self.slots = pl.PackingSpec(0, 1, int(spec.slot_bits)).layout(ctx.key_bits)
 
     def count(self, rows: int, length: int) -> int:
         return rows * -(-length // self.slots)

@@ -10,7 +10,7 @@ go through the encrypted forward pass and the host reports the test accuracy.  T
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ def host_role(party: PartyLike, s: Settings, data: HostView) -> dict[str, Any]:
     t0 = time.perf_counter()
     ids = np.concatenate([data.ids_train, data.ids_test])
     res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=s.psi_timeout)
+    if res.rows is None:
+        raise PartyError("PSI gave the label owner no common rows")
     hd = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test, data.y_test, order="common")
     n_train, n_test = len(hd.pos_train), len(hd.pos_test)
     psi_s = time.perf_counter() - t0
@@ -106,7 +108,7 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
         batches = serve_guest(bottom, HEGuestLink(party, host, layer, Kind.BATCH, len(x_common)))["train_batches"]
     finally:
         layer.close()
-    out = {"n_common": int(len(res.rows)), "batches": batches, "he": s.he, "bytes": traffic(party),
+    out: dict[str, Any] = {"n_common": int(len(res.rows)), "batches": batches, "he": s.he, "bytes": traffic(party),
            "layer_stats": layer.stats.as_dict()}
     if s.return_params:
         out["params"] = {k: v.tolist() for k, v in bottom.model.state_dict().items()}
@@ -114,4 +116,4 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
     return out
 
 
-ROLES = {HOST: host_role, GUEST: guest_role}
+ROLES: dict[str, Callable[..., dict[str, Any]]] = {HOST: host_role, GUEST: guest_role}

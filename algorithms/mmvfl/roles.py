@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 
@@ -174,7 +174,7 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
            "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())}
     if s.report_model:
         out.update({"W": state.W.tolist(), "Z_k": np.asarray(state.Z_k).tolist(),
-                    "ids": [int(i) for i in res.ids]})
+                    "ids": [int(i) for i in res.ids or []]})
     return out
 
 
@@ -189,4 +189,4 @@ def check_round(msg: dict[str, Any], r: int, kind: str) -> None:
         raise RuntimeError(f"mmvfl: {kind} for round {msg['r']} arrived in round {r}")
 
 
-ROLES = {SERVER: server, PARTICIPANT: participant}
+ROLES: dict[str, Callable[..., dict[str, Any]]] = {SERVER: server, PARTICIPANT: participant}
