@@ -4,8 +4,10 @@ Run: IDs are aligned with ECDH PSI (``fedhet.protocols.psi``, host = label owner
 order); the host's rows are its train and test rows, so the common rows are those, and only they are
 ever used.  Each epoch the host shuffles its training rows (from the run seed) and sends each guest
 the positions, in the common list, of the next batch (``hes/batch``); after training, the test rows
-go through the encrypted forward pass and the host reports the test accuracy.  The loops are
-``split_driver``'s, over HE links (``HEHostLink`` / ``HEGuestLink`` around ``he_interactive``'s layers).
+go through the encrypted forward pass and the host reports the test accuracy.  The guest
+standardises its columns with statistics of its rows outside the intersection (``align_guest_rows``),
+or of all its rows if there are none.  The loops are ``split_driver``'s, over HE links
+(``HEHostLink`` / ``HEGuestLink`` around ``he_interactive``'s layers).
 """
 from __future__ import annotations
 
