@@ -24,7 +24,7 @@ Any number of guests and any bottom and host models: the host's model is a
 :class:`HostPart` whose ``forward(x_batch, outputs)`` takes the links' outputs in link order
 (STFL's hierarchical network concatenates them; the HE split network adds them to its own part of
 the interactive layer).  Configurations: ``stfl.py`` (``variant = "hierarchical"``: clear links,
-kinds ``split/*``), ``he_split.py`` (HE links, kind ``hes/batch``, and its plaintext reference with
+kinds ``split/*``), ``he_split`` (HE links, kind ``hes/batch``, and its plaintext reference with
 local links).  The batch messages of the two link families keep their own payloads (clear:
 ``{"op", "rows"}``; HE: ``{"pos", "train", "stop", "round"}``) so that existing runs, transcripts
 and declarations are unchanged.
@@ -43,9 +43,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhet.algorithms.toolkit import (accuracy, as_tensor, batch_slices, class_loss, epoch_permutation,
+from fedhet.algorithms.toolkit import (HostRows, accuracy, as_tensor, batch_slices, class_loss, epoch_permutation,
                                        label_tensor, predict_classes)
 from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
 
 # ------------------------------------------------------------------------------ interfaces
 
@@ -72,6 +73,23 @@ class GuestLink(Protocol):
     def next_batch(self) -> tuple[np.ndarray, bool] | None: ...
     def forward(self, out: torch.Tensor, train: bool) -> None: ...
     def backward(self) -> np.ndarray | torch.Tensor: ...
+
+
+class HELayerHost(Protocol):
+    """The host side of one encrypted interactive layer (``he_interactive.host_layer``), as the links use it."""
+
+    def recv_acts(self) -> None: ...
+    def send_forward(self) -> None: ...
+    def recv_forward(self) -> np.ndarray: ...
+    def send_gradient(self, delta_ps: np.ndarray) -> None: ...
+    def finish_backward(self) -> None: ...
+
+
+class HELayerGuest(Protocol):
+    """The guest side of one encrypted interactive layer (``he_interactive.guest_layer``)."""
+
+    def forward(self, A: np.ndarray, train: bool) -> None: ...
+    def backward(self) -> np.ndarray: ...
 
 
 @dataclass
@@ -145,7 +163,7 @@ class GuestBottom:
 # ------------------------------------------------------------------------------ the loops
 
 
-def _traffic(party) -> tuple[int, int]:
+def _traffic(party: PartyLike | None) -> tuple[int, int]:
     if party is None:
         return 0, 0
     return int(sum(party.bytes_sent.values())), int(sum(party.bytes_received.values()))
@@ -169,6 +187,7 @@ def host_step(host: HostPart, links: Sequence[HostLink], xb: torch.Tensor, yb: t
         o.zero_grad(set_to_none=True)
     loss.backward()
     for ln, z in zip(links, zs):
+        assert z.grad is not None  # every link output takes part in the loss
         ln.send_gradient(z.grad)
     for o in host.optimizers:
         o.step()
@@ -195,8 +214,8 @@ def evaluate_host(host: HostPart, links: Sequence[HostLink], x: np.ndarray, y: n
     return accuracy(np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64), y)
 
 
-def train_host(host: HostPart, links: Sequence[HostLink], rows, n_classes: int, schedule: Schedule,
-               party=None) -> dict[str, Any]:
+def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_classes: int, schedule: Schedule,
+               party: PartyLike | None = None) -> dict[str, Any]:
     """The host's whole training run (then the test pass unless ``schedule.evaluate`` is off).
 
     ``rows`` holds ``x_train, y_train, pos_train, x_test, y_test, pos_test`` (``toolkit.HostRows``).
@@ -296,14 +315,14 @@ class SplitKinds:
     gradient: str
 
 
-def _describe(a) -> str:
+def _describe(a: Any) -> str:
     return f"{getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', []))}"
 
 
 class ClearHostLink:
     """Host end of a clear link to ``guest``, whose output is ``width`` wide."""
 
-    def __init__(self, party, guest: str, kinds: SplitKinds, width: int, timeout: float | None = None,
+    def __init__(self, party: PartyLike, guest: str, kinds: SplitKinds, width: int, timeout: float | None = None,
                  name: str = "split"):
         self.party, self.guest, self.kinds, self.width = party, guest, kinds, int(width)
         self.timeout, self.name = timeout, name
@@ -340,7 +359,7 @@ class ClearGuestLink:
     """Guest end of a clear link from ``host``; batches name positions among ``n_rows`` common
     rows, at most ``batch_size`` of them.  ``party.round`` counts the training batches done."""
 
-    def __init__(self, party, host: str, kinds: SplitKinds, n_rows: int, batch_size: int,
+    def __init__(self, party: PartyLike, host: str, kinds: SplitKinds, n_rows: int, batch_size: int,
                  timeout: float | None = None, name: str = "split"):
         self.party, self.host, self.kinds = party, host, kinds
         self.n_rows, self.batch_size, self.timeout, self.name = int(n_rows), int(batch_size), timeout, name
@@ -383,7 +402,7 @@ class HEHostLink:
     (``{"pos": uint32 positions, "train", "stop": False, "round"}``; ``{"stop": True}`` ends).
     The output is the guest's share of the layer's pre-activation, A_g W_g (float64)."""
 
-    def __init__(self, party, guest: str, layer, batch_kind: str):
+    def __init__(self, party: PartyLike, guest: str, layer: HELayerHost, batch_kind: str):
         self.party, self.guest, self.layer, self.batch_kind = party, guest, layer, batch_kind
 
     def begin(self, rows: np.ndarray, train: bool, step: int) -> None:
@@ -413,21 +432,20 @@ class HEGuestLink:
     (set up); batches name positions among ``n_rows`` common rows; ``party.round`` follows the
     host's ``round``."""
 
-    def __init__(self, party, host: str, layer, batch_kind: str, n_rows: int):
+    def __init__(self, party: PartyLike, host: str, layer: HELayerGuest, batch_kind: str, n_rows: int):
         self.party, self.host, self.layer, self.batch_kind, self.n_rows = party, host, layer, batch_kind, int(n_rows)
 
     def next_batch(self) -> tuple[np.ndarray, bool] | None:
+        # {"stop": True} or {"pos": uint32 (<= batch_size,), "train", "stop", "round"}: checked against the
+        # kind's schema on receipt; what it cannot know is the number of common rows.
         msg = self.party.recv(self.host, self.batch_kind)
-        if not isinstance(msg, dict):
-            raise PartyError(f"{self.batch_kind} from {self.host!r} is not a dict")
-        if msg.get("stop"):
+        if msg["stop"]:
             return None
-        pos = msg.get("pos")
-        pos = np.asarray(pos if isinstance(pos, (np.ndarray, list)) else [], dtype=np.int64)
-        if pos.ndim != 1 or len(pos) == 0 or pos.min() < 0 or pos.max() >= self.n_rows:
+        pos = np.asarray(msg.get("pos", []), dtype=np.int64)
+        if len(pos) == 0 or pos.max() >= self.n_rows:
             raise PartyError(f"{self.batch_kind}: positions outside the {self.n_rows} common rows")
-        self.party.round = int(msg.get("round", 0))
-        return pos, bool(msg.get("train"))
+        self.party.round = int(msg["round"])
+        return pos, bool(msg["train"])
 
     def forward(self, out: torch.Tensor, train: bool) -> None:
         self.layer.forward(out.detach().double().cpu().numpy(), train)
@@ -458,6 +476,8 @@ class PlainLinearLayer:
         return self._A @ self.W
 
     def backward(self, grad: torch.Tensor) -> np.ndarray:
+        if self._A is None:
+            raise RuntimeError("backward without a forward")
         b = grad.shape[0]
         delta = grad.double().cpu().numpy() * b  # per sample, as the HE layer receives it
         g_in = delta @ self.W.T / b

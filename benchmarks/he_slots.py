@@ -64,8 +64,9 @@ def run(dataset: str, over: dict) -> dict:
 
 def batches_per_epoch(dataset: str) -> int:
     """The host's training batches per epoch (its training rows all have a partner at the guest)."""
-    n_train = len(he_split.load_data({"dataset": dataset}, "host", "host", 0, 1)["ids_train"])
-    return -(-n_train // he_split.DEFAULTS["batch_size"])
+    s = he_split.ALGORITHM.parse({"dataset": dataset})
+    n_train = len(he_split.host_data(s).ids_train)
+    return -(-n_train // s.batch_size)
 
 
 def variants(dataset: str, args) -> dict[str, dict]:
@@ -74,8 +75,7 @@ def variants(dataset: str, args) -> dict[str, dict]:
         base["epochs"] = args.epochs
     else:
         base.update(epochs=1, max_batches=args.batches)
-    default_plan = he_split.default_max_steps({"max_batches": None, "epochs": FULL_EPOCHS,
-                                               "batch_size": he_split.DEFAULTS["batch_size"]})
+    default_plan = he_split.default_max_steps(FULL_EPOCHS, he_split.Settings().batch_size)
     return {"fixed 160": dict(base, slot_bits=160),
             "auto, default": dict(base, slot_bits="auto", he_max_steps=default_plan),
             "auto, this data": dict(base, slot_bits="auto", he_max_steps=FULL_EPOCHS * batches_per_epoch(dataset))}
@@ -171,7 +171,7 @@ def layer_cpu(spec: hei.LayerSpec, batches: int, seed: int = 0) -> dict:
 
 def layer_rows(reps: int, batches: int) -> list[dict]:
     base = hei.LayerSpec(lr=0.3, batch_size=128)  # he_split's interactive_lr and batch size
-    default_plan = he_split.default_max_steps({"max_batches": None, "epochs": FULL_EPOCHS, "batch_size": 128})
+    default_plan = he_split.default_max_steps(FULL_EPOCHS, 128)
     specs = {"fixed 160": dataclasses.replace(base, slot_bits=160),
              "auto, default": dataclasses.replace(base, max_steps=default_plan),
              "auto, cancer's plan": dataclasses.replace(base, max_steps=FULL_EPOCHS * batches_per_epoch("cancer"))}

@@ -124,7 +124,7 @@ def main(argv=None) -> int:
             ds = row["dataset"]
             for seed in args.seeds:
                 t0 = time.perf_counter()
-                out = he_split.run_reference({"dataset": ds, "epochs": epochs, "seed": seed})
+                out = he_split.run_reference(he_split.ALGORITHM.parse({"dataset": ds, "epochs": epochs, "seed": seed}))
                 row["reference_s"].append(time.perf_counter() - t0)
                 row["reference"].append(100 * float(out["test_accuracy"]))
                 print(f"{ds} seed {seed}: reference {row['reference'][-1]:.2f}% in {row['reference_s'][-1]:.1f}s",

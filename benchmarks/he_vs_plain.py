@@ -72,8 +72,7 @@ def run_variant(variant: str, dataset: str, epochs: int, measure: dict, key_bits
         over["key_bits"] = key_bits
         over["slot_bits"] = slot_bits
         # slots sized for the full run being extrapolated to, not for the measured part of it
-        over["he_max_steps"] = he_split.default_max_steps({"max_batches": None, "epochs": epochs,
-                                                           "batch_size": he_split.DEFAULTS["batch_size"]})
+        over["he_max_steps"] = he_split.default_max_steps(epochs, he_split.Settings().batch_size)
         if "max_batches" in measure:
             over["max_batches"] = int(measure["max_batches"])
         if "evaluate" in measure:

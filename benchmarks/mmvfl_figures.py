@@ -2,7 +2,7 @@
 plus iterations to convergence and, as processes, per-iteration time of the local solve and of
 plain vs secure aggregation of Z and bytes per participant per iteration.
 
-MMVFL's accuracies come from ``mmvfl_core.run_centralized``, which the federated roles reproduce
+MMVFL's accuracies come from ``mmvfl.core.run_centralized``, which the federated roles reproduce
 exactly (tests/test_mmvfl_federated.py); beta is tuned per p, fold and view over the grid, as the
 paper does.  Data: Handwritten, Isolet, Relathe are the paper's (real); MSRC-v5 is a STAND-IN for
 Caltech7.  ``--quick``: Handwritten, fold 0, beta in {1e-2, 1}, 20 rounds.
@@ -31,7 +31,8 @@ import numpy as np
 
 from benchmarks import harness
 
-from fedhet.algorithms import mmvfl, mmvfl_core as core
+from fedhet.algorithms import mmvfl
+from fedhet.algorithms.mmvfl import core
 from fedhet.algorithms.data_multiview import DATASETS, TABLE2_SPLITS, cv_folds, load_multiview
 
 PERCENTS = list(mmvfl.PAPER_PERCENTS)

@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from benchmarks import harness
 
 from fedhet.algorithms import data_multiview as dm
-from fedhet.algorithms import mmvfl_core as mc
+from fedhet.algorithms.mmvfl import core as mc
 
 BETA = 1e-2
 EPSILON = 1e-8
@@ -115,8 +115,8 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
         f"numpy {meta['numpy']}, scipy {meta['scipy']}; load average at start {meta['load_start']}.  "
         f"Command: `{meta['command']}`.",
         "",
-        "ratio = Cholesky time / Woodbury time (> 1: Woodbury faster).  auto = `mmvfl_core.choose_solver` "
-        "(Woodbury iff d > N); 'flop model' = the cheaper by `mmvfl_core.solver_costs`; "
+        "ratio = Cholesky time / Woodbury time (> 1: Woodbury faster).  auto = `mmvfl.core.choose_solver` "
+        "(Woodbury iff d > N); 'flop model' = the cheaper by `mmvfl.core.solver_costs`; "
         "'auto cost' = auto's time / the faster time.  Cholesky's one-off "
         "X^T X is in 'setup' (not per step).  diff = max |W_chol - W_wood| / max |W_chol|.",
         "",

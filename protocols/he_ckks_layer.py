@@ -18,26 +18,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any, Callable
 
 import numpy as np
 
 from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
 
 from .he_encoding import LayerSpec, count_clipped
-from .he_link import (
-    K_ACTS,
-    K_FWD_CT,
-    K_FWD_MASKED,
-    K_GRAD_CT,
-    K_GRAD_MASKED,
-    K_INGRAD_CT,
-    K_NOISE,
-    K_PUBKEY,
-    LayerStats,
-    fault,
-    need_fields,
-    recv_timed,
-)
+from .he_link import Kind, LayerStats, fault, recv_timed
 
 __all__ = ["CKKSLayout", "CKKSGuest", "CKKSHost"]
 
@@ -60,7 +49,7 @@ class CKKSLayout:
     def split(self, v: np.ndarray) -> list[np.ndarray]:
         return [v[c * self.slots:(c + 1) * self.slots] for c in range(self.chunks)]
 
-    def per_col(self, g: int, make) -> np.ndarray:
+    def per_col(self, g: int, make: Callable[[int], np.ndarray]) -> np.ndarray:
         """Concatenate make(k) (length L) for the m columns of group g; zeros past K."""
         parts = [make(k) if k < self.K else np.zeros(self.L) for k in self.cols(g)]
         return np.concatenate(parts)
@@ -69,12 +58,12 @@ class CKKSLayout:
 class CKKSGuest:
     """Guest side (key owner): encrypts its activations and noise, sums masked products over features / samples."""
 
-    def __init__(self, party, host: str, spec: LayerSpec, d: int, width: int):
+    def __init__(self, party: PartyLike, host: str, spec: LayerSpec, d: int, width: int):
         self.party, self.host, self.spec = party, host, spec
         self.d, self.K = int(d), int(width)
         self.stats = LayerStats()
         self.eps = np.zeros((self.d, self.K))
-        self._A = None
+        self._A: np.ndarray | None = None
 
     def setup(self) -> None:
         from fedhet.crypto import ckks
@@ -85,19 +74,19 @@ class CKKSGuest:
         self.slots = ckks.slot_count(self.ctx)
         self.stats.s_encrypt += time.perf_counter() - t0
         key = np.frombuffer(ckks.public_context_bytes(self.ctx), dtype=np.uint8).copy()
-        self.party.send(self.host, K_PUBKEY, {"scheme": "ckks", "key": key})
+        self.party.send(self.host, Kind.PUBKEY, {"scheme": "ckks", "key": key})
 
     def close(self) -> None:
         pass
 
-    def _enc(self, v: np.ndarray, lay: CKKSLayout) -> list:
+    def _enc(self, v: np.ndarray, lay: CKKSLayout) -> list[np.ndarray]:
         out = [self.ck.to_wire(self.ck.encrypt_vector(self.ctx, c)) for c in lay.split(v)]
         self.stats.encrypted += len(out)
         return out
 
-    def _dec(self, msg, lay: CKKSLayout, groups: int, what: str) -> list[np.ndarray]:
+    def _dec(self, msg: list[np.ndarray], lay: CKKSLayout, groups: int, what: str) -> list[np.ndarray]:
         """Decrypt groups x chunks vectors into `groups` arrays of length m*L."""
-        if not isinstance(msg, list) or len(msg) != groups * lay.chunks:
+        if len(msg) != groups * lay.chunks:
             raise fault(self.party, self.host, what, f"expected {groups * lay.chunks} CKKS vectors")
         t0 = time.perf_counter()
         out = []
@@ -128,15 +117,15 @@ class CKKSGuest:
         t0 = time.perf_counter()
         cts = self._enc(np.tile(A.ravel(), lay.m), lay)
         self.stats.s_encrypt += time.perf_counter() - t0
-        self.party.send(self.host, K_ACTS, {"rows": b, "ckks": cts})
+        self.party.send(self.host, Kind.ACTS, {"rows": b, "ckks": cts})
         if train:
             t0 = time.perf_counter()
             cts = []
             for g in range(lay.groups):
                 cts += self._enc(lay.per_col(g, lambda k: np.tile(self.eps[:, k], b)), lay)
             self.stats.s_encrypt += time.perf_counter() - t0
-            self.party.send(self.host, K_NOISE, cts)
-        vs = self._dec(recv_timed(self.party, self.host, K_FWD_CT, self.stats), lay, lay.groups, K_FWD_CT)
+            self.party.send(self.host, Kind.NOISE, cts)
+        vs = self._dec(recv_timed(self.party, self.host, Kind.FWD_CT, self.stats), lay, lay.groups, Kind.FWD_CT)
         S = np.zeros((self.K, b))
         for g, v in enumerate(vs):
             sums = v.reshape(lay.m, b, self.d).sum(axis=2)  # sum over features of masked products
@@ -144,11 +133,13 @@ class CKKSGuest:
                 if k < self.K:
                     S[k] = sums[t]
         masked = S.T + A @ self.eps  # (b, K): A W + masks
-        self.party.send(self.host, K_FWD_MASKED, masked.astype(np.float64))
+        self.party.send(self.host, Kind.FWD_MASKED, masked.astype(np.float64))
 
     def backward(self) -> np.ndarray:
+        if self._A is None:
+            raise PartyError("backward without a training forward")
         lay, b, s = self.lay, self._A.shape[0], self.spec
-        vs = self._dec(recv_timed(self.party, self.host, K_GRAD_CT, self.stats), lay, lay.groups, K_GRAD_CT)
+        vs = self._dec(recv_timed(self.party, self.host, Kind.GRAD_CT, self.stats), lay, lay.groups, Kind.GRAD_CT)
         GT = np.zeros((self.K, self.d))
         for g, v in enumerate(vs):
             sums = v.reshape(lay.m, b, self.d).sum(axis=1)  # sum over samples
@@ -157,8 +148,8 @@ class CKKSGuest:
                     GT[k] = sums[t]
         rng = np.random.default_rng(secrets.randbits(128))
         nu = rng.uniform(-s.ckks_mask, s.ckks_mask, size=GT.shape)
-        self.party.send(self.host, K_GRAD_MASKED, (GT + nu).astype(np.float64))
-        (v,) = self._dec(recv_timed(self.party, self.host, K_INGRAD_CT, self.stats), lay, 1, K_INGRAD_CT)
+        self.party.send(self.host, Kind.GRAD_MASKED, (GT + nu).astype(np.float64))
+        (v,) = self._dec(recv_timed(self.party, self.host, Kind.INGRAD_CT, self.stats), lay, 1, Kind.INGRAD_CT)
         g = v.reshape(lay.m, b, self.d).sum(axis=0)  # partial sums over interactive units per copy
         self.eps = self.eps + (s.lr / b) * nu.T
         self._A = None
@@ -168,25 +159,28 @@ class CKKSGuest:
 class CKKSHost:
     """Host side: multiplies the guest's CKKS vectors by plaintext patterns of W_g / delta and masks them."""
 
-    def __init__(self, party, guest: str, spec: LayerSpec, W_init: np.ndarray):
+    def __init__(self, party: PartyLike, guest: str, spec: LayerSpec, W_init: np.ndarray):
         self.party, self.guest, self.spec = party, guest, spec
         self.W = np.array(W_init, dtype=np.float64)
         self.d, self.K = self.W.shape
         self.stats = LayerStats()
+        self.rows = 0
+        self.C: list[Any] | None = None
+        self._delta: np.ndarray | None = None
 
     def setup(self) -> None:
         from fedhet.crypto import ckks
 
         self.ck = ckks
-        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest, self.party)
+        msg = self.party.recv(self.guest, Kind.PUBKEY)  # {"scheme", "key"}: checked against its schema
         if msg["scheme"] != "ckks":
             raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host 'ckks'")
         try:
             self.ctx = ckks.context_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
         except ValueError as e:
-            raise fault(self.party, self.guest, K_PUBKEY, str(e)) from None
+            raise fault(self.party, self.guest, Kind.PUBKEY, str(e)) from None
         if self.ctx.is_private():
-            raise fault(self.party, self.guest, K_PUBKEY, "the context holds the guest's secret key")
+            raise fault(self.party, self.guest, Kind.PUBKEY, "the context holds the guest's secret key")
         self.slots = ckks.slot_count(self.ctx)
 
     def close(self) -> None:
@@ -195,8 +189,8 @@ class CKKSHost:
     def true_weight_share(self) -> np.ndarray:
         return self.W.copy()
 
-    def _vecs(self, arrs, count: int, what: str) -> list:
-        if not isinstance(arrs, list) or len(arrs) != count:
+    def _vecs(self, arrs: list[np.ndarray], count: int, what: str) -> list[Any]:
+        if len(arrs) != count:
             raise fault(self.party, self.guest, what, f"expected {count} CKKS vectors")
         try:
             return [self.ck.from_wire(self.ctx, a) for a in arrs]
@@ -207,80 +201,84 @@ class CKKSHost:
         rng = np.random.default_rng(secrets.randbits(128))
         return rng.uniform(-self.spec.ckks_mask, self.spec.ckks_mask, size=n)
 
-    def _send(self, kind: str, vecs: list) -> None:
+    def _send(self, kind: str, vecs: list[Any]) -> None:
         t0 = time.perf_counter()
         wire = [self.ck.to_wire(v) for v in vecs]
         self.stats.s_compute += time.perf_counter() - t0
         self.party.send(self.guest, kind, wire)
 
-    def _products(self, pattern, sum_axis: int):
+    def _products(self, pattern: Callable[[int], np.ndarray], sum_axis: int) -> tuple[list[Any], np.ndarray]:
         """For each group: C * pattern(g) + per-slot noise; returns vectors and the noise sums (K, .)."""
-        lay = self.lay
+        lay, C = self.lay, self._acts()
         out, sums = [], {}
         for g in range(lay.groups):
             P = pattern(g)
             N = self._noise(lay.total)
             for c, (Pc, Nc) in enumerate(zip(lay.split(P), lay.split(N))):
-                out.append(self.C[c] * Pc.tolist() + Nc.tolist())
+                out.append(C[c] * Pc.tolist() + Nc.tolist())
             red = N.reshape(lay.m, lay.rows, lay.d).sum(axis=sum_axis)
             for t, k in enumerate(lay.cols(g)):
                 if k < self.K:
                     sums[k] = red[t]
         return out, np.stack([sums[k] for k in range(self.K)])
 
+    def _acts(self) -> list[Any]:
+        if self.C is None:
+            raise PartyError("no activations received for this batch")
+        return self.C
+
     def recv_acts(self) -> None:
-        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows", "ckks"), K_ACTS, self.guest,
-                          self.party)
+        # {"rows": 1..batch_size, "ckks": [vectors]}: its schema checked fields and bounds
+        msg = recv_timed(self.party, self.guest, Kind.ACTS, self.stats)
         self.rows = int(msg["rows"])
-        if not 0 < self.rows <= self.spec.batch_size:
-            raise fault(self.party, self.guest, K_ACTS, f"{self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
         self.lay = CKKSLayout(self.rows, self.d, self.K, self.slots)
-        self.C = self._vecs(msg["ckks"], self.lay.chunks, K_ACTS)
+        self.C = self._vecs(msg["ckks"], self.lay.chunks, Kind.ACTS)
 
     def send_forward(self) -> None:
         lay = self.lay
         t0 = time.perf_counter()
         vecs, self._n_fwd = self._products(lambda g: lay.per_col(g, lambda k: np.tile(self.W[:, k], lay.rows)), 2)
         self.stats.s_compute += time.perf_counter() - t0
-        self._send(K_FWD_CT, vecs)
+        self._send(Kind.FWD_CT, vecs)
 
     def recv_forward(self) -> np.ndarray:
-        masked = np.asarray(recv_timed(self.party, self.guest, K_FWD_MASKED, self.stats), dtype=np.float64)
-        if masked.shape != (self.rows, self.K) or not np.all(np.isfinite(masked)):
-            raise fault(self.party, self.guest, K_FWD_MASKED, f"shape {masked.shape} (expected ({self.rows}, "
-                        f"{self.K})) or NaN / inf values")
+        # float64 (rows, K), finite: its schema checked all but the rows
+        masked = np.asarray(recv_timed(self.party, self.guest, Kind.FWD_MASKED, self.stats), dtype=np.float64)
+        if masked.shape != (self.rows, self.K):
+            raise fault(self.party, self.guest, Kind.FWD_MASKED, f"shape {masked.shape}, expected ({self.rows}, "
+                        f"{self.K})")
         return masked - self._n_fwd.T
 
     def send_gradient(self, delta_ps: np.ndarray) -> None:
         lim = 2.0 ** self.spec.d_int_bits
         self.stats.delta_clipped += count_clipped(delta_ps, self.spec)
-        self._delta = np.clip(np.asarray(delta_ps, dtype=np.float64), -lim, lim)
+        delta = self._delta = np.clip(np.asarray(delta_ps, dtype=np.float64), -lim, lim)
         lay = self.lay
         t0 = time.perf_counter()
         vecs, self._n_grad = self._products(
-            lambda g: lay.per_col(g, lambda k: np.repeat(self._delta[:, k], lay.d)), 1)
+            lambda g: lay.per_col(g, lambda k: np.repeat(delta[:, k], lay.d)), 1)
         self.stats.s_compute += time.perf_counter() - t0
-        self._send(K_GRAD_CT, vecs)
+        self._send(Kind.GRAD_CT, vecs)
 
     def finish_backward(self) -> None:
-        lay = self.lay
-        M = np.asarray(recv_timed(self.party, self.guest, K_GRAD_MASKED, self.stats), dtype=np.float64)
-        if M.shape != (self.K, self.d) or not np.all(np.isfinite(M)):
-            raise fault(self.party, self.guest, K_GRAD_MASKED, f"shape {M.shape} (expected ({self.K}, {self.d})) "
-                        "or NaN / inf values")
+        lay, delta = self.lay, self._delta
+        if delta is None:
+            raise PartyError("finish_backward before send_gradient")
+        # float64 (K, d), finite: checked against its schema
+        M = np.asarray(recv_timed(self.party, self.guest, Kind.GRAD_MASKED, self.stats), dtype=np.float64)
         M = M - self._n_grad
-        E = self._vecs(recv_timed(self.party, self.guest, K_NOISE, self.stats), lay.groups * lay.chunks, K_NOISE)
+        E = self._vecs(recv_timed(self.party, self.guest, Kind.NOISE, self.stats), lay.groups * lay.chunks, Kind.NOISE)
         t0 = time.perf_counter()
-        acc = [None] * lay.chunks
+        acc: list[Any] = [None] * lay.chunks
         for g in range(lay.groups):
-            Q = lay.split(lay.per_col(g, lambda k: np.repeat(self._delta[:, k], lay.d)))
+            Q = lay.split(lay.per_col(g, lambda k: np.repeat(delta[:, k], lay.d)))
             for c in range(lay.chunks):
                 term = E[g * lay.chunks + c] * Q[c].tolist()
                 acc[c] = term if acc[c] is None else acc[c] + term
         plain = np.zeros(lay.total)
-        plain[:lay.L] = (self._delta @ self.W.T).ravel()  # delta W_g^T, in copy 0 only
+        plain[:lay.L] = (delta @ self.W.T).ravel()  # delta W_g^T, in copy 0 only
         acc = [a + p.tolist() for a, p in zip(acc, lay.split(plain))]
         self.stats.s_compute += time.perf_counter() - t0
-        self._send(K_INGRAD_CT, acc)
+        self._send(Kind.INGRAD_CT, acc)
         self.W = self.W - (self.spec.lr / self.rows) * M.T
         self._delta = self.C = None

@@ -44,25 +44,24 @@ Modules, one idea each; this one is the public entry and re-exports what callers
 
 * :mod:`~fedhet.protocols.he_encoding`: ``LayerSpec`` (both sides' settings) and the integer
   encodings (quantization, weight steps, masks, masked bytes, big-integer digits);
-* :mod:`~fedhet.protocols.he_link`: the message kinds, ``LayerStats``, receive helpers;
+* :mod:`~fedhet.protocols.he_link`: the message kinds (``Kind``), ``LayerStats``, receive helpers;
 * :mod:`~fedhet.protocols.he_paillier_layer`: "paillier" (packed, batched Paillier, ``slot_bits``-bit
   slots, ``[[A_g]]`` sent in both packings, background obfuscator pools) and "naive" (``phe``, one
   value per ciphertext: the same integers and masks, to show what packing and batching buy);
 * :mod:`~fedhet.protocols.he_ckks_layer`: "ckks" (TenSEAL CKKS, no Galois keys; not statistical
   hiding, see there);
 * here: :func:`guest_layer` / :func:`host_layer` (pick the scheme's side), :func:`true_weight`,
-  :func:`declarations` (the eight message kinds with their payload checks; masked integers must have
-  the byte width of the slots resolved from the run's public settings).
+  :func:`declarations` (the eight message kinds with the payload schemas of one link's settings: the
+  scheme's ciphertext layout, ``key_bits / 4``-byte Paillier ciphertexts, at most ``batch_size`` rows,
+  masked integers of exactly the byte width of the slots resolved from the public settings).
 """
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 
 from fedhet.crypto.fixedpoint import dequantize
 from fedhet.parties import schema as sch
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.declare import MessageDecl, declare
 
 from .he_ckks_layer import CKKSGuest, CKKSHost
@@ -81,40 +80,29 @@ from .he_encoding import (
     uniform_ints,
     weight_step,
 )
-from .he_link import (
-    K_ACTS,
-    K_FWD_CT,
-    K_FWD_MASKED,
-    K_GRAD_CT,
-    K_GRAD_MASKED,
-    K_INGRAD_CT,
-    K_NOISE,
-    K_PUBKEY,
-    LayerStats,
-)
+from .he_link import Kind, LayerStats
 from .he_paillier_layer import IntegerGuest, IntegerHost
 
 __all__ = [
-    "SCHEMES", "LayerSpec", "LayerStats", "SlotOverflowError", "slot_budget", "guest_layer", "host_layer", "true_weight", "declarations",
-    "DECLARATIONS", "K_PUBKEY", "K_ACTS", "K_NOISE", "K_FWD_CT", "K_FWD_MASKED", "K_GRAD_CT", "K_GRAD_MASKED",
-    "K_INGRAD_CT", "masked_bytes", "encode_masked", "decode_masked", "quantize", "quantize_acts",
-    "quantize_delta", "weight_step", "int_dot", "uniform_ints",
+    "SCHEMES", "Kind", "LayerSpec", "LayerStats", "SlotOverflowError", "slot_budget", "guest_layer", "host_layer",
+    "true_weight", "declarations", "paillier_ct", "masked_bytes", "encode_masked", "decode_masked", "quantize",
+    "quantize_acts", "quantize_delta", "weight_step", "int_dot", "uniform_ints",
 ]
 
 
-def guest_layer(party, host: str, spec: LayerSpec, d: int, width: int):
+def guest_layer(party: PartyLike, host: str, spec: LayerSpec, d: int, width: int) -> IntegerGuest | CKKSGuest:
     """The guest (passive party, key owner) side of one link; call ``setup()`` first."""
     cls = CKKSGuest if spec.scheme == "ckks" else IntegerGuest
     return cls(party, host, spec, d, width)
 
 
-def host_layer(party, guest: str, spec: LayerSpec, W_init: np.ndarray):
+def host_layer(party: PartyLike, guest: str, spec: LayerSpec, W_init: np.ndarray) -> IntegerHost | CKKSHost:
     """The host (label owner) side of one link, holding the masked copy of ``W_init`` (d x K)."""
     cls = CKKSHost if spec.scheme == "ckks" else IntegerHost
     return cls(party, guest, spec, W_init)
 
 
-def true_weight(host_side, guest_side) -> np.ndarray:
+def true_weight(host_side: IntegerHost | CKKSHost, guest_side: IntegerGuest | CKKSGuest) -> np.ndarray:
     """W = W_g + eps as floats (test helper: needs both parties' private state)."""
     if isinstance(host_side, CKKSHost):
         return host_side.W + guest_side.eps
@@ -124,116 +112,69 @@ def true_weight(host_side, guest_side) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ declarations
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(LayerSpec) if f.name != "scheme")
-
-
 MAX_CIPHERTEXTS = 1 << 20  # bound on the CKKS vectors of one message
 _PACKED_META = sch.Fields({"shape": sch.ListOf(sch.Int(lo=0), max_len=8), "frac_bits": sch.Int(lo=0),
                            "bound": sch.Str(max_len=4096), "spec": sch.ListOf(sch.Int(lo=0), length=3),
                            "key_bits": sch.Int(lo=1)})
 _NAIVE_META = sch.Fields({"shape": sch.ListOf(sch.Int(lo=0), max_len=8)})
-# Paillier (packed or naive): fixed-width ciphertexts, one per row; CKKS: a list of serialised vectors.
-PAILLIER_CT = sch.Fields({"meta": sch.OneOf((_PACKED_META, _NAIVE_META)), "ct": sch.Arr("|u1", (None, None))})
+# CKKS: a list of serialised vectors.
 CKKS_CT = sch.ListOf(sch.Arr("|u1", (None,)), max_len=MAX_CIPHERTEXTS)
-CIPHERTEXTS = sch.OneOf((PAILLIER_CT, CKKS_CT))
+
+
+def paillier_ct(scheme: str | None = None, key_bits: int | None = None) -> sch.Fields:
+    """Paillier ciphertexts: uint8 (n_ciphertexts, key_bits/4), one fixed-width big-endian ciphertext mod
+    n**2 per row, with the metadata of ``scheme`` ("paillier": the packing; "naive": the shape; None: either)."""
+    meta = {"paillier": _PACKED_META, "naive": _NAIVE_META}.get(scheme or "", sch.OneOf((_PACKED_META, _NAIVE_META)))
+    return sch.Fields({"meta": meta, "ct": sch.Arr("|u1", (None, None if key_bits is None else key_bits // 4))})
+
+
+# Any settings' forms: Paillier ciphertexts of any key, masked values of any width.
+PAILLIER_CT = paillier_ct()
 MASKED = sch.OneOf((sch.Arr("|u1", (None, None, None)), sch.Arr("<f8", (None, None))))
-PUBKEY = sch.Fields({"scheme": sch.Str(max_len=32), "key": sch.Arr("|u1", (None,))})
-ACTS = sch.OneOf((
-    sch.Fields({"rows": sch.Int(lo=0), "fwd": PAILLIER_CT, "grad": PAILLIER_CT}, optional=("grad",)),
-    sch.Fields({"rows": sch.Int(lo=0), "all": PAILLIER_CT}),
-    sch.Fields({"rows": sch.Int(lo=0), "ckks": CKKS_CT})))
 
 
-def declarations(host: str = "host", guest: str = "guest", *, scheme_key: str = "he",
-                 width_key: str = "interactive_width", in_width_key: str = "in_width", defaults: dict | None = None,
-                 spec_of: Callable[[dict], tuple[LayerSpec, int, int]] | None = None) -> list[MessageDecl]:
-    """The layer's message kinds with checks on dtypes and shapes.
-
-    The checks read the layer's settings from the run's config: ``spec_of(cfg)`` gives ``(LayerSpec, d, K)``
-    (the guest's width and the interactive width); by default the scheme is ``cfg[scheme_key]``, ``d`` and
-    ``K`` are ``cfg[in_width_key]`` and ``cfg[width_key]``, and every other ``LayerSpec`` field is read
-    by its own name (``defaults`` fill what the config lacks).  Masked integers must have exactly the
-    width of the slots both sides resolve from those public settings (``LayerSpec.resolve``)."""
-    dflt = {scheme_key: "paillier", width_key: 16, in_width_key: 16}
-    dflt.update(defaults or {})
-
-    def default_spec(cfg) -> tuple[LayerSpec, int, int]:
-        c = dict(dflt)
-        c.update({k: cfg[k] for k in cfg})
-        kw = {k: c[k] for k in _SPEC_FIELDS if k in c}
-        return LayerSpec(scheme=c[scheme_key], **kw), int(c[in_width_key]), int(c[width_key])
-
-    def params(cfg) -> tuple[str, int, int, int]:
-        spec, d, K = (spec_of or default_spec)(cfg)
-        return spec.scheme, int(spec.key_bits), int(spec.resolve(d, K).slot_bits), int(K)
-
-    def ct_check(arrays, cfg):
-        try:
-            scheme, key_bits, _, _ = params(cfg)
-        except ValueError as e:
-            return f"the layer's settings do not parse: {e}"
-        if not arrays:
-            return "expected ciphertexts, got no arrays"
-        for dt, shape in arrays:
-            if scheme == "ckks":
-                if dt != "|u1" or len(shape) != 1:
-                    return f"CKKS ciphertexts must be 1-D uint8 (serialised vectors), got {dt}{list(shape)}"
-            elif dt != "|u1" or len(shape) != 2 or shape[1] != key_bits // 4:
-                return f"Paillier ciphertexts must be uint8 (n, {key_bits // 4}), got {dt}{list(shape)}"
-        return None
-
-    def masked_check(arrays, cfg):
-        try:
-            scheme, _, slot_bits, K = params(cfg)
-        except ValueError as e:
-            return f"the layer's settings do not parse: {e}"
-        if len(arrays) != 1:
-            return f"expected one masked array, got {len(arrays)}"
-        dt, shape = arrays[0]
-        if scheme == "ckks":
-            if dt != "<f8" or len(shape) != 2 or K not in shape:
-                return f"CKKS masked values must be float64 with one axis of width {K}, got {dt}{list(shape)}"
-            return None
-        w = masked_bytes(slot_bits)
-        if dt != "|u1" or len(shape) != 3 or shape[0] != K or shape[2] != w:
-            return (f"masked integers must be uint8 ({K}, n, {w}) (K rows of {w}-byte two's complement "
-                    f"values for {slot_bits}-bit slots), got {dt}{list(shape)}")
-        return None
-
-    def key_check(arrays, cfg):
-        try:
-            scheme, key_bits, _, _ = params(cfg)
-        except ValueError as e:
-            return f"the layer's settings do not parse: {e}"
-        if len(arrays) != 1 or arrays[0][0] != "|u1" or len(arrays[0][1]) != 1:
-            return f"expected one 1-D uint8 public key, got {arrays}"
-        if scheme != "ckks" and arrays[0][1][0] != key_bits // 8:
-            return f"a {key_bits}-bit Paillier public key is {key_bits // 8} bytes, got {arrays[0][1][0]}"
-        return None
-
-    ct = ("; Paillier (packed or naive): uint8 (n_ciphertexts, key_bits/4), one fixed-width big-endian ciphertext "
-          "mod n**2 per row (512 bytes for 2048-bit keys), plus shape metadata; CKKS: 1-D uint8 serialised vectors")
-    masked = ("; Paillier (packed or naive): uint8 ({dims}, masked_bytes) two's complement integers, masked_bytes = "
-              "(slot_bits + 16) // 8 of the slot width both sides resolve from the settings (19 for 140-bit slots); "
-              "CKKS: float64 {ck}")
+def declarations(spec: LayerSpec, d: int, K: int, host: str = "host", guest: str = "guest") -> list[MessageDecl]:
+    """The eight message kinds of one link of guest width ``d`` and interactive width ``K`` under ``spec``,
+    with their payload schemas: only ``spec.scheme``'s layout; Paillier ciphertexts of ``spec.key_bits``;
+    at most ``batch_size`` rows of activations; masked integers of exactly the byte width of the slots
+    both sides resolve from these public settings (``LayerSpec.resolve``), masked CKKS floats (rows, K)
+    and (K, d)."""
+    rows = sch.Int(lo=1, hi=spec.batch_size)
+    if spec.scheme == "ckks":
+        ct: sch.Spec = CKKS_CT
+        key = sch.Arr("|u1", (None,))
+        acts = sch.Fields({"rows": rows, "ckks": CKKS_CT})
+        fwd_masked, grad_masked = sch.Arr("<f8", (None, K)), sch.Arr("<f8", (K, d))
+        ct_text, masked_text = "1-D uint8 serialised CKKS vectors", "float64 {ck}"
+    else:
+        w = spec.resolve(d, K).masked_bytes
+        ct = paillier_ct(spec.scheme, spec.key_bits)
+        key = sch.Arr("|u1", (spec.key_bits // 8,))
+        acts = (sch.Fields({"rows": rows, "fwd": ct, "grad": ct}, optional=("grad",)) if spec.scheme == "paillier"
+                else sch.Fields({"rows": rows, "all": ct}))
+        fwd_masked, grad_masked = sch.Arr("|u1", (K, None, w)), sch.Arr("|u1", (K, d, w))
+        ct_text = (f"uint8 (n_ciphertexts, {spec.key_bits // 4}), one fixed-width big-endian ciphertext mod n**2 "
+                   "per row, plus shape metadata")
+        masked_text = (f"uint8 ({{dims}}, {w}) two's complement integers ({w} = (slot_bits + 16) // 8 bytes for "
+                       "the slot width both sides resolve from the settings)")
+    ct_what = "; " + ct_text
+    masked_what = "; " + masked_text
     return [
-        declare(K_PUBKEY, guest, host, "guest's public key: Paillier n as uint8 (key_bits/8,), or a TenSEAL "
-                "context without the secret key as 1-D uint8", key_check, payload=PUBKEY),
-        declare(K_ACTS, guest, host, "guest's bottom-model output encrypted under its own key, packed along "
-                "the batch and (training) along the features" + ct, ct_check, payload=ACTS),
-        declare(K_NOISE, guest, host, "guest's accumulated weight noise eps, encrypted under its own key" + ct,
-                ct_check, payload=CIPHERTEXTS),
-        declare(K_FWD_CT, host, guest, "[[A_g W_g + e_B]]: host's product on the guest's ciphertexts plus "
-                "the host's mask, rerandomized" + ct, ct_check, payload=CIPHERTEXTS),
-        declare(K_FWD_MASKED, guest, host, "A_g W + e_B: the layer output still masked by the host's noise"
-                + masked.format(dims="K, rows", ck="(rows, K)"), masked_check, payload=MASKED),
-        declare(K_GRAD_CT, host, guest, "[[A_g^T delta + e_W]]: weight gradient masked by the host, "
-                "rerandomized" + ct, ct_check, payload=CIPHERTEXTS),
-        declare(K_GRAD_MASKED, guest, host, "G + e_W + nu: weight gradient masked by both parties' noise"
-                + masked.format(dims="K, d", ck="(K, d)"), masked_check, payload=MASKED),
-        declare(K_INGRAD_CT, host, guest, "[[delta (W_g + eps)^T]]: the guest's input gradient, encrypted, "
-                "rerandomized" + ct, ct_check, payload=CIPHERTEXTS),
+        declare(Kind.PUBKEY, guest, host, "guest's public key: Paillier n as uint8 (key_bits/8,), or a TenSEAL "
+                "context without the secret key as 1-D uint8",
+                payload=sch.Fields({"scheme": sch.Str(max_len=32), "key": key})),
+        declare(Kind.ACTS, guest, host, "guest's bottom-model output encrypted under its own key, packed along "
+                "the batch and (training) along the features" + ct_what, payload=acts),
+        declare(Kind.NOISE, guest, host, "guest's accumulated weight noise eps, encrypted under its own key"
+                + ct_what, payload=ct),
+        declare(Kind.FWD_CT, host, guest, "[[A_g W_g + e_B]]: host's product on the guest's ciphertexts plus "
+                "the host's mask, rerandomized" + ct_what, payload=ct),
+        declare(Kind.FWD_MASKED, guest, host, "A_g W + e_B: the layer output still masked by the host's noise"
+                + masked_what.format(dims="K, rows", ck="(rows, K)"), payload=fwd_masked),
+        declare(Kind.GRAD_CT, host, guest, "[[A_g^T delta + e_W]]: weight gradient masked by the host, "
+                "rerandomized" + ct_what, payload=ct),
+        declare(Kind.GRAD_MASKED, guest, host, "G + e_W + nu: weight gradient masked by both parties' noise"
+                + masked_what.format(dims="K, d", ck="(K, d)"), payload=grad_masked),
+        declare(Kind.INGRAD_CT, host, guest, "[[delta (W_g + eps)^T]]: the guest's input gradient, encrypted, "
+                "rerandomized" + ct_what, payload=ct),
     ]
-
-
-DECLARATIONS = declarations()

@@ -1,25 +1,35 @@
 """What both sides of one HE interactive link share, whatever the scheme: message kinds, counters, receiving.
 
-The kinds are the eight messages of :mod:`fedhet.protocols.he_interactive` (declared there with their
-payload checks); :class:`LayerStats` counts one side's work; :func:`recv_timed` receives and charges
-the wait to the counters; :func:`need_fields` rejects a payload that is not a dict with the expected
-keys, naming kind and sender; :func:`fault` is the error for any received message proven bad.
+:class:`Kind` names the eight messages of :mod:`fedhet.protocols.he_interactive` (declared there with
+their payload schemas); :class:`LayerStats` counts one side's work; :func:`recv_timed` receives and charges
+the wait to the counters; :func:`fault` is the error for any received message proven bad.  A payload
+reaches the layers only after the party checked it against its declared schema (fields, dtypes,
+shapes, the batch bound), so the layers check only what a schema cannot say.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
 
+from typing import Any
+
 from fedhet.parties.api import PeerFault
+from fedhet.parties.contract import PartyLike
 
-__all__ = [
-    "K_PUBKEY", "K_ACTS", "K_NOISE", "K_FWD_CT", "K_FWD_MASKED", "K_GRAD_CT", "K_GRAD_MASKED", "K_INGRAD_CT",
-    "LayerStats", "recv_timed", "need_fields", "fault",
-]
+__all__ = ["Kind", "LayerStats", "recv_timed", "fault"]
 
-K_PUBKEY, K_ACTS, K_NOISE = "hei/pubkey", "hei/acts", "hei/noise_ct"
-K_FWD_CT, K_FWD_MASKED = "hei/fwd_ct", "hei/fwd_masked"
-K_GRAD_CT, K_GRAD_MASKED, K_INGRAD_CT = "hei/grad_ct", "hei/grad_masked", "hei/ingrad_ct"
+
+class Kind:
+    """The message kinds of one HE interactive link (the protocol of :mod:`~fedhet.protocols.he_interactive`)."""
+
+    PUBKEY = "hei/pubkey"            # guest -> host: the guest's public key
+    ACTS = "hei/acts"                # guest -> host: [[A_g]]
+    NOISE = "hei/noise_ct"           # guest -> host: [[eps]]
+    FWD_CT = "hei/fwd_ct"            # host -> guest: [[A_g W_g + e_B]]
+    FWD_MASKED = "hei/fwd_masked"    # guest -> host: A_g W + e_B
+    GRAD_CT = "hei/grad_ct"          # host -> guest: [[G + e_W]]
+    GRAD_MASKED = "hei/grad_masked"  # guest -> host: G + e_W + nu
+    INGRAD_CT = "hei/ingrad_ct"      # host -> guest: [[delta (W_g + eps)^T]]
 
 
 @dataclass
@@ -43,7 +53,7 @@ class LayerStats:
         return asdict(self)
 
 
-def recv_timed(party, frm: str, kind: str, stats: LayerStats):
+def recv_timed(party: PartyLike, frm: str, kind: str, stats: LayerStats) -> Any:
     """``party.recv(frm, kind)``, adding the time blocked to ``stats.s_wait``."""
     t0 = time.perf_counter()
     msg = party.recv(frm, kind)
@@ -51,13 +61,6 @@ def recv_timed(party, frm: str, kind: str, stats: LayerStats):
     return msg
 
 
-def fault(party, frm: str, kind: str, reason: str) -> PeerFault:
+def fault(party: PartyLike, frm: str, kind: str, reason: str) -> PeerFault:
     """The error for a message of ``kind`` from ``frm`` that is proven bad (it names ``frm``)."""
     return PeerFault(party.name, frm, kind, reason)
-
-
-def need_fields(msg, keys, kind: str, frm: str, party) -> dict:
-    """``msg`` itself if it is a dict holding every key in ``keys``; else PeerFault naming kind and sender."""
-    if not isinstance(msg, dict) or any(k not in msg for k in keys):
-        raise fault(party, frm, kind, f"must be a dict with keys {list(keys)}")
-    return msg

@@ -23,12 +23,14 @@ the per-batch protocol and what each side learns); the numbers are encoded as in
 from __future__ import annotations
 
 import time
+from typing import Any, Protocol
 
 import numpy as np
 
 from fedhet.crypto import paillier as pl
 from fedhet.crypto.fixedpoint import dequantize
 from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
 
 from .he_encoding import (
     DIGIT_BITS,
@@ -47,22 +49,9 @@ from .he_encoding import (
     uniform_ints,
     weight_step,
 )
-from .he_link import (
-    K_ACTS,
-    K_FWD_CT,
-    K_FWD_MASKED,
-    K_GRAD_CT,
-    K_GRAD_MASKED,
-    K_INGRAD_CT,
-    K_NOISE,
-    K_PUBKEY,
-    LayerStats,
-    fault,
-    need_fields,
-    recv_timed,
-)
+from .he_link import Kind, LayerStats, fault, recv_timed
 
-__all__ = ["PackedOps", "NaiveOps", "IntegerGuest", "IntegerHost", "slot_overflow"]
+__all__ = ["IntegerOps", "PackedOps", "NaiveOps", "IntegerGuest", "IntegerHost", "slot_overflow"]
 
 
 def slot_overflow(what: str, spec: LayerSpec, why: str, need: int | None = None) -> SlotOverflowError:
@@ -81,6 +70,22 @@ def _unpack_signed(residues: list, n: int, slot_bits: int, slots: int, length: i
         raise PartyError(str(e)) from None
 
 
+class IntegerOps(Protocol):
+    """What the integer layer needs of a scheme: exact-integer matrix operations on its ciphertexts."""
+
+    two_layouts: bool  # True: [[A]] goes in both packings (packed slots cannot be summed inside a ciphertext)
+
+    def count(self, rows: int, length: int) -> int: ...
+    def encrypt(self, ints: np.ndarray, bound_bits: int | None = None) -> Any: ...
+    def matmul(self, enc: Any, W: np.ndarray) -> Any: ...
+    def add_ints(self, enc: Any, ints: np.ndarray) -> Any: ...
+    def rerandomize(self, enc: Any) -> Any: ...
+    def decrypt(self, enc: Any) -> np.ndarray: ...
+    def n_ct(self, enc: Any) -> int: ...
+    def to_wire(self, enc: Any, include_bound: bool) -> dict: ...
+    def from_wire(self, msg: Any, what: str) -> Any: ...
+
+
 class PackedOps:
     """Exact-integer matrix operations on packed Paillier ciphertexts (crypto.paillier)."""
 
@@ -90,7 +95,7 @@ class PackedOps:
         self.ctx, self.spec = ctx, spec
         self.pk = ctx.public_key
         self.n = int(self.pk.n)
-        self.slot_bits, self.slots = pl.PackingSpec(0, 1, spec.slot_bits).layout(ctx.key_bits)
+        self.slot_bits, self.slots = pl.PackingSpec(0, 1, int(spec.slot_bits)).layout(ctx.key_bits)
 
     def count(self, rows: int, length: int) -> int:
         return rows * -(-length // self.slots)
@@ -121,9 +126,6 @@ class PackedOps:
             if np.any(d):
                 enc = enc.add_plain(np.ldexp(d, DIGIT_BITS * t - enc.frac_bits))
         return enc
-
-    def bound(self, enc) -> int:
-        return int(enc.bound)
 
     def rerandomize(self, enc):
         return self.ctx.rerandomize(enc)
@@ -231,43 +233,36 @@ class NaiveOps:
             out[i] = self._phe.EncryptedNumber(self.pk, int(c), 0)
         return out.reshape(shape)
 
-    def transpose(self, Y):
-        return Y.T
-
 
 class IntegerGuest:
     """Guest side (key owner) for "paillier" and "naive"."""
 
-    def __init__(self, party, host: str, spec: LayerSpec, d: int, width: int):
+    def __init__(self, party: PartyLike, host: str, spec: LayerSpec, d: int, width: int):
         self.d, self.K = int(d), int(width)
         self.party, self.host, self.spec = party, host, spec.resolve(self.d, self.K)
         self.stats = LayerStats()
         self.eps = np.zeros((self.d, self.K), dtype=object)  # accumulated noise, w grid
-        self._A = None
-        self._ctx = None
+        self._A: np.ndarray | None = None
+        self._ctx: pl.PaillierContext | None = None
+        self.ops: IntegerOps
 
     def setup(self) -> None:
         t0 = time.perf_counter()
         if self.spec.scheme == "paillier":
-            self._ctx = pl.PaillierContext.generate(self.spec.key_bits, workers=self.spec.workers,
-                                                    obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)
-            self.ops = PackedOps(self._ctx, self.spec)
-            pk = self._ctx.public_key
-            if self.spec.pool:
-                s = self.spec
-                per_batch = (self.ops.count(self.d, s.batch_size) + self.ops.count(s.batch_size, self.d)
-                             + self.ops.count(self.K, self.d))
-                self._ctx.start_background_pool(per_batch)
+            ctx = pl.PaillierContext.generate(self.spec.key_bits, workers=self.spec.workers,
+                                              obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)
+            pk = ctx.public_key
+            self._ctx, self.ops = ctx, _packed(ctx, self.spec, (self.d, self.spec.batch_size),
+                                               (self.spec.batch_size, self.d), (self.K, self.d))
         else:
             pk, sk = pl.generate_keypair(self.spec.key_bits)
             self.ops = NaiveOps(pk, sk, self.spec)
         self.stats.s_encrypt += time.perf_counter() - t0
         key = np.frombuffer(pl.public_key_to_bytes(pk), dtype=np.uint8).copy()
-        self.party.send(self.host, K_PUBKEY, {"scheme": self.spec.scheme, "key": key})
+        self.party.send(self.host, Kind.PUBKEY, {"scheme": self.spec.scheme, "key": key})
 
     def close(self) -> None:
-        if self._ctx is not None:
-            self._ctx.close()
+        _close(self._ctx)
 
     # -- forward
     def forward(self, A: np.ndarray, train: bool) -> None:
@@ -292,7 +287,7 @@ class IntegerGuest:
             msg["all"] = self.ops.to_wire(self.ops.encrypt(A_int, s.a_bound_bits), True)
             st.encrypted += self.ops.count(b, self.d)
         st.s_encrypt += time.perf_counter() - t0
-        self.party.send(self.host, K_ACTS, msg)
+        self.party.send(self.host, Kind.ACTS, msg)
         if train:
             # [[eps]] now: its encryption overlaps the host's forward work; eps only changes after backward.
             t0 = time.perf_counter()
@@ -302,20 +297,20 @@ class IntegerGuest:
                 raise slot_overflow("weight noise eps", s, str(e)) from None
             st.encrypted += self.ops.count(self.K, self.d)
             st.s_encrypt += time.perf_counter() - t0
-            self.party.send(self.host, K_NOISE, self.ops.to_wire(enc, True))
+            self.party.send(self.host, Kind.NOISE, self.ops.to_wire(enc, True))
         if self._ctx is not None:
             st.pool_misses = int(self._ctx.pool.misses)
-        ct = self._recv_ct(K_FWD_CT)
+        ct = self._recv_ct(Kind.FWD_CT)
         t0 = time.perf_counter()
         dec = self.ops.decrypt(ct)  # (K, b): A W_g + e_B
         st.decrypted += self.ops.n_ct(ct)
         st.s_decrypt += time.perf_counter() - t0
         if dec.shape != (self.K, b):
-            raise fault(self.party, self.host, K_FWD_CT, f"expected ({self.K}, {b}) values, got {dec.shape}")
+            raise fault(self.party, self.host, Kind.FWD_CT, f"expected ({self.K}, {b}) values, got {dec.shape}")
         masked = dec + int_dot(self.eps.T, A_int.T)  # + A eps: now A W + e_B
-        self.party.send(self.host, K_FWD_MASKED, encode_masked(masked, s.masked_bytes))
+        self.party.send(self.host, Kind.FWD_MASKED, encode_masked(masked, s.masked_bytes))
 
-    def _recv_ct(self, kind: str):
+    def _recv_ct(self, kind: str) -> Any:
         """The host's ciphertexts of ``kind``, checked (units mod n**2, layout); PeerFault naming the host."""
         msg = recv_timed(self.party, self.host, kind, self.stats)
         try:
@@ -327,23 +322,25 @@ class IntegerGuest:
     def backward(self) -> np.ndarray:
         """Masked weight gradient for the host; returns dL/dA (rows x d, mean over the batch)."""
         s, st = self.spec, self.stats
+        if self._A is None:
+            raise PartyError("backward without a training forward")
         b = self._A.shape[0]
-        ct = self._recv_ct(K_GRAD_CT)
+        ct = self._recv_ct(Kind.GRAD_CT)
         t0 = time.perf_counter()
         dec = self.ops.decrypt(ct)  # (K, d): G^T + e_W
         st.decrypted += self.ops.n_ct(ct)
         st.s_decrypt += time.perf_counter() - t0
         if dec.shape != (self.K, self.d):
-            raise fault(self.party, self.host, K_GRAD_CT, f"expected ({self.K}, {self.d}) values, got {dec.shape}")
+            raise fault(self.party, self.host, Kind.GRAD_CT, f"expected ({self.K}, {self.d}) values, got {dec.shape}")
         nu = uniform_ints(dec.shape, s.mask_bits + s.grad_bits(b))  # sized by rows: steps of eps do not grow
-        self.party.send(self.host, K_GRAD_MASKED, encode_masked(dec + nu, s.masked_bytes))
-        ct = self._recv_ct(K_INGRAD_CT)
+        self.party.send(self.host, Kind.GRAD_MASKED, encode_masked(dec + nu, s.masked_bytes))
+        ct = self._recv_ct(Kind.INGRAD_CT)
         t0 = time.perf_counter()
         g = self.ops.decrypt(ct)  # (b, d): delta W^T, frac d_frac + w_frac
         st.decrypted += self.ops.n_ct(ct)
         st.s_decrypt += time.perf_counter() - t0
         if g.shape != (b, self.d):
-            raise fault(self.party, self.host, K_INGRAD_CT, f"expected ({b}, {self.d}) values, got {g.shape}")
+            raise fault(self.party, self.host, Kind.INGRAD_CT, f"expected ({b}, {self.d}) values, got {g.shape}")
         self.eps = self.eps + weight_step(nu, b, s).T
         self._A = None
         scale = 2.0 ** -(s.d_frac_bits + s.w_frac_bits) / b
@@ -353,40 +350,42 @@ class IntegerGuest:
 class IntegerHost:
     """Host side (label owner, computes on the guest's ciphertexts) for "paillier" and "naive"."""
 
-    def __init__(self, party, guest: str, spec: LayerSpec, W_init: np.ndarray):
-        self.party, self.guest, self.spec = party, guest, spec
+    def __init__(self, party: PartyLike, guest: str, spec: LayerSpec, W_init: np.ndarray):
+        self.party, self.guest = party, guest
         W_init = np.asarray(W_init, dtype=np.float64)
         self.d, self.K = W_init.shape
         self.spec = spec = spec.resolve(self.d, self.K)
         self.W = quantize(W_init, spec.w_frac_bits, "initial interactive weights")  # the host's masked copy W_g
         self.stats = LayerStats()
-        self._ctx = None
+        self._ctx: pl.PaillierContext | None = None
+        self.ops: IntegerOps
+        self.rows = 0
+        self.X_fwd: Any = None
+        self.X_grad: Any = None
+        self._delta: np.ndarray | None = None
+        self._e_fwd: np.ndarray | None = None
+        self._e_grad: np.ndarray | None = None
 
     def setup(self) -> None:
-        msg = need_fields(self.party.recv(self.guest, K_PUBKEY), ("scheme", "key"), K_PUBKEY, self.guest, self.party)
+        msg = self.party.recv(self.guest, Kind.PUBKEY)  # {"scheme", "key"}: checked against its schema
         if msg["scheme"] != self.spec.scheme:  # differing settings, not proven malice: nobody is named
             raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host {self.spec.scheme!r}")
         try:
             pk = pl.public_key_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
         except ValueError as e:
-            raise fault(self.party, self.guest, K_PUBKEY, str(e)) from None
+            raise fault(self.party, self.guest, Kind.PUBKEY, str(e)) from None
         if pk.n.bit_length() != self.spec.key_bits:
             raise PartyError(f"guest {self.guest!r} sent a {pk.n.bit_length()}-bit key, expected {self.spec.key_bits}")
         if self.spec.scheme == "paillier":
-            self._ctx = pl.PaillierContext(pk, None, workers=self.spec.workers,
-                                           obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)
-            self.ops = PackedOps(self._ctx, self.spec)
-            if self.spec.pool:
-                s = self.spec
-                per_batch = (self.ops.count(self.K, s.batch_size) + self.ops.count(self.K, self.d)
-                             + self.ops.count(s.batch_size, self.d))
-                self._ctx.start_background_pool(per_batch)
+            ctx = pl.PaillierContext(pk, None, workers=self.spec.workers,
+                                     obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)
+            self._ctx, self.ops = ctx, _packed(ctx, self.spec, (self.K, self.spec.batch_size), (self.K, self.d),
+                                               (self.spec.batch_size, self.d))
         else:
             self.ops = NaiveOps(pk, None, self.spec)
 
     def close(self) -> None:
-        if self._ctx is not None:
-            self._ctx.close()
+        _close(self._ctx)
 
     def true_weight_share(self) -> np.ndarray:
         """The host's share W_g as floats (the true weight is W_g + eps; eps only the guest knows)."""
@@ -396,22 +395,24 @@ class IntegerHost:
         """Check, before any work, that a mask over +-2**(slot_bits-2) hides values below ``bound`` by mask_bits."""
         s, st = self.spec, self.stats
         bits = int(bound).bit_length()
-        sigma = (s.slot_bits - 2) - bits
+        sigma = (self.slot_bits - 2) - bits
         st.max_bound_bits = max(st.max_bound_bits, bits)
         if sigma < s.mask_bits:
             raise slot_overflow(what, s, f"values need {bits} bits, so a mask in {s.slot_bits}-bit slots hides "
                                 f"them by only {sigma} < mask_bits={s.mask_bits} bits", bits + s.mask_bits + 2)
         st.min_mask_sigma = sigma if st.min_mask_sigma is None else min(st.min_mask_sigma, sigma)
 
-    def _mask(self, enc):
+    def _mask(self, enc: Any) -> tuple[Any, np.ndarray]:
         """Add the host's mask, uniform over +-2**(slot_bits-2) (its margin checked by ``_margin``)."""
-        noise = uniform_ints(self._shape(enc), self.spec.slot_bits - 2)
+        noise = uniform_ints(tuple(enc.shape), self.slot_bits - 2)
         return self.ops.add_ints(enc, noise), noise
 
-    def _shape(self, enc):
-        return tuple(enc.shape) if hasattr(enc, "shape") else enc.shape
+    @property
+    def slot_bits(self) -> int:
+        """The resolved slot width (the constructor resolved an auto width)."""
+        return int(self.spec.slot_bits)
 
-    def _send_ct(self, kind: str, enc) -> None:
+    def _send_ct(self, kind: str, enc: Any) -> None:
         t0 = time.perf_counter()
         enc = self.ops.rerandomize(enc)
         self.stats.rerandomized += self.ops.n_ct(enc)
@@ -422,26 +423,24 @@ class IntegerHost:
 
     # -- forward
     def recv_acts(self) -> None:
-        msg = need_fields(recv_timed(self.party, self.guest, K_ACTS, self.stats), ("rows",), K_ACTS, self.guest,
-                          self.party)
+        # {"rows": 1..batch_size, and "fwd" (+ "grad") or "all"}: its schema checked fields and bounds
+        msg = recv_timed(self.party, self.guest, Kind.ACTS, self.stats)
         self.rows = int(msg["rows"])
-        if not 0 < self.rows <= self.spec.batch_size:
-            raise fault(self.party, self.guest, K_ACTS, f"{self.rows} rows is outside 1..batch_size={self.spec.batch_size}")
         try:
             if self.ops.two_layouts:
-                self.X_fwd = self.ops.from_wire(msg.get("fwd"), K_ACTS)
-                self.X_grad = self.ops.from_wire(msg["grad"], K_ACTS) if "grad" in msg else None
+                self.X_fwd = self.ops.from_wire(msg.get("fwd"), Kind.ACTS)
+                self.X_grad = self.ops.from_wire(msg["grad"], Kind.ACTS) if "grad" in msg else None
             else:
-                X = self.ops.from_wire(msg.get("all"), K_ACTS)
-                self.X_fwd, self.X_grad = self.ops.transpose(X), X
+                X = self.ops.from_wire(msg.get("all"), Kind.ACTS)
+                self.X_fwd, self.X_grad = X.T, X
         except ValueError as e:
-            raise fault(self.party, self.guest, K_ACTS, str(e)) from None
+            raise fault(self.party, self.guest, Kind.ACTS, str(e)) from None
         if tuple(self.X_fwd.shape) != (self.d, self.rows) or (
                 self.X_grad is not None and tuple(self.X_grad.shape) != (self.rows, self.d)):
-            raise fault(self.party, self.guest, K_ACTS, f"activations of shape {tuple(self.X_fwd.shape)}, "
+            raise fault(self.party, self.guest, Kind.ACTS, f"activations of shape {tuple(self.X_fwd.shape)}, "
                         f"expected ({self.d}, {self.rows})")
         if self.spec.scheme == "paillier" and self.X_fwd.bound > 1 << self.spec.a_bound_bits:
-            raise fault(self.party, self.guest, K_ACTS, "slot bound exceeds 2**(a_int_bits + a_frac_bits)")
+            raise fault(self.party, self.guest, Kind.ACTS, "slot bound exceeds 2**(a_int_bits + a_frac_bits)")
 
     def send_forward(self) -> None:
         t0 = time.perf_counter()
@@ -449,15 +448,15 @@ class IntegerHost:
         Y = self.ops.matmul(self.X_fwd, self.W)  # (K, rows)
         Y, self._e_fwd = self._mask(Y)
         self.stats.s_compute += time.perf_counter() - t0
-        self._send_ct(K_FWD_CT, Y)
+        self._send_ct(Kind.FWD_CT, Y)
 
     def recv_forward(self) -> np.ndarray:
         """The guest part of the layer output, A_g W (rows x K), exact on the 2**-(a_frac+w_frac) grid."""
-        arr = recv_timed(self.party, self.guest, K_FWD_MASKED, self.stats)
+        arr = recv_timed(self.party, self.guest, Kind.FWD_MASKED, self.stats)
         try:
             masked = decode_masked(arr, self.spec.masked_bytes, (self.K, self.rows))
         except PartyError as e:
-            raise fault(self.party, self.guest, K_FWD_MASKED, str(e)) from None
+            raise fault(self.party, self.guest, Kind.FWD_MASKED, str(e)) from None
         Z = masked - self._e_fwd
         self._e_fwd = None
         return dequantize(Z.T, self.spec.a_frac_bits + self.spec.w_frac_bits)
@@ -476,22 +475,24 @@ class IntegerHost:
         Y = self.ops.matmul(self.X_grad, self._delta)  # (K, d): G^T
         Y, self._e_grad = self._mask(Y)
         self.stats.s_compute += time.perf_counter() - t0
-        self._send_ct(K_GRAD_CT, Y)
+        self._send_ct(Kind.GRAD_CT, Y)
 
     def finish_backward(self) -> None:
         """Unmask G + nu, send [[delta W^T]] (old weights), then W_g -= step(G + nu)."""
         s = self.spec
-        arr = recv_timed(self.party, self.guest, K_GRAD_MASKED, self.stats)
+        if self._delta is None:
+            raise PartyError("finish_backward before send_gradient")
+        arr = recv_timed(self.party, self.guest, Kind.GRAD_MASKED, self.stats)
         try:
             M = decode_masked(arr, s.masked_bytes, (self.K, self.d)) - self._e_grad
         except PartyError as e:
-            raise fault(self.party, self.guest, K_GRAD_MASKED, str(e)) from None
+            raise fault(self.party, self.guest, Kind.GRAD_MASKED, str(e)) from None
         try:
-            enc_eps = self.ops.from_wire(recv_timed(self.party, self.guest, K_NOISE, self.stats), K_NOISE)
+            enc_eps = self.ops.from_wire(recv_timed(self.party, self.guest, Kind.NOISE, self.stats), Kind.NOISE)
         except ValueError as e:
-            raise fault(self.party, self.guest, K_NOISE, str(e)) from None
+            raise fault(self.party, self.guest, Kind.NOISE, str(e)) from None
         if tuple(enc_eps.shape) != (self.K, self.d):
-            raise fault(self.party, self.guest, K_NOISE, f"shape {tuple(enc_eps.shape)}, expected ({self.K}, {self.d})")
+            raise fault(self.party, self.guest, Kind.NOISE, f"shape {tuple(enc_eps.shape)}, expected ({self.K}, {self.d})")
         t0 = time.perf_counter()
         try:
             Y = self.ops.matmul(enc_eps, self._delta.T)  # (rows, d): delta eps^T
@@ -499,6 +500,20 @@ class IntegerHost:
         except pl.PackingOverflowError as e:
             raise slot_overflow("input gradient", s, str(e)) from None
         self.stats.s_compute += time.perf_counter() - t0
-        self._send_ct(K_INGRAD_CT, Y)
+        self._send_ct(Kind.INGRAD_CT, Y)
         self.W = self.W - weight_step(M, self.rows, s).T
         self._delta = self._e_grad = self.X_grad = self.X_fwd = None
+
+
+def _packed(ctx: pl.PaillierContext, spec: LayerSpec, *layouts: tuple[int, int]) -> PackedOps:
+    """The packed operations on ``ctx``; with ``spec.pool``, a background pool of the obfuscators one
+    batch needs, the ciphertexts of the ``(rows, length)`` layouts this side encrypts or rerandomizes."""
+    ops = PackedOps(ctx, spec)
+    if spec.pool:
+        ctx.start_background_pool(sum(ops.count(r, n) for r, n in layouts))
+    return ops
+
+
+def _close(ctx: pl.PaillierContext | None) -> None:
+    if ctx is not None:
+        ctx.close()

@@ -9,10 +9,6 @@ import numpy as np
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.protocols import he_interactive as hei
 
-SPEC_FIELDS = ("key_bits", "slot_bits", "a_int_bits", "a_frac_bits", "w_frac_bits", "d_int_bits", "d_frac_bits",
-               "mask_bits", "lr", "batch_size", "max_steps")
-
-
 def run_pair(host_spec, guest_spec, A, W_g, eps, delta=None, steps=1, box=None):
     """Both sides of one link in memory, the host holding W_g and the guest eps (true weight W_g + eps);
     ``box`` fills as steps complete (``Z``: the host's forward results, ``grad``: the guest's
@@ -52,10 +48,7 @@ def run_pair(host_spec, guest_spec, A, W_g, eps, delta=None, steps=1, box=None):
             g.close()
         return {}
 
-    s = guest_spec
-    defaults = {f: getattr(s, f) for f in SPEC_FIELDS}
     mod = types.SimpleNamespace(NAME="hei-test", ROLES={"host": host, "guest": guest}, load_data=None,
-                                DECLARATIONS=hei.declarations(defaults={"he": s.scheme, "interactive_width": K,
-                                                                        "in_width": d, **defaults}))
+                                DECLARATIONS=hei.declarations(guest_spec, d, K))
     run_inmemory(mod, [("h", "host"), ("g", "guest")], data={"h": None, "g": None})
     return box

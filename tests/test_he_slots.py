@@ -14,6 +14,7 @@ import pytest
 from fedhet.algorithms import he_split
 from fedhet.parties import codec
 from fedhet.parties.api import Party, PartyError
+from fedhet.parties.declare import check_record
 from fedhet.parties.declare import index as decl_index
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import he_encoding as hen
@@ -100,11 +101,11 @@ def test_eps_random_walk_stays_inside_its_bound():
 
 
 def test_auto_is_narrower_than_160_bits_for_he_split_defaults():
-    c = he_split._settings({"dataset": "cancer"})
-    spec = c["layer"].resolve(c["guest_bottom_width"], c["interactive_width"])
+    c = he_split.ALGORITHM.parse({"dataset": "cancer"})
+    spec = c.layer.resolve(c.guest_bottom_width, c.interactive_width)
     assert spec.slot_bits < 160 and (2048 - 2) // spec.slot_bits > (2048 - 2) // 160
-    assert c["he_max_steps"] == c["epochs"] * (he_split.MAX_ROWS_PLANNED // c["batch_size"])
-    assert he_split._settings({"max_batches": 7})["layer"].max_steps == 7
+    assert c.max_steps == c.epochs * (he_split.MAX_ROWS_PLANNED // c.batch_size)
+    assert he_split.ALGORITHM.parse({"max_batches": 7}).layer.max_steps == 7
 
 
 def test_spec_and_settings_refuse_bad_widths():
@@ -117,12 +118,12 @@ def test_spec_and_settings_refuse_bad_widths():
     with pytest.raises(ValueError, match="auto slot width"):
         hei.LayerSpec(key_bits=128, mask_bits=40).resolve(8, 8)
     from fedhet.parties.settings import SettingsError, parse_settings
-    assert parse_settings(he_split.Table, {"slot_bits": "auto"}, "he_split").slot_bits == "auto"
-    assert parse_settings(he_split.Table, {"slot_bits": 160}, "he_split").slot_bits == 160
+    assert parse_settings(he_split.Settings, {"slot_bits": "auto"}, "he_split").slot_bits == "auto"
+    assert parse_settings(he_split.Settings, {"slot_bits": 160}, "he_split").slot_bits == 160
     with pytest.raises(SettingsError, match="slot_bits"):
-        parse_settings(he_split.Table, {"slot_bits": "wide"}, "he_split")
+        parse_settings(he_split.Settings, {"slot_bits": "wide"}, "he_split")
     with pytest.raises(SettingsError, match="he_max_steps"):
-        parse_settings(he_split.Table, {"he_max_steps": 0}, "he_split")
+        parse_settings(he_split.Settings, {"he_max_steps": 0}, "he_split")
 
 
 # ------------------------------------------------------------------------------------------ the layer
@@ -224,20 +225,21 @@ def test_split_network_with_auto_slots_and_declarations_of_the_exact_width():
     finally:
         Party.send = orig
     h = res["host"]
-    ref = he_split.run_reference(cfg)
+    ref = he_split.run_reference(he_split.ALGORITHM.parse(cfg))
     np.testing.assert_allclose(h["losses"], ref["losses"], atol=1e-3)
     assert h["slot_bits_setting"] == "auto" and h["he_max_steps"] == 2 and h["slot_bits"] < 160
-    declared = decl_index(he_split.DECLARATIONS)
+    declared = decl_index(he_split.declarations(he_split.ALGORITHM.parse(cfg)))
     masked = [(kind, arrays) for _, kind, arrays in sent if kind in ("hei/fwd_masked", "hei/grad_masked")]
     assert masked
     for _, kind, arrays in sent:
         d = declared[kind]
-        assert d.check is None or d.check(arrays, cfg) is None, (kind, arrays, d.check(arrays, cfg))
+        assert check_record(d, arrays, cfg) is None, (kind, arrays, check_record(d, arrays, cfg))
     assert {arrays[0][1][-1] for _, arrays in masked} == {hei.masked_bytes(h["slot_bits"])}
     # (other settings whose auto width rounds to the same bytes would pass: the wire carries whole bytes)
     for other in (dict(cfg, slot_bits=160), dict(cfg, max_batches=None, epochs=100)):
+        declared_other = decl_index(he_split.declarations(he_split.ALGORITHM.parse(other)))
         for kind, arrays in masked:
-            assert "masked integers must be" in (declared[kind].check(arrays, other) or ""), (other, kind)
+            assert "matches no declared array" in (check_record(declared_other[kind], arrays, other) or ""), (other, kind)
 
 
 def test_host_refuses_more_batches_than_he_max_steps():

@@ -15,6 +15,7 @@ from fedhet.crypto import ckks
 from fedhet.parties import codec, presets
 from fedhet.parties.api import Party
 from fedhet.parties.audit import audit
+from fedhet.parties.declare import check_record
 from fedhet.parties.declare import index as decl_index
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
@@ -150,7 +151,7 @@ def paillier_run():
 
 def test_he_training_matches_plaintext_split(paillier_run):
     cfg, res, _ = paillier_run
-    ref = he_split.run_reference({k: v for k, v in cfg.items() if k != "return_params"})
+    ref = he_split.run_reference(he_split.ALGORITHM.parse({k: v for k, v in cfg.items() if k != "return_params"}))
     h, g = res["host"], res["guest1"]
     assert h["batches"] == ref["batches"] == 4 and h["n_common"] == ref["n_common"] == 341
     np.testing.assert_allclose(h["losses"], ref["losses"], atol=1e-3)
@@ -177,12 +178,12 @@ def test_he_training_learns(paillier_run):
 
 def test_guest_sends_only_ciphertexts_masks_and_psi(paillier_run):
     cfg, _, sent = paillier_run
-    declared = decl_index(he_split.DECLARATIONS)
+    declared = decl_index(he_split.declarations(he_split.ALGORITHM.parse(cfg)))
     guest_kinds = set()
     for role, kind, arrays in sent:
         d = declared[kind]
         assert role in d.sender, (role, kind)
-        assert d.check is None or d.check(arrays, cfg) is None, (kind, arrays, d.check(arrays, cfg))
+        assert check_record(d, arrays, cfg) is None, (kind, arrays, check_record(d, arrays, cfg))
         if role == "guest":
             guest_kinds.add(kind)
             for dt, shape in arrays:
@@ -193,8 +194,8 @@ def test_guest_sends_only_ciphertexts_masks_and_psi(paillier_run):
                            "hei/noise_ct", "hei/fwd_masked", "hei/grad_masked"}
     # a raw activation array would be refused by the declarations
     bad = [("<f8", (128, 8))]
-    assert declared["hei/fwd_masked"].check(bad, cfg) is not None
-    assert declared["hei/acts"].check(bad, cfg) is not None
+    assert check_record(declared["hei/fwd_masked"], bad, cfg) is not None
+    assert check_record(declared["hei/acts"], bad, cfg) is not None
 
 
 @pytest.mark.parametrize("scheme", ["naive", "ckks"])
@@ -202,7 +203,7 @@ def test_naive_and_ckks_variants_train(scheme):
     kw = dict(he=scheme, max_batches=1, batch_size=16 if scheme == "naive" else 64, guest_bottom_width=3,
               interactive_width=2, test_frac=0.05, seed=1)
     res = run_inmemory(he_split, [("host", "host"), ("guest1", "guest")], cfg=_cfg(**kw))
-    ref = he_split.run_reference({k: v for k, v in _cfg(**kw).items() if k != "return_params"})
+    ref = he_split.run_reference(he_split.ALGORITHM.parse({k: v for k, v in _cfg(**kw).items() if k != "return_params"}))
     h = res["host"]
     assert h["he"] == scheme and h["batches"] == 1
     np.testing.assert_allclose(h["losses"], ref["losses"], atol=1e-3)
@@ -212,12 +213,12 @@ def test_naive_and_ckks_variants_train(scheme):
 
 
 def test_config_errors_are_named():
-    with pytest.raises(ValueError, match="unknown dataset"):
-        he_split.load_data({"dataset": "mnist"}, "host", "host", 0, 1)
-    with pytest.raises(ValueError, match="unknown config keys"):
-        he_split.load_data({"epoch": 3}, "host", "host", 0, 1)
-    with pytest.raises(ValueError, match="he scheme"):
-        he_split.load_data({"he": "rsa"}, "host", "host", 0, 1)
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        he_split.ALGORITHM.parse({"dataset": "mnist"})
+    with pytest.raises(ValueError, match="unknown setting.*'epoch'"):
+        he_split.ALGORITHM.parse({"epoch": 3})
+    with pytest.raises(ValueError, match="he must be one of"):
+        he_split.ALGORITHM.parse({"he": "rsa"})
 
 
 # ------------------------------------------------------------------------------------------ processes

@@ -6,7 +6,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from fedhet.algorithms import data_multiview as dm
-from fedhet.algorithms import mmvfl_core as mc
+from fedhet.algorithms.mmvfl import core as mc
 
 
 def _rand(shape, seed):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedhet.algorithms import mmvfl, mmvfl_core as core
+from fedhet.algorithms import mmvfl
+from fedhet.algorithms.mmvfl import core
 from fedhet.algorithms.data_multiview import load_multiview
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.settings import parse_settings

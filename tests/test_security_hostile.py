@@ -312,20 +312,18 @@ def test_he_guest_sending_c_equal_n_is_named_by_the_host(scheme):
             n = int(g.ops.pk.n)
             ct[0] = np.frombuffer(n.to_bytes(ct.shape[1], "big"), np.uint8)
             return {**p, part: {**p[part], "ct": ct}}
-        g.party = Tamper(party, hei.K_ACTS, edit)
+        g.party = Tamper(party, hei.Kind.ACTS, edit)
         g.setup()
         g.forward(np.ones((b, d)), False)
         return {}
 
-    layer = {f: getattr(spec, f) for f in ("key_bits", "slot_bits", "mask_bits", "lr", "batch_size", "max_steps")}
     mod = types.SimpleNamespace(NAME="hei-hostile", ROLES={"host": host, "guest": guest}, load_data=None,
-                                DECLARATIONS=hei.declarations(defaults={"he": scheme, "interactive_width": K,
-                                                                         "in_width": d, **layer}))
+                                DECLARATIONS=hei.declarations(spec, d, K))
     with pytest.raises(FederationFailed) as e:
         run_inmemory(mod, [("h", "host"), ("g", "guest")], data={"h": None, "g": None}, timeout=30)
     err = e.value.failures["h"]
     assert isinstance(err, PeerFault), err
-    assert err.peer == "g" and err.kind == hei.K_ACTS and "not a unit mod n**2" in err.reason
+    assert err.peer == "g" and err.kind == hei.Kind.ACTS and "not a unit mod n**2" in err.reason
 
 
 # ------------------------------------------------------------------ item 6: STFL NaN latents

@@ -526,7 +526,7 @@ def participant_w_step(state: ParticipantState, Z: np.ndarray,
 @dataclass(frozen=True, eq=False)
 class MMVFLResult:
     W: list[np.ndarray]          # per participant, d_k x Nc
-    Z_views: list[np.ndarray]    # per participant Z_k, rows x Nc
+    Z_views: list[np.ndarray | None]  # per participant Z_k, rows x Nc (set by every round)
     Z: np.ndarray                # the server's Z
     rows: np.ndarray             # row indices (into the views) the matrices refer to
     objective: list[float]       # eq. (3) after each round
