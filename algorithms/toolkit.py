@@ -314,7 +314,7 @@ class HostRows:
     n_dropped: int  # own train/test rows some party lacks (never used)
 
 
-def align_host_rows(common_rows: Sequence[int], x_train: np.ndarray, y_train: np.ndarray,
+def align_host_rows(common_rows: Sequence[int] | np.ndarray, x_train: np.ndarray, y_train: np.ndarray,
                     x_test: np.ndarray, y_test: np.ndarray, order: str = "own") -> HostRows:
     """The host's rows in the intersection, from PSI's ``rows`` for the host's IDs listed as
     ``[train IDs..., test IDs...]`` (``common_rows[j]`` = the host row at common position ``j``).
@@ -357,7 +357,7 @@ class GuestRows:
     scaler: Scaler
 
 
-def align_guest_rows(x: np.ndarray, common_rows: Sequence[int]) -> GuestRows:
+def align_guest_rows(x: np.ndarray, common_rows: Sequence[int] | np.ndarray) -> GuestRows:
     """``x``'s rows at PSI's ``common_rows`` (this party's row of each common ID, in order)."""
     x = np.asarray(x, dtype=np.float32)
     rows = np.asarray(common_rows, dtype=np.int64).reshape(-1)
