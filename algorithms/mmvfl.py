@@ -190,7 +190,7 @@ def _vector_check(kind: str):
         if len(shape) != 1:
             return f"expected a 1-D vector, got {dt}{list(shape)}"
         z_len = _z_length(cfg)
-        if kind == aggregation.KIND_PLAIN:
+        if kind == aggregation.Kind.PLAIN:
             if (_cfg_get(cfg, "aggregation") or "secure") != "plain":
                 return "a plain (unmasked) update was sent although aggregation is not 'plain'"
             want = "<f4" if _cfg_get(cfg, "plain_dtype") == "float32" else "<f8"
@@ -212,7 +212,7 @@ def _as_participant(d: MessageDecl) -> MessageDecl:
     def role(t):
         return tuple(PARTICIPANT if r == "client" else r for r in t)
     check = d.check
-    if d.kind in (aggregation.KIND_PLAIN, secagg.KIND_MASKED):
+    if d.kind in (aggregation.Kind.PLAIN, secagg.Kind.MASKED):
         check = _vector_check(d.kind)
     return declare(d.kind, role(d.sender), role(d.receiver), d.what, check, d.payload)
 

@@ -20,7 +20,7 @@ import pytest
 
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import secagg
-from fedhet.protocols.aggregation import KIND_PLAIN, make_aggregator
+from fedhet.protocols.aggregation import Kind as AggKind, make_aggregator
 from fedhet.protocols.secagg import Faults, SecAggClient, SecAggConfig, SecAggServer, neighbours, prune
 
 HONEST = ["c0", "c1", "c2", "c3"]
@@ -71,7 +71,7 @@ def federation(cfg, xs, ws, attack, timeout=30):
 def raw_update(x, w=1.0, amax=0.0):
     """An attacker bypassing the aggregator's client code: it sends any payload it likes."""
     def attack(party, server):
-        party.send(server, KIND_PLAIN, {"r": 0, "x": np.asarray(x, dtype=np.float64), "w": w, "amax": amax})
+        party.send(server, AggKind.PLAIN, {"r": 0, "x": np.asarray(x, dtype=np.float64), "w": w, "amax": amax})
         return "sent"
     return attack
 
@@ -104,7 +104,7 @@ def test_plain_server_rejects_a_lying_error_bound_and_the_wrong_dtype():
     assert "amax must be a finite number" in res.rejected[ATTACKER]
 
     def float32_update(party, server):
-        party.send(server, KIND_PLAIN, {"r": 0, "x": np.ones(M, np.float32), "w": 1.0, "amax": 0.0})
+        party.send(server, AggKind.PLAIN, {"r": 0, "x": np.ones(M, np.float32), "w": 1.0, "amax": 0.0})
     res = federation(PLAIN, xs, ws, float32_update)["server"]
     assert "1-D float64 vector" in res.rejected[ATTACKER]
 
@@ -166,7 +166,7 @@ def test_secure_server_names_a_client_sending_malformed_keys_and_goes_on():
     cfg = {"aggregation": "secure", "secagg_max_weight": 100.0, "aggregation_timeout": 2.0}
 
     def bad_keys(party, server):
-        party.send(server, secagg.KIND_KEYS, {"r": 0, "c_pk": b"x", "s_pk": b"y", "commit": b"z", "sig": b""})
+        party.send(server, secagg.Kind.KEYS, {"r": 0, "c_pk": b"x", "s_pk": b"y", "commit": b"z", "sig": b""})
 
     res = federation(cfg, xs, ws, bad_keys)["server"]
     assert set(res.rejected) == {ATTACKER} and "keys must be 32 bytes" in res.rejected[ATTACKER]
