@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from fedhet.parties import schema as sch
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 from fedhet.parties.declare import MessageDecl, declare
 
@@ -94,10 +95,10 @@ class Aggregator:
 
     method = "?"
 
-    def submit(self, party, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
+    def submit(self, party: PartyLike, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
         raise NotImplementedError
 
-    def aggregate(self, party, clients: Iterable[str], round: int = 0, length: int | None = None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0, length: int | None = None) -> AggregateResult:
         raise NotImplementedError
 
 
@@ -128,7 +129,7 @@ class PlainAggregator(Aggregator):
         self._inbox: RoundInbox | None = None
         self._last: int | None = None
 
-    def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
+    def submit(self, party: PartyLike, server, vector, weight=1.0, round=0) -> SubmitResult:
         r = int(round)
         check_round(self._last, r)
         x, w = check_input(vector, weight, self.max_weight, who=party.name)
@@ -163,7 +164,7 @@ class PlainAggregator(Aggregator):
             return f"|x| reaches {top:.6g}, beyond the public clipping bound {self.clip:g} (secagg_clip)"
         return None
 
-    def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients, round=0, length=None) -> AggregateResult:
         r = int(round)
         check_round(self._last, r)
         self._last = r
@@ -207,6 +208,7 @@ class PlainAggregator(Aggregator):
             detail = f"; rejected: {rejected}" if rejected else ""
             raise AggregationError(f"plain aggregation round {r}: no client sent an acceptable update within "
                                    f"{timeout:g}s{detail}")
+        assert acc is not None  # some update was accepted
         eps = 2.0 ** -24 * (1 + 2.0 ** -23) if self.dtype == np.float32 else 0.0
         return AggregateResult(sum=acc, weight=wsum, mean=acc / wsum, contributors=got,
                                dropped=sorted(set(clients) - set(got)), sum_error_bound=e_sum * eps,
@@ -228,12 +230,12 @@ class SecureAggregator(Aggregator):
         self._observer = observer
         self._faults = faults  # tests only: see secagg.Faults
 
-    def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
+    def submit(self, party: PartyLike, server, vector, weight=1.0, round=0) -> SubmitResult:
         if self._client is None:
             self._client = SecAggClient(self.config, self._faults)
         return self._client.submit(party, server, vector, weight, round)
 
-    def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients, round=0, length=None) -> AggregateResult:
         if self._server is None:
             self._server = SecAggServer(self.config, self._observer)
         res = self._server.aggregate(party, clients, round, length)

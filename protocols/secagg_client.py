@@ -32,7 +32,7 @@ no test hook appears in :meth:`SecAggClient.submit`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import msgpack
 import numpy as np
@@ -41,6 +41,7 @@ from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import random_seed
 
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggError, neighbours
@@ -101,8 +102,8 @@ class ClientRound:
     w: float
     ctx: bytes
     # round 0
-    c_sk: object = None
-    s_sk: object = None
+    c_sk: Any = None
+    s_sk: Any = None
     c_pk: bytes = b""
     s_pk: bytes = b""
     b: bytes = b""
@@ -198,6 +199,7 @@ def premask(st: ClientRound) -> None:
     for v in sorted(set(st.peer_keys) - {st.me}):
         seed = ck.agree(st.s_sk, st.peer_keys[v][1], info=b"mask" + st.ctx)
         st.masks[v] = (seed, +1 if st.idx[st.me] < st.idx[v] else -1)
+    assert st.quant is not None  # set by share_keys
     st.y = np.empty(st.x.size + 1, dtype=st.quant.dtype)
     apply_masks(st.y, [(st.b, +1)] + [st.masks[v] for v in sorted(st.masks)], st.quant, st.x, st.w)
 
@@ -215,6 +217,7 @@ def masked_input(st: ClientRound, p: dict) -> dict:
     mask_peers = sorted((st.nbrs & st.u2) - {me})
     if set(relayed) != set(mask_peers):
         raise SecAggError(f"round {r}: relayed shares come from {sorted(relayed)}, expected {mask_peers}")
+    assert st.own_share is not None  # set by share_keys
     st.held = {me: st.own_share}
     for v in mask_peers:
         try:
@@ -227,6 +230,7 @@ def masked_input(st: ClientRound, p: dict) -> dict:
         st.held[v] = F61.asarray(row.copy(), f"shares from {v}")
     if st.y is None:
         premask(st)
+    assert st.y is not None
     # Listed neighbours that did not share (not in U2): nobody can unmask their pairwise masks.
     gone = sorted(set(st.masks) - set(mask_peers))
     if gone:
@@ -266,15 +270,15 @@ class SecAggClient:
         self._ident_pk = ck.public_bytes(self._ident)
         self._peer_ident: dict[str, bytes] = {}
         self._ident_sent = False
-        self._inbox = None
+        self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
 
-    def _timeout(self, party) -> float:
+    def _timeout(self, party: PartyLike) -> float:
         if self.cfg.client_timeout is not None:
             return float(self.cfg.client_timeout)
         return float(party.timeout) + float(self.cfg.timeout or party.timeout)
 
-    def _ident_of(self, party, v: str) -> bytes:
+    def _ident_of(self, party: PartyLike, v: str) -> bytes:
         if v not in self._peer_ident:
             p = party.recv(v, Kind.IDENT, timeout=self._timeout(party))
             # v's own message is the evidence: the fault is v's, never ours (nor the server's); the
@@ -286,7 +290,8 @@ class SecAggClient:
             self._peer_ident[v] = bytes(p["pk"])
         return self._peer_ident[v]
 
-    def _from_server(self, party, server: str, kind: str, r: int) -> dict:
+    def _from_server(self, party: PartyLike, server: str, kind: str, r: int) -> dict:
+        assert self._inbox is not None  # made by submit
         p = self._inbox.recv(party, server, kind, r, party.now() + self._timeout(party))
         if p is None:
             raise SecAggError(f"client {party.name!r}: no {kind!r} from {server!r} for round {r} within "
@@ -301,7 +306,7 @@ class SecAggClient:
             f = f.get(r)
         return f or Faults()
 
-    def submit(self, party, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
+    def submit(self, party: PartyLike, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
         """Take part in one aggregation with ``weight * clip(vector)``.
 
         Raises ValueError / TypeError naming this party if the input is not a

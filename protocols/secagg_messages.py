@@ -17,6 +17,7 @@ import numpy as np
 from fedhet.crypto.field import F61
 from fedhet.crypto.keys import SEAL_OVERHEAD
 from fedhet.crypto.prg import SEED_BYTES
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import QUEUE_MAX_BYTES, PeerFault, PeerTimeout
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
@@ -24,7 +25,7 @@ from fedhet.parties.declare import MessageDecl, declare
 __all__ = [
     "Kind", "STEPS", "SECRET_ELEMS", "RoundInbox", "check_round", "round_context",
     "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
-    "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "masked_schema", "payload_bytes",
+    "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "SEALED_BYTES", "masked_schema", "payload_bytes",
 ]
 
 
@@ -117,13 +118,13 @@ class RoundInbox:
         return sum(payload_bytes(p) for u, (_, kinds) in self._later.items() if frm in (None, u)
                    for p in kinds.values())
 
-    def _fault(self, party, frm: str, kind: str, reason: str) -> PeerFault:
+    def _fault(self, party: PartyLike, frm: str, kind: str, reason: str) -> PeerFault:
         e = PeerFault(party.name, frm, kind, reason)
         self._faulty[frm] = e
         self._later.pop(frm, None)
         return e
 
-    def recv(self, party, frm: str, kind: str, r: int, deadline: float):
+    def recv(self, party: PartyLike, frm: str, kind: str, r: int, deadline: float):
         """The round-``r`` payload of ``kind`` from ``frm``, or None once ``deadline`` (``party.now()``) passed.
 
         Raises :class:`PeerFault` (naming ``frm``) when ``frm`` broke the rules, now or before.
@@ -174,7 +175,8 @@ _R = sch.Int()  # a stale copy (a fault injected on purpose) carries r - 1, so n
 _NAMES = sch.ListOf(sch.Str(), max_len=MAX_CLIENTS)
 _KEY = sch.Bytes(length=32)
 # A sealed share: 2 * SECRET_ELEMS uint64 plus the AEAD nonce and tag.
-_SEALED = sch.Bytes(length=2 * SECRET_ELEMS * 8 + SEAL_OVERHEAD)
+SEALED_BYTES = 2 * SECRET_ELEMS * 8 + SEAL_OVERHEAD
+_SEALED = sch.Bytes(length=SEALED_BYTES)
 
 
 def _notice(**fields: sch.Spec) -> sch.Spec:

@@ -34,6 +34,7 @@ import numpy as np
 
 from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggError, neighbours
@@ -87,7 +88,7 @@ def prune(alive: set[str], nbrs: dict[str, frozenset], t: int, tl: int) -> set[s
 class ServerRound:
     """The server's state through one round."""
 
-    party: Any
+    party: PartyLike
     cfg: SecAggConfig
     r: int
     universe: list[str]
@@ -217,6 +218,7 @@ def masked_round(st: ServerRound, u2: set[str], length: int | None) -> tuple[np.
     st.tell_dropped(u2 - u3, Kind.UNMASK_REQUEST)
     for u in sorted(u3):
         st.party.send(u, Kind.UNMASK_REQUEST, {"r": st.r, "u3": sorted(u3)})
+    assert acc is not None  # t >= 1 masked inputs were summed
     return acc, u3
 
 
@@ -280,7 +282,7 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
                           f"unmasking shares, below the threshold t={st.t}; no sum is released")
     b_rows: dict[str, list] = {u: [] for u in u3}
     s_rows: dict[str, list] = {v: [] for v in u2 - u3}
-    for h in sorted(un, key=idx.get):  # ascending x = idx + 1
+    for h in sorted(un, key=idx.__getitem__):  # ascending x = idx + 1
         p = un[h]
         nb = len(p["b_of"])
         for v, row in zip(p["b_of"], p["shares"][:nb]):
@@ -310,9 +312,10 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
     except SecAggError as e:
         raise SecAggError(f"secure aggregation round {r} failed: {e}; no sum is released") from None
     check_shares(st, {**{("b", u): it for u, it in b_items.items()}, **{("s", v): it for v, it in s_items.items()}})
-    masks: list[tuple[bytes, int]] = [(it.secret, -1) for it in b_items.values()]
-    for v, it in s_items.items():
-        sk = ck.private_key_from_bytes(it.secret, "x25519")
+    secret = {what: it.secret for what, it in [*b_items.items(), *s_items.items()] if it.secret is not None}
+    masks: list[tuple[bytes, int]] = [(secret[u], -1) for u in b_items]
+    for v in s_items:
+        sk: Any = ck.private_key_from_bytes(secret[v], "x25519")
         for u in sorted(nbrs[v] & u3):
             seed = ck.agree(sk, adv[u]["s_pk"], info=b"mask" + ctx)
             # u added +PRG(s_uv) when u sorts before v: take it back out.
@@ -338,10 +341,10 @@ class SecAggServer:
     def __init__(self, config: SecAggConfig | None = None, observer: Callable[[str, str, Any], None] | None = None):
         self.cfg = config or SecAggConfig()
         self.observer = observer
-        self._inbox = None
+        self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
 
-    def aggregate(self, party, clients: Iterable[str], round: int = 0, length: int | None = None) -> SecAggResult:
+    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0, length: int | None = None) -> SecAggResult:
         """Run one round with ``clients``; returns the weighted sum (``length`` checks the vector length)."""
         cfg = self.cfg
         r = int(round)

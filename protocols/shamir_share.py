@@ -51,6 +51,7 @@ import numpy as np
 from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.fixedpoint import DEFAULT_FRAC_BITS
 from fedhet.crypto.prg import PRG
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
@@ -139,7 +140,7 @@ class ShareInfo:
         return math.ldexp(float(self.bound), -self.frac_bits)
 
 
-def _check_holders(party, holders: Sequence[str], what: str) -> list[str]:
+def _check_holders(party: PartyLike, holders: Sequence[str], what: str) -> list[str]:
     if isinstance(holders, str):
         raise TypeError(f"{what}: holders must be a list of party names, not a single string")
     hs = list(holders)
@@ -149,7 +150,7 @@ def _check_holders(party, holders: Sequence[str], what: str) -> list[str]:
     return hs
 
 
-def share_to_holders(party, array, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
+def share_to_holders(party: PartyLike, array, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
                      frac_bits: int = DEFAULT_FRAC_BITS, max_abs: float | None = None, tag: str = "",
                      field: PrimeField = F61, prg: PRG | None = None) -> ShareInfo:
     """Owner side: t-of-m share ``array`` and send each holder its share (kind ``{prefix}/share``).
@@ -168,7 +169,7 @@ def share_to_holders(party, array, holders: Sequence[str], t: int, kind_prefix: 
     return ShareInfo(p0.shape, p0.t, p0.frac_bits, p0.bound, p0.err, points)
 
 
-def receive_shares(party, owners: str | Sequence[str], kind_prefix: str = DEFAULT_PREFIX, *, t: int | None = None,
+def receive_shares(party: PartyLike, owners: str | Sequence[str], kind_prefix: str = DEFAULT_PREFIX, *, t: int | None = None,
                    tag: str = "", field: PrimeField = F61, timeout: float | None = None) -> dict[str, SharedArray]:
     """Holder side: each owner's share of its array, ``{owner: SharedArray}``.
 
@@ -196,7 +197,7 @@ def receive_shares(party, owners: str | Sequence[str], kind_prefix: str = DEFAUL
     return out
 
 
-def send_to_coordinator(party, coordinator: str, shares: SharedArray, kind_prefix: str = DEFAULT_PREFIX, *,
+def send_to_coordinator(party: PartyLike, coordinator: str, shares: SharedArray, kind_prefix: str = DEFAULT_PREFIX, *,
                         tag: str = "") -> None:
     """Holder side: send this holder's share of a result (kind ``{prefix}/result``)."""
     _, kind = Kind.of(kind_prefix)
@@ -221,7 +222,7 @@ class Reconstruction:
         return math.ldexp(float(self.bound), -self.frac_bits)
 
 
-def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
+def reconstruct_at_coordinator(party: PartyLike, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
                                tag: str = "", field: PrimeField = F61, timeout: float | None = None,
                                quorum: int | None = None, asked: Sequence[str] | None = None) -> Reconstruction:
     """Coordinator side: collect result shares and reconstruct; any t of the holders suffice.
@@ -271,7 +272,7 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
     if len(got) < t:
         raise ShamirError(f"coordinator {party.name!r} got result shares from {len(got)} of {m} holders "
                           f"({sorted(got)}); t={t} are needed to reconstruct; silent after {total:g}s: {pending}")
-    used = sorted(got, key=points.get)
+    used = sorted(got, key=points.__getitem__)
     a0 = got[used[0]]
     for h in used:
         a = got[h]

@@ -41,7 +41,7 @@ from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.parties.transcript import Transcript
 from fedhet.protocols import he_interactive as hei
 from fedhet.protocols import secagg
-from fedhet.protocols.secagg_messages import MAX_CLIENTS
+from fedhet.protocols.secagg_messages import MAX_CLIENTS, SEALED_BYTES
 from fedhet.protocols.aggregation import Kind as AggKind, SecureAggregator, make_aggregator
 from fedhet.protocols.aggregation import declarations as agg_declarations
 from fedhet.protocols.secagg import Faults, SecAggError
@@ -82,7 +82,7 @@ def agg_federation(clients, cfg, attacker=None, attack=None, faults=None, timeou
         return agg.submit(party, "server", x, 1.0, 0)
 
     algo = types.SimpleNamespace(NAME="hostile-agg", ROLES={"server": server, "client": client},
-                                 load_data=lambda *a: None, DECLARATIONS=agg_declarations(M))
+                                 load_data=lambda *a: None, DECLARATIONS=agg_declarations(None, M))
     return run_inmemory(algo, [("server", "server")] + [(c, "client") for c in clients], timeout=timeout)
 
 
@@ -207,8 +207,8 @@ def largest(kind: str, r: int, max_length: int) -> dict:
     if kind == secagg.Kind.KEYS:
         return {"r": r, "c_pk": b"a" * 32, "s_pk": b"b" * 32, "commit": b"c" * 32, "sig": b"s" * 64}
     if kind == secagg.Kind.SHARES:  # bytes travel in the header, whose size the codec bounds first
-        n = min(n, (codec.MAX_HEADER_BYTES - 4096) // 1040)
-        return {"r": r, "ct": {f"c{i:05d}": b"x" * 1024 for i in range(n)}}
+        n = min(n, (codec.MAX_HEADER_BYTES - 4096) // (SEALED_BYTES + 16))
+        return {"r": r, "ct": {f"c{i:05d}": b"x" * SEALED_BYTES for i in range(n)}}
     if kind == secagg.Kind.MASKED:
         return {"r": r, "y": np.zeros(max_length + 1, np.uint64)}
     if kind == secagg.Kind.UNMASK:

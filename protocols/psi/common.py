@@ -202,9 +202,9 @@ def dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[byte
         uniq, rows = enc, np.arange(len(enc), dtype=np.int64)
     else:
         first: dict[bytes, int] = {}
-        for i, e in enumerate(enc):
-            if e not in first:
-                first[e] = i
+        for i, item in enumerate(enc):
+            if item not in first:
+                first[item] = i
         uniq, rows = list(first), np.fromiter(first.values(), dtype=np.int64, count=len(first))
     if len(uniq) > max_items:
         raise ValueError(f"{who}: {len(uniq)} distinct IDs; at most {max_items} are supported")
@@ -223,12 +223,12 @@ def secure_permutation(n: int) -> np.ndarray:
     return np.argsort(keys).astype(np.int64)
 
 
-def traffic(party: Any, peers: Sequence[str]) -> tuple[int, int]:
+def traffic(party: PartyLike, peers: Sequence[str]) -> tuple[int, int]:
     """(bytes sent to, bytes received from) ``peers`` so far."""
     return (sum(party.bytes_sent.get(p, 0) for p in peers), sum(party.bytes_received.get(p, 0) for p in peers))
 
 
-def traffic_stats(party: Any, peers: Sequence[str], start: tuple[int, int]) -> dict:
+def traffic_stats(party: PartyLike, peers: Sequence[str], start: tuple[int, int]) -> dict:
     sent, received = traffic(party, peers)
     return {"bytes_sent": sent - start[0], "bytes_received": received - start[1]}
 

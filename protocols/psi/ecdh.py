@@ -119,10 +119,10 @@ def _match_exact(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ab = a.tobytes()
     ia, ib = [], []
     for i in range(len(a)):
-        j = where.get(ab[32 * i:32 * i + 32])
-        if j is not None:
+        k = where.get(ab[32 * i:32 * i + 32])
+        if k is not None:
             ia.append(i)
-            ib.append(j)
+            ib.append(k)
     return np.array(ia, dtype=np.int64), np.array(ib, dtype=np.int64)
 
 

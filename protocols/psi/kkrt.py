@@ -258,9 +258,9 @@ def extend(party: PartyLike, r: PeerRun, tab: Table, context: bytes, u_rows: int
     r.values = np.zeros((n, ell), dtype=np.uint8)
     occupied = tab.occupied
     for i, s in enumerate(range(0, m, u_rows)):
-        e = min(m, s + u_rows)
-        u, t = receiver.chunk(bin_codes(code, tab.digests, tab.table[s:e], tab.which[s:e]), s)
-        occ = occupied[np.searchsorted(occupied, s):np.searchsorted(occupied, e)]
+        end = min(m, s + u_rows)
+        u, t = receiver.chunk(bin_codes(code, tab.digests, tab.table[s:end], tab.which[s:end]), s)
+        occ = occupied[np.searchsorted(occupied, s):np.searchsorted(occupied, end)]
         if len(occ):
             r.values[tab.table[occ]] = ot.cr_hash(t[occ - s], ell)
         while r.sent - r.acked >= window:
