@@ -98,7 +98,8 @@ class Aggregator:
     def submit(self, party: PartyLike, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
         raise NotImplementedError
 
-    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0, length: int | None = None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0,
+                  length: int | None = None) -> AggregateResult:
         raise NotImplementedError
 
 

@@ -344,7 +344,8 @@ class SecAggServer:
         self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
 
-    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0, length: int | None = None) -> SecAggResult:
+    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0,
+                  length: int | None = None) -> SecAggResult:
         """Run one round with ``clients``; returns the weighted sum (``length`` checks the vector length)."""
         cfg = self.cfg
         r = int(round)

@@ -169,8 +169,9 @@ def share_to_holders(party: PartyLike, array, holders: Sequence[str], t: int, ki
     return ShareInfo(p0.shape, p0.t, p0.frac_bits, p0.bound, p0.err, points)
 
 
-def receive_shares(party: PartyLike, owners: str | Sequence[str], kind_prefix: str = DEFAULT_PREFIX, *, t: int | None = None,
-                   tag: str = "", field: PrimeField = F61, timeout: float | None = None) -> dict[str, SharedArray]:
+def receive_shares(party: PartyLike, owners: str | Sequence[str], kind_prefix: str = DEFAULT_PREFIX, *,
+                   t: int | None = None, tag: str = "", field: PrimeField = F61,
+                   timeout: float | None = None) -> dict[str, SharedArray]:
     """Holder side: each owner's share of its array, ``{owner: SharedArray}``.
 
     Checks every share message (field elements, metadata) and that all owners

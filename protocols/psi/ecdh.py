@@ -303,7 +303,8 @@ def intersect(doubles: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
 # ---------------------------------------------------------------------- roles
 def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_to_all: bool, *, order: str,
                 chunk: int, workers: int | None, context: bytes, timeout: float | None) -> PSIResult:
-    """L's side with every feature party in ``peers`` (arguments checked by the caller, :func:`fedhet.protocols.psi.psi_label_owner`)."""
+    """L's side with every feature party in ``peers`` (arguments checked by the caller,
+    :func:`fedhet.protocols.psi.psi_label_owner`)."""
     t0 = time.perf_counter()
     who = f"label owner {party.name!r}"
     items = as_id_list(ids, who)
