@@ -785,7 +785,7 @@ DECLARATIONS = [
     declare(K_RESULT, "client", "server",
             "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
             no_arrays),
-] + [_guard(d) for d in aggregation.declarations(_update_length)]
+] + [_guard(d) for d in aggregation.declarations()]
 
 
 # ------------------------------------------------------------------------- the contract
@@ -849,8 +849,7 @@ def declarations(t: Table) -> list:
         declare(K_RESULT, "client", "server",
                 "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
                 no_arrays, payload=_result_schema()),
-    ] + [_guard(d) for d in aggregation.declarations(_update_length,
-                                                     common_count(s) if s.method != "local" else None)]
+    ] + [_guard(d) for d in aggregation.declarations(*[common_count(s) if s.method != "local" else None] * 2)]
 
 
 ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and client-unique features "

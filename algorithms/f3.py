@@ -163,11 +163,9 @@ def owner_widths(s, n: int) -> list[int]:
 
 
 def declarations(s: Settings) -> list:
-    share_decl, _ = ss.declarations(P_SHARE, OWNER, HOLDER, COORDINATOR,
-                                    share_shape=lambda cfg: (sum(n_rows(_cfg(cfg))), None))
+    share_decl, _ = ss.declarations(P_SHARE, OWNER, HOLDER, COORDINATOR, share_shape=(sum(n_rows(s)), None))
     result_decls = [ss.declarations(prefix, OWNER, HOLDER, COORDINATOR, result_shape=shape)[1]
-                    for prefix, shape in ((P_PRE, lambda cfg: (None, None, _cfg(cfg).hidden)),
-                                          (P_GRAD, lambda cfg: (None,)), (P_ADJ, lambda cfg: (None, None)))]
+                    for prefix, shape in ((P_PRE, (None, None, s.hidden)), (P_GRAD, (None,)), (P_ADJ, (None, None)))]
     f64_2d, f32_any = sch.Arr("<f8", (None, None)), sch.OneOf((sch.Arr("<f4", (None, None)),
                                                                sch.Arr("<f4", (None, None, None))))
     op = sch.OneOf((

@@ -51,17 +51,14 @@ def sizes(s: Settings) -> dict:
     return {"n_params": s.n_features + 1}
 
 
-def _vector_length(cfg):
-    return int(cfg.get("n_features", 30)) + 1
-
-
 def declarations(s: Settings) -> list:
     return [
         declare(K_MODEL, "server", "client", "global weights (d+1 floats)",
                 payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),
         declare(K_EVAL, "client", "server", "test accuracy counts of the global model (no arrays)",
                 payload=sch.Fields({"correct": sch.Int(lo=0), "count": sch.Int(lo=0)})),
-    ] + aggregation.declarations(_vector_length, s.n_features + 1)  # the clients' updates, plain or secure
+    ] + aggregation.declarations(s.n_features + 1, s.n_features + 1, s.agg.table(),
+                                 AGGREGATION_DEFAULTS)  # the clients' updates, plain or secure
 
 
 def load_data(s: Settings, ctx: PartyContext):

@@ -229,7 +229,8 @@ def declarations(s: Settings) -> list:
                                     "theta": sch.Arr("<f4", (None,))})),
         declare(K_REPORT, "client", "server", "scores of the received local model on the evaluation "
                 "rows (scalars) and the round's training loss", payload=sch.Scalars()),
-    ] + aggregation.declarations(None, max(extractor_size(e) for e in model_spec(s).extractors))
+    ] + aggregation.declarations(None, max(extractor_size(e) for e in model_spec(s).extractors),
+                                 s.agg.table(), AGGREGATION_DEFAULTS)
     # per-view extractors, lengths ext<d> (views differ): bounded by the longest
 
 

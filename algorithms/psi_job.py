@@ -20,7 +20,7 @@ rows really hold the common IDs.  ``ids_sha256`` hashes the ordered common
 list so a run shows that every party ended with the same list.
 
 Other keys: ``psi_backend`` ("ecdh", the default, or "kkrt": OT-extension PSI,
-``fedhet.protocols.psi_kkrt``), ``reveal``, ``order``, ``chunk``, ``workers`` (see
+``fedhet.protocols.psi.kkrt``), ``reveal``, ``order``, ``chunk``, ``workers`` (see
 ``fedhet.protocols.psi``) and ``psi_timeout`` (seconds to wait for any one
 PSI message; default the federation's timeout; the waits include the peer's
 computation, so raise it for sets of millions of IDs on a busy machine).
@@ -36,7 +36,7 @@ import numpy as np
 from fedhet.crypto.ecdh_psi import encode_items
 from fedhet.parties.contract import Algorithm, PartyContext
 from fedhet.parties.settings import TableView, parse_settings, setting
-from fedhet.protocols import psi, psi_kkrt
+from fedhet.protocols import psi
 
 NAME = "psi"
 LABEL_OWNER, FEATURE = "label_owner", "feature"
@@ -65,10 +65,10 @@ def _cfg(cfg) -> Settings:
 
 
 def declarations(s: Settings) -> list:
-    return psi.declarations(LABEL_OWNER, FEATURE) + psi_kkrt.declarations(LABEL_OWNER, FEATURE)
+    return psi.declarations(LABEL_OWNER, FEATURE, backend=None)
 
 
-DECLARATIONS = psi.declarations(LABEL_OWNER, FEATURE) + psi_kkrt.declarations(LABEL_OWNER, FEATURE)
+DECLARATIONS = psi.declarations(LABEL_OWNER, FEATURE, backend=None)
 
 
 def _blocks(c: dict) -> tuple[int, int]:

@@ -103,7 +103,7 @@ def declarations(s: Settings) -> list:
                 "round (scalars)", no_arrays,
                 payload=sch.Fields({"cpu": sch.Float(), "pcpu": sch.Float(), "up": sch.Int(lo=0),
                                     "down": sch.Int(lo=0)})),
-    ] + aggregation.declarations(lambda cfg: int(cfg["m"]), int(s.m))
+    ] + aggregation.declarations(int(s.m), int(s.m), s.agg.table(), DEFAULTS)
 
 
 ROLES = {"server": server, "client": client}

@@ -140,21 +140,13 @@ def coordinator(party, cfg: Settings, data: dict) -> dict:
     return out
 
 
-def _share_shape(cfg: dict):
-    return (_cfg(cfg)["rows"], None)  # owner i has d_in + i columns
-
-
-def _result_shape(cfg: dict):
-    c = _cfg(cfg)
-    return (c["rows"], c["d_out"])
-
-
 ROLES = {OWNER: owner, HOLDER: holder, COORDINATOR: coordinator}
 
 
 def declarations(s: Settings) -> list:
-    return ss.declarations(PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=_share_shape,
-                           result_shape=_result_shape)
+    # owner i has d_in + i columns
+    return ss.declarations(PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=(s.rows, None),
+                           result_shape=(s.rows, s.d_out))
 
 
 DECLARATIONS = declarations(Settings())

@@ -15,9 +15,10 @@ Thin, documented wrappers over ``cryptography`` (OpenSSL):
   :class:`AuthenticationError`.  Random 96-bit nonces are safe for up to
   2**32 messages per key; one message is at most 2**31 - 1 bytes.
 * **Raw bytes and files**: 32-byte raw encodings for every key, PEM (PKCS#8 /
-  SubjectPublicKeyInfo) or raw key files.  Private key files are written
-  atomically with mode 0600 and, by default, refused on load when group or
-  others can read them.
+  SubjectPublicKeyInfo) or raw key files.  :func:`private_key_file` and
+  :func:`public_key_file` give a file's bytes (``fedhet.parties.keys`` writes them
+  atomically, private ones with mode 0600); private key files are, by default,
+  refused on load when group or others can read them.
 """
 from __future__ import annotations
 
@@ -33,14 +34,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from fedhet.parties.atomic import write_atomic
-
 __all__ = [
     "KEY_BYTES", "NONCE_BYTES", "TAG_BYTES", "SEAL_OVERHEAD", "AuthenticationError",
     "generate_x25519", "generate_ed25519", "agree",
     "sign", "verify", "seal", "open_sealed", "new_aead_key",
     "public_bytes", "private_bytes", "public_key_from_bytes", "private_key_from_bytes",
-    "save_private_key", "load_private_key", "save_public_key", "load_public_key",
+    "private_key_file", "load_private_key", "public_key_file", "load_public_key",
 ]
 
 KEY_BYTES = 32
@@ -203,8 +202,8 @@ def open_sealed(key: bytes, sealed: bytes, aad: bytes = b"") -> bytes:
 
 
 # -- key files -------------------------------------------------------------------
-def save_private_key(path, key: PrivateKey, fmt: str = "pem", password: bytes | None = None) -> None:
-    """Write a private key atomically with mode 0600: ``fmt`` "pem" (PKCS#8, optionally encrypted) or "raw"."""
+def private_key_file(key: PrivateKey, fmt: str = "pem", password: bytes | None = None) -> bytes:
+    """The bytes of a private key file: ``fmt`` "pem" (PKCS#8, optionally encrypted) or "raw"."""
     _kind(key)
     if fmt == "pem":
         enc = (serialization.BestAvailableEncryption(password) if password
@@ -216,11 +215,11 @@ def save_private_key(path, key: PrivateKey, fmt: str = "pem", password: bytes | 
         data = private_bytes(key)
     else:
         raise ValueError(f"key file format must be 'pem' or 'raw', got {fmt!r}")
-    write_atomic(Path(path), data, 0o600)  # mode set before any secret byte is written
+    return data
 
 
-def save_public_key(path, key: PrivateKey | PublicKey, fmt: str = "pem") -> None:
-    """Write a public key atomically (mode 0644): "pem" (SubjectPublicKeyInfo) or "raw"."""
+def public_key_file(key: PrivateKey | PublicKey, fmt: str = "pem") -> bytes:
+    """The bytes of a public key file: "pem" (SubjectPublicKeyInfo) or "raw"."""
     _kind(key)
     if isinstance(key, (X25519PrivateKey, Ed25519PrivateKey)):
         key = key.public_key()
@@ -230,7 +229,7 @@ def save_public_key(path, key: PrivateKey | PublicKey, fmt: str = "pem") -> None
         data = public_bytes(key)
     else:
         raise ValueError(f"key file format must be 'pem' or 'raw', got {fmt!r}")
-    write_atomic(Path(path), data, 0o644)
+    return data
 
 
 def _check_private_mode(path: Path) -> None:

@@ -1,6 +1,6 @@
 """Oblivious transfer for KKRT16: Chou–Orlandi base OTs and the KKRT OT extension, on library primitives.
 
-Nothing here talks to the network; ``fedhet.protocols.psi_kkrt`` moves the
+Nothing here talks to the network; ``fedhet.protocols.psi.kkrt`` moves the
 messages.  Primitives come from libraries: edwards25519 group operations from
 libsodium (PyNaCl's ``crypto_core_ed25519_*`` / ``crypto_scalarmult_ed25519_*``),
 AES-128 (CTR, ECB) from ``cryptography`` (OpenSSL, AES-NI), BLAKE2b from

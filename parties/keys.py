@@ -30,6 +30,8 @@ import zmq.utils.z85
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedhet.crypto import keys as ck
+
 from .atomic import write_atomic
 
 try:
@@ -43,6 +45,17 @@ OWNER_LOCK = ".owner.lock"  # held (flock) by the process that made the folder, 
 
 class KeyError_(FileNotFoundError):
     """A key file is missing or unreadable; the message names it."""
+
+
+def save_private_key(path: str | os.PathLike, key: ck.PrivateKey, fmt: str = "pem",
+                     password: bytes | None = None) -> None:
+    """Write a private key file (:func:`fedhet.crypto.keys.private_key_file`) atomically with mode 0600."""
+    write_atomic(Path(path), ck.private_key_file(key, fmt, password), 0o600)  # mode set before any secret byte
+
+
+def save_public_key(path: str | os.PathLike, key: ck.PrivateKey | ck.PublicKey, fmt: str = "pem") -> None:
+    """Write a public key file (:func:`fedhet.crypto.keys.public_key_file`) atomically (mode 0644)."""
+    write_atomic(Path(path), ck.public_key_file(key, fmt), 0o644)
 
 
 @dataclass

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from fedhet.parties import schema as sch
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 from fedhet.parties.declare import MessageDecl, declare
 
@@ -60,9 +61,16 @@ from .secagg import (Faults, RoundInbox, SecAggClient, SecAggConfig, SecAggError
                      check_input, check_round)
 
 __all__ = ["Aggregator", "PlainAggregator", "SecureAggregator", "AggregateResult", "SubmitResult",
-           "AggregationError", "make_aggregator", "declarations", "DECLARATIONS", "KIND_PLAIN", "METHODS"]
+           "AggregationError", "make_aggregator", "declarations", "DECLARATIONS", "Kind", "METHODS"]
 
-KIND_PLAIN = "agg/plain"
+
+
+class Kind:
+    """Plain aggregation's message kind (secure aggregation's are :class:`fedhet.protocols.secagg.Kind`)."""
+
+    PLAIN = "agg/plain"
+
+
 METHODS = ("plain", "secure")
 AggregationError = SecAggError  # what both raise when a round cannot produce a result
 
@@ -87,10 +95,11 @@ class Aggregator:
 
     method = "?"
 
-    def submit(self, party, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
+    def submit(self, party: PartyLike, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
         raise NotImplementedError
 
-    def aggregate(self, party, clients: Iterable[str], round: int = 0, length: int | None = None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0,
+                  length: int | None = None) -> AggregateResult:
         raise NotImplementedError
 
 
@@ -121,7 +130,7 @@ class PlainAggregator(Aggregator):
         self._inbox: RoundInbox | None = None
         self._last: int | None = None
 
-    def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
+    def submit(self, party: PartyLike, server, vector, weight=1.0, round=0) -> SubmitResult:
         r = int(round)
         check_round(self._last, r)
         x, w = check_input(vector, weight, self.max_weight, who=party.name)
@@ -129,7 +138,7 @@ class PlainAggregator(Aggregator):
         if x.size and (float(x.max()) > self.clip or float(x.min()) < -self.clip):
             x = np.clip(x, -self.clip, self.clip)
         amax = max(float(x.max()), -float(x.min())) if x.size and self.dtype == np.float32 else 0.0
-        party.send(server, KIND_PLAIN, {"r": r, "x": x.astype(self.dtype, copy=False), "w": w, "amax": amax})
+        party.send(server, Kind.PLAIN, {"r": r, "x": x.astype(self.dtype, copy=False), "w": w, "amax": amax})
         return SubmitResult("ok", r)
 
     def check_update(self, p, length: int | None, size: int | None) -> str | None:
@@ -137,17 +146,15 @@ class PlainAggregator(Aggregator):
 
         ``size``: the length of the updates accepted so far this round.
         """
-        if not isinstance(p, dict):
-            return "not an update message"
-        x, w, amax = p.get("x"), p.get("w"), p.get("amax")
-        if not isinstance(x, np.ndarray) or x.dtype != self.dtype or x.ndim != 1:
-            return f"the update must be a 1-D {self.dtype.name} vector, got {getattr(x, 'dtype', type(x).__name__)}"
+        x, w, amax = p["x"], p["w"], p["amax"]  # a 1-D float vector and two numbers (the schema checked)
+        if x.dtype != self.dtype:
+            return f"the update must be a 1-D {self.dtype.name} vector, got {x.dtype}"
         want = length if length is not None else size
         if want is not None and x.size != want:
             return f"the update has {x.size} elements, expected {want}"
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and 0 < w <= self.max_weight):
+        if not (math.isfinite(w) and 0 < w <= self.max_weight):
             return f"the weight must be a number in (0, max_weight={self.max_weight:g}], got {w!r}"[:200]
-        if isinstance(amax, bool) or not isinstance(amax, (int, float)) or not (math.isfinite(amax) and amax >= 0):
+        if not (math.isfinite(amax) and amax >= 0):
             return f"amax must be a finite number >= 0, got {amax!r}"[:200]
         finite = np.isfinite(x)
         if not finite.all():
@@ -158,7 +165,7 @@ class PlainAggregator(Aggregator):
             return f"|x| reaches {top:.6g}, beyond the public clipping bound {self.clip:g} (secagg_clip)"
         return None
 
-    def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients, round=0, length=None) -> AggregateResult:
         r = int(round)
         check_round(self._last, r)
         self._last = r
@@ -174,7 +181,7 @@ class PlainAggregator(Aggregator):
         rejected = {}
         for u in clients:
             try:
-                p = self._inbox.recv(party, u, KIND_PLAIN, r, deadline)
+                p = self._inbox.recv(party, u, Kind.PLAIN, r, deadline)
             except PeerFault as e:  # refused on receipt (e.g. a weight of inf), or out since: named, dropped
                 party.log.warning("plain aggregation round %d: dropped %s: %s", r, u, e)
                 rejected[u] = str(e)
@@ -194,7 +201,7 @@ class PlainAggregator(Aggregator):
             np.multiply(x, float(w), out=tmp, dtype=np.float64)  # w*x in float64 even for float32 updates
             acc += tmp
             wsum += float(w)
-            a = float(p.get("amax") or 0.0)
+            a = float(p["amax"])
             e_sum += float(w) * a
             amax = max(amax, a)
             got.append(u)
@@ -202,6 +209,7 @@ class PlainAggregator(Aggregator):
             detail = f"; rejected: {rejected}" if rejected else ""
             raise AggregationError(f"plain aggregation round {r}: no client sent an acceptable update within "
                                    f"{timeout:g}s{detail}")
+        assert acc is not None  # some update was accepted
         eps = 2.0 ** -24 * (1 + 2.0 ** -23) if self.dtype == np.float32 else 0.0
         return AggregateResult(sum=acc, weight=wsum, mean=acc / wsum, contributors=got,
                                dropped=sorted(set(clients) - set(got)), sum_error_bound=e_sum * eps,
@@ -223,12 +231,12 @@ class SecureAggregator(Aggregator):
         self._observer = observer
         self._faults = faults  # tests only: see secagg.Faults
 
-    def submit(self, party, server, vector, weight=1.0, round=0) -> SubmitResult:
+    def submit(self, party: PartyLike, server, vector, weight=1.0, round=0) -> SubmitResult:
         if self._client is None:
             self._client = SecAggClient(self.config, self._faults)
         return self._client.submit(party, server, vector, weight, round)
 
-    def aggregate(self, party, clients, round=0, length=None) -> AggregateResult:
+    def aggregate(self, party: PartyLike, clients, round=0, length=None) -> AggregateResult:
         if self._server is None:
             self._server = SecAggServer(self.config, self._observer)
         res = self._server.aggregate(party, clients, round, length)
@@ -242,15 +250,21 @@ class SecureAggregator(Aggregator):
             rejected=res.rejected)
 
 
+def _merged(cfg: dict | str | None, defaults: dict[str, Any] | None) -> dict[str, Any]:
+    """The aggregation keys in force: ``cfg`` (or just the method name) over ``defaults``."""
+    if isinstance(cfg, str):
+        cfg = {"aggregation": cfg}
+    merged = dict(defaults or {})
+    merged.update(cfg or {})
+    return merged
+
+
 def make_aggregator(cfg: dict | str | None = None, defaults: dict[str, Any] | None = None) -> Aggregator:
     """The aggregator ``cfg["aggregation"]`` names (default "secure"); ``defaults`` fill unset keys.
 
     ``cfg`` may also be just the method name.
     """
-    if isinstance(cfg, str):
-        cfg = {"aggregation": cfg}
-    merged = dict(defaults or {})
-    merged.update(cfg or {})
+    merged = _merged(cfg, defaults)
     method = merged.get("aggregation", "secure")
     timeout = merged.get("aggregation_timeout")
     if method == "plain":
@@ -264,37 +278,36 @@ def make_aggregator(cfg: dict | str | None = None, defaults: dict[str, Any] | No
     raise ValueError(f"aggregation must be one of {METHODS}, got {method!r}")
 
 
-def _plain_check(length: Callable[[dict], int] | None):
-    def check(arrays, cfg):
-        if cfg.get("aggregation", "secure") != "plain":
-            return "a plain (unmasked) update was sent although aggregation is not 'plain'"
-        if len(arrays) != 1:
-            return f"expected one vector, got {len(arrays)} arrays"
-        dt, shape = arrays[0]
-        want = "<f4" if cfg.get("plain_dtype", "float64") == "float32" else "<f8"
-        if dt != want or len(shape) != 1:
-            return f"plain update must be a 1-D {want} vector, got {dt}{list(shape)}"
-        if length is not None and shape[0] != int(length(cfg)):
-            return f"plain update has {shape[0]} elements, expected {int(length(cfg))}"
-        return None
-    return check
+def declarations(length: int | None = None, max_length: int | None = None, cfg: dict | str | None = None,
+                 defaults: dict[str, Any] | None = None) -> list[MessageDecl]:
+    """The kinds the aggregator that ``make_aggregator(cfg, defaults)`` makes sends, with the payloads its
+    settings allow: only the chosen method's kinds (a plain update in a secure run is undeclared: refused
+    on receipt and failed by the audit), plain updates of its ``plain_dtype``, masked ones of its ring.
+    Without ``cfg`` and ``defaults``: both methods' kinds, any dtype.
 
-
-def declarations(length: Callable[[dict], int] | None = None, max_length: int | None = None) -> list[MessageDecl]:
-    """Every kind either aggregator sends; a plain update in a secure run fails the audit.
-
-    ``length(cfg)`` pins the vector length for the audit; ``max_length`` (from the run's settings:
-    the longest vector aggregated) bounds every received update on receipt (a plain one to
-    ``max_length`` elements, a masked one to ``max_length + 1``), so no update outgrows what the
-    settings call for."""
+    ``length`` (when the settings fix it) pins every update to that many elements (a masked one to
+    ``length + 1``); ``max_length`` (the longest vector aggregated) bounds every received update
+    (a plain one to ``max_length`` elements, a masked one to ``max_length + 1``), so no update
+    outgrows what the settings call for."""
+    method = plain_dtype = ring_bits = None
+    if cfg is not None or defaults is not None:
+        merged = _merged(cfg, defaults)
+        method = merged.get("aggregation", "secure")
+        if method not in METHODS:
+            raise ValueError(f"aggregation must be one of {METHODS}, got {method!r}")
+        plain_dtype = merged.get("plain_dtype", "float64")
+        ring_bits = merged.get("secagg_ring_bits", SecAggConfig.ring_bits)
     cap = secagg.DEFAULT_MAX_ELEMS if max_length is None else int(max_length)
-    return [declare(KIND_PLAIN, "client", "server", "a client's vector in the clear, its weight (and max |x|)",
-                    _plain_check(length), payload=sch.Fields({
-                        "r": sch.Int(), "x": sch.Arr(("<f4", "<f8"), (None,), max_elems=cap, finite=False),
-                        # Values are the server's own per-round checks (check_update): a NaN, an inf or
-                        # an out-of-range weight drops that update and names its sender.
-                        "w": sch.Float(finite=False), "amax": sch.Float(finite=False)}))
-            ] + secagg.declarations(length, max_length)
+    dtype = ("<f4", "<f8") if plain_dtype is None else np.dtype(plain_dtype).str
+    plain = [declare(Kind.PLAIN, "client", "server", "a client's vector in the clear, its weight (and max |x|)",
+                     payload=sch.Fields({
+                         "r": sch.Int(),
+                         "x": sch.Arr(dtype, (None if length is None else int(length),), max_elems=cap, finite=False),
+                         # Values are the server's own per-round checks (check_update): a NaN, an inf or
+                         # an out-of-range weight drops that update and names its sender.
+                         "w": sch.Float(finite=False), "amax": sch.Float(finite=False)}))]
+    secure = secagg.declarations(length, max_length, ring_bits)
+    return (plain if method in (None, "plain") else []) + (secure if method in (None, "secure") else [])
 
 
 DECLARATIONS = declarations()

@@ -109,9 +109,8 @@ from __future__ import annotations
 from .secagg_client import ClientRound, Faults, SecAggClient, SubmitResult
 from .secagg_config import SecAggConfig, SecAggError, harary_parameters, neighbours
 from .secagg_masks import apply_masks, reconstruct_secret, share_secrets
-from .secagg_messages import (DECLARATIONS, DEFAULT_MAX_ELEMS, KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED,
-                              KIND_RELAY, KIND_SHARES, KIND_UNMASK, KIND_UNMASK_REQUEST, SECRET_ELEMS, STEPS, RoundInbox,
-                              check_round, declarations, payload_bytes)
+from .secagg_messages import (DECLARATIONS, DEFAULT_MAX_ELEMS, SECRET_ELEMS, STEPS, Kind, RoundInbox, check_round,
+                              declarations, payload_bytes)
 from .secagg_quantizer import Quantizer, check_input
 from .secagg_server import SecAggResult, SecAggServer, prune
 
@@ -119,7 +118,6 @@ __all__ = [
     "SecAggConfig", "SecAggClient", "SecAggServer", "SecAggResult", "SubmitResult", "SecAggError", "Faults",
     "Quantizer", "check_input", "check_round", "neighbours", "harary_parameters", "prune", "apply_masks",
     "share_secrets", "reconstruct_secret", "RoundInbox", "DECLARATIONS", "declarations", "ClientRound",
-    "KIND_IDENT", "KIND_KEYS", "KIND_KEYLIST", "KIND_SHARES", "KIND_RELAY", "KIND_MASKED",
-    "KIND_UNMASK_REQUEST", "KIND_UNMASK", "STEPS", "SECRET_ELEMS", "DEFAULT_MAX_ELEMS",
+    "Kind", "STEPS", "SECRET_ELEMS", "DEFAULT_MAX_ELEMS",
     "payload_bytes",
 ]

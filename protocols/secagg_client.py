@@ -32,7 +32,7 @@ no test hook appears in :meth:`SecAggClient.submit`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import msgpack
 import numpy as np
@@ -41,19 +41,19 @@ from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import random_seed
 
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggError, neighbours
 from .secagg_masks import apply_masks, share_secrets
-from .secagg_messages import (KIND_IDENT, KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY, KIND_SHARES,
-                              KIND_UNMASK, KIND_UNMASK_REQUEST, SECRET_ELEMS, STEPS, RoundInbox, check_round,
-                              is_bytes, keys_signed_message, round_context, seed_commitment)
+from .secagg_messages import (SECRET_ELEMS, STEPS, Kind, RoundInbox, check_round, keys_signed_message,
+                              round_context, seed_commitment)
 from .secagg_quantizer import Quantizer, check_input
 
 __all__ = ["SecAggClient", "SubmitResult", "Faults", "ClientRound", "advertise_keys", "share_keys", "premask",
            "masked_input", "unmask_shares"]
 
-_KIND_OF_STEP = {"advertise": KIND_KEYS, "share": KIND_SHARES, "masked": KIND_MASKED, "unmask": KIND_UNMASK}
+_KIND_OF_STEP = {"advertise": Kind.KEYS, "share": Kind.SHARES, "masked": Kind.MASKED, "unmask": Kind.UNMASK}
 
 
 @dataclass
@@ -102,8 +102,8 @@ class ClientRound:
     w: float
     ctx: bytes
     # round 0
-    c_sk: object = None
-    s_sk: object = None
+    c_sk: Any = None
+    s_sk: Any = None
     c_pk: bytes = b""
     s_pk: bytes = b""
     b: bytes = b""
@@ -144,9 +144,8 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
     ``ident_of(v)`` is v's identity public key (received directly from v).
     """
     cfg, r, me = st.cfg, st.r, st.me
-    universe = p.get("universe")
-    if not (isinstance(universe, list) and all(isinstance(u, str) for u in universe)
-            and len(set(universe)) == len(universe) and me in universe):
+    universe = p["universe"]
+    if len(set(universe)) != len(universe) or me not in universe:
         raise SecAggError(f"round {r}: the server's client list is malformed or lacks {me!r}")
     universe = sorted(universe)
     strangers = [u for u in universe if u != me and peer_roles.get(u) != own_role]
@@ -155,20 +154,18 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
     n = len(universe)
     st.universe, st.t, st.tl = universe, cfg.t(n), cfg.t_local(n)
     quant = st.quant = cfg.quantizer(n)
-    if (p.get("frac_bits"), p.get("ring_bits")) != (quant.frac_bits, quant.ring_bits):
-        raise SecAggError(f"round {r}: the server encodes with frac_bits={p.get('frac_bits')}, ring_bits="
-                          f"{p.get('ring_bits')}; this client's configuration gives {quant.frac_bits}, "
+    if (p["frac_bits"], p["ring_bits"]) != (quant.frac_bits, quant.ring_bits):
+        raise SecAggError(f"round {r}: the server encodes with frac_bits={p['frac_bits']}, ring_bits="
+                          f"{p['ring_bits']}; this client's configuration gives {quant.frac_bits}, "
                           f"{quant.ring_bits} (do both use the same secagg_* settings?)")
     st.nbrs = neighbours(universe, cfg, st.seed, st.run_id, r)[me]
-    keys = p.get("keys")
-    if not isinstance(keys, dict) or me not in keys:
+    keys = p["keys"]
+    if me not in keys:
         raise SecAggError(f"round {r}: the key list lacks this client's own keys")
     seen: set[bytes] = set()
     for v, entry in keys.items():
         if v != me and v not in st.nbrs:
             raise SecAggError(f"round {r}: the key list holds {v!r}, not a neighbour of {me!r}")
-        if not (isinstance(entry, list) and len(entry) == 4 and all(is_bytes(e) for e in entry)):
-            raise SecAggError(f"round {r}: malformed key entry for {v!r}")
         vc, vs, vcommit, vsig = (bytes(e) for e in entry)
         if v == me:
             if (vc, vs, vcommit) != (st.c_pk, st.s_pk, st.commit):
@@ -202,6 +199,7 @@ def premask(st: ClientRound) -> None:
     for v in sorted(set(st.peer_keys) - {st.me}):
         seed = ck.agree(st.s_sk, st.peer_keys[v][1], info=b"mask" + st.ctx)
         st.masks[v] = (seed, +1 if st.idx[st.me] < st.idx[v] else -1)
+    assert st.quant is not None  # set by share_keys
     st.y = np.empty(st.x.size + 1, dtype=st.quant.dtype)
     apply_masks(st.y, [(st.b, +1)] + [st.masks[v] for v in sorted(st.masks)], st.quant, st.x, st.w)
 
@@ -209,10 +207,8 @@ def premask(st: ClientRound) -> None:
 def masked_input(st: ClientRound, p: dict) -> dict:
     """Round 2: open the shares relayed in ``p``; the masked input (``secagg/masked`` payload)."""
     r, me = st.r, st.me
-    u2 = p.get("u2")
-    relayed = p.get("ct")
-    if not (isinstance(u2, list) and isinstance(relayed, dict) and me in u2 and set(u2) <= set(st.universe)
-            and (st.nbrs & set(u2)) <= set(st.peer_keys)):
+    u2, relayed = p["u2"], p["ct"]
+    if not (me in u2 and set(u2) <= set(st.universe) and (st.nbrs & set(u2)) <= set(st.peer_keys)):
         raise SecAggError(f"round {r}: malformed relay of shares (U2 must hold {me!r} and only "
                           "clients whose keys were listed)")
     st.u2 = set(u2)
@@ -221,6 +217,7 @@ def masked_input(st: ClientRound, p: dict) -> dict:
     mask_peers = sorted((st.nbrs & st.u2) - {me})
     if set(relayed) != set(mask_peers):
         raise SecAggError(f"round {r}: relayed shares come from {sorted(relayed)}, expected {mask_peers}")
+    assert st.own_share is not None  # set by share_keys
     st.held = {me: st.own_share}
     for v in mask_peers:
         try:
@@ -233,6 +230,7 @@ def masked_input(st: ClientRound, p: dict) -> dict:
         st.held[v] = F61.asarray(row.copy(), f"shares from {v}")
     if st.y is None:
         premask(st)
+    assert st.y is not None
     # Listed neighbours that did not share (not in U2): nobody can unmask their pairwise masks.
     gone = sorted(set(st.masks) - set(mask_peers))
     if gone:
@@ -244,8 +242,8 @@ def masked_input(st: ClientRound, p: dict) -> dict:
 def unmask_shares(st: ClientRound, p: dict) -> dict:
     """Round 3: for the unmask request ``p`` (U3), the shares the server may have (``secagg/unmask`` payload)."""
     r, me = st.r, st.me
-    u3 = p.get("u3")
-    if not (isinstance(u3, list) and me in u3 and set(u3) <= st.u2):
+    u3 = p["u3"]
+    if not (me in u3 and set(u3) <= st.u2):
         raise SecAggError(f"round {r}: malformed unmask request (U3 must hold {me!r} and lie within U2)")
     u3 = set(u3)
     if len(u3) < st.t:
@@ -272,30 +270,28 @@ class SecAggClient:
         self._ident_pk = ck.public_bytes(self._ident)
         self._peer_ident: dict[str, bytes] = {}
         self._ident_sent = False
-        self._inbox = None
+        self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
 
-    def _timeout(self, party) -> float:
+    def _timeout(self, party: PartyLike) -> float:
         if self.cfg.client_timeout is not None:
             return float(self.cfg.client_timeout)
         return float(party.timeout) + float(self.cfg.timeout or party.timeout)
 
-    def _ident_of(self, party, v: str) -> bytes:
+    def _ident_of(self, party: PartyLike, v: str) -> bytes:
         if v not in self._peer_ident:
-            p = party.recv(v, KIND_IDENT, timeout=self._timeout(party))
-            # v's own message is the evidence: the fault is v's, never ours (nor the server's)
-            if not isinstance(p, dict) or not is_bytes(p.get("pk"), ck.KEY_BYTES):
-                got = p.get("pk") if isinstance(p, dict) else p
-                size = len(got) if isinstance(got, (bytes, bytearray)) else type(got).__name__
-                raise PeerFault(party.name, v, KIND_IDENT, f"identity key must be {ck.KEY_BYTES} bytes, got {size}")
+            p = party.recv(v, Kind.IDENT, timeout=self._timeout(party))
+            # v's own message is the evidence: the fault is v's, never ours (nor the server's); the
+            # schema refused a key of the wrong length on receipt
             try:
                 ck.public_key_from_bytes(bytes(p["pk"]), "ed25519")
             except ValueError as e:
-                raise PeerFault(party.name, v, KIND_IDENT, f"identity key is not an Ed25519 point: {e}") from None
+                raise PeerFault(party.name, v, Kind.IDENT, f"identity key is not an Ed25519 point: {e}") from None
             self._peer_ident[v] = bytes(p["pk"])
         return self._peer_ident[v]
 
-    def _from_server(self, party, server: str, kind: str, r: int) -> dict:
+    def _from_server(self, party: PartyLike, server: str, kind: str, r: int) -> dict:
+        assert self._inbox is not None  # made by submit
         p = self._inbox.recv(party, server, kind, r, party.now() + self._timeout(party))
         if p is None:
             raise SecAggError(f"client {party.name!r}: no {kind!r} from {server!r} for round {r} within "
@@ -310,7 +306,7 @@ class SecAggClient:
             f = f.get(r)
         return f or Faults()
 
-    def submit(self, party, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
+    def submit(self, party: PartyLike, server: str, vector, weight: float = 1.0, round: int = 0) -> SubmitResult:
         """Take part in one aggregation with ``weight * clip(vector)``.
 
         Raises ValueError / TypeError naming this party if the input is not a
@@ -326,7 +322,7 @@ class SecAggClient:
         faults = self._faults_for(r)
         if not self._ident_sent:
             for v in party.peers_with_role(party.role):
-                party.send(v, KIND_IDENT, {"pk": self._ident_pk})
+                party.send(v, Kind.IDENT, {"pk": self._ident_pk})
             self._ident_sent = True
         if faults.stop_after == "start":
             return SubmitResult("stopped", r, "before advertising keys")
@@ -345,7 +341,7 @@ class SecAggClient:
         if send("advertise", advertise_keys(st, self._ident)):
             return SubmitResult("stopped", r, "after advertising keys")
 
-        p = self._from_server(party, server, KIND_KEYLIST, r)
+        p = self._from_server(party, server, Kind.KEYLIST, r)
         if p.get("dropped"):
             return SubmitResult("dropped", r, "excluded at the key list")
         payload = share_keys(st, p, party.roles, party.role, lambda v: self._ident_of(party, v))
@@ -353,13 +349,13 @@ class SecAggClient:
             return SubmitResult("stopped", r, "after sharing keys")
         premask(st)  # while the server gathers everyone's shares
 
-        p = self._from_server(party, server, KIND_RELAY, r)
+        p = self._from_server(party, server, Kind.RELAY, r)
         if p.get("dropped"):
             return SubmitResult("dropped", r, "excluded after sharing keys")
         if send("masked", masked_input(st, p)):
             return SubmitResult("stopped", r, "after sending the masked input")
 
-        p = self._from_server(party, server, KIND_UNMASK_REQUEST, r)
+        p = self._from_server(party, server, Kind.UNMASK_REQUEST, r)
         if p.get("dropped"):
             return SubmitResult("dropped", r, "excluded after the masked input")
         send("unmask", unmask_shares(st, p))

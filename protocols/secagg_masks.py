@@ -36,7 +36,7 @@ def apply_masks(acc: np.ndarray, masks: Iterable[tuple[bytes, int]], quant: Quan
     With ``quant``, each chunk of ``acc`` is first overwritten with the
     quantised ``(x, w)``: the client's whole masked input in one cache-friendly pass.
     """
-    masks = [(PRG(seed), sign) for seed, sign in masks]
+    streams = [(PRG(seed), sign) for seed, sign in masks]
     dtype = acc.dtype
     n = acc.size
     key = np.empty(min(_CHUNK, max(n, 1)), dtype=dtype)
@@ -46,9 +46,10 @@ def apply_masks(acc: np.ndarray, masks: Iterable[tuple[bytes, int]], quant: Quan
         hi = min(n, lo + _CHUNK)
         a = acc[lo:hi]
         if quant is not None:
+            assert x is not None and tmp is not None
             quant.encode_into(acc, x, w, lo, hi, tmp)
         kk = key[: hi - lo]
-        for prg, sign in masks:
+        for prg, sign in streams:
             prg.fill_bytes(kk)
             (add if sign > 0 else sub)(a, kk, out=a)
 

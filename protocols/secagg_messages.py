@@ -11,32 +11,37 @@ alike.
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
-
 import msgpack
 import numpy as np
 
 from fedhet.crypto.field import F61
+from fedhet.crypto.keys import SEAL_OVERHEAD
 from fedhet.crypto.prg import SEED_BYTES
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import QUEUE_MAX_BYTES, PeerFault, PeerTimeout
 from fedhet.parties import schema as sch
-from fedhet.parties.declare import MessageDecl, declare, no_arrays
+from fedhet.parties.declare import MessageDecl, declare
 
 __all__ = [
-    "KIND_IDENT", "KIND_KEYS", "KIND_KEYLIST", "KIND_SHARES", "KIND_RELAY", "KIND_MASKED",
-    "KIND_UNMASK_REQUEST", "KIND_UNMASK", "STEPS", "SECRET_ELEMS", "RoundInbox", "check_round", "round_context",
+    "Kind", "STEPS", "SECRET_ELEMS", "RoundInbox", "check_round", "round_context",
     "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
-    "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "masked_schema", "payload_bytes",
+    "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "SEALED_BYTES", "masked_schema", "payload_bytes",
 ]
 
-KIND_IDENT = "secagg/ident"
-KIND_KEYS = "secagg/keys"
-KIND_KEYLIST = "secagg/keylist"
-KIND_SHARES = "secagg/shares"
-KIND_RELAY = "secagg/relay"
-KIND_MASKED = "secagg/masked"
-KIND_UNMASK_REQUEST = "secagg/unmask_request"
-KIND_UNMASK = "secagg/unmask"
+
+
+class Kind:
+    """Every secure-aggregation message kind (the strings are on the wire and in transcripts)."""
+
+    IDENT = "secagg/ident"
+    KEYS = "secagg/keys"
+    KEYLIST = "secagg/keylist"
+    SHARES = "secagg/shares"
+    RELAY = "secagg/relay"
+    MASKED = "secagg/masked"
+    UNMASK_REQUEST = "secagg/unmask_request"
+    UNMASK = "secagg/unmask"
+
 
 STEPS = ("advertise", "share", "masked", "unmask")  # a client's four messages to the server, in order
 _SIG_LABEL = "fedhet/secagg/keys/v1"
@@ -113,13 +118,13 @@ class RoundInbox:
         return sum(payload_bytes(p) for u, (_, kinds) in self._later.items() if frm in (None, u)
                    for p in kinds.values())
 
-    def _fault(self, party, frm: str, kind: str, reason: str) -> PeerFault:
+    def _fault(self, party: PartyLike, frm: str, kind: str, reason: str) -> PeerFault:
         e = PeerFault(party.name, frm, kind, reason)
         self._faulty[frm] = e
         self._later.pop(frm, None)
         return e
 
-    def recv(self, party, frm: str, kind: str, r: int, deadline: float):
+    def recv(self, party: PartyLike, frm: str, kind: str, r: int, deadline: float):
         """The round-``r`` payload of ``kind`` from ``frm``, or None once ``deadline`` (``party.now()``) passed.
 
         Raises :class:`PeerFault` (naming ``frm``) when ``frm`` broke the rules, now or before.
@@ -164,36 +169,14 @@ class RoundInbox:
             return p
 
 
-# ----------------------------------------------------------- declarations
-def _ring_vector(arrays: list, cfg: dict, length: int | None) -> str | None:
-    bits = int(cfg.get("secagg_ring_bits", 32))
-    want = "<u4" if bits == 32 else "<u8"
-    if len(arrays) != 1:
-        return f"expected one masked vector, got {len(arrays)} arrays"
-    dt, shape = arrays[0]
-    if dt != want or len(shape) != 1:
-        return f"masked input must be a 1-D {want} ring vector (secagg_ring_bits={bits}), got {dt}{list(shape)}"
-    if length is not None and shape[0] != length + 1:
-        return f"masked input has {shape[0]} elements, expected {length} + 1 (the weight)"
-    return None
-
-
-def _share_arrays(arrays: list, cfg: dict) -> str | None:
-    if len(arrays) != 1:
-        return f"expected one array of shares, got {len(arrays)}"
-    for dt, shape in arrays:
-        if dt != "<u8" or len(shape) != 2 or shape[1] != SECRET_ELEMS:
-            return f"shares must be uint64 arrays of shape (k, {SECRET_ELEMS}), got {dt}{list(shape)}"
-    return None
-
-
 # ----------------------------------------------------------- payload schemas
 MAX_CLIENTS = 10_000  # bound on every list/table of clients
 _R = sch.Int()  # a stale copy (a fault injected on purpose) carries r - 1, so no lower bound here
 _NAMES = sch.ListOf(sch.Str(), max_len=MAX_CLIENTS)
 _KEY = sch.Bytes(length=32)
 # A sealed share: 2 * SECRET_ELEMS uint64 plus the AEAD nonce and tag.
-_SEALED = sch.Bytes(max_len=1024)
+SEALED_BYTES = 2 * SECRET_ELEMS * 8 + SEAL_OVERHEAD
+_SEALED = sch.Bytes(length=SEALED_BYTES)
 
 
 def _notice(**fields: sch.Spec) -> sch.Spec:
@@ -208,53 +191,52 @@ def _notice(**fields: sch.Spec) -> sch.Spec:
 DEFAULT_MAX_ELEMS = QUEUE_MAX_BYTES // 8
 
 
-def masked_schema(max_length: int | None) -> sch.Spec:
-    """``secagg/masked``: a ring vector of exactly ``max_length + 1`` elements at most (the input and
-    its weight); ``max_length`` from the settings, or :data:`DEFAULT_MAX_ELEMS` when unknown."""
+def masked_schema(max_length: int | None, length: int | None = None, ring_bits: int | None = None) -> sch.Spec:
+    """``secagg/masked``: a ring vector of the input and its weight: exactly ``length + 1`` elements when
+    the settings fix the length, else at most ``max_length + 1`` (from the settings; without them
+    :data:`DEFAULT_MAX_ELEMS`); of the ring ``ring_bits`` (32: uint32, 64: uint64; None: either)."""
     cap = DEFAULT_MAX_ELEMS if max_length is None else int(max_length) + 1
-    return sch.Fields({"r": _R, "y": sch.Arr(("<u4", "<u8"), (None,), max_elems=cap)})
+    dtype = ("<u4", "<u8") if ring_bits is None else {32: "<u4", 64: "<u8"}[int(ring_bits)]
+    return sch.Fields({"r": _R, "y": sch.Arr(dtype, (None if length is None else int(length) + 1,), max_elems=cap)})
 
 
 SCHEMAS: dict[str, sch.Spec] = {
-    KIND_KEYS: sch.Fields({"r": _R, "c_pk": _KEY, "s_pk": _KEY, "commit": _KEY, "sig": sch.Bytes(length=64)}),
-    KIND_KEYLIST: _notice(universe=_NAMES, frac_bits=sch.Int(lo=0, hi=64), ring_bits=sch.Int(lo=1, hi=64),
+    Kind.KEYS: sch.Fields({"r": _R, "c_pk": _KEY, "s_pk": _KEY, "commit": _KEY, "sig": sch.Bytes(length=64)}),
+    Kind.KEYLIST: _notice(universe=_NAMES, frac_bits=sch.Int(lo=0, hi=64), ring_bits=sch.Int(lo=1, hi=64),
                           keys=sch.MapOf(sch.ListOf(sch.Bytes(max_len=64), length=4), max_len=MAX_CLIENTS)),
-    KIND_SHARES: sch.Fields({"r": _R, "ct": sch.MapOf(_SEALED, max_len=MAX_CLIENTS)}),
-    KIND_RELAY: _notice(u2=_NAMES, ct=sch.MapOf(_SEALED, max_len=MAX_CLIENTS)),
-    KIND_MASKED: masked_schema(None),
-    KIND_UNMASK_REQUEST: _notice(u3=_NAMES),
-    KIND_UNMASK: sch.Fields({"r": _R, "b_of": _NAMES, "s_of": _NAMES,
+    Kind.SHARES: sch.Fields({"r": _R, "ct": sch.MapOf(_SEALED, max_len=MAX_CLIENTS)}),
+    Kind.RELAY: _notice(u2=_NAMES, ct=sch.MapOf(_SEALED, max_len=MAX_CLIENTS)),
+    Kind.MASKED: masked_schema(None),
+    Kind.UNMASK_REQUEST: _notice(u3=_NAMES),
+    Kind.UNMASK: sch.Fields({"r": _R, "b_of": _NAMES, "s_of": _NAMES,
                              "shares": sch.Arr("<u8", (None, SECRET_ELEMS), max_elems=MAX_CLIENTS * SECRET_ELEMS)}),
 }
 
 
-def declarations(length: Callable[[dict], int] | None = None, max_length: int | None = None) -> list[MessageDecl]:
-    """The protocol's message kinds; ``length(cfg)`` (optional) pins the vector length for the audit;
-    ``max_length`` (from the run's settings: the longest vector aggregated) bounds every masked input
-    on receipt to ``max_length + 1`` elements."""
-    def masked(arrays, cfg):
-        return _ring_vector(arrays, cfg, None if length is None else int(length(cfg)))
-
+def declarations(length: int | None = None, max_length: int | None = None,
+                 ring_bits: int | None = None) -> list[MessageDecl]:
+    """The protocol's message kinds, from the run's settings: ``length`` (when fixed) the length of every
+    aggregated vector, ``max_length`` the longest one (bounds every masked input on receipt to
+    ``max_length + 1`` elements), ``ring_bits`` the ring of the masked vectors (None: unknown)."""
     return [
-        declare(KIND_IDENT, "client", "client", "a client's per-run Ed25519 identity public key (32 bytes)",
-                no_arrays, payload=sch.Fields({"pk": sch.Bytes(length=32)})),
-        declare(KIND_KEYS, "client", "server",
-                "two X25519 public keys, a hash of the self-mask seed, an Ed25519 signature", no_arrays,
-                payload=SCHEMAS[KIND_KEYS]),
-        declare(KIND_KEYLIST, "server", "client", "the signed public keys of the client's neighbours, or a "
-                "dropped/abort notice", no_arrays, payload=SCHEMAS[KIND_KEYLIST]),
-        declare(KIND_SHARES, "client", "server",
-                "Shamir shares of the self-mask seed and mask key, AES-GCM sealed to each neighbour", no_arrays,
-                payload=SCHEMAS[KIND_SHARES]),
-        declare(KIND_RELAY, "server", "client", "sealed shares addressed to the client, and U2", no_arrays,
-                payload=SCHEMAS[KIND_RELAY]),
-        declare(KIND_MASKED, "client", "server", "the masked, quantised, weighted input (a uniform ring vector)",
-                masked, payload=SCHEMAS[KIND_MASKED] if max_length is None else masked_schema(max_length)),
-        declare(KIND_UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived", no_arrays,
-                payload=SCHEMAS[KIND_UNMASK_REQUEST]),
-        declare(KIND_UNMASK, "client", "server",
-                "self-mask seed shares of U3 and mask-key shares of U2 minus U3", _share_arrays,
-                payload=SCHEMAS[KIND_UNMASK]),
+        declare(Kind.IDENT, "client", "client", "a client's per-run Ed25519 identity public key (32 bytes)",
+                payload=sch.Fields({"pk": sch.Bytes(length=32)})),
+        declare(Kind.KEYS, "client", "server",
+                "two X25519 public keys, a hash of the self-mask seed, an Ed25519 signature",
+                payload=SCHEMAS[Kind.KEYS]),
+        declare(Kind.KEYLIST, "server", "client", "the signed public keys of the client's neighbours, or a "
+                "dropped/abort notice", payload=SCHEMAS[Kind.KEYLIST]),
+        declare(Kind.SHARES, "client", "server",
+                "Shamir shares of the self-mask seed and mask key, AES-GCM sealed to each neighbour",
+                payload=SCHEMAS[Kind.SHARES]),
+        declare(Kind.RELAY, "server", "client", "sealed shares addressed to the client, and U2",
+                payload=SCHEMAS[Kind.RELAY]),
+        declare(Kind.MASKED, "client", "server", "the masked, quantised, weighted input (a uniform ring vector)",
+                payload=masked_schema(max_length, length, ring_bits)),
+        declare(Kind.UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived",
+                payload=SCHEMAS[Kind.UNMASK_REQUEST]),
+        declare(Kind.UNMASK, "client", "server",
+                "self-mask seed shares of U3 and mask-key shares of U2 minus U3", payload=SCHEMAS[Kind.UNMASK]),
     ]
 
 

@@ -34,13 +34,12 @@ import numpy as np
 
 from fedhet.crypto import keys as ck
 from fedhet.crypto.field import F61
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggError, neighbours
 from .secagg_masks import SharedSecret, apply_masks, recover_secrets
-from .secagg_messages import (KIND_KEYLIST, KIND_KEYS, KIND_MASKED, KIND_RELAY, KIND_SHARES, KIND_UNMASK,
-                              KIND_UNMASK_REQUEST, SECRET_ELEMS, RoundInbox, check_round, is_bytes,
-                              round_context, seed_commitment)
+from .secagg_messages import (SECRET_ELEMS, Kind, RoundInbox, check_round, round_context, seed_commitment)
 from .secagg_quantizer import Quantizer
 
 __all__ = ["SecAggServer", "SecAggResult", "ServerRound", "prune", "advertise_round", "share_round",
@@ -89,7 +88,7 @@ def prune(alive: set[str], nbrs: dict[str, frozenset], t: int, tl: int) -> set[s
 class ServerRound:
     """The server's state through one round."""
 
-    party: Any
+    party: PartyLike
     cfg: SecAggConfig
     r: int
     universe: list[str]
@@ -108,8 +107,10 @@ class ServerRound:
     def n(self) -> int:
         return len(self.universe)
 
-    def collect(self, kind: str, frm: Iterable[str], valid: Callable[[str, dict], str | None]) -> dict[str, dict]:
-        """Round-r messages of ``kind`` from ``frm`` until the timeout; the silent and the malformed are left out."""
+    def collect(self, kind: str, frm: Iterable[str],
+                valid: Callable[[str, dict], str | None] | None = None) -> dict[str, dict]:
+        """Round-r messages of ``kind`` from ``frm`` until the timeout; the silent and the malformed are left out
+        (``valid(u, p)``: why ``u``'s schema-checked payload is unacceptable, None when it is)."""
         party, r, log = self.party, self.r, self.party.log
         t0 = time.monotonic()
         deadline = party.now() + self.timeout
@@ -124,7 +125,7 @@ class ServerRound:
             if p is None:
                 log.info("secagg round %d: %s dropped (no %s within %gs)", r, u, kind, self.timeout)
                 continue
-            why = valid(u, p)
+            why = None if valid is None else valid(u, p)
             if why:
                 log.warning("secagg round %d: dropped %s: bad %s message: %s", r, u, kind, why)
                 self.rejected[u] = f"{kind}: {why}"
@@ -162,19 +163,12 @@ class ServerRound:
 # ------------------------------------------------------------ the rounds
 def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
     """Round 0: collect the signed keys (U1) and send each client of U1 its neighbours' keys."""
-    def valid_keys(u, p):
-        if not all(is_bytes(p.get(f), ck.KEY_BYTES) for f in ("c_pk", "s_pk", "commit")):
-            return "keys must be 32 bytes each"
-        if not is_bytes(p.get("sig"), 64):
-            return "signature must be 64 bytes"
-        return None
-
-    adv = st.collect(KIND_KEYS, st.universe, valid_keys)
-    u1 = st.enough(set(adv), st.universe, KIND_KEYLIST, "advertised keys")
-    st.tell_dropped(set(st.universe) - u1, KIND_KEYLIST)
+    adv = st.collect(Kind.KEYS, st.universe)  # the schema checked every key's and the signature's length
+    u1 = st.enough(set(adv), st.universe, Kind.KEYLIST, "advertised keys")
+    st.tell_dropped(set(st.universe) - u1, Kind.KEYLIST)
     entry = {u: [adv[u]["c_pk"], adv[u]["s_pk"], adv[u]["commit"], adv[u]["sig"]] for u in u1}
     for u in sorted(u1):
-        st.party.send(u, KIND_KEYLIST, {"r": st.r, "universe": st.universe, "frac_bits": st.quant.frac_bits,
+        st.party.send(u, Kind.KEYLIST, {"r": st.r, "universe": st.universe, "frac_bits": st.quant.frac_bits,
                                         "ring_bits": st.quant.ring_bits,
                                         "keys": {v: entry[v] for v in sorted((st.nbrs[u] & u1) | {u})}})
     return adv, u1
@@ -183,18 +177,15 @@ def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
 def share_round(st: ServerRound, u1: set[str]) -> set[str]:
     """Round 1: collect the sealed shares (U2) and relay to each client of U2 the shares addressed to it."""
     def valid_shares(u, p):
-        ct = p.get("ct")
-        if not isinstance(ct, dict) or set(ct) != (st.nbrs[u] & u1):
+        if set(p["ct"]) != (st.nbrs[u] & u1):  # (the schema checked every sealed share's size)
             return "sealed shares must be addressed to exactly the neighbours in U1"
-        if not all(is_bytes(c, 2 * SECRET_ELEMS * 8 + ck.SEAL_OVERHEAD) for c in ct.values()):
-            return "sealed shares have the wrong size"
         return None
 
-    sh = st.collect(KIND_SHARES, sorted(u1), valid_shares)
-    u2 = st.enough(set(sh), u1, KIND_RELAY, "shared keys")
-    st.tell_dropped(u1 - u2, KIND_RELAY)
+    sh = st.collect(Kind.SHARES, sorted(u1), valid_shares)
+    u2 = st.enough(set(sh), u1, Kind.RELAY, "shared keys")
+    st.tell_dropped(u1 - u2, Kind.RELAY)
     for v in sorted(u2):
-        st.party.send(v, KIND_RELAY, {"r": st.r, "u2": sorted(u2),
+        st.party.send(v, Kind.RELAY, {"r": st.r, "u2": sorted(u2),
                                       "ct": {u: sh[u]["ct"][v] for u in sorted(st.nbrs[v] & u2)}})
     return u2
 
@@ -207,8 +198,8 @@ def masked_round(st: ServerRound, u2: set[str], length: int | None) -> tuple[np.
 
     def valid_masked(u, p):
         nonlocal acc, want
-        y = p.get("y")
-        if not isinstance(y, np.ndarray) or y.dtype != quant.dtype or y.ndim != 1:
+        y = p["y"]  # a 1-D ring vector (the schema checked)
+        if y.dtype != quant.dtype:
             return f"masked input must be a 1-D {quant.dtype} array"
         if want is None:
             want = y.size
@@ -220,13 +211,14 @@ def masked_round(st: ServerRound, u2: set[str], length: int | None) -> tuple[np.
             np.add(acc, y, out=acc)  # the sum is all the server keeps
         return None
 
-    u3 = set(st.collect(KIND_MASKED, sorted(u2), valid_masked))
+    u3 = set(st.collect(Kind.MASKED, sorted(u2), valid_masked))
     if len(u3) < st.t:
-        st.fail(u2, KIND_UNMASK_REQUEST,
+        st.fail(u2, Kind.UNMASK_REQUEST,
                 f"only {len(u3)} of {st.n} masked inputs arrived, below the threshold t={st.t}")
-    st.tell_dropped(u2 - u3, KIND_UNMASK_REQUEST)
+    st.tell_dropped(u2 - u3, Kind.UNMASK_REQUEST)
     for u in sorted(u3):
-        st.party.send(u, KIND_UNMASK_REQUEST, {"r": st.r, "u3": sorted(u3)})
+        st.party.send(u, Kind.UNMASK_REQUEST, {"r": st.r, "u3": sorted(u3)})
+    assert acc is not None  # t >= 1 masked inputs were summed
     return acc, u3
 
 
@@ -255,8 +247,8 @@ def check_shares(st: ServerRound, items: dict) -> None:
     evidence = "; ".join(facts + lost)
     if proven:
         for h in proven:
-            st.rejected[h] = f"{KIND_UNMASK}: wrong unmasking shares"
-        raise PeerFault(st.party.name, proven[0], KIND_UNMASK,
+            st.rejected[h] = f"{Kind.UNMASK}: wrong unmasking shares"
+        raise PeerFault(st.party.name, proven[0], Kind.UNMASK,
                         f"secure aggregation round {r}: wrong unmasking shares from {proven} "
                         f"(proven: no single other party explains them); {evidence}; no sum is released")
     raise SecAggError(f"secure aggregation round {r} failed: inconsistent unmasking shares, sender unknown"
@@ -271,14 +263,12 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
     holders = {u: ((nbrs[u] & u2) | {u}) for u in u2}
 
     def valid_unmask(u, p):
-        b_of, s_of = p.get("b_of"), p.get("s_of")
-        if not (isinstance(b_of, list) and isinstance(s_of, list)):
-            return "share owner lists missing"
+        b_of, s_of = p["b_of"], p["s_of"]
         if set(b_of) != holders[u] & u3 or set(s_of) != holders[u] - u3:
             return "shares are not for exactly the expected clients"
-        a = p.get("shares")
+        a = p["shares"]  # uint64 (k, SECRET_ELEMS) (the schema checked)
         rows = len(b_of) + len(s_of)
-        if not isinstance(a, np.ndarray) or a.dtype != np.uint64 or a.shape != (rows, SECRET_ELEMS):
+        if len(a) != rows:
             return f"shares must be a uint64 array of shape ({rows}, {SECRET_ELEMS})"
         try:
             F61.asarray(a, "shares")
@@ -286,13 +276,13 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
             return str(e)
         return None
 
-    un = st.collect(KIND_UNMASK, sorted(u3), valid_unmask)
+    un = st.collect(Kind.UNMASK, sorted(u3), valid_unmask)
     if len(un) < st.t:
         raise SecAggError(f"secure aggregation round {r} failed: only {len(un)} of {st.n} clients sent "
                           f"unmasking shares, below the threshold t={st.t}; no sum is released")
     b_rows: dict[str, list] = {u: [] for u in u3}
     s_rows: dict[str, list] = {v: [] for v in u2 - u3}
-    for h in sorted(un, key=idx.get):  # ascending x = idx + 1
+    for h in sorted(un, key=idx.__getitem__):  # ascending x = idx + 1
         p = un[h]
         nb = len(p["b_of"])
         for v, row in zip(p["b_of"], p["shares"][:nb]):
@@ -322,9 +312,10 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
     except SecAggError as e:
         raise SecAggError(f"secure aggregation round {r} failed: {e}; no sum is released") from None
     check_shares(st, {**{("b", u): it for u, it in b_items.items()}, **{("s", v): it for v, it in s_items.items()}})
-    masks: list[tuple[bytes, int]] = [(it.secret, -1) for it in b_items.values()]
-    for v, it in s_items.items():
-        sk = ck.private_key_from_bytes(it.secret, "x25519")
+    secret = {what: it.secret for what, it in [*b_items.items(), *s_items.items()] if it.secret is not None}
+    masks: list[tuple[bytes, int]] = [(secret[u], -1) for u in b_items]
+    for v in s_items:
+        sk: Any = ck.private_key_from_bytes(secret[v], "x25519")
         for u in sorted(nbrs[v] & u3):
             seed = ck.agree(sk, adv[u]["s_pk"], info=b"mask" + ctx)
             # u added +PRG(s_uv) when u sorts before v: take it back out.
@@ -350,10 +341,11 @@ class SecAggServer:
     def __init__(self, config: SecAggConfig | None = None, observer: Callable[[str, str, Any], None] | None = None):
         self.cfg = config or SecAggConfig()
         self.observer = observer
-        self._inbox = None
+        self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
 
-    def aggregate(self, party, clients: Iterable[str], round: int = 0, length: int | None = None) -> SecAggResult:
+    def aggregate(self, party: PartyLike, clients: Iterable[str], round: int = 0,
+                  length: int | None = None) -> SecAggResult:
         """Run one round with ``clients``; returns the weighted sum (``length`` checks the vector length)."""
         cfg = self.cfg
         r = int(round)

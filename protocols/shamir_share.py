@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.fixedpoint import DEFAULT_FRAC_BITS
 from fedhet.crypto.prg import PRG
+from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
@@ -65,7 +66,7 @@ __all__ = [
     "holder_points", "share_array", "reconstruct_shares",
     "share_to_holders", "receive_shares", "send_to_coordinator", "reconstruct_at_coordinator",
     "add", "sub", "neg", "sum_shares", "add_public", "scale", "matmul", "lmatmul", "batched_lmatmul", "stack",
-    "concatenate", "lift", "declarations", "DECLARATIONS", "DEFAULT_PREFIX", "PROTOCOL_VERSION",
+    "concatenate", "lift", "declarations", "DECLARATIONS", "DEFAULT_PREFIX", "PROTOCOL_VERSION", "Kind",
 ]
 
 PROTOCOL_VERSION = 1
@@ -86,10 +87,19 @@ def holder_points(holders: Iterable[str]) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------ wire
-def _kinds(prefix: str) -> tuple[str, str]:
-    if not isinstance(prefix, str) or not prefix or prefix.endswith("/") or any(c.isspace() for c in prefix):
-        raise ValueError(f"kind_prefix must be a non-empty string without spaces or trailing '/', got {prefix!r}")
-    return f"{prefix}/share", f"{prefix}/result"
+class Kind:
+    """The protocol's two message kinds, under a kind prefix (``"shamir/share"``, ``"shamir/result"`` by
+    default): an algorithm that shares several arrays gives each sharing its own prefix."""
+
+    SHARE = "share"
+    RESULT = "result"
+
+    @staticmethod
+    def of(prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+        """(share kind, result kind) under ``prefix``."""
+        if not isinstance(prefix, str) or not prefix or prefix.endswith("/") or any(c.isspace() for c in prefix):
+            raise ValueError(f"kind_prefix must be a non-empty string without spaces or trailing '/', got {prefix!r}")
+        return f"{prefix}/{Kind.SHARE}", f"{prefix}/{Kind.RESULT}"
 
 
 def _meta(a: SharedArray, tag: str) -> dict:
@@ -97,38 +107,22 @@ def _meta(a: SharedArray, tag: str) -> dict:
             "bound": int(a.bound), "err": float(a.err), "shares": contiguous_u64(a.values)}
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _parse(msg: Any, frm: str, kind: str, tag: str, fld: PrimeField) -> SharedArray:
+def _parse(msg: dict, frm: str, kind: str, tag: str, fld: PrimeField) -> SharedArray:
+    """A share message as a SharedArray (its types and ranges were checked on receipt by :func:`share_schema`)."""
     where = f"{kind} from {frm!r}"
-    if not isinstance(msg, dict):
-        raise ShamirError(f"{where} is not a share message")
-    if msg.get("v") != PROTOCOL_VERSION:
-        raise ShamirError(f"{where}: protocol version {msg.get('v')!r}, expected {PROTOCOL_VERSION}")
-    if msg.get("tag") != tag:
-        raise ShamirError(f"{where}: tag {msg.get('tag')!r}, expected {tag!r} (a message of another sharing)")
-    if msg.get("p") != fld.p:
-        raise ShamirError(f"{where}: field modulus {msg.get('p')!r}, expected {fld.p}")
-    for k in ("x", "t", "frac_bits", "bound"):
-        if not _is_int(msg.get(k)):
-            raise ShamirError(f"{where}: {k} must be an int, got {msg.get(k)!r}")
-    if not 1 <= msg["x"] < fld.p or msg["t"] < 1 or msg["frac_bits"] < 0 or not 0 <= msg["bound"] <= max_signed(fld):
-        raise ShamirError(f"{where}: x, t, frac_bits or bound out of range "
-                          f"({msg['x']}, {msg['t']}, {msg['frac_bits']}, {msg['bound']})")
-    err = msg.get("err")
-    if not isinstance(err, (int, float)) or isinstance(err, bool) or not (math.isfinite(err) and err >= 0):
-        raise ShamirError(f"{where}: err must be a finite non-negative number, got {err!r}")
-    sh = msg.get("shares")
-    if not isinstance(sh, np.ndarray) or sh.dtype != np.uint64:
-        raise ShamirError(f"{where}: shares must be a uint64 array, got "
-                          f"{getattr(sh, 'dtype', type(sh).__name__)}")
+    if msg["v"] != PROTOCOL_VERSION:
+        raise ShamirError(f"{where}: protocol version {msg['v']!r}, expected {PROTOCOL_VERSION}")
+    if msg["tag"] != tag:
+        raise ShamirError(f"{where}: tag {msg['tag']!r}, expected {tag!r} (a message of another sharing)")
+    if msg["p"] != fld.p:
+        raise ShamirError(f"{where}: field modulus {msg['p']!r}, expected {fld.p}")
+    if msg["x"] >= fld.p or msg["bound"] > max_signed(fld) or msg["err"] < 0:
+        raise ShamirError(f"{where}: x, bound or err out of range ({msg['x']}, {msg['bound']}, {msg['err']})")
     try:
-        sh = fld.asarray(sh, f"shares from {frm!r}")
+        sh = fld.asarray(msg["shares"], f"shares from {frm!r}")
     except ValueError as e:
         raise ShamirError(str(e)) from None
-    return SharedArray(sh, msg["x"], msg["t"], msg["frac_bits"], msg["bound"], float(err), fld)
+    return SharedArray(sh, msg["x"], msg["t"], msg["frac_bits"], msg["bound"], float(msg["err"]), fld)
 
 
 @dataclass
@@ -146,7 +140,7 @@ class ShareInfo:
         return math.ldexp(float(self.bound), -self.frac_bits)
 
 
-def _check_holders(party, holders: Sequence[str], what: str) -> list[str]:
+def _check_holders(party: PartyLike, holders: Sequence[str], what: str) -> list[str]:
     if isinstance(holders, str):
         raise TypeError(f"{what}: holders must be a list of party names, not a single string")
     hs = list(holders)
@@ -156,7 +150,7 @@ def _check_holders(party, holders: Sequence[str], what: str) -> list[str]:
     return hs
 
 
-def share_to_holders(party, array, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
+def share_to_holders(party: PartyLike, array, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
                      frac_bits: int = DEFAULT_FRAC_BITS, max_abs: float | None = None, tag: str = "",
                      field: PrimeField = F61, prg: PRG | None = None) -> ShareInfo:
     """Owner side: t-of-m share ``array`` and send each holder its share (kind ``{prefix}/share``).
@@ -166,7 +160,7 @@ def share_to_holders(party, array, holders: Sequence[str], t: int, kind_prefix: 
     ``max_abs``, ``field``, ``prg``: see :func:`share_array`.  ``tag`` names
     this sharing; the holders must expect the same tag.
     """
-    kind, _ = _kinds(kind_prefix)
+    kind, _ = Kind.of(kind_prefix)
     points = holder_points(_check_holders(party, holders, "share_to_holders"))
     parts = share_array(array, len(points), t, frac_bits=frac_bits, max_abs=max_abs, field=field, prg=prg)
     for h, x in points.items():
@@ -175,15 +169,16 @@ def share_to_holders(party, array, holders: Sequence[str], t: int, kind_prefix: 
     return ShareInfo(p0.shape, p0.t, p0.frac_bits, p0.bound, p0.err, points)
 
 
-def receive_shares(party, owners: str | Sequence[str], kind_prefix: str = DEFAULT_PREFIX, *, t: int | None = None,
-                   tag: str = "", field: PrimeField = F61, timeout: float | None = None) -> dict[str, SharedArray]:
+def receive_shares(party: PartyLike, owners: str | Sequence[str], kind_prefix: str = DEFAULT_PREFIX, *,
+                   t: int | None = None, tag: str = "", field: PrimeField = F61,
+                   timeout: float | None = None) -> dict[str, SharedArray]:
     """Holder side: each owner's share of its array, ``{owner: SharedArray}``.
 
     Checks every share message (field elements, metadata) and that all owners
     gave this holder the same point and threshold (``t``, when given, must
     match), so the shares can be combined.
     """
-    kind, _ = _kinds(kind_prefix)
+    kind, _ = Kind.of(kind_prefix)
     owners = [owners] if isinstance(owners, str) else list(owners)
     if not owners:
         raise ValueError("receive_shares: no owners given")
@@ -203,10 +198,10 @@ def receive_shares(party, owners: str | Sequence[str], kind_prefix: str = DEFAUL
     return out
 
 
-def send_to_coordinator(party, coordinator: str, shares: SharedArray, kind_prefix: str = DEFAULT_PREFIX, *,
+def send_to_coordinator(party: PartyLike, coordinator: str, shares: SharedArray, kind_prefix: str = DEFAULT_PREFIX, *,
                         tag: str = "") -> None:
     """Holder side: send this holder's share of a result (kind ``{prefix}/result``)."""
-    _, kind = _kinds(kind_prefix)
+    _, kind = Kind.of(kind_prefix)
     if not isinstance(shares, SharedArray):
         raise TypeError(f"send_to_coordinator needs a SharedArray, got {type(shares).__name__}")
     party.send(coordinator, kind, _meta(shares, str(tag)))
@@ -228,7 +223,7 @@ class Reconstruction:
         return math.ldexp(float(self.bound), -self.frac_bits)
 
 
-def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
+def reconstruct_at_coordinator(party: PartyLike, holders: Sequence[str], t: int, kind_prefix: str = DEFAULT_PREFIX, *,
                                tag: str = "", field: PrimeField = F61, timeout: float | None = None,
                                quorum: int | None = None, asked: Sequence[str] | None = None) -> Reconstruction:
     """Coordinator side: collect result shares and reconstruct; any t of the holders suffice.
@@ -239,7 +234,7 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
     the party's) passed; raises :class:`ShamirError` if fewer than t answered.
     Every share beyond the first t is checked for consistency.
     """
-    _, kind = _kinds(kind_prefix)
+    _, kind = Kind.of(kind_prefix)
     points = holder_points(_check_holders(party, holders, "reconstruct_at_coordinator"))
     t = check_threshold(t, len(points))
     if asked is not None and (isinstance(asked, str) or not set(asked) <= set(points)
@@ -259,9 +254,9 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
             msg = party.recv(h, kind, timeout=wait)
         except PeerTimeout:
             return
-        if isinstance(msg, dict) and msg.get("tag") != str(tag):
+        if msg["tag"] != str(tag):
             # A late answer to an earlier reconstruction (its holder was left out then).
-            party.log.warning("discarding %s from %s with tag %r (expected %r)", kind, h, msg.get("tag"), tag)
+            party.log.warning("discarding %s from %s with tag %r (expected %r)", kind, h, msg["tag"], tag)
             return
         got[h] = _parse(msg, h, kind, str(tag), field)
         pending.remove(h)
@@ -278,7 +273,7 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
     if len(got) < t:
         raise ShamirError(f"coordinator {party.name!r} got result shares from {len(got)} of {m} holders "
                           f"({sorted(got)}); t={t} are needed to reconstruct; silent after {total:g}s: {pending}")
-    used = sorted(got, key=points.get)
+    used = sorted(got, key=points.__getitem__)
     a0 = got[used[0]]
     for h in used:
         a = got[h]
@@ -296,51 +291,34 @@ def reconstruct_at_coordinator(party, holders: Sequence[str], t: int, kind_prefi
 
 
 # ----------------------------------------------------------- declarations
-ShapeFn = Callable[[dict], "tuple | None"]
-
-
-def _shares_check(what: str, shape: ShapeFn | None):
-    def check(arrays: list, cfg: dict) -> str | None:
-        if len(arrays) != 1:
-            return f"expected exactly one array of {what}, got {len(arrays)}"
-        dt, shp = arrays[0]
-        if dt != "<u8":
-            return f"{what} must be a uint64 array of field elements, got {dt}{list(shp)}"
-        want = None if shape is None else shape(cfg)
-        if want is not None and (len(shp) != len(want) or any(w is not None and int(w) != int(s)
-                                                               for w, s in zip(want, shp))):
-            return f"{what} must have shape {list(want)} (None: any), got {list(shp)}"
-        return None
-    return check
-
-
 MAX_SHARE_NDIM = 4  # arrays of up to this many axes may be shared
 
 
-def share_schema() -> sch.Spec:
-    """The payload of a share or result-share message (what :func:`_meta` builds)."""
-    arrays = tuple(sch.Arr("<u8", (None,) * d) for d in range(MAX_SHARE_NDIM + 1))
+def share_schema(shape: tuple | None = None) -> sch.Spec:
+    """The payload of a share or result-share message (what :func:`_meta` builds); ``shares`` of
+    ``shape`` (None entries: any length) or, without one, of any shape up to MAX_SHARE_NDIM axes."""
+    shares: sch.Spec = (sch.OneOf(tuple(sch.Arr("<u8", (None,) * d) for d in range(MAX_SHARE_NDIM + 1)))
+                        if shape is None else sch.Arr("<u8", tuple(shape)))
     return sch.Fields({"v": sch.Int(), "tag": sch.Str(max_len=1024), "x": sch.Int(lo=1), "t": sch.Int(lo=1),
                        "p": sch.Int(lo=2), "frac_bits": sch.Int(lo=0, hi=63), "bound": sch.Int(lo=0),
-                       "err": sch.Float(), "shares": sch.OneOf(arrays)})
+                       "err": sch.Float(), "shares": shares})
 
 
 def declarations(kind_prefix: str = DEFAULT_PREFIX, owner: str | Sequence[str] = "owner",
                  holder: str | Sequence[str] = "holder", coordinator: str | Sequence[str] = "coordinator",
-                 share_shape: ShapeFn | None = None, result_shape: ShapeFn | None = None) -> list[MessageDecl]:
+                 share_shape: tuple | None = None, result_shape: tuple | None = None) -> list[MessageDecl]:
     """The two message kinds for the given roles.
 
-    ``share_shape(cfg)`` / ``result_shape(cfg)`` (optional) give the shape the
-    audit expects (a tuple; None entries match any length), or None for any.
+    ``share_shape`` / ``result_shape`` (from the run's settings; None entries match any length): the
+    shape of the shared arrays and of the result, checked on receipt and by the audit; None: any.
     """
-    k_share, k_result = _kinds(kind_prefix)
+    k_share, k_result = Kind.of(kind_prefix)
     return [
         declare(k_share, owner, holder, "one holder's Shamir share of an owner's fixed-point array (uniform "
                 "field elements, uint64) with public metadata: point, t, p, frac_bits, bound, err, tag",
-                _shares_check("shares", share_shape), payload=share_schema()),
+                payload=share_schema(share_shape)),
         declare(k_result, holder, coordinator, "one holder's share of a linear function of the shared arrays "
-                "(uint64 field elements) with the same public metadata",
-                _shares_check("result shares", result_shape), payload=share_schema()),
+                "(uint64 field elements) with the same public metadata", payload=share_schema(result_shape)),
     ]
 
 

@@ -69,7 +69,7 @@ from __future__ import annotations
 import functools
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -156,10 +156,7 @@ class SharedArray:
         return math.ldexp(float(self.bound), -self.frac_bits)
 
     def _like(self, values: np.ndarray, **changes) -> "SharedArray":
-        kw = dict(values=values, x=self.x, t=self.t, frac_bits=self.frac_bits, bound=self.bound, err=self.err,
-                  field=self.field)
-        kw.update(changes)
-        return SharedArray(**kw)
+        return replace(self, values=values, **changes)
 
     # Shape manipulation is linear and free: every holder does the same to its share.
     def __getitem__(self, idx) -> "SharedArray":

@@ -6,12 +6,13 @@ import types
 import numpy as np
 import pytest
 
+from fedhet.parties import declare as decl
 from fedhet.parties import federation, presets
 from fedhet.parties.audit import audit
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
-from fedhet.protocols import aggregation
-from fedhet.protocols.aggregation import (KIND_PLAIN, AggregationError, PlainAggregator, SecureAggregator,
+from fedhet.protocols import aggregation, secagg
+from fedhet.protocols.aggregation import (AggregationError, Kind, PlainAggregator, SecureAggregator,
                                           make_aggregator)
 
 CLIENTS = [f"c{i}" for i in range(5)]
@@ -111,11 +112,18 @@ def test_no_update_at_all_is_an_error():
 
 
 def test_a_plain_update_in_a_secure_run_fails_its_declaration():
-    check = {d.kind: d for d in aggregation.declarations(lambda cfg: 31)}[KIND_PLAIN].check
-    assert "not 'plain'" in check([("<f8", (31,))], {"aggregation": "secure"})
-    assert "not 'plain'" in check([("<f8", (31,))], {})  # secure is the default
-    assert check([("<f8", (31,))], {"aggregation": "plain"}) is None
-    assert "1-D <f4" in check([("<f8", (31,))], {"aggregation": "plain", "plain_dtype": "float32"})
+    def declared(cfg):
+        return {d.kind: d for d in aggregation.declarations(31, 31, cfg)}
+
+    assert Kind.PLAIN not in declared({"aggregation": "secure"})  # undeclared: refused on receipt, fails the audit
+    assert Kind.PLAIN not in declared({})  # secure is the default
+    assert secagg.Kind.MASKED not in declared({"aggregation": "plain"})
+    plain = declared({"aggregation": "plain"})[Kind.PLAIN]
+    assert decl.check_record(plain, [("x", "<f8", (31,))], {}) is None
+    assert "31" in decl.check_record(plain, [("x", "<f8", (30,))], {})
+    f32 = declared({"aggregation": "plain", "plain_dtype": "float32"})[Kind.PLAIN]
+    assert "where <f4 is declared" in decl.check_record(f32, [("x", "<f8", (31,))], {})
+    assert {Kind.PLAIN, secagg.Kind.MASKED} <= {d.kind for d in aggregation.declarations()}  # no settings: both
 
 
 def test_fedavg_in_memory_plain_and_secure_agree():
@@ -146,7 +154,7 @@ def test_fedavg_as_processes_plain_and_secure_reach_the_same_accuracy_and_secure
     assert rep.ok, rep.problems
     kinds = {row["kind"] for row in rep.table if row["sent"]}
     assert {"secagg/keys", "secagg/shares", "secagg/masked", "secagg/unmask"} <= kinds
-    assert KIND_PLAIN not in kinds  # the server never received a vector in the clear
+    assert Kind.PLAIN not in kinds  # the server never received a vector in the clear
     assert audit(tmp_path / "plain").ok
 
     # The same seed in memory gives bit-identical weights to the ZeroMQ run.

@@ -255,8 +255,8 @@ def test_secure_mean_within_bound_and_accuracy_close(delivered):
     # What the clients sent under secure aggregation: masked ring vectors of P_c + 1 only.
     P = C.common_count({**TINY})
     sent = [(kind, arrays) for to, frm, kind, arrays in delivered if frm.startswith("client")]
-    assert aggregation.KIND_PLAIN in {kind for kind, _ in sent}  # the plain run's
-    masked = [a for kind, a in sent if kind == secagg.KIND_MASKED]
+    assert aggregation.Kind.PLAIN in {kind for kind, _ in sent}  # the plain run's
+    masked = [a for kind, a in sent if kind == secagg.Kind.MASKED]
     assert len(masked) == K and all(a == [("<u4", (P + 1,))] for a in masked)
     # Over more rounds the two trajectories part by float noise only.
     three = {"mu": 0.5, "lr": 0.01, "rounds": 3}
@@ -280,7 +280,7 @@ def test_declarations_pass_only_the_common_column():
     P = C.common_count(cfg)
     du = s.shape[1] - s.n_common
     uniq = C.unique_count(cfg, du)
-    masked = _decl(secagg.KIND_MASKED).check
+    masked = _decl(secagg.Kind.MASKED).check
     assert masked([("<u4", (P + 1,))], cfg) is None
     assert masked([("<u4", (P + uniq + 1,))], cfg) is not None  # the whole network
     assert masked([("<u4", (uniq + 1,))], cfg) is not None  # a unique column with its laterals
@@ -294,7 +294,7 @@ def test_declarations_pass_only_the_common_column():
     assert masked([("<u4", (P + 1,))], small) is not None
     assert masked([("<u4", (C.common_count(small) + 1,))], small) is None
 
-    plain = _decl(aggregation.KIND_PLAIN).check
+    plain = _decl(aggregation.Kind.PLAIN).check
     pcfg = {**cfg, "aggregation": "plain"}
     assert plain([("<f8", (P,))], pcfg) is None
     assert plain([("<f8", (P + uniq,))], pcfg) is not None
@@ -341,8 +341,8 @@ def test_preset_as_processes_passes_audit(tmp_path):
                 (run_dir / "parties" / name / "transcript.jsonl").read_text().splitlines()]
         sends = [r for r in recs if r.get("dir") == "send"]
         with_arrays = [r for r in sends if r.get("arrays")]
-        assert {r["kind"] for r in with_arrays} <= {secagg.KIND_MASKED, secagg.KIND_UNMASK}
-        masked = [r for r in with_arrays if r["kind"] == secagg.KIND_MASKED]
+        assert {r["kind"] for r in with_arrays} <= {secagg.Kind.MASKED, secagg.Kind.UNMASK}
+        masked = [r for r in with_arrays if r["kind"] == secagg.Kind.MASKED]
         assert len(masked) == 2 and all(r["arrays"] == [["<u4", [P + 1]]] for r in masked)
     # The audit checks against the run's configuration: claim a different common ratio and the
     # (unchanged) masked vectors no longer have the common column's length.

@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fedhet.crypto import keys
 from fedhet.crypto.keys import (SEAL_OVERHEAD, AuthenticationError, agree, generate_ed25519, generate_x25519,
                                 load_private_key, load_public_key, new_aead_key, open_sealed, private_bytes,
-                                private_key_from_bytes, public_bytes, public_key_from_bytes, save_private_key,
-                                save_public_key, seal, sign, verify)
+                                private_key_from_bytes, public_bytes, public_key_from_bytes, seal, sign, verify)
+from fedhet.parties.keys import save_private_key, save_public_key
 
 
 def test_x25519_both_sides_derive_the_same_key():
@@ -149,4 +149,4 @@ def test_argument_type_errors():
     with pytest.raises(TypeError, match="Ed25519 private key"):
         sign(generate_x25519(), b"m")
     with pytest.raises(ValueError, match="format"):
-        keys.save_public_key("/nonexistent/x", generate_x25519(), fmt="der")
+        keys.public_key_file(generate_x25519(), fmt="der")

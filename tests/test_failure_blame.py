@@ -124,7 +124,7 @@ def test_a_notice_from_a_party_that_was_itself_only_stopped_names_it():
 def test_an_identity_key_of_the_wrong_length_names_its_sender_not_the_victim_or_the_server():
     import numpy as np
 
-    from fedhet.protocols.secagg import KIND_IDENT, SecAggClient, SecAggConfig, SecAggServer
+    from fedhet.protocols.secagg import DECLARATIONS, Kind, SecAggClient, SecAggConfig, SecAggServer
 
     cfg = SecAggConfig(clip=4.0, max_weight=10.0, timeout=5)
     clients = ["c00", "c01", "c02", "c03"]
@@ -132,17 +132,25 @@ def test_an_identity_key_of_the_wrong_length_names_its_sender_not_the_victim_or_
     def server(party, c, d):
         return SecAggServer(cfg).aggregate(party, clients, 0)
 
-    def client(party, c, d):
-        if party.name == "c02":   # a listed client: its first identity key is 31 bytes
-            for v in clients:
-                if v != "c02":
-                    party.send(v, KIND_IDENT, {"pk": bytes(31)})
-        return SecAggClient(cfg).submit(party, "server", np.ones(8), 1.0, 0)
+    class ShortIdentity:  # a listed client whose identity key is 31 bytes
+        def __init__(self, party):
+            self.party = party
 
+        def __getattr__(self, name):
+            return getattr(self.party, name)
+
+        def send(self, to, kind, payload):
+            self.party.send(to, kind, {"pk": bytes(31)} if kind == Kind.IDENT else payload)
+
+    def client(party, c, d):
+        return SecAggClient(cfg).submit(ShortIdentity(party) if party.name == "c02" else party, "server",
+                                        np.ones(8), 1.0, 0)
+
+    algo = types.SimpleNamespace(NAME="blame-test", ROLES={"server": server, "client": client},
+                                 load_data=lambda *a: None, DECLARATIONS=DECLARATIONS)
     with pytest.raises(FederationFailed) as e:
-        run_inmemory(_algo({"server": server, "client": client}),
-                     [("server", "server")] + [(u, "client") for u in clients], clock="virtual")
+        run_inmemory(algo, [("server", "server")] + [(u, "client") for u in clients], clock="virtual")
     victims = [n for n, r in e.value.records.items() if r["cause"] == "peer_fault"]
     assert victims and all(e.value.records[n]["culprit"] == "c02" for n in victims)
-    assert "identity key must be 32 bytes, got 31" in e.value.records[victims[0]]["error"]
+    assert "'pk': 31 bytes, 32 declared" in e.value.records[victims[0]]["error"]
     assert e.value.verdict["party"] == "c02"

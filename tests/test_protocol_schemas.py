@@ -69,11 +69,11 @@ def test_an_honest_aggregation_run_sends_only_payloads_matching_their_schemas(me
     assert np.allclose(out["server"]["sum"], want, atol=out["server"]["bound"] + 1e-12)
     kinds = {k for k, _ in sent}
     if method == "secure":
-        assert {secagg_messages.KIND_KEYS, secagg_messages.KIND_KEYLIST, secagg_messages.KIND_SHARES,
-                secagg_messages.KIND_RELAY, secagg_messages.KIND_MASKED, secagg_messages.KIND_UNMASK_REQUEST,
-                secagg_messages.KIND_UNMASK} <= kinds
+        assert {secagg_messages.Kind.KEYS, secagg_messages.Kind.KEYLIST, secagg_messages.Kind.SHARES,
+                secagg_messages.Kind.RELAY, secagg_messages.Kind.MASKED, secagg_messages.Kind.UNMASK_REQUEST,
+                secagg_messages.Kind.UNMASK} <= kinds
     else:
-        assert kinds == {aggregation.KIND_PLAIN}
+        assert kinds == {aggregation.Kind.PLAIN}
     _check_all(sent)
 
 
@@ -113,15 +113,15 @@ def _fails_at(spec, payload, field):
 def test_tampered_secagg_payloads_fail_naming_the_field():
     s = secagg_messages.SCHEMAS
     y = np.zeros(4, dtype=np.uint32)
-    s[secagg_messages.KIND_MASKED].validate({"r": 0, "y": y}, "", {})
-    _fails_at(s[secagg_messages.KIND_MASKED], {"r": 0, "y": y.astype(np.float64)}, "y")
-    _fails_at(s[secagg_messages.KIND_MASKED], {"r": 0, "y": y, "extra": 1}, "extra")
+    s[secagg_messages.Kind.MASKED].validate({"r": 0, "y": y}, "", {})
+    _fails_at(s[secagg_messages.Kind.MASKED], {"r": 0, "y": y.astype(np.float64)}, "y")
+    _fails_at(s[secagg_messages.Kind.MASKED], {"r": 0, "y": y, "extra": 1}, "extra")
     names = [f"c{i}" for i in range(secagg_messages.MAX_CLIENTS + 1)]
-    spec = s[secagg_messages.KIND_UNMASK_REQUEST]
+    spec = s[secagg_messages.Kind.UNMASK_REQUEST]
     # OneOf (request | dropped | abort) reports at the payload level; the honest option's reason names the size.
     with pytest.raises(SchemaError, match="10001 items, at most 10000"):
         spec.validate({"r": 0, "u3": names}, "", {})
-    _fails_at(s[secagg_messages.KIND_KEYS], {"r": 0, "c_pk": b"x" * 31, "s_pk": b"x" * 32, "commit": b"x" * 32,
+    _fails_at(s[secagg_messages.Kind.KEYS], {"r": 0, "c_pk": b"x" * 31, "s_pk": b"x" * 32, "commit": b"x" * 32,
                                              "sig": b"x" * 64}, "c_pk")
 
 
@@ -146,7 +146,7 @@ def test_tampered_shamir_and_he_payloads_fail_naming_the_field():
 
 def test_a_tampered_plain_update_fails_the_receiver_naming_sender_kind_and_field():
     def client(party, s, data):
-        party.send("server", aggregation.KIND_PLAIN, {"r": 0, "x": VECS[party.name].astype(np.int64),
+        party.send("server", aggregation.Kind.PLAIN, {"r": 0, "x": VECS[party.name].astype(np.int64),
                                                       "w": 1.0, "amax": 0.0})
         return {}
 

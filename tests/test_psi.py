@@ -143,7 +143,7 @@ def test_label_owner_order_and_label_owner_only_mode(wire):
     assert res["lo"].ids == [1, 3, 8, 9]
     assert all(res[f].ids is None and res[f].rows is None and not res[f].revealed for f in ("f0", "f1"))
     kinds = {e.kind for e in envelopes(wire)}
-    assert psi.K_RESULT not in kinds and psi.K_BLIND_L in kinds
+    assert psi.Kind.RESULT not in kinds and psi.Kind.BLIND_L in kinds
 
 
 def test_process_pool_protocol_streams_many_chunks():
@@ -176,7 +176,7 @@ def _points_of(frames, kind):
 def test_fresh_scalars_and_shuffles_each_run(wire, monkeypatch):
     lo_ids, f_ids = [f"id{i}" for i in range(200)], [f"id{i}" for i in range(100, 300)]
     run_psi(lo_ids, [f_ids])
-    first = {k: _points_of(wire, k) for k in (psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L)}
+    first = {k: _points_of(wire, k) for k in (psi.Kind.BLIND_L, psi.Kind.BLIND_F, psi.Kind.DOUBLE_L)}
     wire.clear()
     run_psi(lo_ids, [f_ids])
     for k, pts in first.items():
@@ -189,7 +189,7 @@ def test_fresh_scalars_and_shuffles_each_run(wire, monkeypatch):
     for _ in range(2):
         wire.clear()
         run_psi(lo_ids, [f_ids])
-        runs.append(_points_of(wire, psi.K_BLIND_L))
+        runs.append(_points_of(wire, psi.Kind.BLIND_L))
     assert set(runs[0]) == set(runs[1]) and runs[0] != runs[1]
     # ... and the order is not the input order
     assert runs[0] != [grp.blind(b"\x11" * 32, grp.hash_to_points(grp.encode_items([x])))
@@ -205,16 +205,17 @@ def test_every_message_matches_the_declarations(wire):
     for e in envelopes(wire):
         d = declared[e.kind]
         assert decl.role_ok(roles[e.frm], d.sender) and decl.role_ok(roles[e.to], d.receiver)
-        assert d.check is None or d.check(e.arrays, {}) is None, (e.kind, e.arrays)
+        assert decl.check_record(d, e.arrays, {}) is None, (e.kind, e.arrays)
         seen.add(e.kind)
-    assert seen == {psi.K_SETUP, psi.K_SIZE, psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L, psi.K_RESULT}
-    check = declared[psi.K_BLIND_L].check
-    assert check([("|u1", (5, 32))], {}) is None
+    assert seen == {psi.Kind.SETUP, psi.Kind.SIZE, psi.Kind.BLIND_L, psi.Kind.BLIND_F, psi.Kind.DOUBLE_L,
+                    psi.Kind.RESULT}
+    blind_l = declared[psi.Kind.BLIND_L]
+    assert decl.check_record(blind_l, [("pts", "|u1", (5, 32))], {}) is None
     for bad in ([("|u1", (5, 31))], [("<f8", (5, 32))], [("|u1", (psi.MAX_CHUNK + 1, 32))],
-                [("|u1", (5, 32))] * 2, []):
-        assert check(bad, {}) is not None
-    assert declared[psi.K_RESULT].check([("<i8", (3,))], {}) is not None
-    assert declared[psi.K_SETUP].check([("|u1", (1, 32))], {}) is not None
+                [("idx", "|u1", (5, 32))]):
+        assert decl.check_record(blind_l, bad, {}) is not None
+    assert decl.check_record(declared[psi.Kind.RESULT], [("<i8", (3,))], {}) is not None
+    assert decl.check_record(declared[psi.Kind.SETUP], [("|u1", (1, 32))], {}) is not None
     # the role names can be those of the algorithm using PSI
     assert {d.sender for d in psi.declarations("host", "guest")} == {("host",), ("guest",)}
 
@@ -269,7 +270,7 @@ def test_psi_preset_runs_as_processes_and_passes_the_audit(tmp_path):
     assert len({r["ids_sha256"] for r in results}) == 1
     rep = audit(tmp_path / "run")
     assert rep.ok, rep.problems
-    assert {row["kind"] for row in rep.table} >= {psi.K_BLIND_L, psi.K_BLIND_F, psi.K_DOUBLE_L, psi.K_RESULT}
+    assert {row["kind"] for row in rep.table} >= {psi.Kind.BLIND_L, psi.Kind.BLIND_F, psi.Kind.DOUBLE_L, psi.Kind.RESULT}
 
 
 def test_integer_id_too_long_for_python_is_named_with_party_and_position():

@@ -12,7 +12,8 @@ from fedhet.crypto import cuckoo, ot
 from fedhet.parties import codec
 from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.protocols import psi, psi_kkrt
+from fedhet.protocols import psi
+from fedhet.protocols.psi import kkrt as psi_kkrt
 
 from psi_oracle import CASES, check_result, intersection_tests, psi_runner, scan_a_run, unkeyed_hashes
 
@@ -291,7 +292,7 @@ def test_label_owner_only_mode(wire):
     assert res["lo"].ids == [1, 3, 8, 9]
     assert all(res[f].ids is None and res[f].rows is None and not res[f].revealed for f in ("f0", "f1"))
     kinds = {codec.decode(fr).kind for _, _, fr in wire}
-    assert psi_kkrt.K_RESULT not in kinds and psi_kkrt.K_U in kinds
+    assert psi.Kind.KKRT_RESULT not in kinds and psi.Kind.KKRT_U in kinds
 
 
 def test_match_values_agrees_with_a_dict_including_prefix_collisions():
@@ -329,7 +330,7 @@ def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash_or_a_bare_codeword(w
     scan_a_run(run_psi, wire, _forbidden)
     # U rows are not the label owner's codewords (they are masked by PRG output)
     envs = [codec.decode(fr) for _, _, fr in wire]
-    u = np.concatenate([e.payload["u"] for e in envs if e.kind == psi_kkrt.K_U])
+    u = np.concatenate([e.payload["u"] for e in envs if e.kind == psi.Kind.KKRT_U])
     bits = np.unpackbits(u).mean()
     assert 0.45 < bits < 0.55
 
@@ -341,11 +342,11 @@ def test_fresh_randomness_each_run(wire):
     wire.clear()
     run_psi(lo_ids, [f_ids])
     second = [codec.decode(fr) for _, _, fr in wire]
-    for kind, key in [(psi_kkrt.K_U, "u"), (psi_kkrt.K_OPRF, "v"), (psi_kkrt.K_REPLY, "B")]:
+    for kind, key in [(psi.Kind.KKRT_U, "u"), (psi.Kind.KKRT_OPRF, "v"), (psi.Kind.KKRT_REPLY, "B")]:
         a = np.concatenate([e.payload[key].reshape(-1) for e in first if e.kind == kind])
         b = np.concatenate([e.payload[key].reshape(-1) for e in second if e.kind == kind])
         assert a.shape == b.shape and (a != b).mean() > 0.9, kind
-    seeds = [e.payload["seed"] for e in first + second if e.kind == psi_kkrt.K_SETUP]
+    seeds = [e.payload["seed"] for e in first + second if e.kind == psi.Kind.KKRT_SETUP]
     assert len(set(seeds)) == 2
 
 
@@ -353,24 +354,29 @@ def test_every_message_matches_the_declarations(wire):
     res = run_psi(list(range(300)), [list(range(50, 330)), list(range(90, 400))], chunk=32)
     assert res["lo"].size == 210
     roles = {"lo": "label_owner", "f0": "feature", "f1": "feature"}
-    declared = decl.index(psi_kkrt.DECLARATIONS)
+    declared = decl.index(psi.declarations(backend="kkrt"))
     seen = set()
     for _, _, fr in wire:
         e = codec.decode(fr)
         d = declared[e.kind]
         assert decl.role_ok(roles[e.frm], d.sender) and decl.role_ok(roles[e.to], d.receiver)
-        assert d.check is None or d.check(e.arrays, {}) is None, (e.kind, e.arrays)
+        assert decl.check_record(d, e.arrays, {}) is None, (e.kind, e.arrays)
         d.payload.validate(e.payload)
         seen.add(e.kind)
-    assert seen == {psi_kkrt.K_SETUP, psi_kkrt.K_REPLY, psi_kkrt.K_U, psi_kkrt.K_ACK, psi_kkrt.K_OPRF,
-                    psi_kkrt.K_RESULT}
-    check = declared[psi_kkrt.K_U].check
-    assert check([("|u1", (256, 64))], {}) is None
-    for bad in ([("|u1", (100, 64))], [("|u1", (256, 32))], [("|u1", (psi_kkrt.MAX_U_ROWS + 128, 64))], []):
-        assert check(bad, {}) is not None
-    assert declared[psi_kkrt.K_OPRF].check([("|u1", (5, 3, 11))], {}) is None
-    assert declared[psi_kkrt.K_OPRF].check([("|u1", (5, 2, 11))], {}) is not None
-    assert declared[psi_kkrt.K_REPLY].check([("|u1", (511, 32))], {}) is not None
+    assert seen == {psi.Kind.KKRT_SETUP, psi.Kind.KKRT_REPLY, psi.Kind.KKRT_U, psi.Kind.KKRT_ACK,
+                    psi.Kind.KKRT_OPRF, psi.Kind.KKRT_RESULT}
+
+    def audit(kind, arrays):
+        return decl.check_record(declared[kind], arrays, {})
+
+    assert audit(psi.Kind.KKRT_U, [("u", "|u1", (256, 64))]) is None
+    # (a chunk of U that is not a whole number of 128-bin blocks is refused by the receiver)
+    for bad in ([("|u1", (256, 32))], [("|u1", (psi_kkrt.MAX_U_ROWS + 128, 64))], [("v", "|u1", (256, 64))]):
+        assert audit(psi.Kind.KKRT_U, bad) is not None
+    assert audit(psi.Kind.KKRT_OPRF, [("v", "|u1", (5, 3, 11))]) is None
+    assert audit(psi.Kind.KKRT_OPRF, [("v", "|u1", (5, 2, 11))]) is not None
+    assert audit(psi.Kind.KKRT_OPRF, [("v", "|u1", (5, 3, 17))]) is not None
+    assert audit(psi.Kind.KKRT_REPLY, [("B", "|u1", (511, 32))]) is not None
 
 
 def test_u_stream_is_flow_controlled(monkeypatch, wire):
@@ -382,7 +388,7 @@ def test_u_stream_is_flow_controlled(monkeypatch, wire):
     out = 0
     for frm, _, fr in wire:
         kind = codec.decode(fr).kind
-        out += (kind == psi_kkrt.K_U) - (kind == psi_kkrt.K_ACK)
+        out += (kind == psi.Kind.KKRT_U) - (kind == psi.Kind.KKRT_ACK)
         assert out <= 2
 
 
@@ -422,6 +428,6 @@ def test_psi_job_kkrt_runs_as_processes_and_passes_the_audit(tmp_path):
     assert len({r["ids_sha256"] for r in results}) == 1
     rep = audit(tmp_path / "run")
     assert rep.ok, rep.problems
-    assert {row["kind"] for row in rep.table} >= {psi_kkrt.K_SETUP, psi_kkrt.K_REPLY, psi_kkrt.K_U,
-                                                   psi_kkrt.K_OPRF, psi_kkrt.K_RESULT}
-    assert not {row["kind"] for row in rep.table} & {psi.K_BLIND_L, psi.K_BLIND_F}
+    assert {row["kind"] for row in rep.table} >= {psi.Kind.KKRT_SETUP, psi.Kind.KKRT_REPLY, psi.Kind.KKRT_U,
+                                                   psi.Kind.KKRT_OPRF, psi.Kind.KKRT_RESULT}
+    assert not {row["kind"] for row in rep.table} & {psi.Kind.BLIND_L, psi.Kind.BLIND_F}

@@ -9,10 +9,10 @@ from scipy import stats
 
 from fedhet.crypto.shamir import reconstruct, share
 from fedhet.crypto.field import F61
+from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import secagg
-from fedhet.protocols.secagg import (KIND_KEYS, KIND_MASKED, KIND_SHARES, KIND_UNMASK, Faults, SecAggClient,
-                                     SecAggConfig, SecAggError, SecAggServer, neighbours)
+from fedhet.protocols.secagg import Faults, Kind, SecAggClient, SecAggConfig, SecAggError, SecAggServer, neighbours
 
 
 def names(k):
@@ -184,7 +184,7 @@ def test_the_servers_view_of_a_masked_vector_is_uniform():
     seen = []
 
     def observer(kind, u, p):
-        if kind == KIND_MASKED and u == "c00":
+        if kind == Kind.MASKED and u == "c00":
             seen.append(p["y"].copy())
 
     run(cfg, xs, ws, rounds=tuple(range(rounds)), observer=observer)
@@ -213,7 +213,7 @@ def test_the_server_never_gets_both_secrets_of_one_client():
     got = {}
 
     def observer(kind, u, p):
-        if kind == KIND_UNMASK:
+        if kind == Kind.UNMASK:
             for v in p["b_of"]:
                 got.setdefault(v, set()).add("b")
             for v in p["s_of"]:
@@ -248,7 +248,7 @@ def test_tampered_keys_or_shares_are_detected_by_the_clients():
     ws = {u: 1.0 for u in names(4)}
 
     def swap_key(kind, u, p):  # a server substituting a client's mask key
-        if kind == KIND_KEYS and u == "c01":
+        if kind == Kind.KEYS and u == "c01":
             p["s_pk"] = bytes(32 - len(b"x")) + b"x"
 
     with pytest.raises(FederationFailed) as e:
@@ -256,7 +256,7 @@ def test_tampered_keys_or_shares_are_detected_by_the_clients():
     assert any("does not verify" in str(err) for err in e.value.failures.values())
 
     def flip_share(kind, u, p):
-        if kind == KIND_SHARES and u == "c01":
+        if kind == Kind.SHARES and u == "c01":
             v = sorted(p["ct"])[0]
             c = bytearray(p["ct"][v])
             c[-1] ^= 1
@@ -325,9 +325,10 @@ def test_round_numbers_must_increase():
 
 
 def test_declarations_accept_ring_vectors_only():
-    decls = {d.kind: d for d in secagg.declarations(lambda cfg: 31)}
-    check = decls[KIND_MASKED].check
-    assert check([("<u4", (32,))], {}) is None
-    assert "ring vector" in check([("<f8", (32,))], {})
-    assert "expected 31 + 1" in check([("<u4", (31,))], {})
-    assert check([("<u8", (32,))], {"secagg_ring_bits": 64}) is None
+    masked = {d.kind: d for d in secagg.declarations(31, 31, 32)}[Kind.MASKED]
+    assert decl.check_record(masked, [("y", "<u4", (32,))], {}) is None
+    assert "dtype <f8 where <u4" in decl.check_record(masked, [("y", "<f8", (32,))], {})
+    assert "32" in decl.check_record(masked, [("y", "<u4", (31,))], {})  # 31 + 1 (the weight)
+    assert decl.check_record(masked, [("y", "<u8", (32,))], {}) is not None
+    wide = {d.kind: d for d in secagg.declarations(31, 31, 64)}[Kind.MASKED]
+    assert decl.check_record(wide, [("y", "<u8", (32,))], {}) is None

@@ -18,9 +18,11 @@ import uuid
 import numpy as np
 import pytest
 
+from fedhet.parties import schema as sch
+from fedhet.parties.declare import declare
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.protocols import secagg
-from fedhet.protocols.aggregation import KIND_PLAIN, make_aggregator
+from fedhet.protocols import aggregation, secagg
+from fedhet.protocols.aggregation import Kind as AggKind, make_aggregator
 from fedhet.protocols.secagg import Faults, SecAggClient, SecAggConfig, SecAggServer, neighbours, prune
 
 HONEST = ["c0", "c1", "c2", "c3"]
@@ -39,6 +41,12 @@ def plain_mean(xs, ws, who, clip=8.0):
     for c in sorted(who):
         acc += np.clip(xs[c], -clip, clip) * ws[c]
     return acc / sum(ws[c] for c in who)
+
+
+# Every payload is checked against the aggregators' schemas on receipt, as in a real run.
+DECLARATIONS = aggregation.declarations() + [
+    declare("test/model", "server", "client", "the aggregated mean",
+            payload=sch.Fields({"mean": sch.Arr("<f8", (None,), finite=False)}))]
 
 
 def federation(cfg, xs, ws, attack, timeout=30):
@@ -64,14 +72,14 @@ def federation(cfg, xs, ws, attack, timeout=30):
         return mean
 
     algo = types.SimpleNamespace(NAME="agg-attack", ROLES={"server": server, "client": client},
-                                 load_data=lambda *a: None)
+                                 load_data=lambda *a: None, DECLARATIONS=DECLARATIONS)
     return run_inmemory(algo, [("server", "server")] + [(c, "client") for c in clients], timeout=timeout)
 
 
 def raw_update(x, w=1.0, amax=0.0):
     """An attacker bypassing the aggregator's client code: it sends any payload it likes."""
     def attack(party, server):
-        party.send(server, KIND_PLAIN, {"r": 0, "x": np.asarray(x, dtype=np.float64), "w": w, "amax": amax})
+        party.send(server, AggKind.PLAIN, {"r": 0, "x": np.asarray(x, dtype=np.float64), "w": w, "amax": amax})
         return "sent"
     return attack
 
@@ -84,7 +92,7 @@ PLAIN = {"aggregation": "plain", "secagg_max_weight": 100.0}
     ("inf", np.full(M, -np.inf), 1.0, "NaN or inf (first at index 0"),
     ("weights of 1e12", np.full(M, 1e12), 1.0, "beyond the public clipping bound 8"),
     ("a weight of 1e12", np.ones(M), 1e12, "weight must be a number in (0, max_weight=100]"),
-    ("a boolean weight", np.ones(M), True, "weight must be a number"),
+    ("a boolean weight", np.ones(M), True, "'w': expected a number, got True"),  # refused by the schema
     ("a short vector", np.ones(M - 3), 1.0, "has 37 elements, expected 40"),
 ])
 def test_plain_server_rejects_a_poisoned_update_names_the_attacker_and_keeps_the_honest_mean(what, x, w, why):
@@ -104,7 +112,7 @@ def test_plain_server_rejects_a_lying_error_bound_and_the_wrong_dtype():
     assert "amax must be a finite number" in res.rejected[ATTACKER]
 
     def float32_update(party, server):
-        party.send(server, KIND_PLAIN, {"r": 0, "x": np.ones(M, np.float32), "w": 1.0, "amax": 0.0})
+        party.send(server, AggKind.PLAIN, {"r": 0, "x": np.ones(M, np.float32), "w": 1.0, "amax": 0.0})
     res = federation(PLAIN, xs, ws, float32_update)["server"]
     assert "1-D float64 vector" in res.rejected[ATTACKER]
 
@@ -166,10 +174,10 @@ def test_secure_server_names_a_client_sending_malformed_keys_and_goes_on():
     cfg = {"aggregation": "secure", "secagg_max_weight": 100.0, "aggregation_timeout": 2.0}
 
     def bad_keys(party, server):
-        party.send(server, secagg.KIND_KEYS, {"r": 0, "c_pk": b"x", "s_pk": b"y", "commit": b"z", "sig": b""})
+        party.send(server, secagg.Kind.KEYS, {"r": 0, "c_pk": b"x", "s_pk": b"y", "commit": b"z", "sig": b""})
 
     res = federation(cfg, xs, ws, bad_keys)["server"]
-    assert set(res.rejected) == {ATTACKER} and "keys must be 32 bytes" in res.rejected[ATTACKER]
+    assert set(res.rejected) == {ATTACKER} and "'c_pk': 1 bytes, 32 declared" in res.rejected[ATTACKER]
     assert res.contributors == HONEST and res.dropped == [ATTACKER]
     assert np.max(np.abs(res.mean - plain_mean(xs, ws, HONEST))) <= res.mean_error_bound
 

@@ -41,8 +41,8 @@ from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.parties.transcript import Transcript
 from fedhet.protocols import he_interactive as hei
 from fedhet.protocols import secagg
-from fedhet.protocols.secagg_messages import MAX_CLIENTS
-from fedhet.protocols.aggregation import KIND_PLAIN, SecureAggregator, make_aggregator
+from fedhet.protocols.secagg_messages import MAX_CLIENTS, SEALED_BYTES
+from fedhet.protocols.aggregation import Kind as AggKind, SecureAggregator, make_aggregator
 from fedhet.protocols.aggregation import declarations as agg_declarations
 from fedhet.protocols.secagg import Faults, SecAggError
 
@@ -82,7 +82,7 @@ def agg_federation(clients, cfg, attacker=None, attack=None, faults=None, timeou
         return agg.submit(party, "server", x, 1.0, 0)
 
     algo = types.SimpleNamespace(NAME="hostile-agg", ROLES={"server": server, "client": client},
-                                 load_data=lambda *a: None, DECLARATIONS=agg_declarations(lambda c: M))
+                                 load_data=lambda *a: None, DECLARATIONS=agg_declarations(None, M))
     return run_inmemory(algo, [("server", "server")] + [(c, "client") for c in clients], timeout=timeout)
 
 
@@ -97,7 +97,7 @@ def wrong_shares(only_owner=None):
                 a[i, 0] = (int(a[i, 0]) + 1) % F61.p
             return {**p, "shares": a}
         x = np.linspace(-1, 1, M)
-        return make_aggregator(SECURE).submit(Tamper(party, secagg.KIND_UNMASK, edit), "server", x, 1.0, 0)
+        return make_aggregator(SECURE).submit(Tamper(party, secagg.Kind.UNMASK, edit), "server", x, 1.0, 0)
     return attack
 
 
@@ -115,7 +115,7 @@ def test_wrong_unmasking_shares_fail_the_round_naming_their_sender(n, attacker):
         agg_federation(clients, SECURE, attacker, wrong_shares())
     err = e.value.failures["server"]
     assert isinstance(err, PeerFault), err
-    assert err.peer == attacker and err.kind == secagg.KIND_UNMASK
+    assert err.peer == attacker and err.kind == secagg.Kind.UNMASK
     assert "wrong unmasking shares" in str(err) and "no sum is released" in str(err)
     assert set(e.value.failures) == {"server"}  # no honest client is blamed
 
@@ -166,7 +166,7 @@ def test_consistent_redundant_shares_still_give_the_exact_sum():
 # ------------------------------------------------------------------ item 7: inputs under the schema
 def raw(x, w):
     def attack(party):
-        party.send("server", KIND_PLAIN, {"r": 0, "x": x, "w": w, "amax": 0.0})
+        party.send("server", AggKind.PLAIN, {"r": 0, "x": x, "w": w, "amax": 0.0})
         return "sent"
     return attack
 
@@ -192,7 +192,7 @@ def test_a_bad_plain_update_is_dropped_and_named_and_the_round_goes_on(what, x, 
 
 def test_a_secagg_message_against_its_schema_is_dropped_and_named_and_the_round_goes_on():
     def bad_sig(party):
-        party.send("server", secagg.KIND_KEYS, {"r": 0, "c_pk": b"a" * 32, "s_pk": b"b" * 32,
+        party.send("server", secagg.Kind.KEYS, {"r": 0, "c_pk": b"a" * 32, "s_pk": b"b" * 32,
                                                  "commit": b"c" * 32, "sig": b"short"})
         return "sent"
     res = agg_federation(["c0", "c1", "c2", "c3"], SECURE, "c1", bad_sig)["server"]
@@ -204,19 +204,19 @@ def test_a_secagg_message_against_its_schema_is_dropped_and_named_and_the_round_
 def largest(kind: str, r: int, max_length: int) -> dict:
     """The largest payload of ``kind`` its schema accepts (with the vector length ``max_length``)."""
     n = MAX_CLIENTS
-    if kind == secagg.KIND_KEYS:
+    if kind == secagg.Kind.KEYS:
         return {"r": r, "c_pk": b"a" * 32, "s_pk": b"b" * 32, "commit": b"c" * 32, "sig": b"s" * 64}
-    if kind == secagg.KIND_SHARES:  # bytes travel in the header, whose size the codec bounds first
-        n = min(n, (codec.MAX_HEADER_BYTES - 4096) // 1040)
-        return {"r": r, "ct": {f"c{i:05d}": b"x" * 1024 for i in range(n)}}
-    if kind == secagg.KIND_MASKED:
+    if kind == secagg.Kind.SHARES:  # bytes travel in the header, whose size the codec bounds first
+        n = min(n, (codec.MAX_HEADER_BYTES - 4096) // (SEALED_BYTES + 16))
+        return {"r": r, "ct": {f"c{i:05d}": b"x" * SEALED_BYTES for i in range(n)}}
+    if kind == secagg.Kind.MASKED:
         return {"r": r, "y": np.zeros(max_length + 1, np.uint64)}
-    if kind == secagg.KIND_UNMASK:
+    if kind == secagg.Kind.UNMASK:
         return {"r": r, "b_of": [], "s_of": [], "shares": np.zeros((n, secagg.SECRET_ELEMS), np.uint64)}
     raise AssertionError(kind)
 
 
-FLOOD_KINDS = [secagg.KIND_KEYS, secagg.KIND_SHARES, secagg.KIND_MASKED, secagg.KIND_UNMASK]
+FLOOD_KINDS = [secagg.Kind.KEYS, secagg.Kind.SHARES, secagg.Kind.MASKED, secagg.Kind.UNMASK]
 
 
 @pytest.mark.parametrize("kind", FLOOD_KINDS)
@@ -244,7 +244,7 @@ def test_future_round_flood_holds_one_message_per_kind_and_names_the_sender(kind
     assert inbox.held_bytes() == 0 and inbox.held_bytes("mallory") <= one
     assert one <= api.QUEUE_MAX_BYTES
     with pytest.raises(PeerFault):  # and it stays out, whatever it sends next
-        inbox.recv(server, "mallory", secagg.KIND_KEYS, 0, deadline=0.0)
+        inbox.recv(server, "mallory", secagg.Kind.KEYS, 0, deadline=0.0)
 
 
 def test_one_later_round_per_sender_is_held_for_its_round():
@@ -253,14 +253,14 @@ def test_one_later_round_per_sender_is_held_for_its_round():
     hub = InMemoryHub({"server": "server", "c0": "client"})
     server = hub.party("server", declarations=decls, timeout=5)
     c0 = hub.party("c0", declarations=decls, timeout=5)
-    c0.send("server", secagg.KIND_KEYS, largest(secagg.KIND_KEYS, 1, M))
-    c0.send("server", secagg.KIND_MASKED, largest(secagg.KIND_MASKED, 1, M))
+    c0.send("server", secagg.Kind.KEYS, largest(secagg.Kind.KEYS, 1, M))
+    c0.send("server", secagg.Kind.MASKED, largest(secagg.Kind.MASKED, 1, M))
     inbox = secagg.RoundInbox(server.log)
-    assert inbox.recv(server, "c0", secagg.KIND_KEYS, 0, deadline=0.0) is None  # round 1 kept
-    assert inbox.recv(server, "c0", secagg.KIND_MASKED, 0, deadline=0.0) is None
-    assert inbox.held_bytes("c0") == secagg.payload_bytes(largest(secagg.KIND_KEYS, 1, M)) + 8 * (M + 1) + 8
-    assert inbox.recv(server, "c0", secagg.KIND_KEYS, 1, deadline=0.0)["r"] == 1
-    assert inbox.recv(server, "c0", secagg.KIND_MASKED, 1, deadline=0.0)["r"] == 1
+    assert inbox.recv(server, "c0", secagg.Kind.KEYS, 0, deadline=0.0) is None  # round 1 kept
+    assert inbox.recv(server, "c0", secagg.Kind.MASKED, 0, deadline=0.0) is None
+    assert inbox.held_bytes("c0") == secagg.payload_bytes(largest(secagg.Kind.KEYS, 1, M)) + 8 * (M + 1) + 8
+    assert inbox.recv(server, "c0", secagg.Kind.KEYS, 1, deadline=0.0)["r"] == 1
+    assert inbox.recv(server, "c0", secagg.Kind.MASKED, 1, deadline=0.0)["r"] == 1
     assert inbox.held_bytes() == 0
 
 
@@ -269,11 +269,11 @@ def test_a_masked_input_longer_than_the_settings_allow_is_refused_on_receipt():
     hub = InMemoryHub({"server": "server", "mallory": "client"})
     server = hub.party("server", declarations=decls, timeout=5)
     mallory = hub.party("mallory", declarations=decls, timeout=5)
-    mallory.send("server", secagg.KIND_MASKED, {"r": 0, "y": np.zeros(M + 1, np.uint32)})  # exactly allowed
-    assert server.recv("mallory", secagg.KIND_MASKED, timeout=1)["y"].size == M + 1
-    mallory.send("server", secagg.KIND_MASKED, {"r": 0, "y": np.zeros(M + 2, np.uint32)})
+    mallory.send("server", secagg.Kind.MASKED, {"r": 0, "y": np.zeros(M + 1, np.uint32)})  # exactly allowed
+    assert server.recv("mallory", secagg.Kind.MASKED, timeout=1)["y"].size == M + 1
+    mallory.send("server", secagg.Kind.MASKED, {"r": 0, "y": np.zeros(M + 2, np.uint32)})
     with pytest.raises(api.MessageRejected) as e:
-        server.recv("mallory", secagg.KIND_MASKED, timeout=1)
+        server.recv("mallory", secagg.Kind.MASKED, timeout=1)
     assert e.value.peer == "mallory" and f"at most {M + 1} declared" in str(e.value)
 
 

@@ -14,6 +14,7 @@ from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.prg import PRG
 from fedhet.parties import codec
 from fedhet.parties import declare as decl
+from fedhet.parties.api import PeerFault
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import shamir_share as ss
 from fedhet.protocols import shared_array
@@ -342,7 +343,8 @@ def test_owners_must_agree_on_holders_and_threshold():
 
 def test_bad_arguments_and_malformed_messages_are_named():
     hub = InMemoryHub({"o": "owner", "h1": "holder", "h2": "holder", "c": "coordinator"})
-    o, h1, c = hub.party("o", timeout=1.0), hub.party("h1", timeout=1.0), hub.party("c", timeout=1.0)
+    o, h1 = hub.party("o", timeout=1.0), hub.party("h1", timeout=1.0)
+    c = hub.party("c", timeout=1.0, declarations=ss.DECLARATIONS)
     with pytest.raises(ValueError, match="not peers"):
         ss.share_to_holders(o, X, ["h1", "nobody"], 2)
     with pytest.raises(ValueError, match="distinct"):
@@ -363,7 +365,7 @@ def test_bad_arguments_and_malformed_messages_are_named():
         ss.reconstruct_at_coordinator(c, ["h1", "h2"], 2, asked=["h2"])
     h1.send("c", "shamir/result", {"v": 1, "tag": "", "x": 1, "t": 1, "p": F61.p, "frac_bits": 0, "bound": 1,
                                    "err": 0.0, "shares": np.zeros(3)})
-    with pytest.raises(ss.ShamirError, match="uint64"):
+    with pytest.raises(PeerFault, match="'shares'.*<f8 where <u8"):  # the schema refuses it on receipt
         ss.reconstruct_at_coordinator(c, ["h1", "h2"], 1, timeout=1.0)
     h1.send("c", "shamir/result", {"v": 1, "tag": "", "x": 1, "t": 1, "p": F61.p, "frac_bits": 0, "bound": 1,
                                    "err": 0.0, "shares": np.full(3, F61.p, dtype=np.uint64)})
@@ -417,21 +419,22 @@ def test_every_message_matches_the_declarations(wire):
     res = run_inmemory(shamir_job, JOB_FED, cfg=cfg, timeout=20)
     assert res["c"]["correct"]
     roles = dict(JOB_FED)
-    declared = decl.index(shamir_job.DECLARATIONS)
+    declared = shamir_job.ALGORITHM.declared(shamir_job.ALGORITHM.parse(cfg))
     seen = set()
     for _, _, fr in wire:
         e = codec.decode(fr)
         d = declared[e.kind]
         assert decl.role_ok(roles[e.frm], d.sender) and decl.role_ok(roles[e.to], d.receiver), e.kind
-        assert d.check is None or d.check(e.arrays, cfg) is None, (e.kind, e.arrays)
+        assert decl.check_record(d, e.arrays, cfg) is None, (e.kind, e.arrays)
+        d.payload.validate(e.payload)
         seen.add(e.kind)
     assert seen == {"shamir/share", "shamir/result"}
-    share_check, result_check = declared["shamir/share"].check, declared["shamir/result"].check
-    assert share_check([("<u8", (10, 5))], cfg) is None
-    assert result_check([("<u8", (10, 2))], cfg) is None
-    for bad in ([("<f8", (10, 2))], [("<u8", (10, 2))] * 2, [], [("<u8", (10, 3))], [("<u8", (10,))]):
-        assert result_check(bad, cfg) is not None, bad
-    assert share_check([("<u8", (11, 5))], cfg) is not None
+    share, result = declared["shamir/share"], declared["shamir/result"]
+    assert decl.check_record(share, [("shares", "<u8", (10, 5))], cfg) is None
+    assert decl.check_record(result, [("shares", "<u8", (10, 2))], cfg) is None
+    for bad in ([("<f8", (10, 2))], [("<u8", (10, 3))], [("<u8", (10,))], [("x", "<u8", (10, 2))]):
+        assert decl.check_record(result, bad, cfg) is not None, bad
+    assert decl.check_record(share, [("<u8", (11, 5))], cfg) is not None
     # the role names and prefix can be those of the algorithm using the protocol
     ds = ss.declarations("f3/h", "client", "server", "server")
     assert {d.kind for d in ds} == {"f3/h/share", "f3/h/result"}

@@ -39,7 +39,7 @@ def _as_participant(d: MessageDecl, vector: tuple[str, sch.Spec]) -> MessageDecl
     def role(t: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(PARTICIPANT if r == "client" else r for r in t)
     check, payload = d.check, d.payload
-    if d.kind in (aggregation.KIND_PLAIN, secagg.KIND_MASKED) and isinstance(payload, sch.Fields):
+    if d.kind in (aggregation.Kind.PLAIN, secagg.Kind.MASKED) and isinstance(payload, sch.Fields):
         field, spec = vector
         check, payload = None, sch.Fields({**payload.fields, field: spec}, payload.optional)
     return declare(d.kind, role(d.sender), role(d.receiver), d.what, check, payload)
@@ -49,7 +49,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
     plain = (s.agg.aggregation or "secure") == "plain"
     vector = _vectors(s)
     agg = [d for d in aggregation.declarations(None, max(sizes(s)["z_len"], N_OBJECTIVE))
-           if (d.kind == aggregation.KIND_PLAIN) == plain]
+           if (d.kind == aggregation.Kind.PLAIN) == plain]
     return [
         declare(Kind.Z, SERVER, PARTICIPANT, "the combined pseudo-labels Z = sum zeta_k Z_k / sum zeta_k (eq. 8) "
                 "of the common training rows; approximates the labels Y by design",

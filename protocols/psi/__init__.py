@@ -1,0 +1,71 @@
+"""Private set intersection between a label owner and feature parties (vertical FL).
+
+Two backends with one API and one result (:class:`PSIResult`):
+
+==================  ==================================================================
+:mod:`.common`      message kinds and schemas, the argument checks, the agreed output
+:mod:`.ecdh`        ECDH-PSI (X25519 blinding, streamed on a process pool): the default
+:mod:`.kkrt`        KKRT16 (batched OPRF from OT extension): less CPU at large sizes
+==================  ==================================================================
+
+:func:`psi_label_owner` and :func:`psi_feature_party` check their arguments
+and hand the run to the backend every party of one intersection must name
+alike; what each party learns is the same with both (see the backends'
+docstrings).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from fedhet.parties.contract import PartyLike
+
+from . import ecdh, kkrt
+from .common import (BACKENDS, DEFAULT_CHUNK, MAX_CHUNK, ORDERS, Kind, PSIResult, check_backend, check_chunk,
+                     declarations, feature_args, label_owner_args)
+from .ecdh import match_rows
+
+__all__ = ["psi_label_owner", "psi_feature_party", "PSIResult", "Kind", "declarations", "DECLARATIONS",
+           "BACKENDS", "ORDERS", "DEFAULT_CHUNK", "MAX_CHUNK", "check_backend", "check_chunk", "match_rows",
+           "ecdh", "kkrt"]
+
+
+def psi_label_owner(party: PartyLike, ids: Iterable[Any], peers: Sequence[str], reveal_to_all: bool = True, *,
+                    order: str = "sorted", chunk: int = DEFAULT_CHUNK, workers: int | None = None,
+                    context: bytes = b"", timeout: float | None = None, backend: str = "ecdh") -> PSIResult:
+    """Intersect this party's ``ids`` with every feature party in ``peers``.
+
+    Returns the IDs common to all parties in the agreed ``order`` and this
+    party's rows for them; with ``reveal_to_all`` the feature parties receive
+    the same list.  ``workers``: worker processes for the scalar
+    multiplications (None: every core once the sets are large enough, 0:
+    inline; ECDH only).  ``context``: bytes that separate this intersection's
+    hash domain from others (e.g. the ID namespace); sent to the peers.
+    ``timeout``: seconds to wait for any one message (default: the party's);
+    the waits include the peers' computation.  ``backend``: ``"ecdh"`` or
+    ``"kkrt"``; every party of one intersection must use the same.
+    """
+    check_backend(backend)
+    peers, chunk, context = label_owner_args(party, peers, order, chunk, context)
+    if backend == "kkrt":
+        return kkrt.label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, context=context,
+                                timeout=timeout)
+    return ecdh.label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, workers=workers,
+                            context=context, timeout=timeout)
+
+
+def psi_feature_party(party: PartyLike, ids: Iterable[Any], label_owner: str, *, chunk: int = DEFAULT_CHUNK,
+                      workers: int | None = None, timeout: float | None = None, backend: str = "ecdh") -> PSIResult:
+    """This feature party's side of :func:`psi_label_owner` (same ``backend`` as the label owner's).
+
+    Returns the common IDs (in the label owner's agreed order) and this
+    party's rows for them, or ``ids=None`` when the label owner keeps the
+    result to itself.
+    """
+    check_backend(backend)
+    chunk = feature_args(party, label_owner, chunk)
+    if backend == "kkrt":
+        return kkrt.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
+    return ecdh.feature_party(party, ids, label_owner, chunk=chunk, workers=workers, timeout=timeout)
+
+
+DECLARATIONS = declarations()

@@ -1,0 +1,266 @@
+"""What both PSI backends share: message kinds and schemas, the preamble, the agreed output.
+
+Both backends (:mod:`.ecdh`, :mod:`.kkrt`) have the same shape: a label owner
+L intersects its IDs with every feature party F_j, keeps the IDs common to
+*all* of them, orders them (:func:`agreed_order`) and, in reveal mode, tells
+each F_j the positions of those IDs in F_j's own secretly shuffled list
+(``Kind.RESULT`` / ``Kind.KKRT_RESULT``, :func:`send_positions`,
+:func:`received_rows`).  Every party ends with a :class:`PSIResult`.
+
+Order of the common list: ``"sorted"`` (ints numerically, then bytes, then
+strings by code point; reveals nothing about anyone's row order) or
+``"label_owner"`` (L's row order, which then tells feature parties how L's
+common rows are ordered).
+
+Duplicates: IDs are sets; each party removes its duplicates before hashing
+(:func:`dedupe`; equal IDs would otherwise give equal values on the wire and
+leak multiplicities) and its row index for a common ID is the row of its
+first occurrence.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from fedhet.crypto import cuckoo, ot
+from fedhet.crypto import ecdh_psi as grp
+from fedhet.parties import schema as sch
+from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
+from fedhet.parties.declare import MessageDecl, declare
+
+ECDH_VERSION = 1
+KKRT_VERSION = 1
+MAX_CHUNK = 1 << 16        # rows per point message (ECDH) / items per OPRF message (KKRT)
+DEFAULT_CHUNK = 1 << 14
+MAX_ITEMS = (1 << 32) - 1  # positions travel as uint32
+KKRT_MAX_ITEMS = 1 << 28   # items per party (bins must fit the 40-bit hash words; memory)
+MAX_U_ROWS = 1 << 17       # KKRT: bins per U message (8 MiB)
+ORDERS = ("sorted", "label_owner")
+BACKENDS = ("ecdh", "kkrt")
+
+
+class Kind:
+    """Every PSI message kind (the strings are on the wire and in transcripts)."""
+
+    SETUP = "psi/setup"
+    SIZE = "psi/size"
+    BLIND_L = "psi/blind_l"
+    BLIND_F = "psi/blind_f"
+    DOUBLE_L = "psi/double_l"
+    RESULT = "psi/result"
+    KKRT_SETUP = "psi_kkrt/setup"
+    KKRT_REPLY = "psi_kkrt/reply"
+    KKRT_U = "psi_kkrt/u"
+    KKRT_ACK = "psi_kkrt/ack"
+    KKRT_OPRF = "psi_kkrt/oprf"
+    KKRT_RESULT = "psi_kkrt/result"
+
+
+# --------------------------------------------------------------- declarations
+_CTX = sch.Bytes(max_len=1024)
+_POSITIONS = sch.Fields({"idx": sch.Arr("<u4", (None,))})
+_RESULT_WHAT = ("positions, in the feature party's own shuffled list, of the IDs common to all parties, "
+                "in the agreed order: uint32 (k,)")
+
+
+def _ecdh(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
+    pts = sch.Fields({"i": sch.Int(lo=0), "pts": sch.Arr("|u1", (None, grp.POINT_BYTES),
+                                                         max_elems=MAX_CHUNK * grp.POINT_BYTES)})
+    return [
+        declare(Kind.SETUP, lo, fe, "protocol version, label owner's set size, reveal mode, hash context; no arrays",
+                payload=sch.Fields({"v": sch.Int(), "n": sch.Int(lo=0, hi=MAX_ITEMS), "reveal": sch.Bool(),
+                                    "ctx": _CTX})),
+        declare(Kind.SIZE, fe, lo, "feature party's set size; no arrays",
+                payload=sch.Fields({"n": sch.Int(lo=0, hi=MAX_ITEMS)})),
+        declare(Kind.BLIND_L, lo, fe, "label owner's IDs hashed to Curve25519 and blinded by its secret "
+                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", payload=pts),
+        declare(Kind.BLIND_F, fe, lo, "feature party's IDs hashed to Curve25519 and blinded by its secret "
+                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", payload=pts),
+        declare(Kind.DOUBLE_L, fe, lo, "the label owner's blinded points re-blinded by the feature party's "
+                "scalar, same order: uint8 (n<=MAX_CHUNK, 32)", payload=pts),
+        declare(Kind.RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS),
+    ]
+
+
+def _kkrt(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
+    # One OPRF array shape per output length ℓ = 8..16 bytes (kkrt.output_bytes).
+    oprf = sch.OneOf(tuple(sch.Arr("|u1", (None, cuckoo.N_HASHES, ell), max_elems=MAX_CHUNK * cuckoo.N_HASHES * ell)
+                           for ell in range(8, 17)))
+    return [
+        declare(Kind.KKRT_SETUP, lo, fe, "protocol version, label owner's set size, reveal mode, hash context, "
+                "cuckoo seed and number of bins, the Chou-Orlandi sender point A; no arrays",
+                payload=sch.Fields({"v": sch.Int(), "n": sch.Int(lo=0, hi=KKRT_MAX_ITEMS), "reveal": sch.Bool(),
+                                    "ctx": _CTX, "seed": sch.Bytes(length=cuckoo.SEED_BYTES),
+                                    "bins": sch.Int(lo=cuckoo.BIN_ALIGN, hi=2 * KKRT_MAX_ITEMS),
+                                    "A": sch.Bytes(length=ot.POINT_BYTES)})),
+        declare(Kind.KKRT_REPLY, fe, lo, "feature party's set size, its Chou-Orlandi receiver points (one per base "
+                "OT, hiding its secret choice bits): uint8 (512, 32), and the pseudorandom code's seed",
+                payload=sch.Fields({"n": sch.Int(lo=0, hi=KKRT_MAX_ITEMS), "code": sch.Bytes(length=ot.BLOCK),
+                                    "B": sch.Arr("|u1", (ot.CODE_BITS, ot.POINT_BYTES))})),
+        declare(Kind.KKRT_U, lo, fe, "OT-extension rows u_b = t_b ^ g1_b ^ C(x_b) for a range of cuckoo bins, "
+                "masked by PRG output the feature party cannot compute: uint8 (n<=MAX_U_ROWS, 64), n a multiple "
+                "of 128 (checked by the receiver)",
+                payload=sch.Fields({"i": sch.Int(lo=0), "u": sch.Arr("|u1", (None, ot.CODE_BYTES),
+                                                                     max_elems=MAX_U_ROWS * ot.CODE_BYTES)})),
+        declare(Kind.KKRT_ACK, fe, lo, "flow control: number of the U chunk the feature party has processed; "
+                "no arrays", payload=sch.Fields({"i": sch.Int(lo=0)})),
+        declare(Kind.KKRT_OPRF, fe, lo, "feature party's OPRF values, 3 per ID (one per cuckoo hash function), "
+                "IDs in secret random order: uint8 (n<=MAX_CHUNK, 3, 8..16)",
+                payload=sch.Fields({"i": sch.Int(lo=0), "v": oprf})),
+        declare(Kind.KKRT_RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS),
+    ]
+
+
+def declarations(label_owner: str | Sequence[str] = "label_owner", feature: str | Sequence[str] = "feature",
+                 backend: str | None = "ecdh") -> list[MessageDecl]:
+    """The PSI message kinds of ``backend`` (None: both), for an algorithm whose roles have these names."""
+    lo = (label_owner,) if isinstance(label_owner, str) else tuple(label_owner)
+    fe = (feature,) if isinstance(feature, str) else tuple(feature)
+    if backend is not None:
+        check_backend(backend)
+    return ((_ecdh(lo, fe) if backend in (None, "ecdh") else [])
+            + (_kkrt(lo, fe) if backend in (None, "kkrt") else []))
+
+
+# ------------------------------------------------------------------- results
+@dataclass
+class PSIResult:
+    """What one party holds at the end.
+
+    ``ids``: the common IDs in the agreed order (this party's own ID objects),
+    or None where they were not revealed to this party.  ``rows``: for each
+    of them, the row of its first occurrence in this party's input (int64).
+    """
+    role: str
+    ids: list | None
+    rows: np.ndarray | None
+    revealed: bool
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def size(self) -> int | None:
+        return None if self.ids is None else len(self.ids)
+
+
+# ------------------------------------------------------------------ preamble
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"PSI backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def check_chunk(chunk: int) -> int:
+    chunk = int(chunk)
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise ValueError(f"chunk must be in 1..{MAX_CHUNK}, got {chunk}")
+    return chunk
+
+
+def label_owner_args(party: PartyLike, peers: Sequence[str], order: str, chunk: int,
+                     context: bytes) -> tuple[list[str], int, bytes]:
+    """The label owner's arguments checked: (peers, chunk, context)."""
+    peers = list(peers)
+    if not peers:
+        raise ValueError("psi_label_owner needs at least one feature party in peers")
+    if len(set(peers)) != len(peers):
+        raise ValueError(f"psi_label_owner: duplicate names in peers {peers}")
+    bad = [p for p in peers if p not in party.peers]
+    if bad:
+        raise ValueError(f"psi_label_owner: {bad} are not peers of {party.name!r} ({party.peers})")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    chunk = check_chunk(chunk)
+    if not isinstance(context, (bytes, bytearray)):
+        raise TypeError(f"context must be bytes, got {type(context).__name__}")
+    return peers, chunk, bytes(context)
+
+
+def feature_args(party: PartyLike, label_owner: str, chunk: int) -> int:
+    """The feature party's arguments checked: the chunk."""
+    if label_owner not in party.peers:
+        raise ValueError(f"psi_feature_party: {label_owner!r} is not a peer of {party.name!r} ({party.peers})")
+    return check_chunk(chunk)
+
+
+def as_id_list(ids: Iterable[Any], who: str) -> list:
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"{who}: ids must be a collection of IDs, not a single {type(ids).__name__}")
+    return list(ids)
+
+
+def dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[bytes], np.ndarray]:
+    """(unique encodings in first-occurrence order, the row of each one's first occurrence)."""
+    try:
+        enc = grp.encode_items(items)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{who}: {e}") from None
+    if len(dict.fromkeys(enc)) == len(enc):  # no duplicates: the common case, at C speed
+        uniq, rows = enc, np.arange(len(enc), dtype=np.int64)
+    else:
+        first: dict[bytes, int] = {}
+        for i, item in enumerate(enc):
+            if item not in first:
+                first[item] = i
+        uniq, rows = list(first), np.fromiter(first.values(), dtype=np.int64, count=len(first))
+    if len(uniq) > max_items:
+        raise ValueError(f"{who}: {len(uniq)} distinct IDs; at most {max_items} are supported")
+    return uniq, rows
+
+
+def secure_permutation(n: int) -> np.ndarray:
+    """A uniformly random permutation from the OS CSPRNG (argsort of random 64-bit keys).
+
+    Ties (probability < n^2 / 2^65) only make the order of the tied pair
+    deterministic.
+    """
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+    return np.argsort(keys).astype(np.int64)
+
+
+def traffic(party: PartyLike, peers: Sequence[str]) -> tuple[int, int]:
+    """(bytes sent to, bytes received from) ``peers`` so far."""
+    return (sum(party.bytes_sent.get(p, 0) for p in peers), sum(party.bytes_received.get(p, 0) for p in peers))
+
+
+def traffic_stats(party: PartyLike, peers: Sequence[str], start: tuple[int, int]) -> dict:
+    sent, received = traffic(party, peers)
+    return {"bytes_sent": sent - start[0], "bytes_received": received - start[1]}
+
+
+# -------------------------------------------------------------------- output
+def agreed_order(enc: Sequence[bytes], uniq: np.ndarray, order: str) -> np.ndarray:
+    """The permutation that puts the common de-duplicated IDs ``uniq`` (indices into ``enc``) in the
+    agreed ``order``: canonical for ``"sorted"``, first occurrence for ``"label_owner"``."""
+    if order == "sorted":
+        return np.array(grp.canonical_order([enc[u] for u in uniq.tolist()]), dtype=np.int64)
+    return np.argsort(uniq)  # de-duplicated order = order of first occurrence
+
+
+def send_positions(party: PartyLike, peers: Sequence[str], kind: str, where: dict[str, np.ndarray],
+                   common: np.ndarray) -> None:
+    """Reveal mode: tell each feature party where the common IDs sit in its shuffled list."""
+    for p in peers:
+        party.send(p, kind, {"idx": where[p][common].astype(np.uint32)})
+
+
+def received_rows(msg: dict, lo: str, kind: str, perm: np.ndarray, first_rows: np.ndarray) -> np.ndarray:
+    """This feature party's rows of the common IDs, from the label owner's positions (its ``kind`` message)."""
+    idx = msg["idx"].astype(np.int64)
+    if len(idx) and (idx.max() >= len(perm) or len(np.unique(idx)) != len(idx)):
+        raise PartyError(f"PSI: {kind} from {lo!r} names positions outside our {len(perm)} IDs or twice")
+    return first_rows[perm[idx]]
+
+
+def label_owner_result(items: list, rows: np.ndarray, stats: dict) -> PSIResult:
+    return PSIResult("label_owner", [items[r] for r in rows.tolist()], rows, True, stats)
+
+
+def feature_result(items: list, rows: np.ndarray | None, stats: dict) -> PSIResult:
+    return PSIResult("feature", None if rows is None else [items[r] for r in rows.tolist()], rows,
+                     rows is not None, stats)
