@@ -1,0 +1,32 @@
+"""FedAvg logistic regression's message kinds and payload schemas."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fedhet.algorithms.fedavg_logreg.settings import AGGREGATION_DEFAULTS, Settings
+from fedhet.parties import schema as sch
+from fedhet.parties.declare import MessageDecl, declare
+from fedhet.protocols import aggregation
+
+
+class Kind:
+    MODEL = "fedavg/model"
+    EVAL = "fedavg/eval"
+
+
+def sizes(s: Settings) -> dict[str, int]:
+    return {"n_params": s.n_params}
+
+
+def declarations(s: Settings) -> list[MessageDecl]:
+    n = s.n_params
+    # The aggregation protocol's audit checks read the flat table of aggregation keys.
+    table = {**AGGREGATION_DEFAULTS, **s.agg.table()}
+    updates = [d if d.check is None else replace(d, check=lambda arrays, _s, inner=d.check: inner(arrays, table))
+               for d in aggregation.declarations(lambda _table: n, n)]
+    return [
+        declare(Kind.MODEL, "server", "client", "global weights (d+1 floats)",
+                payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),
+        declare(Kind.EVAL, "client", "server", "test accuracy counts of the global model (no arrays)",
+                payload=sch.Fields({"correct": sch.Int(lo=0), "count": sch.Int(lo=0)})),
+    ] + updates  # the clients' updates, plain or secure
