@@ -237,9 +237,10 @@ def select_per_client(candidates: Sequence[dict], select: str = "best_round") ->
     if not candidates:
         raise ValueError("no candidates to select from")
     K = len(candidates[0]["val"][0])
-    chosen_test, chosen_cfg = [], []
+    chosen_test: list[float | None] = []
+    chosen_cfg: list[dict | None] = []
     for k in range(K):
-        best = (-math.inf, None, None)
+        best: tuple[float, float | None, dict | None] = (-math.inf, None, None)
         for c in candidates:
             val = np.asarray(c["val"])[:, k]
             test = np.asarray(c["test"])[:, k]
@@ -248,4 +249,4 @@ def select_per_client(candidates: Sequence[dict], select: str = "best_round") ->
                 best = (float(val[r]), float(test[r]), {**c.get("config", {}), "round": r + 1})
         chosen_test.append(best[1])
         chosen_cfg.append(best[2])
-    return {"test": chosen_test, "mean_test": float(np.mean(chosen_test)), "chosen": chosen_cfg}
+    return {"test": chosen_test, "mean_test": float(np.mean(np.asarray(chosen_test, dtype=np.float64))), "chosen": chosen_cfg}

@@ -97,6 +97,7 @@ def file_rows(s: Settings, ctx: PartyContext) -> ClientRows:
     rows in a seeded order.  Errors name the party, file and column before training starts."""
     t = load_party_table(TableSpec.from_dict(dict(ctx.data or {}), party=ctx.name, base_dir=ctx.base_dir,
                                              require=("label", "classes")))
+    assert t.classes is not None and t.y is not None  # required above
     if len(t.classes) != s.class_count:
         raise DataSpecError(f"party {ctx.name!r}, file '{t.path}': {len(t.classes)} classes declared "
                             f"({list(t.classes)}) but the federation's n_classes is {s.class_count}",

@@ -40,11 +40,12 @@ class MLPColumn(nn.Module):
         super().__init__()
         _check_dims(d_in, n_classes, hidden)
         widths = [int(d_in), *map(int, hidden), int(n_classes)]
+        self._widths = widths
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
 
     @property
     def widths(self) -> list[int]:
-        return [self.layers[0].in_features] + [lin.out_features for lin in self.layers]
+        return list(self._widths)
 
     def forward_all(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Outputs z^(1..L) of every layer (ReLU'd hidden layers, then logits)."""

@@ -18,6 +18,7 @@ aggregated separately), mu and (``select = "best_round"``) the round.  Reported 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -77,12 +78,11 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     k = data.index
     # Weights come from toolkit.seeded blocks, which parties that are threads of one process (the
     # in-memory transport) never enter at once.
-    models: list[CHFLClient] | list[LocalClient]
-    if s.method == "local":
-        models = [LocalClient(cd, lr=lr, hidden=s.hidden, seed=s.seed, index=k) for lr in s.lrs]
-    else:
-        models = [CHFLClient(cd, mus=s.mus, lr=lr, hidden=s.hidden, seed=s.seed, index=k,
-                             reset_common_optim=s.reset_common_optim) for lr in s.lrs]
+    local = s.method == "local"
+    alone = [LocalClient(cd, lr=lr, hidden=s.hidden, seed=s.seed, index=k) for lr in s.lrs] if local else []
+    federated = [] if local else [CHFLClient(cd, mus=s.mus, lr=lr, hidden=s.hidden, seed=s.seed, index=k,
+                                             reset_common_optim=s.reset_common_optim) for lr in s.lrs]
+    models: list[CHFLClient | LocalClient] = [*alone, *federated]
     P = s.common_params
     labels = _labels(s)
     n_train = cd.n_train
@@ -113,8 +113,8 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
             msg = party.recv(server_name, Kind.GLOBAL, timeout=s.recv_timeout)
             if msg["r"] != r:
                 raise PartyError(f"chfl: global model for round {msg['r']} from {server_name} in round {r}")
-            for m, th in zip(models, msg["theta"]):
-                m.set_common(th)
+            for fm, th in zip(federated, msg["theta"]):
+                fm.set_common(th)
         if r > 0:  # Theta_k^(r-1) = (theta_c^(r), theta_u,k, U_k)
             evaluate()
             last = curves[-1][labels[-1]]
@@ -133,8 +133,8 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
         losses.append(rl)
         if s.method != "local":
             t0 = time.perf_counter()
-            for j, m in enumerate(models):
-                vec = m.get_common()
+            for j, fm in enumerate(federated):
+                vec = fm.get_common()
                 if vec.shape != (P,):  # never send anything but the common column
                     raise AssertionError(f"common vector has {vec.shape}, expected ({P},)")
                 a = float(np.abs(vec).max())
@@ -238,4 +238,4 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
     return out
 
 
-ROLES = {"server": server, "client": client}
+ROLES: dict[str, Callable[..., dict]] = {"server": server, "client": client}

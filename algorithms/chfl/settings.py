@@ -35,7 +35,8 @@ FILES = "files"  # dataset = "files": each client reads its own table ([[party]]
 FILES_MAX_WEIGHT = 1_000_000.0
 # CHFL's aggregation defaults for unset keys.  plain_dtype stays the aggregator's float64: its
 # float32 path forms w * x in float32, which would break equality with the in-process mean.
-AGG_DEFAULTS = {"aggregation": "secure", "secagg_clip": 16.0}
+DEFAULT_CLIP = 16.0
+AGG_DEFAULTS: dict[str, object] = {"aggregation": "secure", "secagg_clip": DEFAULT_CLIP}
 
 
 def _distinct(values: float | tuple[float, ...]) -> tuple[float, ...]:
@@ -154,7 +155,7 @@ class Settings:
     def secagg_clip(self) -> float:
         """Secure aggregation's public clipping bound |x| <= clip (CHFL's default when unset)."""
         clip = self.agg.secagg_clip
-        return float(AGG_DEFAULTS["secagg_clip"] if clip is None else clip)
+        return DEFAULT_CLIP if clip is None else float(clip)
 
 
 def max_train_rows(s: Settings, n_clients: int) -> int:

@@ -18,12 +18,19 @@ def sizes(s: Settings) -> dict[str, int]:
     return {"n_params": s.n_params}
 
 
+def _on_table(d: MessageDecl, table: dict) -> MessageDecl:
+    """The protocol's audit check, reading the run's aggregation keys as the flat table it is
+    written against."""
+    inner = d.check
+    if inner is None:
+        return d
+    return replace(d, check=lambda arrays, _settings: inner(arrays, table))
+
+
 def declarations(s: Settings) -> list[MessageDecl]:
     n = s.n_params
-    # The aggregation protocol's audit checks read the flat table of aggregation keys.
     table = {**AGGREGATION_DEFAULTS, **s.agg.table()}
-    updates = [d if d.check is None else replace(d, check=lambda arrays, _s, inner=d.check: inner(arrays, table))
-               for d in aggregation.declarations(lambda _table: n, n)]
+    updates = [_on_table(d, table) for d in aggregation.declarations(lambda _table: n, n)]
     return [
         declare(Kind.MODEL, "server", "client", "global weights (d+1 floats)",
                 payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),

@@ -4,6 +4,8 @@ weights with its row count as weight, and the server replaces the global weights
 row-weighted mean (:mod:`fedhet.protocols.aggregation`, secure by default)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from fedhet.algorithms.fedavg_logreg.core import local_train, share_correct
@@ -57,4 +59,4 @@ def client(party: PartyLike, s: Settings, data: dict[str, np.ndarray]) -> dict:
     return {"test_accuracy": acc, "weights": w.tolist(), "train_rows": n}
 
 
-ROLES = {"server": server, "client": client}
+ROLES: dict[str, Callable[..., dict]] = {"server": server, "client": client}
