@@ -88,7 +88,7 @@ def bytes_per_round(job: dict, rounds: int) -> dict:
         rows = [r for r in job["audit_table"] if r["party"] == name]
         up.append(sum(r["sent_bytes"] for r in rows if r["kind"].startswith(AGG_PREFIXES)))
         down.append(sum(r["received_bytes"] for r in rows
-                        if r["kind"].startswith(AGG_PREFIXES) or r["kind"] == C.K_GLOBAL))
+                        if r["kind"].startswith(AGG_PREFIXES) or r["kind"] == C.Kind.GLOBAL))
     return {"up": float(np.mean(up)) / rounds, "down": float(np.mean(down)) / rounds}
 
 

@@ -38,9 +38,10 @@ import torch
 
 from benchmarks import harness
 from fedhet.algorithms import chfl
-from fedhet.algorithms.chfl_local import DEFAULTS
+from fedhet.algorithms.chfl import Settings
 from fedhet.algorithms.data_tabular import load_tabular
 
+PAPER = Settings()  # CHFL's defaults: the paper's E, batch size, widths, selection and T
 METHODS = ["common", "local", "chfl_mu0", "chfl_mu>0"]
 HEAD = {"common": "Common", "local": "Local", "chfl_mu0": "CHFL μ=0", "chfl_mu>0": "CHFL μ>0"}
 
@@ -83,8 +84,8 @@ def _cell(accs: list[float]):
 def sweep_roles(table, K: int = 5, common_ratio: float = 0.3, rounds: int = 20, seed: int = 0,
                 feature_seed: int | None = None, lr_grid=(1e-3, 1e-4), mu_grid=(0.1, 0.5, 1.0),
                 select: str = "best_round", device: str = "cpu", threads: int = 1,
-                epochs: int = DEFAULTS["epochs"], batch_size: int = DEFAULTS["batch_size"],
-                hidden=tuple(DEFAULTS["hidden"]), timeout: float = 3600.0) -> dict:
+                epochs: int = PAPER.local_epochs, batch_size: int = PAPER.batch_size,
+                hidden=PAPER.hidden, timeout: float = 3600.0) -> dict:
     """Table II's four numbers for one (feature split, seed) from the federated CHFL roles in memory.
 
     ``table`` = (X, y, name).  One CHFL job carries every lr and the mu = 0 and mu > 0 heads (its common
@@ -101,7 +102,7 @@ def sweep_roles(table, K: int = 5, common_ratio: float = 0.3, rounds: int = 20, 
             "local_epochs": int(epochs), "batch_size": int(batch_size), "hidden": [int(h) for h in hidden],
             "lr": [float(x) for x in lr_grid], "select": select, "seed": int(seed), "feature_seed": feature_seed,
             "torch_threads": max(1, int(threads)), "n_clients": int(K)}
-    s = chfl.settings(base)
+    s = chfl.ALGORITHM.parse(base)
     clients = [f"client{k + 1}" for k in range(K)]
     parties = [("server", "server")] + [(c, "client") for c in clients]
     # Each client gets exactly its own rows and columns (what chfl.load_data keeps), cut from the table
@@ -299,8 +300,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--lr-grid")
     ap.add_argument("--mu-grid")
-    ap.add_argument("--select", default=DEFAULTS["select"], choices=["best_round", "last"])
-    ap.add_argument("--device", default=DEFAULTS["device"])
+    ap.add_argument("--select", default=PAPER.select, choices=["best_round", "last"])
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--data-dir")
     ap.add_argument("--name", help="output base name (default chfl_tables[_quick])")
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
     q = a.quick
     a.splits = a.splits or (1 if q else 3)
     a.seeds = a.seeds or (1 if q else 3)
-    a.rounds = a.rounds or (8 if q else DEFAULTS["rounds"])
+    a.rounds = a.rounds or (8 if q else PAPER.rounds)
     lr_grid = [float(x) for x in (a.lr_grid or ("1e-3" if q else "1e-3,1e-4")).split(",")]
     mu_grid = [float(x) for x in (a.mu_grid or ("0.5" if q else "0.1,0.5,1")).split(",")]
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
@@ -336,9 +337,9 @@ def main(argv=None) -> int:
     meta = {"mode": "quick" if q else "full", "command": session.command,
             "started": session.started, "threads": max(1, a.threads),
             "device": a.device, "splits": a.splits, "seeds": a.seeds, "rounds": a.rounds,
-            "epochs": DEFAULTS["epochs"], "batch_size": DEFAULTS["batch_size"],
+            "epochs": PAPER.local_epochs, "batch_size": PAPER.batch_size,
             "lr_grid": lr_grid, "mu_grid": mu_grid, "select": a.select,
-            "hidden": DEFAULTS["hidden"], "torch": torch.__version__, "how": HOW}
+            "hidden": list(PAPER.hidden), "torch": torch.__version__, "how": HOW}
     meta["commands"] = [meta["command"]]
     settings = {k: meta[k] for k in ("rounds", "epochs", "batch_size", "lr_grid", "mu_grid",
                                      "select", "hidden")}

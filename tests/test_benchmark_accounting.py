@@ -1,6 +1,6 @@
 """What the benchmark scripts compute from their runs: extrapolated bytes on
 the wire (he_vs_plain), the CHFL tables' grouping of finished runs, and that the
-CHFL tables' runs (the federated roles in memory) give ``chfl_local.sweep``'s numbers."""
+CHFL tables' runs (the federated roles in memory) give ``chfl.experiments.sweep``'s numbers."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,8 @@ import pytest
 from benchmarks import chfl_tables
 from benchmarks import he_vs_plain
 
-from fedhet.algorithms import chfl, chfl_local, he_split
+from fedhet.algorithms import chfl, he_split
+from fedhet.algorithms.chfl.experiments import sweep
 from fedhet.parties.inmemory import run_inmemory
 
 
@@ -86,7 +87,7 @@ def test_chfl_tables_runs_the_roles_and_matches_the_in_process_sweep():
     kw = dict(K=3, common_ratio=0.3, rounds=2, seed=7, feature_seed=1, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
               epochs=1, hidden=[32, 16])
     got = chfl_tables.sweep_roles(table, **kw)
-    ref = chfl_local.sweep(table, **kw)
+    ref = sweep(table, **kw)
     assert set(got["results"]) == set(chfl_tables.METHODS)
     for m in chfl_tables.METHODS:
         assert got["results"][m]["test"] == ref["results"][m]["test"], m

@@ -9,8 +9,8 @@
 * Secure aggregation: the first averaged common column is within the stated error bound of the
   plain one, the accuracies close; clients send no clear vector.
 * The declarations accept exactly the common column's parameter count and reject the whole
-  network's or a unique column's count, any aggregation message of a Local run, and a global
-  model of the wrong shape; a process run of the ``chfl_small`` preset passes ``fedhet audit``,
+  network's or a unique column's count, any aggregation message of a Local run (not declared),
+  and a global model of the wrong shape or count; a process run of the ``chfl_small`` preset passes ``fedhet audit``,
   and the audit fails when the configuration it checks against is changed.
 * Data tests on covertype skip without ../shared/data.
 """
@@ -25,9 +25,16 @@ import pytest
 import torch
 
 from fedhet.algorithms import chfl as C
-from fedhet.algorithms import chfl_local as L
-from fedhet.algorithms.chfl_model import MLPColumn, UniqueColumn, common_numel, init_common_flat
+from fedhet.algorithms.chfl import core as L
+from fedhet.algorithms.chfl.data import client_data, own_client_data
+from fedhet.algorithms.chfl.experiments import sweep
+from fedhet.algorithms.chfl.models import MLPColumn, UniqueColumn, common_numel, init_common_flat
+from fedhet.algorithms.chfl.settings import max_train_rows
 from fedhet.parties import api, presets
+from fedhet.parties.contract import PartyContext
+from fedhet.parties.declare import check_record
+from fedhet.parties.schema import SchemaError
+from fedhet.parties.settings import SettingsError
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
@@ -39,6 +46,15 @@ from fedhet.protocols import aggregation, secagg
 TINY = {"dataset": "digits", "hidden": [32, 16], "local_epochs": 1, "rounds": 2}
 K = 3
 AGG_KINDS = {d.kind for d in aggregation.DECLARATIONS}
+
+
+def _s(cfg):
+    """The parsed settings of an [algorithm] table (the one parser)."""
+    return C.ALGORITHM.parse(cfg)
+
+
+def _load(cfg, name, role, index, n_of_role):
+    return C.load_data(_s(cfg), PartyContext(name, role, index, n_of_role))
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -56,7 +72,7 @@ def _fedavg_by_hand(digits, method, lr, mus=(), k=K, rounds=2, seed=7, epochs=1,
     X, y, _ = digits
     split = chfl_partition(len(y), X.shape[1], k, 0.3, seed)
     n_classes = int(y.max()) + 1
-    data = [L.client_data(X, y, split, i, n_classes) for i in range(k)]
+    data = [client_data(X, y, split, i, n_classes) for i in range(k)]
     if method == "local":
         clients = [L.LocalClient(d, lr=lr, hidden=hidden, seed=seed, index=i) for i, d in enumerate(data)]
         labels = ["local"]
@@ -128,53 +144,53 @@ def _column(curves, label, part, k):
 
 
 def test_settings_reject_bad_config():
-    assert C.settings({}).method == "chfl" and C.settings({"method": "Local"}).method == "local"
-    with pytest.raises(ValueError, match=r"unknown config key.*'epochs'"):
-        C.settings({"epochs": 3})
-    with pytest.raises(ValueError, match="method"):
-        C.settings({"method": "fedprox"})
-    with pytest.raises(ValueError, match="mu must be in"):
-        C.settings({"mu": [0.5, 1.5]})
-    with pytest.raises(ValueError, match="lr values repeat"):
-        C.settings({"lr": [1e-3, 1e-3]})
-    with pytest.raises(ValueError, match="n_samples, n_features and n_classes"):
-        C.settings({"dataset": "mine"})
-    assert C.settings({"dataset": "mine", "n_samples": 100, "n_features": 10,
-                       "n_classes": 2}).n_common == 3
-    with pytest.raises(ValueError, match="common_ratio"):
-        C.settings({"common_ratio": 1.0})
-    assert C.settings({"method": "common", "mu": [0.0, 1.0]}).mus == ()
+    assert _s({}).method == "chfl" and _s({"method": "Local"}).method == "local"
+    with pytest.raises(SettingsError, match=r"unknown setting.*'epochs'"):
+        _s({"epochs": 3})
+    with pytest.raises(SettingsError, match="method"):
+        _s({"method": "fedprox"})
+    with pytest.raises(SettingsError, match=r"mu\[1\]|mu must be <= 1"):
+        _s({"mu": [0.5, 1.5]})
+    with pytest.raises(SettingsError, match="lr values repeat"):
+        _s({"lr": [1e-3, 1e-3]})
+    with pytest.raises(SettingsError, match="n_samples, n_features and n_classes"):
+        _s({"dataset": "mine"})
+    assert _s({"dataset": "mine", "n_samples": 100, "n_features": 10, "n_classes": 2}).n_common == 3
+    with pytest.raises(SettingsError, match="common_ratio"):
+        _s({"common_ratio": 1.0})
+    assert _s({"method": "common", "mu": [0.0, 1.0]}).mus == ()
+    assert _s({"dataset": " Digits "}).dataset == "digits"
 
 
 def test_each_client_loads_only_its_own_rows_and_columns(digits):
     X, y, _ = digits
     cfg = {"dataset": "digits", "seed": 4, "feature_seed": 9}
-    assert C.load_data(cfg, "server", "server", 0, 1) is None
+    assert _load(cfg, "server", "server", 0, 1) is None
     split = chfl_partition(len(y), X.shape[1], K, 0.3, 4, 9)
     seen = []
     for k in range(K):
-        d = C.load_data(cfg, f"c{k}", "client", k, K)
+        d = _load(cfg, f"c{k}", "client", k, K)
         rows = np.concatenate([split.rows(k, p) for p in ("train", "val", "test")])
         assert d.x.shape == (len(rows), len(split.common) + len(split.unique[k]))
         assert np.array_equal(d.x, X[rows][:, split.features(k)]) and np.array_equal(d.y, y[rows])
         assert d.n_parts == tuple(len(split.rows(k, p)) for p in ("train", "val", "test"))
-        assert d.n_common == len(split.common) == C.settings(cfg).n_common
+        assert d.n_common == len(split.common) == _s(cfg).n_common
         seen.append(rows)
     allrows = np.concatenate(seen)
     assert len(np.unique(allrows)) == len(allrows) == len(y)  # disjoint, together all rows
     with pytest.raises(ValueError, match="n_clients = 2"):
-        C.load_data({**cfg, "n_clients": 2}, "c0", "client", 0, K)
+        _load({**cfg, "n_clients": 2}, "c0", "client", 0, K)
 
 
 def test_parameter_counts_match_the_models():
     for cfg in ({"dataset": "digits", "hidden": [32, 16]}, {"dataset": "covertype"},
                 {"dataset": "vehicle", "common_ratio": 0.5, "hidden": [8]}):
-        s = C.settings(cfg)
-        assert C.common_count(cfg) == common_numel(MLPColumn(s.n_common, s.n_classes, s.hidden))
+        s = _s(cfg)
+        assert _s(cfg).common_params == common_numel(MLPColumn(s.n_common, s.class_count, s.hidden))
         du = s.shape[1] - s.n_common
-        u = UniqueColumn(du, s.n_classes, s.hidden, mu=0.5)
-        assert C.unique_count(cfg, du) == sum(p.numel() for p in u.parameters())
-    assert C.common_count({"dataset": "covertype"}) == 173831  # 16 common features, 7 classes
+        u = UniqueColumn(du, s.class_count, s.hidden, mu=0.5)
+        assert _s(cfg).unique_params(du) == sum(p.numel() for p in u.parameters())
+    assert _s({"dataset": "covertype"}).common_params == 173831  # 16 common features, 7 classes
 
 
 # ---------------------------------------------------- federated == in-process (plain)
@@ -197,7 +213,7 @@ def test_chfl_plain_equals_fedavg_by_hand(digits):
         assert srv["final_test"][lab] == pytest.approx(np.mean(ref["curves"][lab]["test"][-1]), abs=1e-15)
     assert srv["final_test"]["chfl_mu=0"] > 0.5  # it learns
     assert srv["max_mean_error_bound"] == 0.0 and srv["aggregation"] == "plain"
-    assert len(srv["theta"]) == 1 and len(srv["theta"][0]) == C.common_count({**TINY})
+    assert len(srv["theta"]) == 1 and len(srv["theta"][0]) == _s({**TINY}).common_params
 
 
 def test_selection_and_sweep_equal_selection_by_hand(digits):
@@ -206,12 +222,9 @@ def test_selection_and_sweep_equal_selection_by_hand(digits):
     lo = _fed({**grid, "method": "local"})["server"]["selected"]
     co = _fed({**grid, "method": "common", "aggregation": "plain"})["server"]["selected"]
     ref = _selected_by_hand(digits, [0.01, 0.001], [0.5, 1.0])
-    sw = C.sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
-                 epochs=1, hidden=[32, 16])
-    # the benchmarks' name for it
-    assert L.sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
-                   epochs=1, hidden=[32, 16])["results"] == sw["results"]
-    assert sw["n_common"] == C.settings(TINY).n_common and len(sw["n_unique"]) == K
+    sw = sweep(digits, K=K, rounds=2, seed=7, lr_grid=[0.01, 0.001], mu_grid=[0.5, 1.0],
+               epochs=1, hidden=[32, 16])
+    assert sw["n_common"] == _s(TINY).n_common and len(sw["n_unique"]) == K
     for got, groups in ((ch, ("common", "chfl_mu0", "chfl_mu>0")), (lo, ("local",)), (co, ("common",)),
                         (sw["results"], ("common", "chfl_mu0", "chfl_mu>0", "local"))):
         assert set(got) == set(groups)
@@ -223,7 +236,7 @@ def test_selection_and_sweep_equal_selection_by_hand(digits):
 
 def test_sweep_reports_progress_per_round(digits):
     seen = []
-    C.sweep(digits, K=2, rounds=2, seed=1, lr_grid=[0.01, 0.001], mu_grid=[0.5], epochs=1, hidden=[8],
+    sweep(digits, K=2, rounds=2, seed=1, lr_grid=[0.01, 0.001], mu_grid=[0.5], epochs=1, hidden=[8],
             progress=lambda done, total, **m: seen.append((done, total, sorted(m))))
     # CHFL lr1, Local lr1, CHFL lr2, Local lr2: two rounds each
     assert seen == [(r, 2, ["loss", "val"]) for _ in range(4) for r in (1, 2)]
@@ -235,9 +248,9 @@ def test_local_sends_no_parameters(digits, delivered):
     for k in range(K):
         assert res[f"client{k + 1}"]["curves"][0]["local"]["test"] == _column(ref["curves"], "local", "test", k)
     from_clients = [(kind, arrays) for to, frm, kind, arrays in delivered if frm.startswith("client")]
-    assert {kind for kind, _ in from_clients} <= {C.K_RESULT, "_bye"}
+    assert {kind for kind, _ in from_clients} <= {C.Kind.RESULT, "_bye"}
     assert all(not arrays for _, arrays in from_clients)
-    assert not [1 for to, frm, kind, _ in delivered if kind == C.K_GLOBAL]
+    assert not [1 for to, frm, kind, _ in delivered if kind == C.Kind.GLOBAL]
 
 
 # ------------------------------------------------------------------- secure aggregation
@@ -253,7 +266,7 @@ def test_secure_mean_within_bound_and_accuracy_close(delivered):
     ulp = np.spacing(np.abs(np.asarray(plain["theta"][0], np.float32))).astype(np.float64)
     assert (diff <= sec["max_mean_error_bound"] + ulp).all()
     # What the clients sent under secure aggregation: masked ring vectors of P_c + 1 only.
-    P = C.common_count({**TINY})
+    P = _s({**TINY}).common_params
     sent = [(kind, arrays) for to, frm, kind, arrays in delivered if frm.startswith("client")]
     assert aggregation.Kind.PLAIN in {kind for kind, _ in sent}  # the plain run's
     masked = [a for kind, a in sent if kind == secagg.Kind.MASKED]
@@ -270,58 +283,69 @@ def test_secure_mean_within_bound_and_accuracy_close(delivered):
 # ------------------------------------------------------------------------ declarations
 
 
-def _decl(kind):
-    return next(d for d in C.DECLARATIONS if d.kind == kind)
+def _audit(cfg, kind, arrays):
+    """The audit's verdict on one record of ``kind`` holding ``arrays`` ((dtype, shape) each, or
+    (path, dtype, shape)) in a run of ``cfg``: None when it passes (the real declarations)."""
+    s = _s(cfg)
+    declared = {d.kind: d for d in C.declarations(s)}
+    if kind not in declared:
+        return f"{kind} is not declared"
+    return check_record(declared[kind], arrays, s, C.sizes(s))
 
 
 def test_declarations_pass_only_the_common_column():
     cfg = {"dataset": "covertype"}
-    s = C.settings(cfg)
-    P = C.common_count(cfg)
+    s = _s(cfg)
+    P = s.common_params
     du = s.shape[1] - s.n_common
-    uniq = C.unique_count(cfg, du)
-    masked = _decl(secagg.Kind.MASKED).check
-    assert masked([("<u4", (P + 1,))], cfg) is None
-    assert masked([("<u4", (P + uniq + 1,))], cfg) is not None  # the whole network
-    assert masked([("<u4", (uniq + 1,))], cfg) is not None  # a unique column with its laterals
-    assert masked([("<u4", (C.unique_count(cfg, du, lateral=False) + 1,))], cfg) is not None
-    assert masked([("<u4", (P + 1,))] * 2, cfg) is not None
-    assert masked([("<u8", (P + 1,))], cfg) is not None
-    assert masked([("<u8", (P + 1,))], {**cfg, "secagg_ring_bits": 64}) is None
-    assert "Local run" in masked([("<u4", (P + 1,))], {**cfg, "method": "local"})
+    uniq = s.unique_params(du)
+    M = secagg.Kind.MASKED
+    assert _audit(cfg, M, [("<u4", (P + 1,))]) is None
+    assert _audit(cfg, M, [("<u4", (P + uniq + 1,))]) is not None  # the whole network
+    assert _audit(cfg, M, [("<u4", (uniq + 1,))]) is not None  # a unique column with its laterals
+    assert _audit(cfg, M, [("<u4", (s.unique_params(du, lateral=False) + 1,))]) is not None
+    assert _audit(cfg, M, [("<u4", (P + 1,))] * 2) is not None
+    assert _audit(cfg, M, [("<u8", (P + 1,))]) is not None
+    assert _audit({**cfg, "secagg_ring_bits": 64}, M, [("<u8", (P + 1,))]) is None
     # Another model size changes what passes: the count comes from the configuration.
     small = {**cfg, "hidden": [32, 16]}
-    assert masked([("<u4", (P + 1,))], small) is not None
-    assert masked([("<u4", (C.common_count(small) + 1,))], small) is None
+    assert _audit(small, M, [("<u4", (P + 1,))]) is not None
+    assert _audit(small, M, [("<u4", (_s(small).common_params + 1,))]) is None
 
-    plain = _decl(aggregation.Kind.PLAIN).check
     pcfg = {**cfg, "aggregation": "plain"}
-    assert plain([("<f8", (P,))], pcfg) is None
-    assert plain([("<f8", (P + uniq,))], pcfg) is not None
-    assert plain([("<f8", (P,))], cfg) is not None  # a clear vector in a secure run
-    assert plain([("<f8", (P,))], {**pcfg, "method": "local"}) is not None
-    for d in C.DECLARATIONS:  # no aggregation message of any kind in a Local run
-        if d.kind in AGG_KINDS:
-            assert d.check([], {**cfg, "method": "local"}) is not None, d.kind
+    assert _audit(pcfg, aggregation.Kind.PLAIN, [("<f8", (P,))]) is None
+    assert _audit(pcfg, aggregation.Kind.PLAIN, [("<f8", (P + uniq,))]) is not None
+    assert _audit(cfg, aggregation.Kind.PLAIN, [("<f8", (P,))]) is not None  # a clear vector in a secure run
+    local = {**cfg, "method": "local"}
+    # A Local run declares no global model and no aggregation message of any kind.
+    assert {d.kind for d in C.declarations(_s(local))} == {C.Kind.RESULT}
+    for kind in AGG_KINDS | {C.Kind.GLOBAL}:
+        assert _audit(local, kind, []) is not None, kind
 
-    glob = _decl(C.K_GLOBAL).check
-    assert glob([("<f4", (P,))], cfg) is None
-    assert glob([("<f4", (P,))] * 2, {**cfg, "lr": [1e-3, 1e-4]}) is None
-    assert glob([("<f4", (P,))], {**cfg, "lr": [1e-3, 1e-4]}) is not None
-    assert glob([("<f4", (P + uniq,))], cfg) is not None and glob([("<f8", (P,))], cfg) is not None
-    assert glob([("<f4", (P,))], {**cfg, "method": "local"}) is not None
-    assert _decl(C.K_RESULT).check([("<f4", (3,))], cfg) is not None
-    assert "does not parse" in masked([("<u4", (P + 1,))], {**cfg, "mu": 2.0})
+    G = C.Kind.GLOBAL
+    assert _audit(cfg, G, [("theta[0]", "<f4", (P,))]) is None
+    two = {**cfg, "lr": [1e-3, 1e-4]}
+    assert _audit(two, G, [("theta[0]", "<f4", (P,)), ("theta[1]", "<f4", (P,))]) is None
+    assert _audit(cfg, G, [("theta[0]", "<f4", (P + uniq,))]) is not None
+    assert _audit(cfg, G, [("theta[0]", "<f8", (P,))]) is not None
+    assert _audit(cfg, C.Kind.RESULT, [("<f4", (3,))]) is not None
+    # On receipt the schema also pins the number of vectors: one per lr.
+    spec = {d.kind: d for d in C.declarations(_s(two))}[G].payload
+    spec.validate({"r": 0, "theta": [np.zeros(P, np.float32)] * 2}, "", C.sizes(_s(two)))
+    with pytest.raises(SchemaError, match="theta"):
+        spec.validate({"r": 0, "theta": [np.zeros(P, np.float32)]}, "", C.sizes(_s(two)))
+    with pytest.raises(SettingsError, match="mu"):
+        _s({**cfg, "mu": 2.0})  # the audit of a run whose settings do not parse fails before any record
 
 
 def test_presets_parse():
     big = load(presets.path("chfl"))
-    s = C.settings(big.algorithm_cfg())
-    assert s.dataset == "covertype" and s.method == "chfl" and s.rounds == 20 and s.epochs == 5
+    s = _s(big.algorithm_cfg())
+    assert s.dataset == "covertype" and s.method == "chfl" and s.rounds == 20 and s.local_epochs == 5
     assert sorted(big.roles.values()) == ["client"] * 5 + ["server"]
     assert big.algorithm_cfg()["aggregation"] == "secure"
     small = load(presets.path("chfl_small"))
-    assert C.settings(small.algorithm_cfg()).dataset == "digits"
+    assert _s(small.algorithm_cfg()).dataset == "digits"
     assert sorted(small.roles.values()) == ["client"] * 3 + ["server"]
 
 
@@ -335,7 +359,7 @@ def test_preset_as_processes_passes_audit(tmp_path):
     srv = json.loads((run_dir / "parties" / "server" / "result.json").read_text())["result"]
     assert srv["aggregation"] == "secure" and srv["rounds"] == 2 and len(srv["clients"]) == 3
     assert srv["selected"]["chfl_mu0"]["mean_test"] > 0.5
-    P = C.common_count({**fed.algorithm_cfg(), **over})
+    P = _s({**fed.algorithm_cfg(), **over}).common_params
     for name in srv["clients"]:
         recs = [json.loads(line) for line in
                 (run_dir / "parties" / name / "transcript.jsonl").read_text().splitlines()]
@@ -359,14 +383,14 @@ def test_preset_as_processes_passes_audit(tmp_path):
 
 def test_covertype_partition_and_count(shared_data):
     cfg = {"dataset": "covertype", "seed": 1000, "feature_seed": 0}
-    parts = [C.load_data(cfg, f"client{k}", "client", k, 5) for k in range(5)]
+    parts = [_load(cfg, f"client{k}", "client", k, 5) for k in range(5)]
     assert all(p.n_common == 16 for p in parts)
     assert [p.x.shape[1] - 16 for p in parts] == [8, 8, 8, 7, 7]
     assert sum(len(p.y) for p in parts) == 15120
-    cd = C.own_client_data(parts[0], C.settings(cfg), "cpu")
+    cd = own_client_data(parts[0], _s(cfg), "cpu")
     X, y, _ = C.load_table("covertype")
-    ref = L.client_data(X, y, chfl_partition(len(y), X.shape[1], 5, 0.3, 1000, 0), 0, 7)
+    ref = client_data(X, y, chfl_partition(len(y), X.shape[1], 5, 0.3, 1000, 0), 0, 7)
     for p in ("train", "val", "test"):
         assert torch.equal(cd.xc[p], ref.xc[p]) and torch.equal(cd.xu[p], ref.xu[p])
-    assert common_numel(MLPColumn(16, 7)) == C.common_count(cfg)
-    assert C.max_train_rows(C.settings(cfg), 5) == max(p.n_parts[0] for p in parts)
+    assert common_numel(MLPColumn(16, 7)) == _s(cfg).common_params
+    assert max_train_rows(_s(cfg), 5) == max(p.n_parts[0] for p in parts)

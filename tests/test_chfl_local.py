@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.algorithms import chfl
-from fedhet.algorithms.chfl_local import CHFLClient, aggregate, client_data, select_per_client
-from fedhet.algorithms.chfl_model import (CHFLNet, MLPColumn, UniqueColumn, common_numel,
-                                          common_to_flat, flat_to_common, init_common_flat)
+from fedhet.algorithms.chfl import experiments as chfl
+from fedhet.algorithms.chfl.core import CHFLClient, aggregate, select_per_client
+from fedhet.algorithms.chfl.data import client_data
+from fedhet.algorithms.chfl.models import (CHFLNet, MLPColumn, UniqueColumn, common_numel,
+                                           common_to_flat, flat_to_common, init_common_flat)
 from fedhet.algorithms.partition import (chfl_partition, split_features, split_samples,
                                          vertical_split)
 
@@ -110,7 +111,7 @@ def test_unique_step_leaves_common_column_alone():
     before = c.get_common()
     xc, xu, y = c.data.xc["train"], c.data.xu["train"], c.data.y["train"]
     # whole-network loss with theta_c fixed: no gradient may reach theta_c
-    from fedhet.algorithms.chfl_model import CHFLNet as Net
+    from fedhet.algorithms.chfl.models import CHFLNet as Net
     net = Net(c.data.d_common, c.data.d_unique, 3, SMALL, mu=0.5, common=c.common)
     torch.nn.functional.cross_entropy(net.forward_fixed_common(xc, xu), y).backward()
     assert all(p.grad is None for p in c.common.parameters())

@@ -301,6 +301,7 @@ def test_keys_update_keeps_comments_and_layout_and_writes_no_defaults(tmp_path):
 
 def test_a_nan_in_client_rows_is_refused_naming_party_argument_row_and_column():
     from fedhet.algorithms import chfl
+    from fedhet.algorithms.chfl.experiments import run_table
     from fedhet.algorithms.partition import chfl_partition
     from fedhet.algorithms.party_table import DataFileError
 
@@ -308,7 +309,7 @@ def test_a_nan_in_client_rows_is_refused_naming_party_argument_row_and_column():
     X, y = sk.load_wine(return_X_y=True)
     X = X.astype(np.float32)
     cfg = {"dataset": "table", "n_samples": X.shape[0], "n_features": X.shape[1], "n_classes": 3, "rounds": 1}
-    s = chfl.settings(cfg)
+    s = chfl.ALGORITHM.parse(cfg)
     split = chfl_partition(X.shape[0], X.shape[1], 3, s.common_ratio, s.seed, s.feature_seed)
     col = int(split.common[0])  # a common column: every client reads it
     owner = next(k for k in range(3) for p in ("train", "val", "test") if 17 in split.rows(k, p))
@@ -316,12 +317,12 @@ def test_a_nan_in_client_rows_is_refused_naming_party_argument_row_and_column():
     msg = (f"party 'client{owner + 1}', argument 'X', row 18 (index 17), column {col + 1} (index {col}): "
            "value is NaN")
     with pytest.raises(DataFileError, match=re.escape(msg)):
-        chfl.run_table({"rounds": 1}, X, y, 3)
+        run_table({"rounds": 1}, X, y, 3)
     X[17, col] = 1.0
     yf = y.astype(float)
     yf[5] = np.inf
     with pytest.raises(DataFileError, match=r"argument 'y', row 6 \(index 5\): label is \+inf"):
-        chfl.run_table({"rounds": 1}, X, yf, 3)
+        run_table({"rounds": 1}, X, yf, 3)
 
 
 def test_other_array_entry_points_name_argument_row_and_column():

@@ -44,7 +44,7 @@ def test_undeclared_kinds_from_a_listed_peer_are_refused_and_do_not_blame_it_as_
     def server(party, s, data):
         c1 = party.peers_with_role("client")[0]
         try:
-            party.recv(c1, fedavg_logreg.K_EVAL, timeout=2)
+            party.recv(c1, fedavg_logreg.Kind.EVAL, timeout=2)
         except PeerTimeout as e:
             queued = sum(len(q) for q in party._mailbox._queues.values())
             return {"error": str(e), "queued": queued}
@@ -62,8 +62,8 @@ def test_undeclared_kinds_from_a_listed_peer_are_refused_and_do_not_blame_it_as_
 def test_a_payload_against_its_schema_fails_the_receiver_naming_sender_kind_and_field():
     def bad_client(party, s, data):
         srv = party.peers_with_role("server")[0]
-        party.recv(srv, fedavg_logreg.K_MODEL)
-        party.send(srv, fedavg_logreg.K_EVAL, {"correct": "all of them", "count": 3})
+        party.recv(srv, fedavg_logreg.Kind.MODEL)
+        party.send(srv, fedavg_logreg.Kind.EVAL, {"correct": "all of them", "count": 3})
         return {}
 
     algo = Algorithm(name="fedavg_logreg", summary="", roles={"server": fedavg_logreg.server, "client": bad_client},
@@ -97,7 +97,7 @@ def test_a_failing_party_tells_its_peers_who_stop_within_seconds_and_name_it(tmp
     def failing_client(party, s, data):
         if party.name == "client2":
             srv = party.peers_with_role("server")[0]
-            party.recv(srv, fedavg_logreg.K_MODEL)
+            party.recv(srv, fedavg_logreg.Kind.MODEL)
             raise RuntimeError("disk full while training")
         return base.roles["client"](party, s, data)
 

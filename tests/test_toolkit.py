@@ -19,7 +19,7 @@ from fedhet.algorithms import toolkit as T
 
 
 def test_derive_seed_frozen_vectors():
-    # Computed by chfl_local.derive_seed before it moved here (CHFL's models depend on them).
+    # Computed by CHFL's own derive_seed (chfl_local) before it moved here (CHFL's models depend on them).
     assert T.derive_seed(0) == 6569863346532939966
     assert T.derive_seed(7, "theta0") == 1633059400423625922
     assert T.derive_seed(3, 2, "unique") == 1568005228041641801

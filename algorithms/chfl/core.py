@@ -1,4 +1,4 @@
-"""CHFL local training and the baselines: the numerics CHFL's federated roles call.
+"""CHFL's local training, aggregation and selection: the maths CHFL's roles call (no parties).
 
 Mori et al., "Continual Horizontal Federated Learning for Heterogeneous
 Data".  Per mini-batch of client k (Algorithm 2, lines 13-16):
@@ -17,14 +17,14 @@ even, as in the paper) and sends the result back.  Baselines (Sec. V-A2):
 common column of CHFL, whose training never depends on the unique column);
 **Local** = each client alone, one MLP on all its features (common+unique).
 
-The federated role functions (:mod:`fedhet.algorithms.chfl`) are thin
+The federated role functions (:mod:`fedhet.algorithms.chfl.roles`) are thin
 wrappers: a client builds a :class:`CHFLClient`, and per round does
 ``set_common(v)``, ``train_round()``, sends ``get_common()``; the server
 averages (:mod:`fedhet.protocols.aggregation`; :func:`aggregate` is the same
 weighted mean in the clear) and broadcasts.  Experiments run those roles in
-memory (``chfl.run_table``, ``chfl.sweep``); there is no second round loop.
+memory (:mod:`fedhet.algorithms.chfl.experiments`); there is no second round loop.
 
-Choices the paper leaves open (all in :data:`DEFAULTS`):
+Choices the paper leaves open (defaults of :class:`~fedhet.algorithms.chfl.settings.Settings`):
 - ``rounds`` T: not given in the paper; default 20 rounds of E=5 local
   epochs (100 passes over each client's data), with per-client selection
   of the round on validation (``select="best_round"``, i.e. early stopping;
@@ -41,35 +41,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedhet.algorithms.chfl_model import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
-from fedhet.algorithms.partition import HorizontalSplit
-from fedhet.algorithms.party_table import check_finite
-from fedhet.algorithms.toolkit import Scaler, derive_seed, seeded, shuffled_batches
+from fedhet.algorithms.chfl.models import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
+from fedhet.algorithms.toolkit import derive_seed, seeded, shuffled_batches
 
-DEFAULTS = {
-    "n_clients": 5,
-    "common_ratio": 0.3,
-    "hidden": list(HIDDEN),
-    "epochs": 5,           # E, Sec. V-A3
-    "batch_size": 64,      # Sec. V-A3
-    "rounds": 20,          # T, not in the paper (see module docstring)
-    "lr": 1e-3,
-    "mu": 0.5,
-    "lr_grid": [1e-3, 1e-4],
-    "mu_grid": [0.1, 0.5, 1.0],
-    "select": "best_round",
-    "reset_common_optim": True,
-    "standardize": True,
-    "device": "cpu",
-}
 
-def _adam(params, lr: float) -> torch.optim.Adam:
+def _adam(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
     params = list(params)
     try:  # the fused kernel is several times faster for these small layers
         return torch.optim.Adam(params, lr=lr, fused=True)
@@ -77,7 +59,7 @@ def _adam(params, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
-# ------------------------------------------------------------------- data
+# ------------------------------------------------------------------- input
 
 @dataclass
 class ClientData:
@@ -101,40 +83,8 @@ class ClientData:
         return int(self.xu["train"].shape[1])
 
 
-def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
-                n_classes: int | None = None, standardize: bool = True,
-                device: str | torch.device = "cpu") -> ClientData:
-    """Client k's view of (X, y) under ``split``, scaled with its own
-    training statistics."""
-    if not 0 <= k < split.n_clients:
-        raise ValueError(f"client index {k} out of range for {split.n_clients} clients")
-    if X.shape[0] != split.n_samples or X.shape[1] != split.n_features:
-        raise ValueError(f"X is {X.shape}, the split is for "
-                         f"({split.n_samples}, {split.n_features})")
-    cols = split.features(k)
-    r = np.sort(np.concatenate([split.rows(k, p) for p in ("train", "val", "test")]))
-    who = f"client{k + 1}"
-    check_finite(np.asarray(y)[r], party=who, argument="y", rows=r + 1, what="label")
-    check_finite(np.asarray(X)[r][:, cols], party=who, argument="X", rows=r + 1, columns=[int(c) + 1 for c in cols])
-    dc = len(split.common)
-    parts = {p: np.asarray(X[split.rows(k, p)][:, cols], dtype=np.float32)
-             for p in ("train", "val", "test")}
-    if standardize:  # a column constant on this client's rows (std <= 1e-6) is centred only
-        scale = Scaler.fit(parts["train"], min_std=1e-6)
-        parts = {p: scale(v) for p, v in parts.items()}
-    dev = torch.device(device)
-    t = {p: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for p, v in parts.items()}
-    return ClientData(
-        xc={p: v[:, :dc].contiguous() for p, v in t.items()},
-        xu={p: v[:, dc:].contiguous() for p, v in t.items()},
-        y={p: torch.from_numpy(np.asarray(y[split.rows(k, p)], dtype=np.int64)).to(dev)
-           for p in ("train", "val", "test")},
-        n_classes=int(n_classes if n_classes is not None else int(y.max()) + 1),
-    )
-
-
 @torch.no_grad()
-def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
+def _top1(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(1) == y).float().mean().item()) if y.numel() else float("nan")
 
 
@@ -177,7 +127,7 @@ class CHFLClient:
     def get_common(self) -> np.ndarray:
         return common_to_flat(self.common)
 
-    def set_common(self, vec) -> None:
+    def set_common(self, vec: np.ndarray) -> None:
         flat_to_common(self.common, vec)
 
     def train_round(self, epochs: int = 5, batch_size: int = 64) -> dict:
@@ -217,8 +167,8 @@ class CHFLClient:
         """Accuracy of the common column alone and of each whole network."""
         d = self.data
         zc = self.common.forward_all(d.xc[part])
-        return {"common": _accuracy(zc[-1], d.y[part]),
-                "heads": [_accuracy(zc[-1] + h(d.xu[part], zc), d.y[part]) for h in self.heads]}
+        return {"common": _top1(zc[-1], d.y[part]),
+                "heads": [_top1(zc[-1] + h(d.xu[part], zc), d.y[part]) for h in self.heads]}
 
 
 class LocalClient:
@@ -251,7 +201,7 @@ class LocalClient:
 
     @torch.no_grad()
     def evaluate(self, part: str) -> dict:
-        return {"local": _accuracy(self.net(self.x[part]), self.data.y[part])}
+        return {"local": _top1(self.net(self.x[part]), self.data.y[part])}
 
 
 # ------------------------------------------------------------- aggregation
@@ -287,9 +237,10 @@ def select_per_client(candidates: Sequence[dict], select: str = "best_round") ->
     if not candidates:
         raise ValueError("no candidates to select from")
     K = len(candidates[0]["val"][0])
-    chosen_test, chosen_cfg = [], []
+    chosen_test: list[float | None] = []
+    chosen_cfg: list[dict | None] = []
     for k in range(K):
-        best = (-math.inf, None, None)
+        best: tuple[float, float | None, dict | None] = (-math.inf, None, None)
         for c in candidates:
             val = np.asarray(c["val"])[:, k]
             test = np.asarray(c["test"])[:, k]
@@ -298,13 +249,4 @@ def select_per_client(candidates: Sequence[dict], select: str = "best_round") ->
                 best = (float(val[r]), float(test[r]), {**c.get("config", {}), "round": r + 1})
         chosen_test.append(best[1])
         chosen_cfg.append(best[2])
-    return {"test": chosen_test, "mean_test": float(np.mean(chosen_test)), "chosen": chosen_cfg}
-
-
-def sweep(dataset, *args, **kw) -> dict:
-    """Table II's four numbers for one (feature split, seed): :func:`fedhet.algorithms.chfl.sweep`,
-    which runs CHFL's federated roles in memory (same arguments, same result).  Kept under this
-    name for the benchmark scripts; new code calls ``chfl.sweep``."""
-    from fedhet.algorithms import chfl  # chfl's roles import this module
-
-    return chfl.sweep(dataset, *args, **kw)
+    return {"test": chosen_test, "mean_test": float(np.mean(np.asarray(chosen_test, dtype=np.float64))), "chosen": chosen_cfg}

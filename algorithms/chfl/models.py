@@ -15,7 +15,9 @@ columns meet only at the output sum.
 
 What FedAvg moves is the common column's parameters as ONE flat float32
 vector (:func:`common_to_flat` / :func:`flat_to_common`), in the fixed order
-of ``column.parameters()`` (layer by layer, weight then bias).
+of ``column.parameters()`` (layer by layer, weight then bias); its length
+P_c is known from the settings alone (:func:`column_params`), which is what
+the message declarations pin.
 """
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ class MLPColumn(nn.Module):
         super().__init__()
         _check_dims(d_in, n_classes, hidden)
         widths = [int(d_in), *map(int, hidden), int(n_classes)]
+        self._widths = widths
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
 
     @property
     def widths(self) -> list[int]:
-        return [self.layers[0].in_features] + [lin.out_features for lin in self.layers]
+        return list(self._widths)
 
     def forward_all(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Outputs z^(1..L) of every layer (ReLU'd hidden layers, then logits)."""
@@ -126,13 +129,23 @@ class CHFLNet(nn.Module):
         return zc[-1] + self.unique(xu, zc)
 
 
-def _check_dims(d_in, n_classes, hidden) -> None:
+def _check_dims(d_in: int, n_classes: int, hidden: Sequence[int]) -> None:
     if int(d_in) < 1:
         raise ValueError(f"input width must be >= 1, got {d_in}")
     if int(n_classes) < 2:
         raise ValueError(f"need at least 2 classes, got {n_classes}")
     if len(hidden) < 1 or any(int(h) < 1 for h in hidden):
         raise ValueError(f"hidden widths must be positive, got {list(hidden)}")
+
+
+# ------------------------------------------------------------- parameter counts
+
+def column_params(d_in: int, n_classes: int, hidden: Sequence[int], lateral: bool = False) -> int:
+    """Parameters of a column ``[d_in, *hidden, n_classes]`` (in*out + out per layer), plus, with
+    ``lateral``, the unique column's lateral matrices U^(2..L) (no bias): P_c for the common column."""
+    w = [int(d_in), *map(int, hidden), int(n_classes)]
+    count = sum(a * b + b for a, b in zip(w[:-1], w[1:]))
+    return count + (sum(a * b for a, b in zip(w[1:-1], w[2:])) if lateral else 0)
 
 
 # ------------------------------------------------------------- flat vectors
@@ -148,7 +161,7 @@ def common_to_flat(column: nn.Module) -> np.ndarray:
     return vec.numpy().astype(np.float32, copy=False)
 
 
-def flat_to_common(column: nn.Module, vec) -> None:
+def flat_to_common(column: nn.Module, vec: np.ndarray | torch.Tensor) -> None:
     """Load a flat vector (numpy or torch) into the column's parameters in place."""
     v = torch.as_tensor(np.asarray(vec) if not torch.is_tensor(vec) else vec)
     n = common_numel(column)

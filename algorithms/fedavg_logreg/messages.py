@@ -1,0 +1,27 @@
+"""FedAvg logistic regression's message kinds and payload schemas."""
+from __future__ import annotations
+
+from fedhet.algorithms.fedavg_logreg.settings import AGGREGATION_DEFAULTS, Settings
+from fedhet.parties import schema as sch
+from fedhet.parties.declare import MessageDecl, declare
+from fedhet.protocols import aggregation
+
+
+class Kind:
+    MODEL = "fedavg/model"
+    EVAL = "fedavg/eval"
+
+
+def sizes(s: Settings) -> dict[str, int]:
+    return {"n_params": s.n_params}
+
+
+def declarations(s: Settings) -> list[MessageDecl]:
+    n = s.n_params
+    updates = aggregation.declarations(n, n, s.agg.table(), AGGREGATION_DEFAULTS)
+    return [
+        declare(Kind.MODEL, "server", "client", "global weights (d+1 floats)",
+                payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),
+        declare(Kind.EVAL, "client", "server", "test accuracy counts of the global model (no arrays)",
+                payload=sch.Fields({"correct": sch.Int(lo=0), "count": sch.Int(lo=0)})),
+    ] + updates  # the clients' updates, plain or secure
