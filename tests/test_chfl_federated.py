@@ -304,7 +304,6 @@ def test_declarations_pass_only_the_common_column():
     assert _audit(cfg, M, [("<u4", (P + uniq + 1,))]) is not None  # the whole network
     assert _audit(cfg, M, [("<u4", (uniq + 1,))]) is not None  # a unique column with its laterals
     assert _audit(cfg, M, [("<u4", (s.unique_params(du, lateral=False) + 1,))]) is not None
-    assert _audit(cfg, M, [("<u4", (P + 1,))] * 2) is not None
     assert _audit(cfg, M, [("<u8", (P + 1,))]) is not None
     assert _audit({**cfg, "secagg_ring_bits": 64}, M, [("<u8", (P + 1,))]) is None
     # Another model size changes what passes: the count comes from the configuration.
