@@ -58,6 +58,8 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from fedhet.algorithms.toolkit import Stream, stream_rng
+
 Layer = tuple[np.ndarray, np.ndarray]
 Layers = list[Layer]
 Assignment = list[np.ndarray]  # one int64 array per hidden layer
@@ -428,7 +430,7 @@ def matched_averaging(global_layers: Sequence[Layer] | None, clients: Sequence[S
     for m, a in enumerate(assigns):
         if a is not None:
             _check_assignment(m, a, cl[m], glob)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 8]))
+    rng = stream_rng(seed, Stream.MATCHING_TIES)
     P = 2 * M if settings.passes is None else int(settings.passes)
     first = [int(m) for m in rng.permutation(M) if assigns[m] is None]
     order = first + [int(m) for m in rng.integers(0, M, size=P)]

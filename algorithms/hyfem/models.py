@@ -14,50 +14,25 @@
 What moves between parties is numpy: an extractor as one flat float32 vector in the fixed order
 of ``module.parameters()`` (:func:`get_flat` / :func:`set_flat`), an inference model as its list
 of layers ``[(W, b), ...]`` with W of shape (out, in) (:func:`get_layers` /
-:func:`InferenceMLP.from_layers`), the representation of :mod:`fedhet.algorithms.matching`.
+:func:`InferenceMLP.from_layers`), the representation of :mod:`fedhet.algorithms.hyfem.matching`.
 
-Initialisation is seeded (``torch.random.fork_rng`` + ``manual_seed``), so a seed gives the same
-weights and the caller's RNG state is untouched.  Defaults (a config value each, chosen plainly
+Initialisation is seeded (``toolkit.seeded``), so a seed gives the same weights and the caller's
+RNG state is untouched.  Defaults (a config value each, chosen plainly
 since the paper gives only "an MLP with one hidden layer"): extractor MLP hidden (128,),
 embedding 32 units per view, inference hidden width 64, CNN channels (16, 32).
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedhet.algorithms.toolkit import resolve_device, seeded
+
 Layers = list[tuple[np.ndarray, np.ndarray]]
-
-
-def derive_seed(seed: int, *tags) -> int:
-    """A 31-bit seed for one model or stream from the run seed and tags (e.g. ("view", 2))."""
-    return zlib.crc32(repr((int(seed), *tags)).encode()) & 0x7FFFFFFF
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """"cpu", "cuda", "cuda:N" or "auto" (CUDA when present); CUDA is never required."""
-    if isinstance(device, torch.device):
-        d = device
-    else:
-        name = (device or "cpu").strip().lower()
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        d = torch.device(name)
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but CUDA is not available")
-    return d
-
-
-def seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
-    """Build a module with torch's CPU RNG seeded, leaving the caller's RNG state untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        return build()
 
 
 # ------------------------------------------------------------------------------ specs
@@ -274,12 +249,16 @@ def extractor_from_flat(spec: ExtractorSpec, vec, device: torch.device | str = "
 
 def init_extractor(spec: ExtractorSpec, seed: int) -> np.ndarray:
     """theta_d^0: a seeded initial extractor as a flat vector."""
-    return get_flat(seeded(seed, lambda: build_extractor(spec)))
+    with seeded(seed):
+        module = build_extractor(spec)
+    return get_flat(module)
 
 
 def init_inference(widths: Sequence[int], seed: int) -> Layers:
     """A seeded initial inference model as layers."""
-    return get_layers(seeded(seed, lambda: InferenceMLP(widths)))
+    with seeded(seed):
+        model = InferenceMLP(widths)
+    return get_layers(model)
 
 
 def concat_embeddings(embeddings: Sequence[torch.Tensor | None], dims: Sequence[int]) -> torch.Tensor:
