@@ -325,7 +325,8 @@ def test_a_nan_in_client_rows_is_refused_naming_party_argument_row_and_column():
 
 
 def test_other_array_entry_points_name_argument_row_and_column():
-    from fedhet.algorithms import mmvfl_core, stfl_local
+    from fedhet.algorithms import mmvfl_core
+    from fedhet.algorithms.stfl import core as stfl_local
     from fedhet.algorithms.party_table import DataFileError
 
     X = np.ones((6, 4))

@@ -2,7 +2,7 @@
 
 * Each party's data is only its own: the host its 10 columns + labels of its train/test rows (the
   self-taught rows dropped), a guest all its rows of its own column block, unmarked.
-* Federated STFL equals ``stfl_local.stfl`` run on the same rows in the same order (exactly), and
+* Federated STFL equals ``stfl.core.stfl`` run on the same rows in the same order (exactly), and
   is close to it on ``data_fate.prepare``'s views, which differ only in the order of the guest's
   self-taught rows (a secret of the experiment's split that a guest cannot know).
 * A guest receives nothing but PSI messages and sends nothing but PSI and one latent message of
@@ -31,7 +31,6 @@ from fedhet.parties.declare import check_record
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
-from fedhet.parties.settings import parse_settings
 from fedhet.protocols import psi
 
 FAST = {"epochs": 30, "vae_epochs": 30, "lr": 1e-2, "vae_lr": 1e-2}

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -157,8 +157,8 @@ class ClientData:
     """A client's rows: ``x[d]`` for each view it holds (numpy, or tensors already on the
     device), all with the same rows in the same order, and their labels ``y`` (0..C-1)."""
 
-    x: dict[int, object]
-    y: object
+    x: dict[int, Any]
+    y: Any
 
     @property
     def n(self) -> int:
@@ -399,7 +399,7 @@ def match_inference(state: ServerState, spec: HyFEMModelSpec, client_inference: 
 
 @torch.no_grad()
 def predict_logits(extractors: Mapping[int, np.ndarray], inference: Layers, views: Sequence[int],
-                   spec: HyFEMModelSpec, x: Mapping[int, object], device: str = "cpu",
+                   spec: HyFEMModelSpec, x: Mapping[int, Any], device: str = "cpu",
                    batch_size: int = 2048) -> torch.Tensor:
     """Logits (CPU) of the model made of ``extractors`` for ``views`` and ``inference``."""
     v = spec.check_views(views)

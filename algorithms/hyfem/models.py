@@ -24,7 +24,7 @@ embedding 32 units per view, inference hidden width 64, CNN channels (16, 32).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import torch
@@ -161,6 +161,7 @@ class ViewCNN(nn.Module):
 def build_extractor(spec: ExtractorSpec) -> nn.Module:
     if spec.kind == "mlp":
         return ViewMLP(spec.in_dim, spec.embed_dim, spec.hidden)
+    assert spec.image_shape is not None  # ExtractorSpec checks it for a cnn
     return ViewCNN(spec.image_shape, spec.embed_dim, spec.channels)
 
 
@@ -174,9 +175,14 @@ class InferenceMLP(nn.Module):
             raise ValueError(f"inference widths must be >= 2 positive numbers, got {list(widths)}")
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(w[:-1], w[1:]))
 
+    def linears(self) -> list[nn.Linear]:
+        """The layers, input to output."""
+        return cast(list[nn.Linear], list(self.layers))
+
     @property
     def widths(self) -> list[int]:
-        return [self.layers[0].in_features] + [lin.out_features for lin in self.layers]
+        lins = self.linears()
+        return [lins[0].in_features] + [lin.out_features for lin in lins]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
@@ -202,14 +208,14 @@ def get_layers(model: InferenceMLP) -> Layers:
     """The model's layers as float32 numpy copies (on the CPU)."""
     return [(lin.weight.detach().cpu().numpy().astype(np.float32, copy=True),
              lin.bias.detach().cpu().numpy().astype(np.float32, copy=True))
-            for lin in model.layers]
+            for lin in model.linears()]
 
 
 @torch.no_grad()
 def load_layers(model: InferenceMLP, layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     if len(layers) != len(model.layers):
         raise ValueError(f"{len(layers)} layers for a model of {len(model.layers)}")
-    for i, (lin, (W, b)) in enumerate(zip(model.layers, layers)):
+    for i, (lin, (W, b)) in enumerate(zip(model.linears(), layers)):
         W = np.asarray(W)
         b = np.asarray(b)
         if W.shape != tuple(lin.weight.shape) or b.shape != tuple(lin.bias.shape):

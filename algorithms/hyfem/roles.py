@@ -45,7 +45,9 @@ def plain_views(s: Settings, holders: dict[int, list[int]]) -> dict[int, str]:
     unless aggregation is secure."""
     if s.aggregation() != "secure":
         return {}
-    secagg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS).config
+    agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
+    assert isinstance(agg, aggregation.SecureAggregator)
+    secagg = agg.config
     out = {}
     for d, h in holders.items():
         try:
@@ -99,10 +101,10 @@ def _check_round(msg: dict, r: int, kind: str, frm: str) -> None:
 
 def client(party: PartyLike, s: Settings, data: dict) -> dict:
     _threads(s)
-    srv = party.peers_with_role("server")
-    if len(srv) != 1:
-        raise PartyError(f"hyfem needs exactly one server, the federation has {srv}")
-    srv = srv[0]
+    servers = party.peers_with_role("server")
+    if len(servers) != 1:
+        raise PartyError(f"hyfem needs exactly one server, the federation has {servers}")
+    srv = servers[0]
     spec = model_spec(s)
     D = spec.n_views
     holders = check_holders(s, data["all_views"], party.name)
@@ -115,7 +117,10 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
     widths = spec.inference_widths(views)
     train = H.ClientData(data["x_train"], data["y_train"])
     party.send(srv, Kind.HELLO, {"index": m, "views": list(views)})
-    curve, train_loss, train_s, max_abs, clipped = [], [], [], 0.0, 0
+    curve: list[dict] = []
+    train_loss: list[float] = []
+    train_s: list[float] = []
+    max_abs, clipped = 0.0, 0
     for r in range(s.rounds + 1):
         party.round = r
         ext = {}
@@ -181,7 +186,7 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
     cfg = s.config(party.device)
     agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
     state = H.init_server(spec, client_views, cfg)
-    curves = {"global_accuracy": [], "global_loss": [], "local_accuracy": [], "local_loss": [],
+    curves: dict[str, list] = {"global_accuracy": [], "global_loss": [], "local_accuracy": [], "local_loss": [],
               "local_accuracy_per_client": [], "train_loss": []}
     round_s, bound, view_method = [], 0.0, {}
     for r in range(s.rounds + 1):

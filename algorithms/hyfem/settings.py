@@ -13,7 +13,8 @@ from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
 # Extractor weights of these small nets stay well inside [-8, 8]; each client's eq. (7) weight is 1.
-AGGREGATION_DEFAULTS = {"aggregation": "secure", "secagg_clip": 8.0, "secagg_max_weight": 1.0}
+DEFAULT_AGGREGATION, DEFAULT_CLIP = "secure", 8.0
+AGGREGATION_DEFAULTS = {"aggregation": DEFAULT_AGGREGATION, "secagg_clip": DEFAULT_CLIP, "secagg_max_weight": 1.0}
 HANDWRITTEN_DIMS = (240, 76, 216, 47, 64, 6)   # pixel, fourier, profile, zer, kar, mor
 HANDWRITTEN_CLASSES = 10
 # Feature-view data sets: their view widths (scikit-learn's digits ships with the package: tests and
@@ -93,11 +94,11 @@ class Settings:
 
     def aggregation(self) -> str:
         """"secure" or "plain": the ``aggregation`` key, else HyFEM's default."""
-        return self.agg.aggregation or AGGREGATION_DEFAULTS["aggregation"]
+        return self.agg.aggregation or DEFAULT_AGGREGATION
 
     def secagg_clip(self) -> float:
         """The public clipping bound of every aggregated extractor value."""
-        return float(self.agg.secagg_clip if self.agg.secagg_clip is not None else AGGREGATION_DEFAULTS["secagg_clip"])
+        return float(self.agg.secagg_clip if self.agg.secagg_clip is not None else DEFAULT_CLIP)
 
     def config(self, device: str = "cpu") -> HyFEMConfig:
         """The steps' training settings (``core.HyFEMConfig``) on ``device``: built here only."""

@@ -95,6 +95,7 @@ def file_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestData:
     if ctx.role == HOST:
         t = load_party_table(TableSpec.from_dict(dict(ctx.data or {}), party=ctx.name, base_dir=ctx.base_dir,
                                                  require=("id", "label", "classes")))
+        assert t.classes is not None  # required above
         if len(t.classes) != s.n_classes:
             raise DataSpecError(f"party {ctx.name!r}, file '{t.path}': {len(t.classes)} classes declared "
                                 f"({list(t.classes)}) but n_classes = {s.n_classes} in [algorithm]",

@@ -18,6 +18,7 @@ training with the same initial weights and batch order (tested).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, o
                                          train_host)
 from fedhet.algorithms.stfl.data import GuestData
 from fedhet.algorithms.stfl.messages import SPLIT_KINDS, Kind
+from fedhet.algorithms.stfl.models import latent_width
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
 from fedhet.algorithms.toolkit import HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed, resolve_device
 from fedhet.parties.api import PartyError
@@ -60,6 +62,8 @@ def host(party: PartyLike, s: Settings, data: data_fate.HostView) -> dict:
     res = psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
                               workers=s.psi_workers, timeout=s.recv_timeout)
     t_psi = time.perf_counter()
+    if res.rows is None:
+        raise PartyError("stfl: PSI returned no rows to the label owner")
     # Our rows some guest lacks are dropped; the rest keep our order, each with its common position.
     rows = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
     if len(rows.pos_train) < 2 or len(rows.pos_test) < 1:
@@ -205,8 +209,8 @@ def _guest_split(party: PartyLike, s: Settings, h: str, x_common: np.ndarray, id
     party.send(h, Kind.READY, {"guest_index": idx})
     link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
     stats = serve_guest(bottom, link)
-    return {**stats, "latent_dim": int(net[-1].out_features),
+    return {**stats, "latent_dim": latent_width(x_common.shape[1], c.latent_frac),
             **({"guest_state": _state(net)} if s.return_weights else {})}
 
 
-ROLES = {HOST: host, GUEST: guest}
+ROLES: dict[str, Callable[..., dict]] = {HOST: host, GUEST: guest}
