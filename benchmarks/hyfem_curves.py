@@ -28,6 +28,7 @@ was.  ``--coil-probe``: why HyFEM-Prox sat at chance on COIL-20 (hyfem_curves_co
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ import torch
 
 from benchmarks import harness
 from fedhet.algorithms import hyfem
-from fedhet.algorithms import hyfem_steps as H
+from fedhet.algorithms.hyfem import core as H
 from fedhet.parties.settings import parse_settings
 
 NAME = "hyfem_curves"
@@ -56,7 +57,7 @@ METHODS = {"HyFEM-Avg": {"method": "avg"},
 # Why Fig. 4's trade-off does not appear (rendered under the tables; the numbers it quotes are
 # from hyfem_curves_probe.md and the fig4 / fig4_mu_sweep tables).
 ANALYSIS = """\
-*Reading `hyfem_steps.local_update` against eq. (6) / Algorithm 1: no bug found.*  The Prox
+*Reading `hyfem.core.local_update` against eq. (6) / Algorithm 1: no bug found.*  The Prox
 objective is cross-entropy + mu sum ||w_m - a_w||^2 + 1 x sum_d ||theta_m,d - a_d||^2 with the
 anchors a_w = Pi_m theta_0 (the latest matching's neurons for client m, restricted to its views'
 input columns: `matching.project`) and a_d = theta_0,d, exactly what the client received
@@ -94,7 +95,7 @@ Nothing was tuned to obtain the paper's shape; the sweep below is what the imple
 # Why the first COIL-20 Prox runs sat at chance (rendered under the tables when a COIL-20 setting
 # is there; the numbers are from hyfem_curves_coil_probe.md).
 COIL_PROX = """\
-*A hyper-parameter effect, not a bug in `hyfem_steps.local_update`.*  A test
+*A hyper-parameter effect, not a bug in `hyfem.core.local_update`.*  A test
 (`test_prox_steps_on_cnn_extractors_follow_the_gradient_of_eq6`) checks that Prox's steps on CNN
 extractors are gradient steps of eq. (6) over every conv and linear parameter, both penalties
 included; the first runs did not diverge (no NaN: their loss sat at 3.00 = ln 20, the uniform
@@ -589,7 +590,7 @@ def mu_probe(seed: int = 0, warm_rounds: int = 2, client: int = 0) -> dict:
     spec, cv, data, xt, yt = _probe_views(s, SETTINGS["fig4"]["clients"])
     M = len(cv)
     base = s.config("cpu")
-    avg = H.HyFEMConfig.from_dict(base, method="avg")
+    avg = replace(base, method="avg")
     state = H.init_server(spec, cv, base)
     for r in range(warm_rounds):
         outs = {m: H.local_update(H.message_for_client(state, spec, m), data[m], spec, avg, r, m)[0]
@@ -612,7 +613,7 @@ def mu_probe(seed: int = 0, warm_rounds: int = 2, client: int = 0) -> dict:
                                                            "extractor_weight": 1.0 / n}) for mu in (0.1, 0.5)]
     rows = []
     for label, over in variants:
-        out, info = H.local_update(rec, data[client], spec, H.HyFEMConfig.from_dict(base, **over),
+        out, info = H.local_update(rec, data[client], spec, replace(base, **over),
                                    warm_rounds, client)
         rows.append({"variant": label, "w_drift": float(np.linalg.norm(_flat(out.inference) - a_inf)),
                      "theta_drift": float(np.linalg.norm(np.concatenate([out.extractors[d] for d in out.views])
@@ -669,7 +670,7 @@ COIL_PROBE_ROUNDS = (("HyFEM-Avg, batch mean", {"method": "avg", **MEAN}),
 def _embedding_stats(models: H.ClientModels, spec, x: dict) -> dict:
     """Over the client's views on rows ``x``: the mean over embedding units of their std across
     rows, and the fraction of units that are 0 (ReLU'd) on every row."""
-    from fedhet.algorithms.hyfem_models import extractor_from_flat
+    from fedhet.algorithms.hyfem.models import extractor_from_flat
     sd, dead = [], []
     with torch.no_grad():
         for d in models.views:
@@ -682,7 +683,7 @@ def _embedding_stats(models: H.ClientModels, spec, x: dict) -> dict:
 def _data_gradient_norm(models: H.ClientModels, spec, data: H.ClientData) -> float:
     """||d CE / d theta_m|| (batch-mean cross-entropy over all the client's rows, every extractor
     parameter it holds) at ``models``."""
-    from fedhet.algorithms.hyfem_models import InferenceMLP, extractor_from_flat
+    from fedhet.algorithms.hyfem.models import InferenceMLP, extractor_from_flat
     nets = {d: extractor_from_flat(spec.extractors[d], models.extractors[d]) for d in models.views}
     inf = InferenceMLP.from_layers(models.inference)
     emb = torch.cat([nets[d](torch.as_tensor(data.x[d])) for d in models.views], dim=1)
@@ -708,7 +709,7 @@ def coil_prox_probe(seed: int = 0, client: int = 0, rounds: int = 3) -> dict:
     g = _data_gradient_norm(rec, spec, data[client])
     rows = []
     for label, over in COIL_PROBE_VARIANTS:
-        cfg = H.HyFEMConfig.from_dict(base, **over)
+        cfg = replace(base, **over)
         out, info = H.local_update(rec, data[client], spec, cfg, 0, client)
         rows.append({"variant": label, "w_drift": float(np.linalg.norm(_flat(out.inference) - a_inf)),
                      "theta_drift": float(np.linalg.norm(np.concatenate([out.extractors[d] for d in out.views])
@@ -718,7 +719,7 @@ def coil_prox_probe(seed: int = 0, client: int = 0, rounds: int = 3) -> dict:
         print("  coil probe", rows[-1], flush=True)
     curves_ = {}
     for label, over in COIL_PROBE_ROUNDS:
-        cfg = H.HyFEMConfig.from_dict(base, **over)
+        cfg = replace(base, **over)
         state, acc = state0, []
         for r in range(rounds):
             outs = {m: H.local_update(H.message_for_client(state, spec, m), data[m], spec, cfg, r, m)[0]

@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,8 @@ import torch
 from benchmarks import harness
 from fedhet.algorithms import data_fate
 from fedhet.algorithms.datapath import DatasetNotFound
-from fedhet.algorithms.stfl_local import METHODS, STFLConfig
+from fedhet.algorithms.stfl import METHODS, Model
+from fedhet.parties.settings import parse_settings, settings_dict
 
 # Table I of the paper (accuracy, %); vehicle / breast_sk are not in the paper.
 PAPER = {
@@ -48,11 +50,10 @@ def _stats(xs: list[float]) -> dict:
 
 
 def run(args) -> dict:
-    cfg = STFLConfig.from_dict({"epochs": args.epochs, "vae_epochs": args.epochs,
-                                "device": args.device})
+    cfg = parse_settings(Model, {"epochs": args.epochs, "vae_epochs": args.epochs}, "stfl")
     out = {"benchmark": "stfl_table1", "quick": args.quick, "seeds": args.seeds,
            "seeds_small": args.seeds_small,
-           "config": {k: v for k, v in vars(cfg).items() if k != "seed"},
+           "config": {**{k: v for k, v in settings_dict(cfg).items() if k != "seed"}, "device": args.device},
            "selftaught_frac": args.selftaught_frac, "test_frac": args.test_frac,
            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
            "machine": harness.machine_info()["platform"], "paper": PAPER, "datasets": {}}
@@ -76,9 +77,9 @@ def run(args) -> dict:
             entry["sizes"] = v.sizes()
             y_te = v.host.y_test
             entry["majority_rate"].append(float(np.bincount(y_te).max() / len(y_te)))
-            c = STFLConfig.from_dict(cfg, seed=seed)
+            c = replace(cfg, seed=seed)
             for m in args.methods:
-                r = METHODS[m](v, c)
+                r = METHODS[m](v, c, args.device)
                 entry["methods"][m]["accuracy"].append(r["accuracy"])
                 entry["methods"][m]["seconds"].append(r["total_s"])
                 if m == "stfl":

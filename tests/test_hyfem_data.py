@@ -1,4 +1,4 @@
-"""HyFEM's data (algorithms/hyfem.py): COIL-20 pose views and a leak-free evaluation split.
+"""HyFEM's data (algorithms/hyfem/data.py): COIL-20 pose views and a leak-free evaluation split.
 
 A COIL-20 sample is one object seen from V poses 72/V apart, one sample per starting pose, so
 samples share images.  These tests check, against the raw images, that no image used by any

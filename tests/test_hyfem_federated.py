@@ -1,4 +1,4 @@
-"""Federated HyFEM (algorithms/hyfem.py): the roles on the in-memory transport and as processes.
+"""Federated HyFEM (algorithms/hyfem/): the roles on the in-memory transport and as processes.
 
 * it learns: global and local accuracy well above chance on a Handwritten subset;
 * secure per-view aggregation gives the plain run's models within its error bound;
@@ -86,7 +86,7 @@ def test_settings_reject_bad_partitions():
 
 
 def test_sizes_match_the_built_extractors():
-    from fedhet.algorithms.hyfem_models import build_extractor, n_params
+    from fedhet.algorithms.hyfem.models import build_extractor, n_params
     for cfg in ({}, {"dataset": "coil20", "scenario": "custom", "n_views": 4, "views_per_client": 2,
                      "classes_per_client": 0.5, "unused_fraction": 0.0}):
         s = parse_settings(hyfem.Settings, cfg)
@@ -113,15 +113,15 @@ def test_process_run_passes_audit_and_no_label_shaped_array_leaves_a_client(tmp_
                 (run_dir / "parties" / name / "transcript.jsonl").read_text().splitlines()]
         sent = [r for r in recs if r.get("dir") == "send"]
         kinds = {r["kind"] for r in sent}
-        assert hyfem.K_INFERENCE in kinds and "secagg/masked" in kinds
-        assert "agg/plain" not in kinds and hyfem.K_PLAIN_VIEW not in kinds
+        assert hyfem.Kind.INFERENCE in kinds and "secagg/masked" in kinds
+        assert "agg/plain" not in kinds and hyfem.Kind.PLAIN_VIEW not in kinds
         for r in sent:
             for dt, shape in r.get("arrays") or []:
                 # labels would be an integer vector of the client's rows (train or evaluation)
                 assert not (dt.startswith(("<i", "|i", "<u8", "|u1")) and len(shape) == 1
                             and shape[0] in (n_train, 120)), (r["kind"], dt, shape)
                 assert not shape or shape[0] != n_train, (r["kind"], dt, shape)
-                if r["kind"] == hyfem.K_INFERENCE:
+                if r["kind"] == hyfem.Kind.INFERENCE:
                     assert [dt, shape] == ["<f4", [sz["n_inference"]]]
 
 
@@ -139,10 +139,11 @@ def test_12view_coil20_preset_runs_as_processes_and_passes_audit(tmp_path):
 
 
 def test_audit_flags_a_plain_view_when_not_allowed():
-    decl = {d.kind: d for d in hyfem.declarations(parse_settings(hyfem.Settings, {}))}
-    chk = decl[hyfem.K_PLAIN_VIEW].check
-    assert chk([("<f4", (10,))], {}) is not None
-    assert chk([("<f4", (10,))], {"allow_plain_views": True}) is None
+    def kinds(cfg):
+        return {d.kind for d in hyfem.declarations(parse_settings(hyfem.Settings, cfg))}
+    assert hyfem.Kind.PLAIN_VIEW not in kinds({})   # undeclared: refused on receipt, flagged by the audit
+    assert hyfem.Kind.PLAIN_VIEW not in kinds({"allow_plain_views": True, "aggregation": "plain"})
+    assert hyfem.Kind.PLAIN_VIEW in kinds({"allow_plain_views": True})
 
 
 def test_loss_reduction_setting_reaches_the_local_update():

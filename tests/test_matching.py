@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedhet.algorithms.matching import (MatchSettings, assignment_matrix, forward, match_client,
-                                        matched_averaging, matched_mean, matching_cost,
-                                        permute_hidden, project, prune_unmatched)
+from fedhet.algorithms.hyfem.matching import (MatchSettings, assignment_matrix, forward, match_client,
+                                              matched_averaging, matched_mean, matching_cost,
+                                              permute_hidden, project, prune_unmatched)
 
 
 def random_mlp(rng, dims):

@@ -326,8 +326,8 @@ def test_a_nan_in_client_rows_is_refused_naming_party_argument_row_and_column():
 
 
 def test_other_array_entry_points_name_argument_row_and_column():
-    from fedhet.algorithms import stfl_local
     from fedhet.algorithms.mmvfl import core as mmvfl_core
+    from fedhet.algorithms.stfl import core as stfl_local
     from fedhet.algorithms.party_table import DataFileError
 
     X = np.ones((6, 4))

@@ -337,13 +337,13 @@ def test_stfl_nan_latents_fail_the_host_naming_the_guest(monkeypatch):
         z[0, 0] = np.nan
         return z
 
-    monkeypatch.setattr(S, "encode", nan_encode)
+    monkeypatch.setattr(S.roles, "encode", nan_encode)
     cfg = {"epochs": 2, "vae_epochs": 2, "lr": 1e-2, "vae_lr": 1e-2, "n_guests": 1}
     with pytest.raises(FederationFailed) as e:
         run_inmemory(S, [("host", "host"), ("guest1", "guest")], cfg=cfg, seed=3, timeout=60)
     err = e.value.failures["host"]
     assert isinstance(err, PeerFault), err
-    assert err.peer == "guest1" and err.kind == S.K_LATENT and "field 'z': contains NaN or inf" in str(err)
+    assert err.peer == "guest1" and err.kind == S.Kind.LATENT and "field 'z': contains NaN or inf" in str(err)
 
 
 def test_schema_arrays_must_be_finite_unless_declared_otherwise():

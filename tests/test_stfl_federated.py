@@ -2,7 +2,7 @@
 
 * Each party's data is only its own: the host its 10 columns + labels of its train/test rows (the
   self-taught rows dropped), a guest all its rows of its own column block, unmarked.
-* Federated STFL equals ``stfl_local.stfl`` run on the same rows in the same order (exactly), and
+* Federated STFL equals ``stfl.core.stfl`` run on the same rows in the same order (exactly), and
   is close to it on ``data_fate.prepare``'s views, which differ only in the order of the guest's
   self-taught rows (a secret of the experiment's split that a guest cannot know).
 * A guest receives nothing but PSI messages and sends nothing but PSI and one latent message of
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -21,15 +22,27 @@ import torch
 
 from fedhet.algorithms import data_fate as D
 from fedhet.algorithms import stfl as S
-from fedhet.algorithms import stfl_local as L
+from fedhet.algorithms.stfl import core as L
+from fedhet.algorithms.stfl.settings import SHAPES, Model
 from fedhet.parties import api, presets
 from fedhet.parties.audit import audit
+from fedhet.parties.contract import PartyContext
+from fedhet.parties.declare import check_record
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
+from fedhet.protocols import psi
 
 FAST = {"epochs": 30, "vae_epochs": 30, "lr": 1e-2, "vae_lr": 1e-2}
-PSI_KINDS = {d.kind for d in S.psi.DECLARATIONS}
+PSI_KINDS = {d.kind for d in psi.DECLARATIONS}
+
+
+def _settings(cfg: dict) -> S.Settings:
+    return S.ALGORITHM.parse(cfg)
+
+
+def _load(cfg: dict, name: str, role: str, index: int, n_of_role: int):
+    return S.load_data(_settings(cfg), PartyContext(name, role, index, n_of_role))
 
 
 @pytest.fixture
@@ -55,17 +68,17 @@ def _run(cfg, n_guests=1, seed=3):
 
 
 def test_settings_reject_bad_config():
-    assert S.settings({"dataset": "breast_sklearn"}).dataset == "breast_sk"
-    with pytest.raises(ValueError, match="unknown config key.*'epoch'"):
-        S.settings({"epoch": 3})
+    assert _settings({"dataset": "breast_sklearn"}).dataset == "breast_sk"
+    with pytest.raises(ValueError, match="unknown setting.*'epoch'"):
+        _settings({"epoch": 3})
     with pytest.raises(ValueError, match="variant"):
-        S.settings({"variant": "fate"})
+        _settings({"variant": "fate"})
     with pytest.raises(ValueError, match="dataset"):
-        S.settings({"dataset": "mnist"})
+        _settings({"dataset": "mnist"})
     with pytest.raises(ValueError, match="n_guests"):
-        S.settings({"n_guests": 21})
+        _settings({"n_guests": 21})
     with pytest.raises(ValueError, match="n_guests = 1"):
-        S.load_data({}, "g", "guest", 0, 2)
+        _load({}, "g", "guest", 0, 2)
 
 
 @pytest.mark.parametrize("name", ["breast_sk"] + [pytest.param(n, marks=pytest.mark.data)
@@ -74,24 +87,24 @@ def test_declared_shapes_and_host_split_match_data_fate(name):
     """The audit's table (rows, widths) is the data's, and the host's split of its own IDs is the
     split of the whole data set (every guest holds every ID)."""
     full = D.load(name, seed=0)
-    assert S.SHAPES[name] == (len(full.host.ids), full.host.x.shape[1], full.guests[0].x.shape[1])
+    assert SHAPES[name] == (len(full.host.ids), full.host.x.shape[1], full.guests[0].x.shape[1])
     split = D.make_split(full, 0)
-    hv = S.load_data({"dataset": name, "seed": 0}, "host", "host", 0, 1)
+    hv = _load({"dataset": name, "seed": 0}, "host", "host", 0, 1)
     assert np.array_equal(hv.ids_train, split.train) and np.array_equal(hv.ids_test, split.test)
     assert hv.x_selftaught is None and len(hv.ids_selftaught) == 0
-    assert len(hv.ids_train) + len(hv.ids_test) == S.expected_common(S.settings({"dataset": name}))
+    assert len(hv.ids_train) + len(hv.ids_test) == _settings({"dataset": name}).expected_common()
 
 
 def test_each_party_loads_only_its_own_part():
     cfg = {"seed": 0, "n_guests": 2}
-    hv = S.load_data(cfg, "host", "host", 0, 1)
+    hv = _load(cfg, "host", "host", 0, 1)
     assert hv.x_train.shape[1] == 10 and set(np.unique(hv.y_train)) == {0, 1}
     full = D.load("breast_sk", seed=0, n_guests=2)
     for i in range(2):
-        g = S.load_data(cfg, f"g{i}", "guest", i, 2)
-        assert set(g) == {"ids", "x", "columns", "index"}  # no labels, no split, nothing marked
-        assert g["x"].shape == (569, 10) and g["columns"] == full.guests[i].columns
-        assert np.array_equal(g["ids"], full.guests[i].ids) and np.array_equal(g["x"], full.guests[i].x)
+        g = _load(cfg, f"g{i}", "guest", i, 2)
+        assert {f.name for f in fields(g)} == {"ids", "x", "columns", "index"}  # no labels, no split, nothing marked
+        assert g.x.shape == (569, 10) and g.columns == full.guests[i].columns
+        assert np.array_equal(g.ids, full.guests[i].ids) and np.array_equal(g.x, full.guests[i].x)
 
 
 # ------------------------------------------------------------------------ STFL
@@ -119,17 +132,17 @@ def test_stfl_federated_equals_local_and_guest_gets_only_psi(delivered):
     assert h["n_common"] == g["n_common"] == 341 and g["n_selftaught"] == 228
     assert h["sizes"]["n_dropped"] == 0 and h["latent_dims"] == [10]
     # Exactly the in-process method on the same rows in the same order.
-    local = L.stfl(_views_in_guest_order(seed), {**FAST, "seed": seed})
+    local = L.stfl(_views_in_guest_order(seed), Model(**FAST, seed=seed))
     assert h["test_accuracy"] == local["accuracy"]
     assert g["vae_neg_elbo_first_last"] == pytest.approx(list(local["vae_neg_elbo_first_last"][0]), rel=1e-6)
     # prepare()'s views differ in the self-taught rows' order only: close, not equal.
-    ref = L.stfl(D.prepare("breast_sk", seed=seed), {**FAST, "seed": seed})["accuracy"]
+    ref = L.stfl(D.prepare("breast_sk", seed=seed), Model(**FAST, seed=seed))["accuracy"]
     assert abs(h["test_accuracy"] - ref) <= 0.05
     # What crossed: guests got PSI only; they sent PSI and exactly one latent message.
     to_guest = {k for to, _, k in delivered if to == "guest1"}
     from_guest = [k for _, frm, k in delivered if frm == "guest1"]
     assert to_guest and to_guest <= PSI_KINDS
-    assert set(from_guest) <= PSI_KINDS | {S.K_LATENT} and from_guest.count(S.K_LATENT) == 1
+    assert set(from_guest) <= PSI_KINDS | {S.Kind.LATENT} and from_guest.count(S.Kind.LATENT) == 1
 
 
 def test_stfl_two_guests(delivered):
@@ -148,29 +161,29 @@ def test_stfl_two_guests(delivered):
 def _joint_reference(cfg, seed, n_guests):
     """Plain joint backprop in one process: one Adam over every party's network, same init and
     batch order as the federated run."""
-    s = S.settings({**cfg, "seed": seed})
+    s = _settings({**cfg, "seed": seed})
     c = s.model
-    hv = S.load_data({**cfg, "seed": seed}, "host", "host", 0, 1)
+    hv = _load({**cfg, "seed": seed}, "host", "host", 0, 1)
     common = sorted(np.concatenate([hv.ids_train, hv.ids_test]).tolist())
     pos = {v: i for i, v in enumerate(common)}
     tr_pos = np.array([pos[v] for v in hv.ids_train.tolist()])
     te_pos = np.array([pos[v] for v in hv.ids_test.tolist()])
     gx = []
     for i in range(n_guests):
-        g = S.load_data({**cfg, "seed": seed}, f"g{i}", "guest", i, n_guests)
-        row = {v: r for r, v in enumerate(g["ids"].tolist())}
+        g = _load({**cfg, "seed": seed}, f"g{i}", "guest", i, n_guests)
+        row = {v: r for r, v in enumerate(g.ids.tolist())}
         rows = np.array([row[v] for v in common])
-        st = np.ones(len(g["x"]), bool)
+        st = np.ones(len(g.x), bool)
         st[rows] = False
-        sc = D.Scaler.fit(g["x"][st])
-        gx.append(torch.as_tensor(sc(g["x"][rows])))
-    gnets = [S.guest_net(x.shape[1], c, i) for i, x in enumerate(gx)]
-    hnet = S.host_net(hv.x_train.shape[1] + sum(S.latent_widths(s)), 2, c)
+        sc = D.Scaler.fit(g.x[st])
+        gx.append(torch.as_tensor(sc(g.x[rows])))
+    gnets = [L.guest_net(x.shape[1], c, i) for i, x in enumerate(gx)]
+    hnet = L.host_net(hv.x_train.shape[1] + sum(s.latent_widths()), 2, c)
     params = [p for n in gnets + [hnet] for p in n.parameters()]
     opt = torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
     xh, y = torch.as_tensor(hv.x_train), torch.as_tensor(hv.y_train, dtype=torch.float32)
     for ep in range(c.epochs):
-        perm = S.batch_order(seed, len(tr_pos), ep)
+        perm = L.batch_order(seed, len(tr_pos), ep)
         for b in range(0, len(perm), c.batch_size):
             idx = perm[b:b + c.batch_size]
             rows = torch.as_tensor(tr_pos[idx])
@@ -207,7 +220,7 @@ def test_hierarchical_split_equals_joint_backprop(n_guests, delivered):
         assert gres["rows_trained_on"] == h["sizes"]["n_train"]
         assert _close(gres["guest_state"], gn)
     kinds_to_guest = {k for to, _, k in delivered if to == "guest1"}
-    assert kinds_to_guest <= PSI_KINDS | {S.K_BATCH, S.K_GRAD} and S.K_GRAD in kinds_to_guest
+    assert kinds_to_guest <= PSI_KINDS | {S.Kind.BATCH, S.Kind.GRADIENT} and S.Kind.GRADIENT in kinds_to_guest
 
 
 def test_hierarchical_is_deterministic():
@@ -220,27 +233,32 @@ def test_hierarchical_is_deterministic():
 # --------------------------------------------------------------- declarations, audit
 
 
-def _decl(kind):
-    return next(d for d in S.DECLARATIONS if d.kind == kind)
+def _check(cfg: dict, kind: str, *arrays) -> str | None:
+    """The receipt schema's and the audit's verdict on a record of ``kind`` holding ``arrays``
+    ((field, dtype, shape)) in a run of ``cfg``; "undeclared" for a kind the run does not declare."""
+    s = _settings(cfg)
+    decls = {d.kind: d for d in S.declarations(s)}
+    return check_record(decls[kind], list(arrays), s) if kind in decls else "undeclared"
 
 
-def test_declaration_checks_reject_raw_features():
+def test_declarations_reject_raw_features():
     cfg = {"dataset": "breast_sklearn", "n_guests": 1}
-    check = _decl(S.K_LATENT).check
-    assert check([("<f4", (341, 10))], cfg) is None
-    assert "width" in check([("<f4", (341, 20))], cfg)  # the guest's raw columns
-    assert "341 intersected rows" in check([("<f4", (569, 10))], cfg)  # self-taught rows too
-    assert check([("<f8", (341, 10))], cfg) is not None
-    assert check([("<f4", (341, 10))] * 2, cfg) is not None
-    assert check([("<f4", (341, 10))], {**cfg, "variant": "hierarchical"}) is not None
+    lat = S.Kind.LATENT
+    assert _check(cfg, lat, ("z", "<f4", (341, 10))) is None
+    assert "shape" in _check(cfg, lat, ("z", "<f4", (341, 20)))  # the guest's raw columns
+    assert "shape" in _check(cfg, lat, ("z", "<f4", (569, 10)))  # self-taught rows too
+    assert _check(cfg, lat, ("z", "<f8", (341, 10))) is not None
+    assert _check(cfg, lat, ("x", "<f4", (341, 10))) is not None
+    assert _check({**cfg, "variant": "hierarchical"}, lat, ("z", "<f4", (341, 10))) == "undeclared"
     two = {**cfg, "n_guests": 2}
-    assert check([("<f4", (341, 5))], two) is None and check([("<f4", (341, 10))], two) is not None
-    act = _decl(S.K_ACT).check
+    assert _check(two, lat, ("z", "<f4", (341, 5))) is None and _check(two, lat, ("z", "<f4", (341, 10))) is not None
+    act = S.Kind.ACTIVATION
     hier = {**cfg, "variant": "hierarchical"}
-    assert act([("<f4", (128, 10))], hier) is None
-    assert act([("<f4", (129, 10))], hier) is not None and act([("<f4", (128, 20))], hier) is not None
-    assert act([("<f4", (128, 10))], cfg) is not None  # no split messages in an STFL run
-    assert _decl(S.K_BATCH).check([("<i8", (128,))], hier) is not None
+    assert _check(hier, act, ("a", "<f4", (128, 10))) is None
+    assert _check(hier, act, ("a", "<f4", (129, 10))) is not None
+    assert _check(hier, act, ("a", "<f4", (128, 20))) is not None
+    assert _check(cfg, act, ("a", "<f4", (128, 10))) == "undeclared"  # no split messages in an STFL run
+    assert _check(hier, S.Kind.BATCH, ("rows", "<i8", (128,))) is not None
 
 
 def test_preset_as_processes_passes_audit(tmp_path):
@@ -253,8 +271,8 @@ def test_preset_as_processes_passes_audit(tmp_path):
     assert host["test_accuracy"] > 0.9 and host["n_common"] == 341
     rows = [r for r in rep.table if r["party"] == "guest"]
     assert {r["kind"] for r in rows if r["received"]} <= PSI_KINDS | {"_bye"}
-    assert {r["kind"] for r in rows if r["sent"]} <= PSI_KINDS | {S.K_LATENT, "_bye"}
+    assert {r["kind"] for r in rows if r["sent"]} <= PSI_KINDS | {S.Kind.LATENT, "_bye"}
     recs = [json.loads(line) for line in (run_dir / "parties" / "guest" / "transcript.jsonl").read_text().splitlines()]
-    lat = [r for r in recs if r.get("kind") == S.K_LATENT and r.get("dir") == "send"]
+    lat = [r for r in recs if r.get("kind") == S.Kind.LATENT and r.get("dir") == "send"]
     assert len(lat) == 1 and [tuple(a[1]) for a in lat[0]["arrays"]] == [(341, 10)]
     assert lat[0]["arrays"][0][0] == "<f4"

@@ -1,16 +1,20 @@
 """STFL numerics in process: models, VAE training, data loaders and splits, whole methods."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from fedhet.algorithms import data_fate as D
-from fedhet.algorithms import stfl_local as L
-from fedhet.algorithms.stfl_models import VAE, HierarchicalNet, vae_loss
+from fedhet.algorithms.stfl import core as L
+from fedhet.algorithms.stfl.models import VAE, HierarchicalNet, vae_loss
+from fedhet.algorithms.stfl.settings import Model
 from fedhet.algorithms.toolkit import mlp
+from fedhet.parties.settings import SettingsError, parse_settings
 
-FAST = {"epochs": 20, "vae_epochs": 20, "lr": 1e-2, "vae_lr": 1e-2}
+FAST = Model(epochs=20, vae_epochs=20, lr=1e-2, vae_lr=1e-2)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def test_vae_loss_matches_closed_form():
 
 def test_vae_training_reduces_loss(breast_views):
     g = breast_views.guests[0]
-    cfg = L.STFLConfig.from_dict(FAST, seed=1)
+    cfg = replace(FAST, seed=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1)
         untrained = VAE(g.x_unlabeled.shape[1])
@@ -76,11 +80,11 @@ def test_stfl_on_sklearn_breast_is_accurate(breast_views):
     assert r["n_test"] == len(breast_views.host.y_test)
     assert r["latent_dims"] == [10]
     for m in ("centralized", "hierarchical"):
-        assert L.METHODS[m](breast_views, FAST)["accuracy"] > 0.9
+        assert L.METHODS[m](breast_views, FAST, "cpu")["accuracy"] > 0.9
 
 
 def test_stfl_is_deterministic_given_seed(breast_views):
-    cfg = dict(FAST, epochs=5, vae_epochs=5)
+    cfg = replace(FAST, epochs=5, vae_epochs=5)
     g = breast_views.guests[0]
     z1 = L.encode(L.train_vae(g.x_unlabeled, cfg, seed=11), g.x_train)
     torch.manual_seed(12345)  # the caller's global RNG must not matter
@@ -92,7 +96,7 @@ def test_stfl_is_deterministic_given_seed(breast_views):
     w = [L.train_host(h.x_train, [z1], h.y_train, 2, cfg, seed=5).model[0].weight.detach().clone()
          for _ in range(2)]
     assert torch.equal(w[0], w[1])
-    a, b = L.stfl(breast_views, dict(cfg, seed=4)), L.stfl(breast_views, dict(cfg, seed=4))
+    a, b = L.stfl(breast_views, replace(cfg, seed=4)), L.stfl(breast_views, replace(cfg, seed=4))
     assert a["accuracy"] == b["accuracy"]
 
 
@@ -124,14 +128,13 @@ def test_host_side_checks_inputs(breast_views):
 
 
 def test_config_validation():
-    assert L.STFLConfig.from_dict({"epochs": 3}).epochs == 3
-    with pytest.raises(ValueError, match="unknown STFL config"):
-        L.STFLConfig.from_dict({"epoch": 3})
-    assert L.STFLConfig.from_dict({"epoch": 3, "lr": 0.1}, strict=False).lr == 0.1
-    with pytest.raises(ValueError, match="batch_size"):
-        L.STFLConfig(batch_size=0)
-    with pytest.raises(TypeError, match="epochs"):
-        L.STFLConfig(epochs=2.5)
+    assert parse_settings(Model, {"epochs": 3}, "stfl").epochs == 3
+    with pytest.raises(SettingsError, match="unknown setting.*'epoch'"):
+        parse_settings(Model, {"epoch": 3}, "stfl")
+    with pytest.raises(SettingsError, match="batch_size"):
+        parse_settings(Model, {"batch_size": 0}, "stfl")
+    with pytest.raises(SettingsError, match="epochs must be an integer"):
+        parse_settings(Model, {"epochs": 2.5}, "stfl")
 
 
 # ------------------------------------------------------------------ data
@@ -228,4 +231,4 @@ def test_federated_host_view_has_no_selftaught_rows():
     assert not set(hv.ids_train.tolist()) & set(split.selftaught.tolist())
     v = D.Views("breast_sk", hv, [D.guest_view(data, split, 0)], split)
     with pytest.raises(ValueError, match="self-taught rows"):
-        L.centralized(v, dict(FAST, epochs=1), all_data=True)
+        L.centralized(v, replace(FAST, epochs=1), all_data=True)

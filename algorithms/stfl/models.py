@@ -15,7 +15,7 @@
 
 Width rule: every hidden layer has ``round(mult * input width)`` units (at least 2,
 ``toolkit.hidden_width``).  The paper's multipliers were lost from the text; defaults live in
-``stfl_local.STFLConfig``.
+``settings.Model``.
 """
 from __future__ import annotations
 

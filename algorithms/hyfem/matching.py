@@ -53,10 +53,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+
+from fedhet.algorithms.toolkit import Stream, stream_rng
 
 Layer = tuple[np.ndarray, np.ndarray]
 Layers = list[Layer]
@@ -134,7 +136,8 @@ def hidden_widths(layers: Sequence[Layer]) -> list[int]:
 
 def forward(layers: Sequence[Layer], x: np.ndarray, activation: str = "relu") -> np.ndarray:
     """The MLP's outputs (logits) on rows ``x``: activation after every layer but the last."""
-    acts = {"relu": lambda z: np.maximum(z, 0.0), "tanh": np.tanh, "identity": lambda z: z}
+    acts: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "relu": lambda z: np.maximum(z, 0.0), "tanh": np.tanh, "identity": lambda z: z}
     if activation not in acts:
         raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(acts)}")
     h = np.asarray(x, dtype=np.float64)
@@ -428,7 +431,7 @@ def matched_averaging(global_layers: Sequence[Layer] | None, clients: Sequence[S
     for m, a in enumerate(assigns):
         if a is not None:
             _check_assignment(m, a, cl[m], glob)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 8]))
+    rng = stream_rng(seed, Stream.MATCHING_TIES)
     P = 2 * M if settings.passes is None else int(settings.passes)
     first = [int(m) for m in rng.permutation(M) if assigns[m] is None]
     order = first + [int(m) for m in rng.integers(0, M, size=P)]
@@ -442,6 +445,6 @@ def matched_averaging(global_layers: Sequence[Layer] | None, clients: Sequence[S
     if settings.prune:
         glob, assigns, pruned = prune_unmatched(glob, assigns)
     done = [a for a in assigns if a is not None]
-    cost = matching_cost(glob, [c for c, a in zip(cl, assigns) if a is not None],
-                         [c for c, a in zip(cols, assigns) if a is not None], done)
-    return MatchResult(glob, assigns, order, cost, grown, pruned)
+    assert len(done) == M  # every client unmatched at the start is matched first
+    cost = matching_cost(glob, cl, cols, done)
+    return MatchResult(glob, done, order, cost, grown, pruned)

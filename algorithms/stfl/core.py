@@ -15,37 +15,22 @@ with ``all_data=True`` for the "(all data)" rows, which add the self-taught rows
 ``stfl`` runs steps 1–3 in process.  Each returns accuracy and timings.
 
 Training (paper §V-A): Adam, batch 128, 100 epochs, binary cross-entropy for two classes
-(one logit) and cross-entropy for more.  What the paper leaves open (its multipliers and learning
-rate were lost from the text) is a ``STFLConfig`` field; defaults:
+(one logit) and cross-entropy for more.  Every function takes the typed training settings
+:class:`~fedhet.algorithms.stfl.settings.Model` (the ``[algorithm]`` keys, parsed once; its
+defaults are the paper's where it gives them) and the torch ``device`` to train on.
 
-=====================  =======  ===================================================
-field                  default  meaning
-=====================  =======  ===================================================
-epochs                 100      supervised epochs (paper)
-vae_epochs             100      self-taught VAE epochs (paper: "100 epochs")
-batch_size             128      (paper)
-lr / vae_lr            1e-3     Adam learning rate (paper's value lost; Adam default)
-weight_decay           0        Adam L2
-vae_hidden_mult        2.0      VAE hidden width = mult x guest input width
-latent_frac            0.5      latent width = frac x guest input width (paper: half)
-host_hidden_mult       2.0      host MLP hidden width = mult x (host + latent width)
-central_hidden_mult    2.0      centralized MLP hidden width = mult x all features
-hidden_layers          1        hidden layers in every MLP / encoder / decoder
-activation             relu
-kl_weight              1.0      weight of KL in eq. (5) (1 = the ELBO)
-device                 "cpu"    "cpu", "cuda", "cuda:N" or "auto"
-seed                   0        every model's init and batch order derive from it
-=====================  =======  ===================================================
+The federated Hierarchical split network's parts are here too: ``guest_net``, ``host_net`` and
+the host's ``batch_order``.
 
 Determinism: each fit draws its weights, batch order and VAE noise from its own seed
-(``stfl_seed(seed, *tags)``) inside ``toolkit.seeded``, so results repeat for a given seed (on
-one device) and the caller's global RNG state is untouched.  Loss, decisions and label checks are
-``toolkit.class_loss`` / ``predict_classes`` / ``label_tensor``.
+(``toolkit.frozen_seed(seed, *tags)``) inside ``toolkit.seeded``, so results repeat for a given
+seed (on one device) and the caller's global RNG state is untouched.  Loss, decisions and label
+checks are ``toolkit.class_loss`` / ``predict_classes`` / ``label_tensor``.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -54,69 +39,13 @@ from torch import nn
 
 from fedhet.algorithms.data_fate import Views
 from fedhet.algorithms.party_table import check_finite
-from fedhet.algorithms.stfl_models import VAE, Encoder, HierarchicalNet, vae_loss
-from fedhet.algorithms.toolkit import (accuracy, as_tensor, class_loss, crc32_seed, label_tensor, logit_width,
-                                       mlp, predict_classes, resolve_device, seeded, shuffled_batches,
+from fedhet.algorithms.stfl.models import VAE, Encoder, HierarchicalNet, latent_width, vae_loss
+from fedhet.algorithms.stfl.settings import Model
+from fedhet.algorithms.toolkit import (accuracy, as_tensor, class_loss, epoch_permutation, frozen_seed, label_tensor,
+                                       logit_width, mlp, predict_classes, resolve_device, seeded, shuffled_batches,
                                        synchronize)
 
-
-@dataclass
-class STFLConfig:
-    epochs: int = 100
-    vae_epochs: int = 100
-    batch_size: int = 128
-    lr: float = 1e-3
-    vae_lr: float = 1e-3
-    weight_decay: float = 0.0
-    vae_hidden_mult: float = 2.0
-    latent_frac: float = 0.5
-    host_hidden_mult: float = 2.0
-    central_hidden_mult: float = 2.0
-    hidden_layers: int = 1
-    activation: str = "relu"
-    kl_weight: float = 1.0
-    device: str = "cpu"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for f in ("epochs", "vae_epochs", "batch_size", "hidden_layers", "seed"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-                raise TypeError(f"STFL config {f} must be an int, got {v!r}")
-        for f in ("epochs", "vae_epochs", "batch_size"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"STFL config {f} must be >= 1, got {getattr(self, f)}")
-        for f in ("lr", "vae_lr", "vae_hidden_mult", "latent_frac", "host_hidden_mult",
-                  "central_hidden_mult"):
-            if not float(getattr(self, f)) > 0:
-                raise ValueError(f"STFL config {f} must be > 0, got {getattr(self, f)!r}")
-        if self.weight_decay < 0 or self.kl_weight < 0:
-            raise ValueError("STFL config weight_decay and kl_weight must be >= 0")
-
-    @classmethod
-    def from_dict(cls, cfg: "dict | STFLConfig | None" = None, strict: bool = True,
-                  **overrides) -> "STFLConfig":
-        """Build from a dict; ``strict`` rejects unknown keys (typos), else they are ignored."""
-        if isinstance(cfg, STFLConfig):
-            d = asdict(cfg)
-        else:
-            d = dict(cfg or {})
-        d.update(overrides)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown and strict:
-            raise ValueError(f"unknown STFL config key(s) {unknown}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def torch_device(self) -> torch.device:
-        return resolve_device(self.device)
-
-
-def stfl_seed(seed: int, *tags) -> int:
-    """STFL's seed for one model or stream from the run seed and tags (e.g. ("guest", 0)):
-    ``toolkit.crc32_seed`` of the key ``repr((seed, *tags))``, 31 bits (frozen: every STFL model
-    was drawn from it)."""
-    return crc32_seed(repr((int(seed), *tags)), 31)
+Device = str | torch.device
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,12 +100,11 @@ class VAEFit:
     seconds: float
 
 
-def fit_vae(x_unlabeled, cfg=None, seed: int | None = None,
+def fit_vae(x_unlabeled, c: Model = Model(), seed: int | None = None, device: Device = "cpu",
             on_epoch: Callable | None = None) -> VAEFit:
-    """Train a VAE on unlabeled rows (eq. (5)); ``seed`` defaults to cfg.seed."""
-    c = STFLConfig.from_dict(cfg)
+    """Train a VAE on unlabeled rows (eq. (5)); ``seed`` defaults to ``c.seed``."""
     x = _check_2d("x_unlabeled", x_unlabeled)
-    dev = c.torch_device()
+    dev = resolve_device(device)
     t0 = time.perf_counter()
     with seeded(c.seed if seed is None else seed, dev):
         vae = VAE(x.shape[1], c.vae_hidden_mult, c.latent_frac, c.hidden_layers, c.activation).to(dev)
@@ -192,9 +120,9 @@ def fit_vae(x_unlabeled, cfg=None, seed: int | None = None,
     return VAEFit(vae, vae.encoder, hist, time.perf_counter() - t0)
 
 
-def train_vae(x_unlabeled, cfg=None, seed: int | None = None) -> Encoder:
+def train_vae(x_unlabeled, c: Model = Model(), seed: int | None = None, device: Device = "cpu") -> Encoder:
     """The guest's self-taught step: returns the encoder (the decoder is dropped)."""
-    return fit_vae(x_unlabeled, cfg, seed).encoder
+    return fit_vae(x_unlabeled, c, seed, device).encoder
 
 
 @torch.no_grad()
@@ -244,12 +172,11 @@ def _joint(x_host, latents, n: int | None = None) -> np.ndarray:
     return np.concatenate(parts, axis=1).astype(np.float32)
 
 
-def train_host(x_host, latents: Sequence, y, n_classes: int, cfg=None, seed: int | None = None,
-               on_epoch: Callable | None = None) -> HostFit:
+def train_host(x_host, latents: Sequence, y, n_classes: int, c: Model = Model(), seed: int | None = None,
+               device: Device = "cpu", on_epoch: Callable | None = None) -> HostFit:
     """Fit the host's MLP on [x_host || z_1 || ... || z_G] with its labels (eq. (6))."""
-    c = STFLConfig.from_dict(cfg)
     x = _joint(x_host, latents)
-    dev = c.torch_device()
+    dev = resolve_device(device)
     t0 = time.perf_counter()
     with seeded(c.seed if seed is None else seed, dev):
         model = mlp(x.shape[1], logit_width(n_classes), c.host_hidden_mult, c.hidden_layers,
@@ -281,14 +208,13 @@ def _check_aligned(v: Views) -> None:
             raise ValueError(f"guest {i}'s rows are not aligned with the host's")
 
 
-def stfl(v: Views, cfg=None) -> dict:
+def stfl(v: Views, c: Model = Model(), device: Device = "cpu") -> dict:
     """Self-taught VAEs on the guests, latents to the host, host MLP; test accuracy + timings."""
-    c = STFLConfig.from_dict(cfg)
     _check_aligned(v)
     t0 = time.perf_counter()
     vae_s, enc_s, z_tr, z_te, vae_hist = [], [], [], [], []
     for i, g in enumerate(v.guests):
-        fit = fit_vae(g.x_unlabeled, c, seed=stfl_seed(c.seed, "guest", i))
+        fit = fit_vae(g.x_unlabeled, c, seed=frozen_seed(c.seed, "guest", i), device=device)
         vae_s.append(fit.seconds)
         vae_hist.append((fit.history[0], fit.history[-1]))
         t1 = time.perf_counter()
@@ -296,7 +222,7 @@ def stfl(v: Views, cfg=None) -> dict:
         z_te.append(encode(fit.encoder, g.x_test))
         enc_s.append(time.perf_counter() - t1)
     h = v.host
-    hf = train_host(h.x_train, z_tr, h.y_train, h.n_classes, c, seed=stfl_seed(c.seed, "host"))
+    hf = train_host(h.x_train, z_tr, h.y_train, h.n_classes, c, seed=frozen_seed(c.seed, "host"), device=device)
     acc = accuracy(predict_host(hf, h.x_test, z_te), h.y_test)
     return {"method": "stfl", "accuracy": acc, "total_s": time.perf_counter() - t0,
             "vae_s": vae_s, "encode_s": enc_s, "host_s": hf.seconds,
@@ -322,17 +248,16 @@ def _train_rows(v: Views, all_data: bool) -> tuple[np.ndarray, list[np.ndarray],
     return xh, xg, y
 
 
-def centralized(v: Views, cfg=None, all_data: bool = False) -> dict:
+def centralized(v: Views, c: Model = Model(), all_data: bool = False, device: Device = "cpu") -> dict:
     """One MLP on all parties' features (data pooled; no privacy) — Table I's baseline."""
-    c = STFLConfig.from_dict(cfg)
     _check_aligned(v)
     xh, xg, y = _train_rows(v, all_data)
     x = np.concatenate([xh, *xg], axis=1)
     h = v.host
     x_test = np.concatenate([h.x_test, *[g.x_test for g in v.guests]], axis=1)
-    dev = c.torch_device()
+    dev = resolve_device(device)
     t0 = time.perf_counter()
-    with seeded(stfl_seed(c.seed, "centralized"), dev):
+    with seeded(frozen_seed(c.seed, "centralized"), dev):
         model = mlp(x.shape[1], logit_width(h.n_classes), c.central_hidden_mult, c.hidden_layers,
                     c.activation).to(dev)
         _train_loop(model, [as_tensor(x, dev), label_tensor(y, h.n_classes, dev)],
@@ -346,15 +271,14 @@ def centralized(v: Views, cfg=None, all_data: bool = False) -> dict:
             "n_train": int(len(y)), "n_test": int(len(h.y_test))}
 
 
-def hierarchical(v: Views, cfg=None, all_data: bool = False) -> dict:
+def hierarchical(v: Views, c: Model = Model(), all_data: bool = False, device: Device = "cpu") -> dict:
     """STFL's network (guest encoders + host MLP) trained jointly by backprop, in plaintext."""
-    c = STFLConfig.from_dict(cfg)
     _check_aligned(v)
     xh, xg, y = _train_rows(v, all_data)
     h = v.host
-    dev = c.torch_device()
+    dev = resolve_device(device)
     t0 = time.perf_counter()
-    with seeded(stfl_seed(c.seed, "hierarchical"), dev):
+    with seeded(frozen_seed(c.seed, "hierarchical"), dev):
         net = HierarchicalNet(xh.shape[1], [a.shape[1] for a in xg], h.n_classes,
                               c.vae_hidden_mult, c.latent_frac, c.host_hidden_mult,
                               c.hidden_layers, c.activation).to(dev)
@@ -369,10 +293,37 @@ def hierarchical(v: Views, cfg=None, all_data: bool = False) -> dict:
             "n_train": int(len(y)), "n_test": int(len(h.y_test))}
 
 
-METHODS = {
-    "centralized": lambda v, c: centralized(v, c),
-    "centralized_all": lambda v, c: centralized(v, c, all_data=True),
-    "hierarchical": lambda v, c: hierarchical(v, c),
-    "hierarchical_all": lambda v, c: hierarchical(v, c, all_data=True),
+METHODS: dict[str, Callable[[Views, Model, Device], dict]] = {
+    "centralized": lambda v, c, device: centralized(v, c, device=device),
+    "centralized_all": lambda v, c, device: centralized(v, c, all_data=True, device=device),
+    "hierarchical": lambda v, c, device: hierarchical(v, c, device=device),
+    "hierarchical_all": lambda v, c, device: hierarchical(v, c, all_data=True, device=device),
     "stfl": stfl,
 }
+"""Table I's methods by name: ``METHODS[name](views, model settings, device)``."""
+
+
+# --------------------------------------------------------------------------------------------
+# the federated Hierarchical split network's parts
+
+
+def guest_net(in_dim: int, c: Model, index: int) -> torch.nn.Module:
+    """Hierarchical guest encoder (HierarchicalNet's guest part), its own seed."""
+    with seeded(frozen_seed(c.seed, "split", "guest", index)):
+        return mlp(in_dim, latent_width(in_dim, c.latent_frac), c.vae_hidden_mult, c.hidden_layers, c.activation)
+
+
+def host_net(joint_dim: int, n_classes: int, c: Model) -> torch.nn.Module:
+    """Hierarchical host MLP on [own features || activations], its own seed."""
+    with seeded(frozen_seed(c.seed, "split", "host")):
+        return mlp(joint_dim, logit_width(n_classes), c.host_hidden_mult, c.hidden_layers, c.activation)
+
+
+def order_key(seed: int) -> int:
+    """The split driver's schedule key of the host's batch order."""
+    return frozen_seed(seed, "split", "order")
+
+
+def batch_order(seed: int, n_train: int, epoch: int) -> np.ndarray:
+    """The host's permutation of its training rows in one epoch (the split driver's schedule)."""
+    return epoch_permutation(order_key(seed), epoch, n_train)

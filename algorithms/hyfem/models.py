@@ -14,50 +14,25 @@
 What moves between parties is numpy: an extractor as one flat float32 vector in the fixed order
 of ``module.parameters()`` (:func:`get_flat` / :func:`set_flat`), an inference model as its list
 of layers ``[(W, b), ...]`` with W of shape (out, in) (:func:`get_layers` /
-:func:`InferenceMLP.from_layers`), the representation of :mod:`fedhet.algorithms.matching`.
+:func:`InferenceMLP.from_layers`), the representation of :mod:`fedhet.algorithms.hyfem.matching`.
 
-Initialisation is seeded (``torch.random.fork_rng`` + ``manual_seed``), so a seed gives the same
-weights and the caller's RNG state is untouched.  Defaults (a config value each, chosen plainly
+Initialisation is seeded (``toolkit.seeded``), so a seed gives the same weights and the caller's
+RNG state is untouched.  Defaults (a config value each, chosen plainly
 since the paper gives only "an MLP with one hidden layer"): extractor MLP hidden (128,),
 embedding 32 units per view, inference hidden width 64, CNN channels (16, 32).
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedhet.algorithms.toolkit import resolve_device, seeded
+
 Layers = list[tuple[np.ndarray, np.ndarray]]
-
-
-def derive_seed(seed: int, *tags) -> int:
-    """A 31-bit seed for one model or stream from the run seed and tags (e.g. ("view", 2))."""
-    return zlib.crc32(repr((int(seed), *tags)).encode()) & 0x7FFFFFFF
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """"cpu", "cuda", "cuda:N" or "auto" (CUDA when present); CUDA is never required."""
-    if isinstance(device, torch.device):
-        d = device
-    else:
-        name = (device or "cpu").strip().lower()
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        d = torch.device(name)
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but CUDA is not available")
-    return d
-
-
-def seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
-    """Build a module with torch's CPU RNG seeded, leaving the caller's RNG state untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        return build()
 
 
 # ------------------------------------------------------------------------------ specs
@@ -186,6 +161,7 @@ class ViewCNN(nn.Module):
 def build_extractor(spec: ExtractorSpec) -> nn.Module:
     if spec.kind == "mlp":
         return ViewMLP(spec.in_dim, spec.embed_dim, spec.hidden)
+    assert spec.image_shape is not None  # ExtractorSpec checks it for a cnn
     return ViewCNN(spec.image_shape, spec.embed_dim, spec.channels)
 
 
@@ -199,9 +175,14 @@ class InferenceMLP(nn.Module):
             raise ValueError(f"inference widths must be >= 2 positive numbers, got {list(widths)}")
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(w[:-1], w[1:]))
 
+    def linears(self) -> list[nn.Linear]:
+        """The layers, input to output."""
+        return cast(list[nn.Linear], list(self.layers))
+
     @property
     def widths(self) -> list[int]:
-        return [self.layers[0].in_features] + [lin.out_features for lin in self.layers]
+        lins = self.linears()
+        return [lins[0].in_features] + [lin.out_features for lin in lins]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
@@ -227,14 +208,14 @@ def get_layers(model: InferenceMLP) -> Layers:
     """The model's layers as float32 numpy copies (on the CPU)."""
     return [(lin.weight.detach().cpu().numpy().astype(np.float32, copy=True),
              lin.bias.detach().cpu().numpy().astype(np.float32, copy=True))
-            for lin in model.layers]
+            for lin in model.linears()]
 
 
 @torch.no_grad()
 def load_layers(model: InferenceMLP, layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     if len(layers) != len(model.layers):
         raise ValueError(f"{len(layers)} layers for a model of {len(model.layers)}")
-    for i, (lin, (W, b)) in enumerate(zip(model.layers, layers)):
+    for i, (lin, (W, b)) in enumerate(zip(model.linears(), layers)):
         W = np.asarray(W)
         b = np.asarray(b)
         if W.shape != tuple(lin.weight.shape) or b.shape != tuple(lin.bias.shape):
@@ -274,12 +255,16 @@ def extractor_from_flat(spec: ExtractorSpec, vec, device: torch.device | str = "
 
 def init_extractor(spec: ExtractorSpec, seed: int) -> np.ndarray:
     """theta_d^0: a seeded initial extractor as a flat vector."""
-    return get_flat(seeded(seed, lambda: build_extractor(spec)))
+    with seeded(seed):
+        module = build_extractor(spec)
+    return get_flat(module)
 
 
 def init_inference(widths: Sequence[int], seed: int) -> Layers:
     """A seeded initial inference model as layers."""
-    return get_layers(seeded(seed, lambda: InferenceMLP(widths)))
+    with seeded(seed):
+        model = InferenceMLP(widths)
+    return get_layers(model)
 
 
 def concat_embeddings(embeddings: Sequence[torch.Tensor | None], dims: Sequence[int]) -> torch.Tensor:

@@ -15,7 +15,7 @@ Round t of Algorithm 1 and the functions that compute it:
    times theta_{m,d}), the sum is formed (``sum_view_shares`` in the clear, secure aggregation in
    the federated run) and the server divides (``view_means``) and stores (``update_extractors``);
 3. matched averaging of the inference models, eq. (8) (``match_inference``, via
-   :mod:`fedhet.algorithms.matching`): needs every w_m at the server in the clear;
+   :mod:`.matching`): needs every w_m at the server in the clear;
 4. what goes back (``message_for_client``): w_m = Pi_m theta_0 restricted to the client's views,
    and theta_{0,d} for d in D_m.
 
@@ -26,7 +26,9 @@ every client starts from the same inference weights restricted to its views).  E
 (theta_0 with every view).  The centralized baseline is ``local_update`` of one client that
 holds every view and every row, fed back its own output each round.
 
-Training choices (``HyFEMConfig``; paper Sec. 3.1 where it says, else the plainest choice):
+Training choices (``HyFEMConfig``, the steps' own typed view of the training; a federated run
+builds it from its parsed settings in one place, ``settings.Settings.config``; paper Sec. 3.1
+where it says, else the plainest choice):
 
 =================  ==========  ==============================================================
 field              default     meaning
@@ -65,17 +67,17 @@ The optimizer starts fresh each round.  Batches are drawn from a generator seede
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field, fields
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from fedhet.algorithms.hyfem_models import (HyFEMModelSpec, InferenceMLP, Layers, derive_seed,
-                                            extractor_from_flat, get_flat, get_layers,
-                                            init_extractor, init_inference, resolve_device)
-from fedhet.algorithms.matching import Assignment, MatchResult, MatchSettings, matched_averaging, project
+from fedhet.algorithms.hyfem.matching import Assignment, MatchResult, MatchSettings, matched_averaging, project
+from fedhet.algorithms.hyfem.models import (HyFEMModelSpec, InferenceMLP, Layers, extractor_from_flat, get_flat,
+                                            get_layers, init_extractor, init_inference)
+from fedhet.algorithms.toolkit import frozen_seed, resolve_device
 
 
 # ------------------------------------------------------------------------------ settings
@@ -124,18 +126,6 @@ class HyFEMConfig:
                 raise ValueError(f"HyFEM {name} must be >= 0, got {getattr(self, name)!r}")
         self.match_settings(1)   # validates the matching fields
 
-    @classmethod
-    def from_dict(cls, cfg: "Mapping | HyFEMConfig | None" = None, strict: bool = True,
-                  **overrides) -> "HyFEMConfig":
-        """Build from a dict; ``strict`` rejects unknown keys (typos), else they are ignored."""
-        d = asdict(cfg) if isinstance(cfg, HyFEMConfig) else dict(cfg or {})
-        d.update(overrides)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown and strict:
-            raise ValueError(f"unknown HyFEM config key(s) {unknown}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
-
     def match_settings(self, local_width: int) -> MatchSettings:
         cap = self.max_width if self.max_width is not None else 2 * int(local_width)
         return MatchSettings(passes=self.passes, threshold=self.threshold,
@@ -167,8 +157,8 @@ class ClientData:
     """A client's rows: ``x[d]`` for each view it holds (numpy, or tensors already on the
     device), all with the same rows in the same order, and their labels ``y`` (0..C-1)."""
 
-    x: dict[int, object]
-    y: object
+    x: dict[int, Any]
+    y: Any
 
     @property
     def n(self) -> int:
@@ -245,7 +235,7 @@ def local_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec,
         inf_anchor = [p.detach().clone() for p in inf_params]
     lr = learning_rate(cfg, round_index)
     opt = _optimizer(ext_params + inf_params, cfg, lr)
-    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "batches", int(client_id),
+    gen = torch.Generator().manual_seed(frozen_seed(cfg.seed, "batches", int(client_id),
                                                     int(round_index)))
     n, bs = data.n, min(cfg.batch_size, data.n)
     perm, pos = torch.randperm(n, generator=gen), 0
@@ -310,9 +300,9 @@ def init_server(spec: HyFEMModelSpec, client_views: Mapping[int, Sequence[int]],
     if orphan:
         raise ValueError(f"view(s) {orphan} are held by no client")
     all_views = tuple(range(spec.n_views))
-    ext = {d: init_extractor(spec.extractors[d], derive_seed(cfg.seed, "extractor", d))
+    ext = {d: init_extractor(spec.extractors[d], frozen_seed(cfg.seed, "extractor", d))
            for d in all_views}
-    inference = init_inference(spec.inference_widths(all_views), derive_seed(cfg.seed, "inference"))
+    inference = init_inference(spec.inference_widths(all_views), frozen_seed(cfg.seed, "inference"))
     assignments = {m: [np.arange(int(h), dtype=np.int64) for h in spec.hidden] for m in views}
     return ServerState(ext, inference, assignments, views)
 
@@ -395,7 +385,7 @@ def match_inference(state: ServerState, spec: HyFEMModelSpec, client_inference: 
     res = matched_averaging(state.inference, [client_inference[m] for m in ids], cols,
                             assignments=[state.assignments[m] for m in ids],
                             settings=cfg.match_settings(max(spec.hidden)),
-                            seed=derive_seed(cfg.seed, "matching", int(round_index)))
+                            seed=frozen_seed(cfg.seed, "matching", int(round_index)))
     new_inf = [(W.astype(np.float32), b.astype(np.float32)) for W, b in res.layers]
     assigns = {m: a for m, a in zip(ids, res.assignments)}
     entry = {"round": int(round_index), "picked": [ids[i] for i in res.picked], "cost": res.cost,
@@ -409,7 +399,7 @@ def match_inference(state: ServerState, spec: HyFEMModelSpec, client_inference: 
 
 @torch.no_grad()
 def predict_logits(extractors: Mapping[int, np.ndarray], inference: Layers, views: Sequence[int],
-                   spec: HyFEMModelSpec, x: Mapping[int, object], device: str = "cpu",
+                   spec: HyFEMModelSpec, x: Mapping[int, Any], device: str = "cpu",
                    batch_size: int = 2048) -> torch.Tensor:
     """Logits (CPU) of the model made of ``extractors`` for ``views`` and ``inference``."""
     v = spec.check_views(views)

@@ -1,0 +1,216 @@
+"""STFL's party roles: ``host`` (the label owner with some feature columns) and ``guest`` (a
+feature party, >= 1).
+
+Alignment (every variant): the host runs ``fedhet.protocols.psi`` as label owner on the IDs of
+its labelled rows, the guests as feature parties on all their IDs; the common list is revealed to
+all.  A guest's *self-taught* rows are its rows whose IDs are NOT in the intersection; it learns
+that set only from PSI.
+
+``variant = "stfl"``: each guest fits its VAE on its self-taught rows (``core.fit_vae``) and sends
+ONCE the latent means of the intersected rows (``stfl/latent``); the host trains its MLP on
+[own features || z_1 || ... || z_G] (``core.train_host``).  Nothing but PSI goes back to a guest.
+
+``variant = "hierarchical"``: the same network trained jointly by backprop as a plaintext split
+network: ``split_driver.train_host`` / ``serve_guest`` over clear links (``messages.SPLIT_KINDS``).
+Separate Adams over disjoint parameters equal one joint Adam, so the run equals in-process joint
+training with the same initial weights and batch order (tested).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedhet.algorithms import data_fate, split_driver
+from fedhet.algorithms.split_driver import ClearGuestLink, ClearHostLink, GuestBottom, HostPart, Schedule, serve_guest
+from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, order_key, predict_host,
+                                         train_host)
+from fedhet.algorithms.stfl.data import GuestData
+from fedhet.algorithms.stfl.messages import SPLIT_KINDS, Kind
+from fedhet.algorithms.stfl.models import latent_width
+from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
+from fedhet.algorithms.toolkit import HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed, resolve_device
+from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
+from fedhet.protocols import psi
+
+
+def _warm_torch() -> float:
+    """Seconds torch's first optimizer takes: it imports ``torch._dynamo`` (several seconds, once per
+    process).  Paid before PSI so that ``train_s`` measures training; reported as ``warmup_s``."""
+    t = time.perf_counter()
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    return time.perf_counter() - t
+
+
+def _setup(s: Settings) -> float:
+    if s.torch_threads:
+        torch.set_num_threads(s.torch_threads)  # small nets: one thread per party is fastest
+    return _warm_torch()
+
+
+def host(party: PartyLike, s: Settings, data: data_fate.HostView) -> dict:
+    t0 = time.perf_counter()
+    warm = _setup(s)
+    c = s.model
+    guests = party.peers_with_role(GUEST)
+    if len(guests) != s.n_guests:
+        raise PartyError(f"stfl: the federation has {len(guests)} guest(s) but n_guests = {s.n_guests}")
+    ids = np.concatenate([data.ids_train, data.ids_test]).tolist()
+    res = psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
+                              workers=s.psi_workers, timeout=s.recv_timeout)
+    t_psi = time.perf_counter()
+    if res.rows is None:
+        raise PartyError("stfl: PSI returned no rows to the label owner")
+    # Our rows some guest lacks are dropped; the rest keep our order, each with its common position.
+    rows = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
+    if len(rows.pos_train) < 2 or len(rows.pos_test) < 1:
+        raise PartyError(f"stfl: only {len(rows.pos_train)} training and {len(rows.pos_test)} test rows are "
+                         "common to all parties")
+    sizes = {"n_common": rows.n_common, "n_train": int(len(rows.pos_train)), "n_test": int(len(rows.pos_test)),
+             "n_dropped": int(rows.n_dropped), "host_features": int(rows.x_train.shape[1])}
+    party.log.info("PSI: %d common IDs (%d train, %d test) in %.2fs", len(res.rows), len(rows.pos_train),
+                   len(rows.pos_test), t_psi - t0 - warm)
+    if s.variant == "stfl":
+        out = _host_stfl(party, s, guests, rows, data.n_classes)
+    else:
+        out = _host_split(party, s, guests, rows, data.n_classes)
+    t_end = time.perf_counter()
+    out.update({"variant": s.variant, "dataset": s.dataset, "role": HOST, "epochs": c.epochs,
+                "train_s": out["t_trained"] - t_psi, "s_per_epoch": (out["t_trained"] - t_psi) / c.epochs,
+                "psi_s": t_psi - t0 - warm, "warmup_s": warm, "total_s": t_end - t0,
+                "n_common": sizes["n_common"], "sizes": sizes,
+                "bytes_sent": sum(party.bytes_sent.values()),
+                "bytes_received": sum(party.bytes_received.values())})
+    del out["t_trained"]
+    party.metric(test_accuracy=out["test_accuracy"], train_s=out["train_s"], psi_s=out["psi_s"])
+    party.log.info("%s: test accuracy %.4f, training %.2fs", s.variant, out["test_accuracy"], out["train_s"])
+    return out
+
+
+def _by_index(msgs: dict, what: str) -> list[str]:
+    """Guest names ordered by the index each reported (its position among the guests; the schema
+    bounds it to 0..n_guests-1)."""
+    idx = {name: m["guest_index"] for name, m in msgs.items()}
+    if len(set(idx.values())) != len(idx):
+        raise PartyError(f"stfl: two guests report the same guest_index in {what}: {idx}")
+    return sorted(idx, key=idx.__getitem__)
+
+
+def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, n_classes: int) -> dict:
+    c = s.model
+    t_wait = time.perf_counter()
+    msgs = party.gather(Kind.LATENT, frm=guests, timeout=s.recv_timeout)
+    t_lat = time.perf_counter()
+    order = _by_index(msgs, Kind.LATENT)
+    zs = []
+    for g, w in zip(order, s.latent_widths()):
+        z = msgs[g]["z"]
+        if z.shape != (rows.n_common, w):
+            raise PartyError(f"stfl: {Kind.LATENT} from {g!r} must be float32 ({rows.n_common}, {w}), got "
+                             f"{list(z.shape)}")
+        zs.append(z)
+
+    def on_epoch(ep, total, loss):
+        party.round = ep
+        party.progress(ep, total, loss=round(loss, 4))
+
+    tr_pos, te_pos = rows.pos_train, rows.pos_test
+    hf = train_host(rows.x_train, [z[tr_pos] for z in zs], rows.y_train, n_classes, c,
+                    seed=frozen_seed(c.seed, "host"), device=party.device, on_epoch=on_epoch)
+    t_trained = time.perf_counter()
+    acc = accuracy(predict_host(hf, rows.x_test, [z[te_pos] for z in zs]), rows.y_test)
+    return {"test_accuracy": acc, "t_trained": t_trained, "host_s": hf.seconds,
+            "host_s_per_epoch": hf.seconds / c.epochs, "wait_latents_s": t_lat - t_wait,
+            "loss_first_last": [hf.history[0], hf.history[-1]], "latent_dims": [int(z.shape[1]) for z in zs],
+            "guest_order": order}
+
+
+def _host_split(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, n_classes: int) -> dict:
+    """Hierarchical: ``split_driver.train_host`` over clear links, guests in their reported order."""
+    c = s.model
+    ready = party.gather(Kind.READY, frm=guests, timeout=s.recv_timeout)
+    order = _by_index(ready, Kind.READY)
+    widths = s.latent_widths()
+    net = host_net(rows.x_train.shape[1] + sum(widths), n_classes, c).to(resolve_device(party.device))
+    top = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
+                   [torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)])
+    links = [ClearHostLink(party, g, SPLIT_KINDS, w, timeout=s.recv_timeout, name="stfl")
+             for g, w in zip(order, widths)]
+    sched = Schedule(c.epochs, c.batch_size, order_key=order_key(c.seed), round_per="epoch")
+    res = split_driver.train_host(top, links, rows, n_classes, sched, party)
+    for ln in links:
+        ln.stop()
+    return {"test_accuracy": res["test_accuracy"], "t_trained": res["t_trained"],
+            "eval_s": time.perf_counter() - res["t_trained"],
+            "loss_first_last": [res["row_losses"][0], res["row_losses"][-1]], "latent_dims": widths,
+            "guest_order": order, "batches_per_epoch": res["batches_per_epoch"],
+            **({"host_state": _state(net)} if s.return_weights else {})}
+
+
+def _state(net: torch.nn.Module) -> dict:
+    """Final weights as nested lists (for equality checks; small nets only)."""
+    return {k: v.detach().cpu().tolist() for k, v in net.state_dict().items()}
+
+
+def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
+    t0 = time.perf_counter()
+    warm = _setup(s)
+    c = s.model
+    hosts = party.peers_with_role(HOST)
+    if len(hosts) != 1:
+        raise PartyError(f"stfl: needs exactly one host, found {hosts}")
+    h = hosts[0]
+    res = psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers, timeout=s.recv_timeout)
+    t_psi = time.perf_counter()
+    if res.rows is None:
+        raise PartyError("stfl: the host did not reveal the intersection")
+    # Self-taught rows: every row the host has no label for; the scaling uses only them (only the
+    # guest's own knowledge, as in data_fate.guest_view).
+    rows = align_guest_rows(data.x, res.rows)
+    if not rows.rest.any():
+        raise PartyError("stfl: every row of this guest is in the intersection; no self-taught rows to "
+                         "standardise on (and, for STFL, to train the VAE on)")
+    idx = int(data.index)
+    out = {"variant": s.variant, "dataset": s.dataset, "role": GUEST, "guest_index": idx,
+           "test_accuracy": None, "epochs": c.epochs, "n_common": int(len(res.rows)),
+           "n_selftaught": int(rows.rest.sum()), "n_rows": int(len(rows.rest)),
+           "input_width": int(rows.x_common.shape[1]),
+           "psi_s": t_psi - t0 - warm, "warmup_s": warm}
+    if s.variant == "stfl":
+        def on_epoch(ep, total, loss):
+            party.round = ep
+            party.progress(ep, total, neg_elbo=round(loss, 3))
+
+        fit = fit_vae(rows.x_rest, c, seed=frozen_seed(c.seed, "guest", idx), device=party.device,
+                      on_epoch=on_epoch)
+        t1 = time.perf_counter()
+        z = encode(fit.encoder, rows.x_common)
+        enc_s = time.perf_counter() - t1
+        party.send(h, Kind.LATENT, {"z": z, "guest_index": idx})
+        out.update({"vae_s": fit.seconds, "encode_s": enc_s, "latent_dim": int(z.shape[1]),
+                    "vae_neg_elbo_first_last": [fit.history[0], fit.history[-1]]})
+    else:
+        out.update(_guest_split(party, s, h, rows.x_common, idx))
+    t_end = time.perf_counter()
+    out.update({"train_s": t_end - t_psi, "s_per_epoch": (t_end - t_psi) / c.epochs, "total_s": t_end - t0,
+                "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())})
+    party.metric(train_s=out["train_s"], psi_s=out["psi_s"], n_selftaught=out["n_selftaught"])
+    return out
+
+
+def _guest_split(party: PartyLike, s: Settings, h: str, x_common: np.ndarray, idx: int) -> dict:
+    """Hierarchical: ``split_driver.serve_guest`` with this guest's encoder over a clear link."""
+    c = s.model
+    net = guest_net(x_common.shape[1], c, idx).to(resolve_device(party.device))
+    bottom = GuestBottom(net, x_common, torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay))
+    party.send(h, Kind.READY, {"guest_index": idx})
+    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
+    stats = serve_guest(bottom, link)
+    return {**stats, "latent_dim": latent_width(x_common.shape[1], c.latent_frac),
+            **({"guest_state": _state(net)} if s.return_weights else {})}
+
+
+ROLES: dict[str, Callable[..., dict]] = {HOST: host, GUEST: guest}
