@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 from fedhet.algorithms import f3  # noqa: E402
-from fedhet.algorithms import f3_training as T  # noqa: E402
+from fedhet.algorithms.f3 import training as T  # noqa: E402
 from fedhet.parties.contract import PartyContext  # noqa: E402
-from fedhet.parties.settings import parse_settings  # noqa: E402
+from fedhet.parties.settings import parse_settings, settings_dict  # noqa: E402
 
 
 class Recorder(f3.InProcessHolders):
@@ -101,7 +101,7 @@ def holder_view(holders: f3.InProcessHolders, reps) -> float:
 
 
 def representations(s, data_dir, local_epochs):
-    s = parse_settings(f3.Settings, {**s.as_dict(), "local_epochs": local_epochs}, "f3")
+    s = parse_settings(f3.Settings, {**settings_dict(s), "local_epochs": local_epochs}, "f3")
     reps, y = [], None
     n = f3.n_owners(s, data_dir)
     for i in range(n):

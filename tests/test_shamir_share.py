@@ -417,7 +417,7 @@ def test_every_message_matches_the_declarations(wire):
     res = run_inmemory(shamir_job, JOB_FED, cfg=cfg, timeout=20)
     assert res["c"]["correct"]
     roles = dict(JOB_FED)
-    declared = decl.index(shamir_job.DECLARATIONS)
+    declared = decl.index(shamir_job.declarations(shamir_job.ALGORITHM.parse(cfg)))
     seen = set()
     for _, _, fr in wire:
         e = codec.decode(fr)
