@@ -7,8 +7,8 @@
 * Computed in one process in plaintext: fusing Shamir-shared representations gives the trusted
   (plaintext) fusion's model within the fixed-point error (``tests/test_f3.py``; on Vowels the K row
   gave the identical test F1), so the F³ rows are the federation's trusted path
-  (``f3_training.train_global`` + ``plain_first_layer``).
-* Local pre-training: every owner's LSTM at once (``f3_baselines.train_locals``, equal to training each
+  (``f3.training.train_global`` + ``plain_first_layer``).
+* Local pre-training: every owner's LSTM at once (``f3.baselines.train_locals``, equal to training each
   alone), cached per (data set, seed, settings) under ``benchmarks/results/cache`` (git-ignored).
 * Rows: A FedAvg of the local LSTMs (each owner uses the global model on its own series; scores
   averaged over owners), B majority vote, C binary thresholding of the vote share (binary only), D best
@@ -54,7 +54,7 @@ SIMULATED = ("Our METR-LA / PEMS-BAY data are SIMULATED incident windows on the 
              "sensor is a weak witness and the network a strong one; the first version's incidents reached too "
              "few sensors for any local model to learn): traffic rows from before that are void and were dropped.")
 LOCAL = ("Local pre-training: all owners' LSTMs (1 -> 16, Adam lr 1e-3, batch 100) trained at once as one stacked "
-         "module (f3_baselines.train_locals: per-owner weights, seeds, batch order and early stopping, equal to "
+         "module (f3.baselines.train_locals: per-owner weights, seeds, batch order and early stopping, equal to "
          "training each alone; tests/test_f3_baselines.py). Vowels: <= 200 epochs, patience 20 (the paper's); "
          "traffic: a FIXED small number of epochs with the best-validation state per owner, and fewer seeds and "
          "global epochs than Vowels (2 shared CPU cores) -- see the budgets above; a row with fewer seeds than "

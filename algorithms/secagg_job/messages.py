@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from fedhet.algorithms.secagg_job.settings import Settings
 from fedhet.parties import schema as sch
-from fedhet.parties.declare import MessageDecl, declare, no_arrays
+from fedhet.parties.declare import MessageDecl, declare
 from fedhet.protocols import aggregation
 
 SERVER, CLIENT = "server", "client"
@@ -32,9 +32,8 @@ def _on_aggregation_table(decls: list[MessageDecl], table: dict) -> list[Message
 
 def declarations(s: Settings) -> list[MessageDecl]:
     return [
-        declare(Kind.GO, SERVER, CLIENT, "the round number (start signal)", no_arrays, payload=sch.Int(lo=0)),
+        declare(Kind.GO, SERVER, CLIENT, "the round number (start signal)", payload=sch.Int(lo=0)),
         declare(Kind.DONE, CLIENT, SERVER, "the client's CPU seconds (its thread, its process) and bytes in the "
-                "round (scalars)", no_arrays,
-                payload=sch.Fields({"cpu": sch.Float(), "pcpu": sch.Float(), "up": sch.Int(lo=0),
-                                    "down": sch.Int(lo=0)})),
+                "round (scalars)", payload=sch.Fields({"cpu": sch.Float(), "pcpu": sch.Float(), "up": sch.Int(lo=0),
+                                                       "down": sch.Int(lo=0)})),
     ] + _on_aggregation_table(aggregation.declarations(lambda _table: s.m, s.m), s.agg.table())
