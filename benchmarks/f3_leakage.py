@@ -26,9 +26,9 @@ import numpy as np
 from benchmarks import harness
 
 from fedhet.algorithms import f3
-from fedhet.algorithms import f3_training as T
+from fedhet.algorithms.f3 import training as T
 from fedhet.parties.contract import PartyContext
-from fedhet.parties.settings import parse_settings
+from fedhet.parties.settings import parse_settings, settings_dict
 
 
 class Recorder(f3.InProcessHolders):
@@ -98,7 +98,7 @@ def holder_view(holders: f3.InProcessHolders, reps) -> float:
 
 
 def representations(s, data_dir, local_epochs):
-    s = parse_settings(f3.Settings, {**s.as_dict(), "local_epochs": local_epochs}, "f3")
+    s = parse_settings(f3.Settings, {**settings_dict(s), "local_epochs": local_epochs}, "f3")
     reps, y = [], None
     n = f3.n_owners(s, data_dir)
     for i in range(n):

@@ -1,14 +1,14 @@
 """F³'s Tables 2 and 3 and Fig. 3 (f3.txt): baselines A-M and the graph ablation, per data set.
 
 * Data: Japanese Vowels (REAL, UCI: 12 owners, one LPC series each) and incident windows SIMULATED on
-  the real METR-LA (207 sensors) / PEMS-BAY (325) road graphs (``fedhet.algorithms.data_traffic``,
+  the real METR-LA (207 sensors) / PEMS-BAY (325) road graphs (``fedhet.algorithms.f3.traffic``,
   reference split 70/10/20, seed 123).  The paper's METR-LA / PEMS-BAY numbers (real speeds, their
   labels) stand beside ours for the shape only: the data are not the same.
 * Computed in one process in plaintext: fusing Shamir-shared representations gives the trusted
   (plaintext) fusion's model within the fixed-point error (``tests/test_f3.py``; on Vowels the K row
   gave the identical test F1), so the F³ rows are the federation's trusted path
-  (``f3_training.train_global`` + ``plain_first_layer``).
-* Local pre-training: every owner's LSTM at once (``f3_baselines.train_locals``, equal to training each
+  (``f3.training.train_global`` + ``plain_first_layer``).
+* Local pre-training: every owner's LSTM at once (``f3.baselines.train_locals``, equal to training each
   alone), cached per (data set, seed, settings) under ``benchmarks/results/cache`` (git-ignored).
 * Rows: A FedAvg of the local LSTMs (each owner uses the global model on its own series; scores
   averaged over owners), B majority vote, C binary thresholding of the vote share (binary only), D best
@@ -32,9 +32,10 @@ import numpy as np
 import torch
 
 from benchmarks import harness
-from fedhet.algorithms import f3_baselines as B
-from fedhet.algorithms import f3_models as FM
-from fedhet.algorithms import f3_training as T
+from fedhet.algorithms.f3 import OwnerData, owner_data, owner_seed
+from fedhet.algorithms.f3 import baselines as B
+from fedhet.algorithms.f3 import models as FM
+from fedhet.algorithms.f3 import training as T
 from fedhet.algorithms.toolkit import as_tensor, seeded
 
 NAME = "f3_tables"
@@ -44,13 +45,13 @@ LABELS = {"vowels": "Japanese Vowels (real)", "metr_la": "METR-LA (simulated)", 
 PLAINTEXT = ("Computed in one process in plaintext (trusted fusion): Shamir fusion gives the same model within "
              "the fixed-point error (tests/test_f3.py; on Japanese Vowels row K's test F1 was identical).")
 SIMULATED = ("Our METR-LA / PEMS-BAY data are SIMULATED incident windows on the real road graphs "
-             "(algorithms/data_traffic.md), not the real speeds; Japanese Vowels is real (UCI). The paper's "
+             "(algorithms/f3/traffic.md), not the real speeds; Japanese Vowels is real (UCI). The paper's "
              "numbers are on the real traffic data and stand beside ours for the shape only. The simulator "
              "was recalibrated in session 5 (incidents now slow a wide connected upstream footprint, so a lone "
              "sensor is a weak witness and the network a strong one; the first version's incidents reached too "
              "few sensors for any local model to learn): traffic rows from before that are void and were dropped.")
 LOCAL = ("Local pre-training: all owners' LSTMs (1 -> 16, Adam lr 1e-3, batch 100) trained at once as one stacked "
-         "module (f3_baselines.train_locals: per-owner weights, seeds, batch order and early stopping, equal to "
+         "module (f3.baselines.train_locals: per-owner weights, seeds, batch order and early stopping, equal to "
          "training each alone; tests/test_f3_baselines.py). Vowels: <= 200 epochs, patience 20 (the paper's); "
          "traffic: a FIXED small number of epochs with the best-validation state per owner, and fewer seeds and "
          "global epochs than Vowels (2 shared CPU cores) -- see the budgets above; a row with fewer seeds than "
@@ -114,8 +115,8 @@ def budget(args, dataset: str) -> dict:
 
 
 def local_cfgs(seed: int, n: int, b: dict) -> list[T.LocalConfig]:
-    # the federation's seeds (f3.owner: seed * 100_003 + owner index)
-    return [T.LocalConfig(epochs=b["local_epochs"], patience=b["local_patience"], seed=seed * 100_003 + i)
+    # the federation's seeds (f3.owner_seed: seed * F3_OWNER_STRIDE + owner index)
+    return [T.LocalConfig(epochs=b["local_epochs"], patience=b["local_patience"], seed=owner_seed(seed, i))
             for i in range(n)]
 
 
@@ -124,13 +125,13 @@ def global_cfg(seed: int, b: dict, align: str = "soft", graph: str = "icdf") -> 
 
 
 # ----------------------------------------------------------------------- pre-training (cached)
-def all_rows(data: T.OwnerData):
+def all_rows(data: OwnerData):
     x = np.concatenate([data.splits[k][0] for k in ("train", "val", "test")], 1)
     ln = None if data.splits["train"][1] is None else np.concatenate([data.splits[k][1] for k in ("train", "val", "test")])
     return x, ln
 
 
-def pretrained(dataset: str, data: T.OwnerData, seed: int, b: dict, quick: bool) -> dict:
+def pretrained(dataset: str, data: OwnerData, seed: int, b: dict, quick: bool) -> dict:
     """Owners' frozen local models: representations and probabilities of every row, and the stacked weights."""
     key = f"{dataset}_s{seed}_le{b['local_epochs']}_lp{b['local_patience']}" + ("_quick" if quick else "")
     path = CACHE / f"f3_local_{key}.npz"
@@ -162,7 +163,7 @@ def grouped_from(pre: dict, n_classes: int) -> B.GroupedLSTM:
 
 
 # ---------------------------------------------------------------------------------- the rows
-def run_key(key: str, data: T.OwnerData, pre: dict, seed: int, b: dict) -> dict:
+def run_key(key: str, data: OwnerData, pre: dict, seed: int, b: dict) -> dict:
     """Test scores (and a few facts) of one row for one seed."""
     y, pos = data.labels(), data.positions()
     trp, vap, tep = pos["train"], pos["val"], pos["test"]
@@ -184,7 +185,7 @@ def run_key(key: str, data: T.OwnerData, pre: dict, seed: int, b: dict) -> dict:
     if key == "A":
         (x, ln, ytr), (xv, lv, yvv) = data.splits["train"], data.splits["val"]
         xt, lt, _ = data.splits["test"]
-        cfg = T.LocalConfig(seed=seed * 100_003)
+        cfg = T.LocalConfig(seed=owner_seed(seed, 0))
         model, hist = B.fedavg_locals(x, ln, ytr, xv, lv, yvv, C, cfg, rounds=b["fedavg_rounds"],
                                       local_epochs=b["fedavg_local_epochs"])
         per = [T.scores(T.local_probabilities(model, xt[i], lt), yt, C) for i in range(n)]
@@ -455,7 +456,7 @@ def main(argv=None):
         seeds = (args.seeds or ([0] if args.quick else [0, 1, 2, 3, 4])) if ds == "vowels" else \
             (args.traffic_seeds or [0])
         kw = {} if ds == "vowels" else {"n_windows": b["n_windows"], "n_sensors": b["n_sensors"]}
-        data = T.owner_data(ds, **kw)
+        data = owner_data(ds, **kw)
         r = doc["datasets"].setdefault(ds, {"runs": {}})
         r.update({"provenance": data.provenance, "n_owners": data.n_owners, "budget": b,
                   "seeds": sorted(set(r.get("seeds", [])) | set(seeds))})

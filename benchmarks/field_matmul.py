@@ -17,7 +17,7 @@ in fixed point with 16 fractional bits.  Every result is checked against the gen
 product ``PrimeField.matmul``.
 
 A second table times what F3's holders actually run per training step since the products were
-batched (``algorithms/f3.py``: ``holder_forward`` / ``holder_backward``, 207 owners, batch 100,
+batched (``algorithms/f3/core.py``: ``holder_forward`` / ``holder_backward``, 207 owners, batch 100,
 d = D = 16): ``batched_lmatmul_trusted(m, a)``, a different public matrix per batch element,
 against float64 ``np.matmul`` of the same stacked shapes; public operands at F3's default
 fractional bits (14 forward, 18 backward) with magnitudes like a training step's.  Every batched

@@ -60,7 +60,8 @@ def _rate(seconds: float) -> dict:
 def _hash_rate(seconds: float) -> dict:
     from fedhet.algorithms import psi_job
 
-    ids = psi_job.load_data({**psi_cfg(8192, None, 1 << 14), "seed": 1}, _ctx("label_owner"))["ids"]
+    s = psi_job.ALGORITHM.parse({**psi_cfg(8192, None, 1 << 14), "seed": 1})
+    ids = psi_job.load_data(s, _ctx("label_owner"))["ids"]
     enc = grp.encode_items(ids)
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
@@ -118,9 +119,9 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
     if size != n - n // 2:
         raise RuntimeError(f"intersection of {size} IDs, expected {n - n // 2}")
     # plaintext baseline on the parties' own IDs, same script run
-    job_cfg = {**cfg, "seed": seed}
-    a = psi_job.load_data(job_cfg, _ctx("label_owner"))["ids"]
-    b = psi_job.load_data(job_cfg, _ctx("feature"))["ids"]
+    job = psi_job.ALGORITHM.parse({**cfg, "seed": seed})
+    a = psi_job.load_data(job, _ctx("label_owner"))["ids"]
+    b = psi_job.load_data(job, _ctx("feature"))["ids"]
     tp = time.perf_counter()
     common = set(a) & set(b)
     plain = time.perf_counter() - tp

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedhet.algorithms import data_traffic as dt
+from fedhet.algorithms.f3 import traffic as dt
 from fedhet.algorithms.datapath import DatasetNotFound
 
 

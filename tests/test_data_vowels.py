@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedhet.algorithms import data_vowels as dv
+from fedhet.algorithms.f3 import vowels as dv
 from fedhet.algorithms.datapath import DatasetNotFound
 
 

@@ -1,4 +1,4 @@
-"""F³ on shares (algorithms/f3.py): the first layer and its gradients computed by the holders on Shamir
+"""F³ on shares (algorithms/f3/core.py): the first layer and its gradients computed by the holders on Shamir
 shares equal the plain computation within the error bound the shares report; shared and trusted inference
 agree; the federation runs in memory in both fusion modes and a hostile coordinator's request is refused."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedhet.algorithms import f3
-from fedhet.algorithms import f3_training as T
+from fedhet.algorithms.f3 import training as T
 from fedhet.parties.settings import parse_settings
 
 N, DIMS, D, HID, CLASSES, ROWS = 5, [4, 6, 4, 5, 4], 4, 3, 3, 40
@@ -112,8 +112,8 @@ def test_holder_refuses_rows_outside_the_shared_arrays(shared_data):
     def hostile(party, st, data):
         holders = party.peers_with_role(f3.HOLDER)
         order = f3.owners_in_order(party)
-        party.recv(order[0], f3.K_LABELS)
-        party.broadcast(f3.K_OP, {"op": "forward", "step": 1, "rows": np.array([10 ** 6], dtype=np.uint32),
+        party.recv(order[0], f3.Kind.LABELS)
+        party.broadcast(f3.Kind.OP, {"op": "forward", "step": 1, "rows": np.array([10 ** 6], dtype=np.uint32),
                                   "A": np.eye(12, dtype=np.float32), "packed": False, "C": [np.zeros((16, 16))] * 12, "keep": False},
                         to=holders)
         return {}
@@ -164,7 +164,7 @@ def test_an_owner_sending_its_representations_in_the_clear_under_shamir_fusion_i
     import dataclasses
 
     def leaky_owner(party, st, data):
-        party.send(party.peers_with_role(f3.COORDINATOR)[0], f3.K_REP, {"h": np.zeros((10, 16))})
+        party.send(party.peers_with_role(f3.COORDINATOR)[0], f3.Kind.REP, {"h": np.zeros((10, 16))})
         return {}
 
     roles = dict(f3.ALGORITHM.roles)
@@ -176,7 +176,7 @@ def test_an_owner_sending_its_representations_in_the_clear_under_shamir_fusion_i
     with pytest.raises(Exception, match=r"refused \(undeclared kind\)"):
         run_inmemory(algo, parties, cfg, timeout=20, data_dir=shared_data)
     declared = {d.kind for d in f3.declarations(_settings(dataset="metr_la"))}
-    assert f3.K_REP not in declared and f3.K_REP in {d.kind for d in f3.declarations(_settings(fusion="trusted"))}
+    assert f3.Kind.REP not in declared and f3.Kind.REP in {d.kind for d in f3.declarations(_settings(fusion="trusted"))}
 
 
 def test_asking_t_holders_in_turn_gives_the_model_that_asking_all_gives():

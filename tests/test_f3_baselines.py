@@ -1,4 +1,4 @@
-"""F³ baselines (algorithms/f3_baselines.py) and the additions to f3_models / f3_training: the grouped local
+"""F³ baselines (algorithms/f3/baselines.py) and the additions to f3/models / f3/training: the grouped local
 training equals training each owner alone, the κ-NN graph keeps κ neighbours, the Set Transformer ignores the
 owners' order, the Gumbel graph option, end-to-end gradients, and owner_data equals f3.load_data."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.algorithms import f3_baselines as B
-from fedhet.algorithms import f3_models as FM
-from fedhet.algorithms import f3_training as T
+from fedhet.algorithms.f3 import baselines as B
+from fedhet.algorithms.f3 import models as FM
+from fedhet.algorithms.f3 import training as T
 
 
 def _series(G=2, N=60, T_=7, seed=0, classes=3):
@@ -152,7 +152,7 @@ def test_owner_data_equals_f3_load_data():
     from fedhet.algorithms import f3
     from fedhet.parties.settings import parse_settings
     s = parse_settings(f3.Settings, {}, "f3")
-    data = T.owner_data("vowels")
+    data = f3.owner_data("vowels")
     assert data.n_owners == 12 and data.adj is None
     for c in (0, 7):
         ld = f3.load_data(s, types.SimpleNamespace(role="owner", n_of_role=12, index=c, data_dir=None))

@@ -1,6 +1,6 @@
 import torch
 
-from fedhet.algorithms import f3_models as fm
+from fedhet.algorithms.f3 import models as fm
 
 
 def test_local_lstm_shapes():

@@ -1,7 +1,7 @@
 """Traffic incident windows SIMULATED on the real METR-LA (207) / PEMS-BAY (325) sensor graphs.
 
 Everything this module generates is "synthetic (simulated on the real road graph)"
-(:data:`PROVENANCE`); the generative process is written in ``data_traffic.md``.  The graphs are
+(:data:`PROVENANCE`); the generative process is written in ``traffic.md``.  The graphs are
 DCRNN's ``adj_mx.pkl`` / ``adj_mx_bay.pkl`` (``../shared/data/traffic_metr_la_pems_bay``), read
 with :func:`load_graph`, a restricted unpickler that only rebuilds builtins and numpy arrays.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .datapath import data_root
+from fedhet.algorithms.datapath import data_root
 
 __all__ = ["PROVENANCE", "GRAPHS", "SIZES", "GENERATED", "load_graph", "grid_graph", "provenance", "simulate",
            "split_indices", "TrafficData", "load_real"]
@@ -108,15 +108,15 @@ class TrafficData:
 
 def simulate(name: str = "metr_la", seed: int = 0, n_windows: int | None = None, data_dir=None,
              incident_rate: float = 0.2, severity: tuple = (0.15, 0.35), decay: float = 0.9,
-             hops: tuple = (3, 8), noise: float = 5.0, decoy_rate: float = 0.05) -> TrafficData:
-    """Seeded simulation on the real graph (process and calibration in data_traffic.md)."""
+             hops: tuple | int = (3, 8), noise: float = 5.0, decoy_rate: float = 0.05) -> TrafficData:
+    """Seeded simulation on the real graph (process and calibration in traffic.md)."""
     _ids, adj = load_graph(name, data_dir)
     n = adj.shape[0]
     W = n_windows or SIZES[name][0]
     T = W * STEPS
-    lo_hops, hi_hops = (int(hops), int(hops)) if np.isscalar(hops) else (int(hops[0]), int(hops[1]))
+    lo_hops, hi_hops = (int(hops), int(hops)) if isinstance(hops, (int, float, np.number)) else (int(hops[0]), int(hops[1]))
     rng = np.random.default_rng(seed)
-    free = rng.uniform(55, 70, n)
+    free = np.asarray(rng.uniform(55, 70, n))
     depth = rng.uniform(0.05, 0.35, (n, 2))
     hour = (np.arange(T) * 5 / 60.0) % 24
     prof = (depth[:, :1] * np.exp(-0.5 * ((hour - 8) / 1.2) ** 2)[None]
@@ -147,8 +147,8 @@ def simulate(name: str = "metr_la", seed: int = 0, n_windows: int | None = None,
     # decoys: isolated slowdowns at single sensors (a decoy_rate share of sensor-windows) that do not
     # propagate and are not incidents -- a lone sensor cannot tell them from its part of an incident
     for _ in range(int(rng.binomial(n * W, decoy_rate))):
-        i, t0, dur = rng.integers(n), rng.integers(T), int(rng.integers(3, 13))
-        drop[i, t0:t0 + dur] = np.maximum(drop[i, t0:t0 + dur], rng.uniform(*severity))
+        k, start, dur = rng.integers(n), rng.integers(T), int(rng.integers(3, 13))
+        drop[k, start:start + dur] = np.maximum(drop[k, start:start + dur], rng.uniform(*severity))
     speed = free[:, None] * (1 - prof) * (1 - drop) + rng.normal(0, noise, (n, T))
     x = np.clip(speed, 0, 85).reshape(n, W, STEPS).transpose(1, 0, 2)
     return TrafficData(x, label, adj, split_indices(W), provenance(name))

@@ -7,13 +7,12 @@ Algorithm 1, lines 5-7 (global model)       -> :func:`train_global`: eq. (8) by 
                                                parameters (P_i, W_0, W_1, θ), early stopping on validation loss
 Algorithm 1, lines 8-10 (inference)         -> :func:`predict`
 Metrics (Tables 2, 3)                       -> :func:`scores`: macro F1 and AUC
-Every owner's series at once                -> :func:`owner_data`: the owners' standardised splits, as
-                                               ``f3.load_data`` gives them to each owner (for benchmarks)
+One owner's lines 1-4 from its settings      -> :func:`pretrain_owner` (the owner role's local stage)
 
 The global loops take a ``first_layer_for(rows)`` callable: for a batch of sample positions it returns
-``A -> Â H W_0`` (see :meth:`~fedhet.algorithms.f3_models.GlobalGCN.fuse`).  :func:`plain_first_layer`
+``A -> Â H W_0`` (see :meth:`~fedhet.algorithms.f3.models.GlobalGCN.fuse`).  :func:`plain_first_layer`
 computes it from representations held in the clear (the paper's base setting, "trusted" fusion); the
-federated coordinator passes one that asks the share holders (:mod:`fedhet.algorithms.f3`).  The loops,
+federated coordinator passes one that asks the share holders (:class:`fedhet.algorithms.f3.core.SharedFirstLayer`).  The loops,
 seeds and batches are the same, so the two fusion modes differ only by the fixed-point error of the shares.
 """
 from __future__ import annotations
@@ -26,11 +25,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedhet.algorithms.f3_models import GlobalGCN, LocalLSTM
+from fedhet.algorithms.f3.models import GlobalGCN, LocalLSTM
+from fedhet.algorithms.f3.settings import Settings, owner_seed, owner_widths
 from fedhet.algorithms.toolkit import as_tensor, resolve_device, seeded
 
 __all__ = ["EarlyStop", "LocalConfig", "GlobalConfig", "train_local", "represent", "local_probabilities", "build_global",
-           "plain_first_layer", "train_global", "predict", "scores", "nll", "entropy", "OwnerData", "owner_data"]
+           "plain_first_layer", "train_global", "predict", "scores", "nll", "entropy", "LocalStage", "pretrain_owner"]
 
 
 @dataclass(frozen=True)
@@ -245,71 +245,28 @@ def scores(probs: np.ndarray, y: np.ndarray, n_classes: int) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------ every owner's data
+# ------------------------------------------------------------ one owner's Algorithm 1, lines 1-4
 @dataclass
-class OwnerData:
-    """All owners' splits in one place: ``splits[k] = (x (owners, rows, T, 1), lengths (rows,) or None, y (rows,))``.
-
-    Owner c's series are standardised with the mean and standard deviation of its own training rows
-    (Japanese Vowels: the non-padded steps only), exactly as ``f3.load_data`` prepares them for owner c.
-    """
-    splits: dict
-    n_classes: int
-    adj: np.ndarray | None          # traffic: the road graph over the kept sensors; vowels: None
-    provenance: str
-
-    @property
-    def n_owners(self) -> int:
-        return self.splits["train"][0].shape[0]
-
-    def labels(self) -> np.ndarray:
-        """Labels of every position, in the coordinator's order: train, validation, test."""
-        return np.concatenate([self.splits[k][2] for k in ("train", "val", "test")]).astype(np.int64)
-
-    def positions(self) -> dict:
-        """Positions of the train / val / test rows in :meth:`labels` order."""
-        n = [len(self.splits[k][2]) for k in ("train", "val", "test")]
-        return {"train": np.arange(n[0]), "val": np.arange(n[0], n[0] + n[1]),
-                "test": np.arange(n[0] + n[1], sum(n))}
+class LocalStage:
+    """One owner's Algorithm 1 lines 1-4: its frozen model's representations of every sample and more."""
+    reps: np.ndarray           # (n_rows, d_i): train, validation, test rows in that order
+    y: np.ndarray              # the owner's labels of the same rows
+    test_probabilities: np.ndarray
+    info: dict
+    seconds: float
 
 
-def vowels_parts(split_seed: int = 123, val_fraction: float = 0.2, data_dir=None) -> dict:
-    """Japanese Vowels' train / val / test as ``{split: (VowelsSplit, row indices)}``: the TRAIN file split
-    by a seeded permutation (validation first), the TEST file whole."""
-    from fedhet.algorithms.data_vowels import load_vowels
-    tr, te = load_vowels(data_dir)
-    perm = np.random.RandomState(split_seed).permutation(len(tr.labels))
-    n_val = int(round(val_fraction * len(tr.labels)))
-    return {"train": (tr, np.sort(perm[n_val:])), "val": (tr, np.sort(perm[:n_val])),
-            "test": (te, np.arange(len(te.labels)))}
-
-
-def standardise_owner(raw: dict, padded: bool) -> dict:
-    """One owner's ``{split: (x, lengths, y)}`` scaled by the mean and deviation of its own training series
-    (``padded``: zeros are padding, not data, and are left out of the statistics)."""
-    x_tr = raw["train"][0]
-    real = x_tr[x_tr != 0] if padded else x_tr
-    mu, sd = float(real.mean()), float(real.std()) or 1.0
-    return {k: ((x - mu) / sd, ln, y) for k, (x, ln, y) in raw.items()}
-
-
-def owner_data(dataset: str, *, data_seed: int = 0, split_seed: int = 123, val_fraction: float = 0.2,
-               n_windows: int | None = None, n_sensors: int | None = None, data_dir=None) -> OwnerData:
-    """Every owner's standardised train / val / test series (the settings mean what they mean in ``f3.Settings``)."""
-    if dataset == "vowels":
-        from fedhet.algorithms.data_vowels import N_CLASSES
-        parts = vowels_parts(split_seed, val_fraction, data_dir)
-        owners = parts["train"][0].series.shape[1]
-        per = [{k: (S.owner(c)[i], S.lengths[i], S.labels[i]) for k, (S, i) in parts.items()} for c in range(owners)]
-        n_classes, adj, prov = N_CLASSES, None, "real (UCI Japanese Vowels)"
-    elif dataset in ("metr_la", "pems_bay", "grid"):
-        from fedhet.algorithms.data_traffic import simulate
-        data = simulate(dataset, seed=data_seed, n_windows=n_windows, data_dir=data_dir)
-        owners = n_sensors or data.adj.shape[0]
-        per = [{k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()} for c in range(owners)]
-        n_classes, adj, prov = 2, data.adj[:owners, :owners], f"{data.provenance}: {dataset}"
-    else:
-        raise ValueError(f"unknown F3 data set {dataset!r}; choose vowels, metr_la, pems_bay or grid")
-    per = [standardise_owner(r, padded=dataset == "vowels") for r in per]
-    splits = {k: (np.stack([r[k][0] for r in per]), per[0][k][1], per[0][k][2]) for k in ("train", "val", "test")}
-    return OwnerData(splits, n_classes, adj, prov)
+def pretrain_owner(s: Settings, data: dict, index: int, n_owners: int, device: str = "cpu",
+                   progress: Callable[[int, float], None] | None = None) -> LocalStage:
+    """Eq. (3) on owner ``index``'s own series (``load_data``'s output), alone, then h_k^i for every sample."""
+    width = owner_widths(s, n_owners)[index]
+    sp = data["splits"]
+    (x, ln, y), (xv, lv, yv), (xt, lt, yt) = sp["train"], sp["val"], sp["test"]
+    cfg = LocalConfig(hidden=width, epochs=s.local_epochs, patience=s.local_patience, lr=s.local_lr,
+                      batch=s.local_batch, seed=owner_seed(s.seed, index), device=device)
+    t0 = time.perf_counter()
+    model, info = train_local(x, ln, y, xv, lv, yv, data["n_classes"], cfg, progress=progress)
+    reps = np.concatenate([represent(model, a, b, device) for a, b in ((x, ln), (xv, lv), (xt, lt))])
+    pt = local_probabilities(model, xt, lt, device)
+    return LocalStage(reps, np.concatenate([y, yv, yt]).astype(np.int64), pt, {**info, "width": width},
+                      time.perf_counter() - t0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .datapath import data_root
+from fedhet.algorithms.datapath import data_root
 
 __all__ = ["VowelsSplit", "parse_ts", "load_vowels", "N_OWNERS", "N_CLASSES", "MAX_LEN"]
 

@@ -102,6 +102,7 @@ class GlobalGCN(nn.Module):
             raise ValueError(f"align {align!r} / graph {graph!r} not supported")
         self.n, self.align, self.graph, self.tau, self.test_samples = n, align, graph, tau, test_samples
         self.generator: torch.Generator | None = None   # ICDF draws (None: torch's global RNG)
+        self.P: nn.ParameterList | nn.Parameter   # one P_i per owner; "tied": one P for all
         if align == "soft":
             self.P = nn.ParameterList([nn.Parameter(nn.init.xavier_uniform_(torch.empty(d, di))) for di in dims])
         elif align == "hard":
@@ -143,10 +144,10 @@ class GlobalGCN(nn.Module):
         """Eq. (8) given the first layer's pre-activations: ``first_layer(A)`` -> Â H W_0, (batch, n, hidden).
 
         Split out so that Â H W_0, the only part linear in the owners' representations, can be computed
-        elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3`) while the rest runs here.
+        elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3.core`) while the rest runs here.
         """
         reps = self.test_samples if (self.graph in ("icdf", "gumbel") and not self.training) else 1
-        out = 0
+        out: torch.Tensor | int = 0
         for _ in range(reps):
             A = self.adj(batch)
             Z = torch.relu(first_layer(A))

@@ -4,21 +4,21 @@ Paper -> names
   Alg. 1 lines 1-4, every owner at once   -> :class:`GroupedLSTM` (n independent LocalLSTMs as one module:
                                              stacked weights, batched matmuls) and :func:`train_locals`
                                              (each owner's eq. (3) training, all owners in one loop;
-                                             equal to :func:`~fedhet.algorithms.f3_training.train_local`
+                                             equal to :func:`~fedhet.algorithms.f3.training.train_local`
                                              per owner: same init, same batch order, same early stopping)
   Table 2, A: horizontal FL               -> :func:`fedavg_locals`: FedAvg of identically-shaped local LSTMs
   Table 2, B / C / D                      -> :func:`majority_vote`, :func:`threshold_vote` (binary),
                                              :func:`best_local` (by validation F1)
-  Table 2, E (eq. 5) / G                  -> ``f3_models.MeanPool`` / ``f3_models.Concat``
+  Table 2, E (eq. 5) / G                  -> ``models.MeanPool`` / ``models.Concat``
   Table 2, F: Set Transformer             -> :class:`SetTransformer` (Lee et al. 2019: 2 SAB layers, 4 heads,
                                              PMA pooling; shared input projection: invariant to owner order)
   Table 2, L / M: VFL end to end          -> :class:`EndToEndVFL` (GroupedLSTM -> GlobalGCN, gradients into the
                                              local models every step; pre-trained (L) or from scratch (M))
   Table 3, κ-NN graph (Fatemi et al.)     -> :func:`knn_graph`, :class:`KnnGCN`: per sample, κ nearest owners by
                                              cosine similarity of an MLP projection of the node features
-  Table 3, Gumbel-softmax graph           -> ``f3_models.gumbel_sample`` / ``GlobalGCN(graph="gumbel")``
+  Table 3, Gumbel-softmax graph           -> ``models.gumbel_sample`` / ``GlobalGCN(graph="gumbel")``
   training of the above                   -> :func:`train_model` (Adam, NLL, best-validation state: the loop of
-                                             ``f3_training.train_global`` for models that take the rows)
+                                             ``training.train_global`` for models that take the rows)
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedhet.algorithms.f3_models import GlobalGCN, LocalLSTM, normalise_adj
-from fedhet.algorithms.f3_training import EarlyStop, GlobalConfig, LocalConfig, nll, scores
+from fedhet.algorithms.f3.models import GlobalGCN, LocalLSTM, normalise_adj
+from fedhet.algorithms.f3.training import EarlyStop, GlobalConfig, LocalConfig, nll, scores
 from fedhet.algorithms.toolkit import as_tensor, resolve_device, seeded
 
 __all__ = ["GroupedLSTM", "train_locals", "fedavg_locals", "majority_vote", "threshold_vote", "best_local",
@@ -74,7 +74,7 @@ class GroupedLSTM(nn.Module):
             "head_w": lambda m: m.head.weight, "head_b": lambda m: m.head.bias}
 
     def to_locals(self) -> list[LocalLSTM]:
-        """One frozen LocalLSTM per group (for ``f3_training.represent`` and friends)."""
+        """One frozen LocalLSTM per group (for ``training.represent`` and friends)."""
         out = []
         for g in range(self.w_ih.shape[0]):
             m = LocalLSTM(self.head_w.shape[1], self.hidden, self.w_ih.shape[2]).to(self.w_ih.device)
@@ -256,6 +256,7 @@ def fedavg_locals(x: np.ndarray, lengths: np.ndarray | None, y: np.ndarray, x_va
         history.append({"round": r + 1, "val_loss": val})
         if val < best - 1e-6:
             best, best_state = val, copy.deepcopy(model.state_dict())
+    assert best_state is not None, "fedavg_locals: no round gave a finite validation loss"
     model.load_state_dict(best_state)
     return model.to_locals()[0], history
 
@@ -386,7 +387,7 @@ class EndToEndVFL(nn.Module):
 # ------------------------------------------------------------------------------ training loop
 def train_model(model: nn.Module, forward_rows: Callable[[np.ndarray], torch.Tensor], y: np.ndarray,
                 train_pos: np.ndarray, val_pos: np.ndarray, cfg: GlobalConfig, param_groups=None) -> list[dict]:
-    """``f3_training.train_global``'s loop (Adam, NLL of probabilities, batches from a generator seeded with
+    """``training.train_global``'s loop (Adam, NLL of probabilities, batches from a generator seeded with
     cfg.seed, best validation loss kept, early stopping) for any model whose rows give probabilities."""
     dev = next(model.parameters()).device
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long, device=dev)

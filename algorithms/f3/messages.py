@@ -1,0 +1,65 @@
+"""F³'s message kinds and their payload schemas (f3.txt, Algorithm 1).
+
+Every receipt is checked against these before a role sees it, so the roles re-check only what a schema
+cannot say: values (row indices inside the shared arrays) and shapes that depend on the sender (owner
+i's width d_i) or on the number of owners (the federation's, not the settings').
+"""
+from __future__ import annotations
+
+
+from fedhet.algorithms.f3.settings import MAX_BATCH, Settings, n_rows
+from fedhet.parties import schema as sch
+from fedhet.parties.declare import MessageDecl, declare
+from fedhet.protocols import shamir_share as ss
+
+OWNER, HOLDER, COORDINATOR = "owner", "holder", "coordinator"
+
+
+class Kind:
+    """Every F³ kind string (the Shamir ones as the prefixes :mod:`fedhet.protocols.shamir_share` extends)."""
+
+    REP = "f3/rep"              # trusted fusion: an owner's representations in the clear
+    LABELS = "f3/labels"        # the label owner's labels of every sample
+    OP = "f3/op"                # one first-layer step on shares: forward, backward or stop
+    SHARE_PREFIX = "f3"         # f3/share: an owner's Shamir shares of its representations
+    PRE_PREFIX = "f3/pre"       # f3/pre/result: shares of U = Â H W_0
+    GRAD_PREFIX = "f3/grad"     # f3/grad/result: shares of dC
+    ADJ_PREFIX = "f3/adj"       # f3/adj/result: shares of the upper triangle of dÂ + dÂᵀ
+
+
+def _op_schema(s: Settings) -> sch.Spec:
+    f64_2d = sch.Arr("<f8", (None, s.hidden))
+    per_sample = sch.Arr("<f8", (None, None, s.hidden))
+    adjacency = sch.OneOf((sch.Arr("<f4", (None, None)), sch.Arr("<f4", (None, None, None))))
+    return sch.OneOf((
+        sch.Fields({"op": sch.Str(choices=("forward",)), "step": sch.Int(lo=0),
+                    "rows": sch.Arr("<u4", (None,), max_elems=MAX_BATCH), "A": adjacency, "packed": sch.Bool(),
+                    "C": sch.ListOf(f64_2d, max_len=100_000), "keep": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0), "E": per_sample,
+                    "dU": sch.Optional(per_sample), "summed": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("stop",))}),
+    ))
+
+
+def declarations(s: Settings) -> list[MessageDecl]:
+    """The kinds the settings allow: the labels, and either the clear representations (trusted fusion) or the
+    shares, the holders' result shares and the coordinator's step requests (Shamir fusion)."""
+    total = sum(n_rows(s))
+    width = s.local_hidden if s.owner_hidden is None else None
+    labels = declare(Kind.LABELS, OWNER, COORDINATOR, "the label owner's labels of every sample (train, validation "
+                     "and test: the latter two for model selection and scoring); int64 (n_rows,)",
+                     payload=sch.Fields({"y": sch.Arr("<i8", (total,))}))
+    if s.fusion == "trusted":
+        return [labels, declare(Kind.REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h^i of "
+                                "every sample IN THE CLEAR (the paper's base setting); float64 (n_rows, d_i)",
+                                payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}))]
+    share_decl, _ = ss.declarations(Kind.SHARE_PREFIX, OWNER, HOLDER, COORDINATOR,
+                                    share_shape=(total, width))
+    results = [ss.declarations(prefix, OWNER, HOLDER, COORDINATOR, result_shape=shape)[1]
+               for prefix, shape in ((Kind.PRE_PREFIX, (None, None, s.hidden)), (Kind.GRAD_PREFIX, (None,)),
+                                     (Kind.ADJ_PREFIX, (None, None)))]
+    return [labels, share_decl, *results,
+            declare(Kind.OP, COORDINATOR, HOLDER, "one step of the first layer on shares: forward (batch rows, "
+                    "public Â float32, a graph per sample as its upper triangle, and C_i = P_iᵀW_0ᵀ) or backward (public "
+                    "E = Âᵀδ and, to t holders only, δ, both scaled by the batch size), or stop",
+                    payload=_op_schema(s))]

@@ -1,0 +1,232 @@
+"""F³'s roles (f3.txt, Algorithm 1): ``owner`` (n; the first in federation order is the label owner),
+``holder`` (m, fusion = "shamir" only) and ``coordinator``.
+
+owner        lines 1-4: :func:`~fedhet.algorithms.f3.training.pretrain_owner` on its own series, then its
+             representations to the holders as t-of-m Shamir shares (``f3/share``) or, with fusion
+             "trusted", in the clear to the coordinator (``f3/rep``); the label owner also sends the labels
+holder       the first layer and its gradients on its shares, one ``f3/op`` request at a time
+             (:func:`~fedhet.algorithms.f3.core.holder_forward`, :func:`~fedhet.algorithms.f3.core.holder_backward`)
+coordinator  lines 5-10: eq. (8) trained and evaluated with the first layer asked of the holders
+             (:class:`HolderLink` under :class:`~fedhet.algorithms.f3.core.SharedFirstLayer`)
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from fedhet.algorithms.f3.core import OwnerShares, SharedFirstLayer, holder_backward, holder_forward, \
+    pack_symmetric, unpack_symmetric
+from fedhet.algorithms.f3.data import provenance
+from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
+from fedhet.algorithms.f3.settings import Settings, n_rows, owner_widths
+from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_global, entropy, plain_first_layer, predict, \
+    pretrain_owner, scores, train_global
+from fedhet.parties.contract import PartyLike
+from fedhet.protocols import shamir_share as ss
+
+
+def _threads(s: Settings) -> None:
+    if s.torch_threads:
+        torch.set_num_threads(s.torch_threads)
+        try:   # numpy's BLAS too: the holders' share products are BLAS calls, and on a shared machine
+            # a second BLAS thread mostly spins (py-spy put the holders in gemm, not in our code)
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(s.torch_threads)
+        except ImportError:  # pragma: no cover - scikit-learn brings it
+            pass
+
+
+def owners_in_order(party: PartyLike) -> list[str]:
+    return [n for n, r in party.roles.items() if r == OWNER]
+
+
+def owner(party: PartyLike, s: Settings, data: dict) -> dict:
+    _threads(s)
+    order = owners_in_order(party)
+    idx = order.index(party.name)
+    st = pretrain_owner(s, data, idx, len(order), party.device,
+                        progress=lambda e, v: party.progress(e, s.local_epochs, val_loss=round(v, 4)))
+    reps, yt = st.reps, data["splits"]["test"][2]
+    t0 = time.perf_counter()
+    if s.fusion == "shamir":
+        holders = party.peers_with_role(HOLDER)
+        # |h| < 1 (an LSTM's hidden state): a public bound, so the holders learn nothing from max_abs
+        ss.share_to_holders(party, reps, holders, s.t, Kind.SHARE_PREFIX, frac_bits=s.frac_bits, max_abs=1.0, tag="h")
+    else:
+        party.send(party.peers_with_role(COORDINATOR)[0], Kind.REP, {"h": reps})
+    if idx == 0:
+        party.send(party.peers_with_role(COORDINATOR)[0], Kind.LABELS, {"y": st.y})
+    upload_s = time.perf_counter() - t0
+    return {"index": idx, "width": st.info["width"], "local_epochs": st.info["epochs"],
+            "local_val_loss": st.info["val_loss"], "local_test": scores(st.test_probabilities, yt, data["n_classes"]),
+            "local_test_entropy": [float(v) for v in entropy(st.test_probabilities)],
+            "local_s": st.seconds, "upload_s": upload_s,
+            "bytes_sent": sum(party.bytes_sent.values())}
+
+
+def holder(party: PartyLike, s: Settings, data: dict) -> dict:
+    _threads(s)
+    order = owners_in_order(party)
+    coord = party.peers_with_role(COORDINATOR)[0]
+    got = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
+    total = sum(n_rows(s))
+    widths = owner_widths(s, len(order))
+    for o, w in zip(order, widths):
+        if got[o].shape != (total, w):
+            raise ValueError(f"f3 holder {party.name}: {o!r} shared an array of shape {got[o].shape}, the settings "
+                             f"say ({total}, {w})")
+    shares = OwnerShares([got[o] for o in order])
+    n = len(order)
+    G, g_rows, g_step, steps, busy = None, None, None, 0, 0.0
+    while True:
+        msg = party.recv(coord, Kind.OP)
+        if msg["op"] == "stop":
+            break
+        t0 = time.perf_counter()
+        if msg["op"] == "forward":
+            rows, A, C = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"]), msg["C"]
+            if rows.size == 0 or int(rows.max()) >= total:   # at most MAX_BATCH rows: the schema's bound
+                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']} asks for rows outside "
+                                 f"0..{total - 1}")
+            if msg["packed"]:
+                if A.shape != (rows.size, n * (n + 1) // 2):
+                    raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: packed Â {A.shape}, "
+                                     f"expected ({rows.size}, {n * (n + 1) // 2})")
+                A = unpack_symmetric(A, n)
+            if len(C) != n or any(np.shape(c)[0] != w for c, w in zip(C, widths)) or \
+                    A.shape[-2:] != (n, n) or (A.ndim == 3 and A.shape[0] != rows.size):
+                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
+                                 f"do not fit {n} owners, batch {rows.size}, hidden {s.hidden}")
+            U, Gs = holder_forward(shares, rows, A.astype(np.float64), [np.asarray(c) for c in C], s)
+            G, g_rows, g_step = (Gs if msg["keep"] else None), rows, msg["step"]
+            ss.send_to_coordinator(party, coord, U, Kind.PRE_PREFIX, tag=f"u{msg['step']}")
+        else:
+            if g_rows is None or msg["step"] != g_step or (G is None and msg["dU"] is not None):
+                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']} without its forward")
+            E = np.asarray(msg["E"])
+            if E.shape[:2] != (g_rows.size, n):
+                raise ValueError(f"f3 holder {party.name}: E has shape {E.shape}, expected "
+                                 f"({g_rows.size}, {n}, {s.hidden})")
+            dC, dA = holder_backward(shares, g_rows, G, E, msg["dU"], msg["summed"], s)
+            ss.send_to_coordinator(party, coord, dC, Kind.GRAD_PREFIX, tag=f"g{msg['step']}")
+            if dA is not None:
+                ss.send_to_coordinator(party, coord, dA, Kind.ADJ_PREFIX, tag=f"a{msg['step']}")
+        steps += 1
+        busy += time.perf_counter() - t0
+    return {"steps": steps, "compute_s": busy, "bytes_sent": sum(party.bytes_sent.values()),
+            "bytes_received": sum(party.bytes_received.values())}
+
+
+class HolderLink:
+    """The coordinator's side of the holders: one forward / backward request, one reconstruction each."""
+
+    def __init__(self, party: PartyLike, s: Settings):
+        self.party, self.s = party, s
+        self.holders = party.peers_with_role(HOLDER)
+        self.asked = list(self.holders)
+        self.step, self.max_err, self.wait_s = 0, 0.0, 0.0
+
+    def _ask(self) -> list[str]:
+        """This step's holders: all, or t of them in turn, so that every holder idles one step in m / (m - t)
+        and on a machine with fewer cores than holders the asked ones do not share a core."""
+        m, t = len(self.holders), self.s.t
+        if self.s.ask == "all" or m == t:
+            return list(self.holders)
+        return [self.holders[(self.step + i) % m] for i in range(t)]
+
+    def _rebuild(self, prefix: str, tag: str, asked: list[str] | None = None) -> np.ndarray:
+        r = ss.reconstruct_at_coordinator(self.party, self.holders, self.s.t, prefix, tag=tag,
+                                          asked=self.asked if asked is None else asked)
+        self.max_err = max(self.max_err, float(r.err))
+        return r.value
+
+    def forward(self, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray], keep: bool) -> np.ndarray:
+        self.step += 1
+        self.asked = self._ask()
+        t0 = time.perf_counter()
+        packed = A.ndim == 3   # a graph per sample, symmetric: its upper triangle is enough
+        self.party.broadcast(Kind.OP, {"op": "forward", "step": self.step, "rows": rows.astype(np.uint32),
+                                    "A": pack_symmetric(A).astype(np.float32) if packed else A.astype(np.float32),
+                                    "packed": packed, "C": C, "keep": keep}, to=self.asked)
+        U = self._rebuild(Kind.PRE_PREFIX, f"u{self.step}")
+        self.wait_s += time.perf_counter() - t0
+        return U
+
+    def backward(self, E: np.ndarray, dU: np.ndarray | None, summed: bool):
+        t0 = time.perf_counter()
+        adj_holders = self.asked[:self.s.t]   # dÂ needs exactly t shares: ask no more holders than that
+        for h in self.asked:
+            self.party.send(h, Kind.OP, {"op": "backward", "step": self.step, "E": E, "summed": summed,
+                                      "dU": dU if h in adj_holders else None})
+        dC = self._rebuild(Kind.GRAD_PREFIX, f"g{self.step}")
+        dA = None
+        if dU is not None:
+            r = ss.reconstruct_at_coordinator(self.party, self.holders, self.s.t, Kind.ADJ_PREFIX, tag=f"a{self.step}",
+                                              asked=adj_holders)
+            self.max_err = max(self.max_err, float(r.err))
+            dA = unpack_symmetric(r.value, E.shape[1]) * 0.5
+        self.wait_s += time.perf_counter() - t0
+        return dC, dA
+
+    def stop(self):
+        self.party.broadcast(Kind.OP, {"op": "stop"}, to=self.holders)
+
+
+def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
+    _threads(s)
+    order = owners_in_order(party)
+    n = len(order)
+    widths = owner_widths(s, n)
+    if s.align == "none" and any(w != s.d for w in widths):
+        raise ValueError(f"f3: align 'none' stacks the representations as they are, so every d_i must equal "
+                         f"d = {s.d}; got {widths}")
+    tr, va, te = n_rows(s)
+    t0 = time.perf_counter()
+    y = np.asarray(party.recv(order[0], Kind.LABELS)["y"])
+    reps = None
+    if s.fusion == "trusted":
+        reps = [np.asarray(party.recv(o, Kind.REP)["h"]) for o in order]
+        for o, h, w in zip(order, reps, widths):
+            if h.shape[1] != w:   # rows, dtype and finite values: the schema's
+                raise ValueError(f"f3: {Kind.REP} from {o!r}: shape {h.shape}, expected ({tr + va + te}, {w})")
+    wait_upload_s = time.perf_counter() - t0
+    n_classes = int(y.max()) + 1 if s.dataset == "vowels" else 2
+    n_classes = max(n_classes, 9 if s.dataset == "vowels" else 2)
+    gcfg = GlobalConfig(d=s.d, hidden=s.hidden, align=s.align, graph=s.graph, tau=s.tau,
+                        test_samples=s.test_samples, epochs=s.epochs, patience=s.patience, lr=s.lr,
+                        batch=s.batch, seed=s.seed, device=party.device)
+    model = build_global(n, widths, n_classes, gcfg, given=data.get("adj"))
+    link = None
+    first: FirstLayerFor
+    if s.fusion == "shamir":
+        link = HolderLink(party, s)
+        first = SharedFirstLayer(model, link, widths)
+    else:
+        assert reps is not None
+        first = plain_first_layer(model, reps)
+
+    def progress(epoch: int, rec: dict) -> None:
+        party.progress(epoch, s.epochs, val_loss=round(rec["val_loss"], 4))
+        party.metric(val_loss=rec["val_loss"], val_f1=rec["val_f1"])
+    pos = np.arange(tr + va + te)
+    trp, vap, tep = pos[:tr], pos[tr:tr + va], pos[tr + va:]
+    history = train_global(model, first, y, trp, vap, gcfg, progress=progress)
+    t0 = time.perf_counter()
+    p_test = predict(model, first, tep, s.batch)
+    infer_s = time.perf_counter() - t0
+    if link is not None:
+        link.stop()
+    out = {"fusion": s.fusion, "dataset": s.dataset, "provenance": provenance(s), "n_owners": n,
+           "align": s.align, "graph": s.graph, "epochs": len(history), "history": history,
+           "test": scores(p_test, y[tep], n_classes), "val_best_loss": min(h["val_loss"] for h in history),
+           "epoch_s": [h["epoch_s"] for h in history], "inference_s": infer_s, "wait_upload_s": wait_upload_s,
+           "test_probabilities": p_test.tolist(),
+           "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())}
+    if link is not None:
+        out.update({"max_fixed_point_err": link.max_err, "holder_wait_s": link.wait_s, "steps": link.step})
+    return out
+
+
+ROLES = {OWNER: owner, HOLDER: holder, COORDINATOR: coordinator}

@@ -1,0 +1,95 @@
+"""F³'s settings (the ``[algorithm]`` table) and the sizes every party derives from them alone."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fedhet.algorithms.f3.traffic import SIZES
+from fedhet.algorithms.toolkit import Stream
+from fedhet.parties.settings import setting
+
+NAME = "f3"
+VOWELS_ROWS = (270, 370)          # the .ts files' TRAIN / TEST sizes
+MAX_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    dataset: Literal["vowels", "metr_la", "pems_bay", "grid"] = setting(
+        "vowels", "vowels: Japanese Vowels (real, 12 owners); metr_la / pems_bay: incident windows SIMULATED on "
+                  "the real road graph (one sensor per owner); grid: SIMULATED on a generated 4 x 4 street grid "
+                  "(no data folder)")
+    n_sensors: int | None = setting(None, "traffic: keep the first n sensors and their subgraph (None: all)", lo=2)
+    n_windows: int | None = setting(None, "traffic: simulated windows (None: the paper's 2,856 / 4,343)", lo=10)
+    data_seed: int = setting(0, "traffic: seed of the simulator", lo=0)
+    speeds_file: str | None = setting(None, "traffic: the REAL speeds (DCRNN's metr-la.h5 / pems-bay.h5) instead "
+                                            "of the simulator; needs labels_file")
+    labels_file: str | None = setting(None, "traffic: one 0/1 label per 12-step window of speeds_file "
+                                            "(.npy or text)")
+    split_seed: int = setting(123, "seed of the train/validation split (traffic: the reference 70/10/20)", lo=0)
+    val_fraction: float = setting(0.2, "vowels: part of the TRAIN file held out for validation", lo=0, hi=1,
+                                  lo_open=True)
+    fusion: Literal["shamir", "trusted"] = setting(
+        "shamir", "shamir: representations Shamir-shared to the holders; trusted: sent in the clear to the "
+                  "coordinator (the paper's base setting)")
+    t: int = setting(2, "Shamir threshold: any t holders reconstruct, t - 1 learn nothing", lo=1)
+    ask: Literal["t", "all"] = setting(
+        "t", "holders asked for each training and inference step: 't' (t of the m, rotating from step to step, "
+        "the others idle) or 'all' (every share beyond the first t is checked to lie on the same polynomial, "
+        "which detects a holder sending a wrong share, at (m - t) / t more holder work)")
+    local_hidden: int = setting(16, "width d_i of every owner's LSTM (unless owner_hidden)", lo=1)
+    owner_hidden: list[int] | None = setting(None, "per-owner widths d_i in federation order (rectangular P_i)")
+    local_epochs: int = setting(200, "local pre-training epochs at most", lo=1)
+    local_patience: int = setting(20, "local early stopping (epochs without a better validation loss)", lo=1)
+    local_lr: float = setting(1e-3, "local Adam learning rate", lo=0, lo_open=True)
+    local_batch: int = setting(100, "local mini-batch", lo=1)
+    d: int = setting(16, "width of the aligned representations P_i h^i", lo=1)
+    hidden: int = setting(16, "width of W_0's output", lo=1)
+    align: Literal["none", "soft", "hard", "tied"] = setting("soft", "alignment P_i (none needs d_i = d)")
+    graph: Literal["none", "given", "icdf"] = setting("icdf", "consensus graph: none (Â = I), given (the road "
+                                                              "graph, binarised), icdf (eq. 9, learned)")
+    tau: float = setting(0.1, "ICDF temperature", lo=0, lo_open=True)
+    test_samples: int = setting(10, "ICDF graphs averaged at evaluation", lo=1)
+    epochs: int = setting(100, "global epochs at most", lo=1)
+    patience: int = setting(20, "global early stopping (epochs)", lo=1)
+    lr: float = setting(1e-2, "global Adam learning rate", lo=0, lo_open=True)
+    batch: int = setting(100, "global mini-batch", lo=1, hi=MAX_BATCH)
+    frac_bits: int = setting(16, "fixed-point fractional bits of the shared representations", lo=1, hi=30)
+    public_frac_bits: int = setting(14, "fractional bits of the public operands C_i and Â", lo=1, hi=30)
+    grad_frac_bits: int = setting(18, "fractional bits of the public backward operands (batch x δ, E)", lo=1,
+                                  hi=30)
+    seed: int = setting(0, "seeds the local models (seed + owner index) and the global model", lo=0)
+    torch_threads: int = setting(1, "torch.set_num_threads (and numpy's BLAS threads) in every role (1: results do not depend on how the "
+                                    "parties share a process; 0: leave torch's default)", lo=0)
+
+    def validate(self) -> None:
+        if (self.speeds_file is None) != (self.labels_file is None):
+            raise ValueError("f3: speeds_file and labels_file go together (real speeds need the user's labels)")
+        if self.speeds_file is not None and self.dataset not in ("metr_la", "pems_bay"):
+            raise ValueError("f3: speeds_file / labels_file are for the real road graphs (metr_la, pems_bay)")
+        if self.graph == "given" and self.dataset == "vowels":
+            raise ValueError("f3: graph 'given' needs a traffic data set (Japanese Vowels has no given graph)")
+
+
+def n_rows(s: Settings) -> tuple[int, int, int]:
+    """(train, validation, test) sample counts; every owner's representation array is their concatenation."""
+    if s.dataset == "vowels":
+        n_val = int(round(s.val_fraction * VOWELS_ROWS[0]))
+        return VOWELS_ROWS[0] - n_val, n_val, VOWELS_ROWS[1]
+    w = s.n_windows or SIZES[s.dataset][0]
+    a, b = int(round(0.7 * w)), int(round(0.8 * w))
+    return a, b - a, w - b
+
+
+def owner_widths(s: Settings, n: int) -> list[int]:
+    if s.owner_hidden is None:
+        return [s.local_hidden] * n
+    if len(s.owner_hidden) != n:
+        raise ValueError(f"f3: owner_hidden lists {len(s.owner_hidden)} widths for {n} owners")
+    return [int(w) for w in s.owner_hidden]
+
+
+def owner_seed(seed: int, index: int) -> int:
+    """The seed of owner ``index``'s local model (Algorithm 1, lines 1-4) in a run seeded with ``seed``:
+    ``seed * F3_OWNER_STRIDE + index``."""
+    return seed * int(Stream.F3_OWNER_STRIDE) + index
