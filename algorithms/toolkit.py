@@ -9,8 +9,8 @@ seeds                  :func:`derive_seed` (the one derivation for new code); th
                        models were trained with: :func:`frozen_seed` (STFL, HyFEM),
                        :func:`crc32_seed` (the HE split network); numpy streams
                        :func:`stream_rng` with the named tags of :class:`Stream`
-devices                :func:`resolve_device` (a ``torch.device``; ``parties.api.resolve_device``
-                       stays the runtime's string form)
+devices                :func:`resolve_device` (a ``torch.device`` from ``parties.api.device_name``,
+                       the one resolution of a device spec)
 seeded RNG             :func:`seeded` (fork torch's global RNG, seed it, serialise such blocks
                        across threads)
 tensors                :func:`as_tensor`, :func:`synchronize`
@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from fedhet.parties.api import device_name
 
 # ----------------------------------------------------------------------------------- seeds
 
@@ -107,19 +109,12 @@ def crc32_seed(key: str, bits: int = 32) -> int:
 
 
 def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
-    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when torch sees it) as a torch device.
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when torch sees it) as a torch device:
+    :func:`fedhet.parties.api.device_name`, the one resolution of a device spec.
 
     Asking for CUDA where torch sees none is an error, never a silent fall-back to the CPU.
     """
-    name = str(device if device is not None else "cpu").strip().lower()
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but CUDA is not available")
-    try:
-        return torch.device(name)
-    except RuntimeError as e:
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or auto") from e
+    return torch.device(device_name(None if device is None else str(device)))
 
 
 # fork_rng saves and restores process-wide state: two threads (parties of an in-memory run)

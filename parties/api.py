@@ -287,7 +287,7 @@ class Party:
         self.peers = sorted(n for n in roles if n != name)
         self.run_id = run_id
         self.seed = int(seed)
-        self.device = resolve_device(device)
+        self.device = device_name(device)
         self.timeout = float(timeout)
         self.max_message_bytes = int(max_message_bytes)
         self.round = 0
@@ -594,23 +594,32 @@ class Party:
         }
 
 
-def resolve_device(device: str | None) -> str:
-    """'auto' picks CUDA when torch sees it; an explicit CUDA request without CUDA is an error."""
-    device = (device or "cpu").strip()
-    if device == "cpu":
-        return device
-    try:
-        import torch
-        has_cuda = torch.cuda.is_available()
-    except Exception:
-        has_cuda = False
-    if device == "auto":
+class UnknownDevice(PartyError, ValueError):
+    """A device spec that is none of cpu, cuda, cuda:N, auto."""
+
+
+def device_name(device: str | None) -> str:
+    """The one resolution of a device spec (a party's ``device``, a role's): ``"cpu"``, ``"cuda"``,
+    ``"cuda:N"`` or ``"auto"`` (CUDA when torch sees it) as the name torch takes.
+
+    Asking for CUDA where torch sees none is an error (:class:`PartyError`), never a silent fall-back
+    to the CPU; anything else is an :class:`UnknownDevice`.  ``algorithms.toolkit.resolve_device``
+    is this as a ``torch.device``.
+    """
+    name = str(device if device is not None else "cpu").strip().lower()
+    if name == "cpu":
+        return name
+    import torch   # here, so a party that runs on the CPU imports no torch for this
+
+    has_cuda = torch.cuda.is_available()
+    if name == "auto":
         return "cuda" if has_cuda else "cpu"
-    if device.startswith("cuda"):
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
         if not has_cuda:
-            raise PartyError(f"device {device!r} requested but torch sees no CUDA device")
-        return device
-    raise PartyError(f"unknown device {device!r} (use cpu, cuda, cuda:N or auto)")
+            raise PartyError(f"device {device!r} requested but torch sees no CUDA device "
+                             f"(CUDA is not available)")
+        return name
+    raise UnknownDevice(f"unknown device {device!r}: use cpu, cuda, cuda:N or auto")
 
 
 def _jsonable(d: dict) -> dict:
