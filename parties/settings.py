@@ -26,7 +26,6 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 _MISSING = dataclasses.MISSING
@@ -34,27 +33,6 @@ _MISSING = dataclasses.MISSING
 
 class SettingsError(ValueError):
     """An ``[algorithm]`` table that does not parse; the text names the key."""
-
-
-class TableView(Mapping):
-    """Base of settings dataclasses: also a read-only mapping of the flat table it was parsed
-    from, defaults filled in and unset (None) keys left out — so helpers written against the
-    ``[algorithm]`` table (``cfg.get("rounds")``, ``dict(defaults, **cfg)``) accept it too."""
-
-    def as_dict(self) -> dict:
-        return settings_dict(self)
-
-    def _present(self) -> dict:
-        return {k: v for k, v in settings_dict(self).items() if v is not None}
-
-    def __getitem__(self, key: str) -> Any:
-        return self._present()[key]
-
-    def __iter__(self):
-        return iter(self._present())
-
-    def __len__(self) -> int:
-        return len(self._present())
 
 
 def setting(default: Any = _MISSING, doc: str = "", *, choices: tuple | None = None,

@@ -2,17 +2,17 @@
 
 A training loop calls, each round,
 
-    agg = make_aggregator(cfg)                       # once per party
+    agg = make_aggregator(settings, defaults)        # once per party (AggregationSettings)
     agg.submit(party, server, vector, weight, round) # on every client
     res = agg.aggregate(party, clients, round)       # on the server
     res.mean, res.sum, res.weight, res.mean_error_bound, res.contributors
 
-and never looks at which one it got.  ``cfg["aggregation"]`` picks it:
+and never looks at which one it got.  ``settings.aggregation`` picks it:
 
 * ``"secure"`` (default): :mod:`fedhet.protocols.secagg` (Bonawitz et al.,
   SecAgg+ with ``secagg_graph = "harary"``); the server sees masked ring
   vectors only.  Settings: ``secagg_graph``, ``secagg_degree``,
-  ``secagg_threshold``, ``secagg_local_threshold``, ``secagg_collusion``,
+  ``secagg_threshold``,
   ``secagg_ring_bits``, ``secagg_clip``, ``secagg_max_weight``,
   ``secagg_frac_bits``, ``secagg_timeout``.
 * ``"plain"``: each client sends its vector (``plain_dtype``: float64, the
@@ -57,6 +57,7 @@ from fedhet.parties.api import PeerFault
 from fedhet.parties.declare import MessageDecl, declare
 
 from . import secagg
+from .aggregation_settings import AggregationSettings
 from .secagg import (Faults, RoundInbox, SecAggClient, SecAggConfig, SecAggError, SecAggServer, SubmitResult,
                      check_input, check_round)
 
@@ -250,53 +251,58 @@ class SecureAggregator(Aggregator):
             rejected=res.rejected)
 
 
-def _merged(cfg: dict | str | None, defaults: dict[str, Any] | None) -> dict[str, Any]:
-    """The aggregation keys in force: ``cfg`` (or just the method name) over ``defaults``."""
-    if isinstance(cfg, str):
-        cfg = {"aggregation": cfg}
-    merged = dict(defaults or {})
-    merged.update(cfg or {})
-    return merged
+# SecAggConfig's fields that AggregationSettings sets as ``secagg_<field>``
+_SECAGG_FIELDS = ("graph", "degree", "threshold", "ring_bits", "clip", "max_weight", "frac_bits", "timeout",
+                  "client_timeout")
+_SECONDS_AND_BOUNDS = ("clip", "max_weight", "timeout", "client_timeout")
 
 
-def make_aggregator(cfg: dict | str | None = None, defaults: dict[str, Any] | None = None) -> Aggregator:
-    """The aggregator ``cfg["aggregation"]`` names (default "secure"); ``defaults`` fill unset keys.
-
-    ``cfg`` may also be just the method name.
-    """
-    merged = _merged(cfg, defaults)
-    method = merged.get("aggregation", "secure")
-    timeout = merged.get("aggregation_timeout")
-    if method == "plain":
-        bounds = SecAggConfig.from_cfg({k: merged[k] for k in ("secagg_clip", "secagg_max_weight") if k in merged})
-        return PlainAggregator(merged.get("plain_dtype", "float64"), timeout, clip=bounds.clip,
-                               max_weight=bounds.max_weight if "secagg_max_weight" in merged else math.inf)
-    if method == "secure":
-        if timeout is not None:
-            merged.setdefault("secagg_timeout", timeout)
-        return SecureAggregator(SecAggConfig.from_cfg(merged))
-    raise ValueError(f"aggregation must be one of {METHODS}, got {method!r}")
+def secagg_config(s: AggregationSettings) -> SecAggConfig:
+    """The secure aggregation protocol's configuration for the aggregation settings ``s`` (the keys set
+    in ``s``; SecAggConfig's defaults for the rest; ``aggregation_timeout`` where ``secagg_timeout`` is unset)."""
+    kw: dict[str, Any] = {f: getattr(s, "secagg_" + f) for f in _SECAGG_FIELDS if getattr(s, "secagg_" + f) is not None}
+    if s.aggregation_timeout is not None:
+        kw.setdefault("timeout", s.aggregation_timeout)
+    for f in _SECONDS_AND_BOUNDS:
+        if isinstance(kw.get(f), int) and not isinstance(kw[f], bool):
+            kw[f] = float(kw[f])
+    return SecAggConfig(**kw)
 
 
-def declarations(length: int | None = None, max_length: int | None = None, cfg: dict | str | None = None,
-                 defaults: dict[str, Any] | None = None) -> list[MessageDecl]:
-    """The kinds the aggregator that ``make_aggregator(cfg, defaults)`` makes sends, with the payloads its
-    settings allow: only the chosen method's kinds (a plain update in a secure run is undeclared: refused
-    on receipt and failed by the audit), plain updates of its ``plain_dtype``, masked ones of its ring.
-    Without ``cfg`` and ``defaults``: both methods' kinds, any dtype.
+def make_aggregator(settings: AggregationSettings | None = None,
+                    defaults: AggregationSettings | None = None) -> Aggregator:
+    """The aggregator ``settings.over(defaults)`` names (``aggregation``, secure when unset): the run's
+    aggregation settings, each unset key taking the algorithm's default."""
+    s = (settings or AggregationSettings()).over(defaults)
+    if s.method == "plain":
+        bounds = secagg_config(AggregationSettings(secagg_clip=s.secagg_clip, secagg_max_weight=s.secagg_max_weight))
+        return PlainAggregator(s.plain_dtype or "float64", s.aggregation_timeout, clip=bounds.clip,
+                               max_weight=bounds.max_weight if s.secagg_max_weight is not None else math.inf)
+    if s.method == "secure":
+        return SecureAggregator(secagg_config(s))
+    raise ValueError(f"aggregation must be one of {METHODS}, got {s.method!r}")
+
+
+def declarations(length: int | None = None, max_length: int | None = None,
+                 settings: AggregationSettings | None = None,
+                 defaults: AggregationSettings | None = None) -> list[MessageDecl]:
+    """The kinds the aggregator that ``make_aggregator(settings, defaults)`` makes sends, with the payloads
+    its settings allow: only the chosen method's kinds (a plain update in a secure run is undeclared:
+    refused on receipt and failed by the audit), plain updates of its ``plain_dtype``, masked ones of its
+    ring.  Without ``settings`` and ``defaults``: both methods' kinds, any dtype.
 
     ``length`` (when the settings fix it) pins every update to that many elements (a masked one to
     ``length + 1``); ``max_length`` (the longest vector aggregated) bounds every received update
     (a plain one to ``max_length`` elements, a masked one to ``max_length + 1``), so no update
     outgrows what the settings call for."""
     method = plain_dtype = ring_bits = None
-    if cfg is not None or defaults is not None:
-        merged = _merged(cfg, defaults)
-        method = merged.get("aggregation", "secure")
+    if settings is not None or defaults is not None:
+        s = (settings or AggregationSettings()).over(defaults)
+        method = s.method
         if method not in METHODS:
             raise ValueError(f"aggregation must be one of {METHODS}, got {method!r}")
-        plain_dtype = merged.get("plain_dtype", "float64")
-        ring_bits = merged.get("secagg_ring_bits", SecAggConfig.ring_bits)
+        plain_dtype = s.plain_dtype or "float64"
+        ring_bits = s.secagg_ring_bits or SecAggConfig.ring_bits
     cap = secagg.DEFAULT_MAX_ELEMS if max_length is None else int(max_length)
     dtype = ("<f4", "<f8") if plain_dtype is None else np.dtype(plain_dtype).str
     plain = [declare(Kind.PLAIN, "client", "server", "a client's vector in the clear, its weight (and max |x|)",

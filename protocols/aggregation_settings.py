@@ -4,18 +4,20 @@ An algorithm that aggregates includes :class:`AggregationSettings` in its settin
 with ``setting(AggregationSettings(), flatten=True)``: its keys (``aggregation``,
 ``secagg_clip``, ...) then sit in the same flat table, checked by the one settings parser.
 Unset keys (None) fall back to the algorithm's own defaults (its public clipping bound and
-largest weight), which it passes to :func:`fedhet.protocols.aggregation.make_aggregator`.
+largest weight): another :class:`AggregationSettings`, which it passes with the run's to
+:func:`fedhet.protocols.aggregation.make_aggregator` and :func:`~fedhet.protocols.aggregation.declarations`
+(``settings.over(defaults)`` is what is in force).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
-from fedhet.parties.settings import TableView, setting
+from fedhet.parties.settings import setting
 
 
 @dataclass(frozen=True)
-class AggregationSettings(TableView):
+class AggregationSettings:
     aggregation: Literal["secure", "plain"] | None = setting(
         None, "secure: Bonawitz et al.'s secure aggregation (the server sees masked vectors); "
               "plain: vectors in the clear (the algorithm's default when unset)")
@@ -39,6 +41,14 @@ class AggregationSettings(TableView):
     secagg_client_timeout: float | None = setting(None, "seconds a client waits for the server", lo=0,
                                                   lo_open=True)
 
-    def table(self) -> dict:
-        """The keys that were set, as the flat table ``make_aggregator`` reads."""
-        return {k: v for k, v in self.as_dict().items() if v is not None}
+    def over(self, defaults: "AggregationSettings | None") -> "AggregationSettings":
+        """These settings, each key left unset (None) taking its value from ``defaults``."""
+        if defaults is None:
+            return self
+        return replace(defaults, **{f.name: getattr(self, f.name) for f in fields(self)
+                                    if getattr(self, f.name) is not None})
+
+    @property
+    def method(self) -> str:
+        """The aggregation method in force: ``aggregation``, secure when unset."""
+        return self.aggregation or "secure"

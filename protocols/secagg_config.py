@@ -127,19 +127,6 @@ class SecAggConfig:
             if v is not None and not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"secagg {name} must be a positive number of seconds, got {v!r}")
 
-    @classmethod
-    def from_cfg(cls, cfg: dict | None, prefix: str = "secagg_") -> "SecAggConfig":
-        """Read ``secagg_graph``, ``secagg_clip``, ... from a flat algorithm configuration."""
-        cfg = cfg or {}
-        kw = {}
-        for f in cls.__dataclass_fields__:
-            if prefix + f in cfg:
-                kw[f] = cfg[prefix + f]
-        for k in ("clip", "max_weight", "timeout", "client_timeout", "collusion"):
-            if isinstance(kw.get(k), int) and not isinstance(kw[k], bool):
-                kw[k] = float(kw[k])
-        return cls(**kw)
-
     # -- derived parameters, functions of the number n of clients -------------
     def t(self, n: int) -> int:
         """Minimum number of clients for a round (and Shamir threshold of the complete graph)."""

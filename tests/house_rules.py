@@ -10,8 +10,9 @@ Each rule is a function over a :class:`Tree` (the four packages' files, parsed o
 - ``settings-dict``: a role (a function in an algorithm's ``roles.py``) reading its settings as
   a table: ``s.get(...)``, ``s[...]``, ``dict(s)``, ``**s``;
 - ``crypto-parties``: ``crypto/`` importing ``parties/`` (crypto knows no party);
-- ``private-import``: a private name (``_x``) imported from another module, or read as an
-  attribute of an imported fedhet module;
+- ``parties-algorithms``: ``parties/`` importing an algorithm (only the CLI wires them);
+- ``private-import``: a private name (``_x``) imported from another fedhet module (in the library,
+  the benchmarks and the tests), or, in the library, read as an attribute of an imported one;
 - ``import-cycle``: modules that import each other, directly or round a loop (every import
   counts, a function's local ones too);
 - ``bare-seed-tag``: a literal number as a seed-stream tag (``default_rng([seed, 7919])``,
@@ -24,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = ("parties", "crypto", "protocols", "algorithms")
+USERS = ("benchmarks", "tests")   # read for private imports only
 TOOLKIT = "algorithms/toolkit.py"
+SEEDS = "algorithms/seeds.py"   # the toolkit's seeds (numpy only), re-exported by it
 SETTINGS_HOME = "parties/settings.py"
 SETTINGS_PARSERS = ("from_dict", "from_cfg", "from_table")
 SETTINGS_CLASSES = ("Config", "Settings")
@@ -46,11 +49,16 @@ class Tree:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.files: dict[str, ast.Module] = {}
-        for pkg in PACKAGES:
+        self.files = self._parse(PACKAGES)   # the library
+        self.users = self._parse(USERS)
+
+    def _parse(self, folders: tuple[str, ...]) -> dict[str, ast.Module]:
+        out = {}
+        for pkg in folders:
             for f in sorted((self.root / pkg).rglob("*.py")):
                 rel = f.relative_to(self.root).as_posix()
-                self.files[rel] = ast.parse(f.read_text(), filename=rel)
+                out[rel] = ast.parse(f.read_text(), filename=rel)
+        return out
 
     @staticmethod
     def module_of(rel: str) -> str:
@@ -94,10 +102,10 @@ def _where(rel: str, node: ast.AST) -> str:
 
 def toolkit_twins(tree: Tree) -> list[Violation]:
     homes: dict[str, str] = {"parse_settings": SETTINGS_HOME}
-    if TOOLKIT in tree.files:
-        for node in tree.files[TOOLKIT].body:
+    for home in (TOOLKIT, SEEDS):
+        for node in tree.files[home].body if home in tree.files else []:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
-                homes[node.name] = TOOLKIT
+                homes[node.name] = home
     out = []
     for rel, mod in tree.files.items():
         for node in ast.walk(mod):
@@ -166,10 +174,22 @@ def crypto_imports_parties(tree: Tree) -> list[Violation]:
     return out
 
 
+def parties_import_algorithms(tree: Tree) -> list[Violation]:
+    out = []
+    for rel, mod in tree.files.items():
+        if not rel.startswith("parties/") or rel == "parties/cli.py":
+            continue
+        for node, target, _ in _imports(tree, rel, mod):
+            if target == "fedhet.algorithms" or target.startswith("fedhet.algorithms."):
+                out.append(Violation("parties-algorithms", _where(rel, node),
+                                     f"parties/ imports {target}; only parties/cli.py wires the algorithms"))
+    return out
+
+
 def private_imports(tree: Tree) -> list[Violation]:
     modules = tree.modules()
     out = []
-    for rel, mod in tree.files.items():
+    for rel, mod in {**tree.files, **tree.users}.items():
         aliases: dict[str, str] = {}
         for node, target, names in _imports(tree, rel, mod):
             if not target.startswith("fedhet"):
@@ -184,6 +204,8 @@ def private_imports(tree: Tree) -> list[Violation]:
                                              f"imports the private name {a.name!r} from {target}"))
                     elif full in modules:
                         aliases[a.asname or a.name] = full
+        if rel not in tree.files:
+            continue   # a test may read a module's private constants (white-box); it may not import them
         for node in ast.walk(mod):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
@@ -245,7 +267,7 @@ _SEED_CALLS = ("default_rng", "SeedSequence")
 def bare_seed_tags(tree: Tree) -> list[Violation]:
     out = []
     for rel, mod in tree.files.items():
-        if rel == TOOLKIT:
+        if rel in (TOOLKIT, SEEDS):
             continue
         for node in ast.walk(mod):
             if not isinstance(node, ast.Call):
@@ -265,6 +287,7 @@ RULES = {
     "toolkit-twin": toolkit_twins,
     "settings-dict": settings_as_dict,
     "crypto-parties": crypto_imports_parties,
+    "parties-algorithms": parties_import_algorithms,
     "private-import": private_imports,
     "import-cycle": import_cycles,
     "bare-seed-tag": bare_seed_tags,

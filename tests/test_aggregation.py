@@ -14,6 +14,7 @@ from fedhet.parties.launcher import launch
 from fedhet.protocols import aggregation, secagg
 from fedhet.protocols.aggregation import (AggregationError, Kind, PlainAggregator, SecureAggregator,
                                           make_aggregator)
+from fedhet.protocols.aggregation_settings import AggregationSettings
 
 CLIENTS = [f"c{i}" for i in range(5)]
 
@@ -22,7 +23,7 @@ def federate(cfg, xs, ws, rounds=(0,), late=None):
     """The same role functions for every method: only ``cfg`` differs.  ``late``: (client, round, seconds)."""
 
     def server(party, c, d):
-        agg = make_aggregator(cfg)
+        agg = make_aggregator(AggregationSettings(**cfg))
         out = []
         for i, r in enumerate(rounds):
             if i:
@@ -31,7 +32,7 @@ def federate(cfg, xs, ws, rounds=(0,), late=None):
         return out
 
     def client(party, c, d):
-        agg = make_aggregator(cfg)
+        agg = make_aggregator(AggregationSettings(**cfg))
         for i, r in enumerate(rounds):
             if i:
                 party.send("server", "test/ready", None)
@@ -58,16 +59,20 @@ def exact_mean(xs, ws, who, i=0):
 
 
 def test_make_aggregator_chooses_by_configuration():
-    assert isinstance(make_aggregator({}), SecureAggregator)  # secure by default
-    assert isinstance(make_aggregator("plain"), PlainAggregator)
-    sec = make_aggregator({"aggregation": "secure", "secagg_graph": "harary", "secagg_ring_bits": 64,
-                           "aggregation_timeout": 3})
+    A = AggregationSettings
+    assert isinstance(make_aggregator(), SecureAggregator)  # secure by default
+    assert isinstance(make_aggregator(A(aggregation="plain")), PlainAggregator)
+    sec = make_aggregator(A(aggregation="secure", secagg_graph="harary", secagg_ring_bits=64, aggregation_timeout=3))
     assert (sec.config.graph, sec.config.ring_bits, sec.config.timeout) == ("harary", 64, 3.0)
-    assert make_aggregator({"plain_dtype": "float32"}, {"aggregation": "plain"}).dtype == np.float32
+    # the run's keys over the algorithm's defaults
+    assert make_aggregator(A(plain_dtype="float32"), A(aggregation="plain")).dtype == np.float32
+    assert isinstance(make_aggregator(A(aggregation="secure"), A(aggregation="plain")), SecureAggregator)
+    clipped = make_aggregator(A(), A(secagg_clip=2.0, secagg_max_weight=5))
+    assert (clipped.config.clip, clipped.config.max_weight) == (2.0, 5.0)
     with pytest.raises(ValueError, match="aggregation must be one of"):
-        make_aggregator({"aggregation": "homomorphic"})
+        make_aggregator(A(aggregation="homomorphic"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="plain_dtype"):
-        make_aggregator({"aggregation": "plain", "plain_dtype": "int8"})
+        make_aggregator(A(aggregation="plain", plain_dtype="int8"))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("cfg", [
@@ -113,7 +118,7 @@ def test_no_update_at_all_is_an_error():
 
 def test_a_plain_update_in_a_secure_run_fails_its_declaration():
     def declared(cfg):
-        return {d.kind: d for d in aggregation.declarations(31, 31, cfg)}
+        return {d.kind: d for d in aggregation.declarations(31, 31, AggregationSettings(**cfg))}
 
     assert Kind.PLAIN not in declared({"aggregation": "secure"})  # undeclared: refused on receipt, fails the audit
     assert Kind.PLAIN not in declared({})  # secure is the default

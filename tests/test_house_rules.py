@@ -51,6 +51,11 @@ PLANTED = {
     "crypto-parties": {"crypto/keys.py": """
         from fedhet.parties.atomic import write
         """},
+    "parties-algorithms": {"parties/runtime.py": """
+        def run(name):
+            from fedhet.algorithms.chfl import ALGORITHM
+            return ALGORITHM
+        """},
     "private-import": {"protocols/psi.py": """
         from fedhet.protocols.secagg import _internal
         """},

@@ -14,6 +14,7 @@ from fedhet.parties.contract import Algorithm
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.schema import SchemaError
 from fedhet.protocols import aggregation, he_interactive, secagg_messages, shamir_share
+from fedhet.protocols.aggregation_settings import AggregationSettings
 
 FED = [("server", "server"), ("client1", "client"), ("client2", "client"), ("client3", "client")]
 VECS = {"client1": np.array([1.0, -2.0, 0.5]), "client2": np.array([0.25, 4.0, -1.0]),
@@ -55,12 +56,12 @@ def test_an_honest_aggregation_run_sends_only_payloads_matching_their_schemas(me
 
     def client(party, s, data):
         _recording(party, sent)
-        agg = aggregation.make_aggregator({"aggregation": method})
+        agg = aggregation.make_aggregator(AggregationSettings(aggregation=method))
         return {"status": agg.submit(party, "server", VECS[party.name], 1.0, round=0).status}
 
     def server(party, s, data):
         _recording(party, sent)
-        agg = aggregation.make_aggregator({"aggregation": method})
+        agg = aggregation.make_aggregator(AggregationSettings(aggregation=method))
         res = agg.aggregate(party, sorted(VECS), round=0, length=3)
         return {"sum": res.sum.tolist(), "bound": res.sum_error_bound}
 
@@ -151,7 +152,7 @@ def test_a_tampered_plain_update_fails_the_receiver_naming_sender_kind_and_field
         return {}
 
     def server(party, s, data):
-        agg = aggregation.make_aggregator({"aggregation": "plain"})
+        agg = aggregation.make_aggregator(AggregationSettings(aggregation="plain"))
         agg.aggregate(party, ["client1"], round=0, length=3)
         return {}
 

@@ -13,6 +13,8 @@ from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import secagg
 from fedhet.protocols.secagg import Faults, Kind, SecAggClient, SecAggConfig, SecAggError, SecAggServer, neighbours
+from fedhet.protocols import aggregation
+from fedhet.protocols.aggregation_settings import AggregationSettings
 
 
 def names(k):
@@ -306,8 +308,9 @@ def test_bad_inputs_and_settings_are_named():
         secagg.check_input(np.zeros((2, 2)), 1.0, 1.0)
     with pytest.raises(SecAggError, match="exceeds"):
         SecAggConfig(threshold=9).t(5)
-    cfg = SecAggConfig.from_cfg({"secagg_graph": "harary", "secagg_clip": 2, "secagg_threshold": 0.6, "lr": 1})
-    assert (cfg.graph, cfg.clip, cfg.threshold) == ("harary", 2.0, 0.6)
+    cfg = aggregation.secagg_config(AggregationSettings(secagg_graph="harary", secagg_clip=2, secagg_threshold=0.6,
+                                                        aggregation_timeout=4))
+    assert (cfg.graph, cfg.clip, cfg.threshold, cfg.timeout) == ("harary", 2.0, 0.6, 4.0)
 
 
 def test_round_numbers_must_increase():

@@ -24,6 +24,7 @@ from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import aggregation, secagg
 from fedhet.protocols.aggregation import Kind as AggKind, make_aggregator
 from fedhet.protocols.secagg import Faults, SecAggClient, SecAggConfig, SecAggServer, neighbours, prune
+from fedhet.protocols.aggregation_settings import AggregationSettings
 
 HONEST = ["c0", "c1", "c2", "c3"]
 ATTACKER = "mallory"
@@ -56,7 +57,7 @@ def federation(cfg, xs, ws, attack, timeout=30):
     clients = sorted(HONEST + [ATTACKER])
 
     def server(party, c, d):
-        res = make_aggregator(cfg).aggregate(party, clients, 0)
+        res = make_aggregator(AggregationSettings(**cfg)).aggregate(party, clients, 0)
         party.broadcast("test/model", {"mean": res.mean}, to=clients)
         return res
 
@@ -65,7 +66,7 @@ def federation(cfg, xs, ws, attack, timeout=30):
             out = attack(party, "server")
             party.recv("server", "test/model")
             return out
-        make_aggregator(cfg).submit(party, "server", xs[party.name], ws[party.name], 0)
+        make_aggregator(AggregationSettings(**cfg)).submit(party, "server", xs[party.name], ws[party.name], 0)
         mean = party.recv("server", "test/model")["mean"]
         if not np.all(np.isfinite(mean)):
             raise ValueError(f"{party.name}: the global model is not finite")
@@ -119,7 +120,7 @@ def test_plain_server_rejects_a_lying_error_bound_and_the_wrong_dtype():
 
 def test_only_poisoned_updates_is_a_named_failure():
     def server(party, c, d):
-        return make_aggregator(PLAIN).aggregate(party, [ATTACKER], 0)
+        return make_aggregator(AggregationSettings(**PLAIN)).aggregate(party, [ATTACKER], 0)
 
     def client(party, c, d):
         raw_update(np.full(M, np.nan))(party, "server")
@@ -140,7 +141,7 @@ def test_both_aggregators_clip_an_honest_clients_huge_input_to_the_same_public_b
     cfg = {**PLAIN, "aggregation": method}
 
     def through_the_api(party, server):  # a client whose update blew up, running the honest code
-        return make_aggregator(cfg).submit(party, server, xs[ATTACKER], ws[ATTACKER], 0)
+        return make_aggregator(AggregationSettings(**cfg)).submit(party, server, xs[ATTACKER], ws[ATTACKER], 0)
 
     res = federation(cfg, xs, ws, through_the_api)["server"]
     everyone = HONEST + [ATTACKER]
@@ -156,7 +157,7 @@ def test_secure_client_with_a_nan_input_refuses_it_naming_itself_and_the_round_g
 
     def nan_input(party, server):
         try:
-            make_aggregator(cfg).submit(party, server, np.r_[np.zeros(M - 1), np.nan], 1.0, 0)
+            make_aggregator(AggregationSettings(**cfg)).submit(party, server, np.r_[np.zeros(M - 1), np.nan], 1.0, 0)
         except ValueError as e:
             return str(e)
         return "accepted"

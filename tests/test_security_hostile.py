@@ -45,6 +45,7 @@ from fedhet.protocols.secagg_messages import MAX_CLIENTS, SEALED_BYTES
 from fedhet.protocols.aggregation import Kind as AggKind, SecureAggregator, make_aggregator
 from fedhet.protocols.aggregation import declarations as agg_declarations
 from fedhet.protocols.secagg import Faults, SecAggError
+from fedhet.protocols.aggregation_settings import AggregationSettings
 
 M = 12
 
@@ -70,12 +71,12 @@ def agg_federation(clients, cfg, attacker=None, attack=None, faults=None, timeou
     (strict, as the process runtime).  ``attack(party)`` replaces the attacker's honest submit;
     ``faults``: client -> secagg Faults."""
     def server(party, s, d):
-        return make_aggregator(cfg).aggregate(party, clients, 0, length=M)
+        return make_aggregator(AggregationSettings(**cfg)).aggregate(party, clients, 0, length=M)
 
     def client(party, s, d):
         if party.name == attacker and attack is not None:
             return attack(party)
-        agg = make_aggregator(cfg)
+        agg = make_aggregator(AggregationSettings(**cfg))
         if faults and party.name in faults:
             agg = SecureAggregator(agg.config, faults=faults[party.name])
         x = np.linspace(-1, 1, M) * (1 + clients.index(party.name))
@@ -97,7 +98,7 @@ def wrong_shares(only_owner=None):
                 a[i, 0] = (int(a[i, 0]) + 1) % F61.p
             return {**p, "shares": a}
         x = np.linspace(-1, 1, M)
-        return make_aggregator(SECURE).submit(Tamper(party, secagg.Kind.UNMASK, edit), "server", x, 1.0, 0)
+        return make_aggregator(AggregationSettings(**SECURE)).submit(Tamper(party, secagg.Kind.UNMASK, edit), "server", x, 1.0, 0)
     return attack
 
 

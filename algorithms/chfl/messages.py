@@ -38,4 +38,4 @@ def declarations(s: Settings) -> list[MessageDecl]:
                    payload=sch.Fields({"r": sch.Int(lo=0),
                                        "theta": sch.ListOf(sch.Arr("<f4", ("P_c",)), length="G")}))
     P = s.common_params
-    return [glob, result] + aggregation.declarations(P, P, s.agg.table(), AGG_DEFAULTS)
+    return [glob, result] + aggregation.declarations(P, P, s.agg, AGG_DEFAULTS)

@@ -86,7 +86,7 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     P = s.common_params
     labels = _labels(s)
     n_train = cd.n_train
-    agg = aggregation.make_aggregator(s.agg.table(), aggregation_defaults(s, data.n_clients))
+    agg = aggregation.make_aggregator(s.agg, aggregation_defaults(s, data.n_clients))
     clip = s.secagg_clip
     curves: list[dict[str, dict[str, list[float]]]] = [
         {lab: {"val": [], "test": []} for lab in labels} for _ in s.lrs]
@@ -178,7 +178,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
         raise PartyError(f"chfl: n_clients = {s.n_clients} but the federation has {len(clients)} clients")
     t_start = time.perf_counter()
     P = s.common_params
-    agg = aggregation.make_aggregator(s.agg.table(), aggregation_defaults(s, len(clients)))
+    agg = aggregation.make_aggregator(s.agg, aggregation_defaults(s, len(clients)))
     round_s: list[float] = []
     agg_s: list[float] = []
     bound = 0.0

@@ -7,7 +7,7 @@ parsed :class:`Settings`, so every party and the audit compute them the same way
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from fedhet.algorithms.chfl.models import HIDDEN, column_params
@@ -36,7 +36,7 @@ FILES_MAX_WEIGHT = 1_000_000.0
 # CHFL's aggregation defaults for unset keys.  plain_dtype stays the aggregator's float64: its
 # float32 path forms w * x in float32, which would break equality with the in-process mean.
 DEFAULT_CLIP = 16.0
-AGG_DEFAULTS: dict[str, object] = {"aggregation": "secure", "secagg_clip": DEFAULT_CLIP}
+AGG_DEFAULTS = AggregationSettings(aggregation="secure", secagg_clip=DEFAULT_CLIP)
 
 
 def _distinct(values: float | tuple[float, ...]) -> tuple[float, ...]:
@@ -163,7 +163,7 @@ def max_train_rows(s: Settings, n_clients: int) -> int:
     return max(len(t) for t in split_samples(s.shape[0], n_clients, s.seed)[0])
 
 
-def aggregation_defaults(s: Settings, n_clients: int) -> dict:
+def aggregation_defaults(s: Settings, n_clients: int) -> AggregationSettings:
     """CHFL's defaults for the aggregation keys left unset (``make_aggregator``'s ``defaults``)."""
     weight = FILES_MAX_WEIGHT if s.dataset == FILES else float(max_train_rows(s, n_clients))
-    return {**AGG_DEFAULTS, "secagg_max_weight": weight}
+    return replace(AGG_DEFAULTS, secagg_max_weight=weight)

@@ -18,7 +18,7 @@ def sizes(s: Settings) -> dict[str, int]:
 
 def declarations(s: Settings) -> list[MessageDecl]:
     n = s.n_params
-    updates = aggregation.declarations(n, n, s.agg.table(), AGGREGATION_DEFAULTS)
+    updates = aggregation.declarations(n, n, s.agg, AGGREGATION_DEFAULTS)
     return [
         declare(Kind.MODEL, "server", "client", "global weights (d+1 floats)",
                 payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),

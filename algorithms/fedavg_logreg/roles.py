@@ -19,7 +19,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
     clients = party.peers_with_role("client")
     n = s.n_params
     w = np.zeros(n)
-    agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
     acc = None
     bound = 0.0
     for r in range(s.rounds + 1):
@@ -42,7 +42,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
 def client(party: PartyLike, s: Settings, data: dict[str, np.ndarray]) -> dict:
     srv = party.peers_with_role("server")[0]
     n = len(data["y_train"])
-    agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
     acc = None
     for r in range(s.rounds + 1):
         party.round = r

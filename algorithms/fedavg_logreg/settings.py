@@ -10,7 +10,7 @@ NAME = "fedavg_logreg"
 
 # Secure aggregation's fixed-point range: weights stay far inside [-8, 8] on
 # this data, and no client can hold more rows than the 569 of the data set.
-AGGREGATION_DEFAULTS = {"aggregation": "secure", "secagg_clip": 8.0, "secagg_max_weight": 569.0}
+AGGREGATION_DEFAULTS = AggregationSettings(aggregation="secure", secagg_clip=8.0, secagg_max_weight=569.0)
 
 
 @dataclass(frozen=True)

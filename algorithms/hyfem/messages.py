@@ -55,4 +55,4 @@ def declarations(s: Settings) -> list[MessageDecl]:
             payload=sch.Fields({"round": sch.Int(lo=0), "view": sch.Int(lo=0, hi=D - 1),
                                 "theta": sized[0] if len(sized) == 1 else sch.OneOf(sized)})))
     # per-view extractors, lengths ext<d> (views differ): bounded by the longest
-    return decls + aggregation.declarations(None, max(lengths), s.agg.table(), AGGREGATION_DEFAULTS)
+    return decls + aggregation.declarations(None, max(lengths), s.agg, AGGREGATION_DEFAULTS)

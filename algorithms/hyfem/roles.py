@@ -45,7 +45,7 @@ def plain_views(s: Settings, holders: dict[int, list[int]]) -> dict[int, str]:
     unless aggregation is secure."""
     if s.aggregation() != "secure":
         return {}
-    agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
     assert isinstance(agg, aggregation.SecureAggregator)
     secagg = agg.config
     out = {}
@@ -112,7 +112,7 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
     views = tuple(data["views"])
     m = int(data["index"])
     cfg = s.config(party.device)
-    agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
     clip = s.secagg_clip()
     widths = spec.inference_widths(views)
     train = H.ClientData(data["x_train"], data["y_train"])
@@ -184,7 +184,7 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
     if orphan:
         raise PartyError(f"hyfem: view(s) {orphan} are held by no client")
     cfg = s.config(party.device)
-    agg = aggregation.make_aggregator(s.agg.table(), AGGREGATION_DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
     state = H.init_server(spec, client_views, cfg)
     curves: dict[str, list] = {"global_accuracy": [], "global_loss": [], "local_accuracy": [], "local_loss": [],
               "local_accuracy_per_client": [], "train_loss": []}

@@ -14,7 +14,8 @@ from fedhet.protocols.aggregation_settings import AggregationSettings
 
 # Extractor weights of these small nets stay well inside [-8, 8]; each client's eq. (7) weight is 1.
 DEFAULT_AGGREGATION, DEFAULT_CLIP = "secure", 8.0
-AGGREGATION_DEFAULTS = {"aggregation": DEFAULT_AGGREGATION, "secagg_clip": DEFAULT_CLIP, "secagg_max_weight": 1.0}
+AGGREGATION_DEFAULTS = AggregationSettings(aggregation=DEFAULT_AGGREGATION, secagg_clip=DEFAULT_CLIP,
+                                           secagg_max_weight=1.0)
 HANDWRITTEN_DIMS = (240, 76, 216, 47, 64, 6)   # pixel, fourier, profile, zer, kar, mor
 HANDWRITTEN_CLASSES = 10
 # Feature-view data sets: their view widths (scikit-learn's digits ships with the package: tests and

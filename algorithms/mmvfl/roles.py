@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from typing import Any, Callable, ContextManager
 
 import numpy as np
 
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation, psi
+from fedhet.protocols.aggregation_settings import AggregationSettings
 
 from . import core
 from .data import ParticipantData
@@ -27,8 +29,8 @@ Z_CLIP = 2.0
 # The objective terms: a 64-bit fixed-point range of +-2^30 (about 1e9; the terms of the four data sets
 # stay below ~1e6); the quantiser keeps float64-exact sums, so 5 participants get 19 fraction bits
 # (resolution ~2e-6, far below tol x objective).
-OBJECTIVE_AGG = {"secagg_clip": float(2 ** 30), "secagg_max_weight": 1.0, "secagg_ring_bits": 64,
-                 "secagg_frac_bits": None}
+OBJECTIVE_BOUNDS = {"secagg_clip": float(2 ** 30), "secagg_max_weight": 1.0, "secagg_ring_bits": 64,
+                    "secagg_frac_bits": None}
 
 
 def blas_one_thread() -> ContextManager[Any]:
@@ -45,8 +47,8 @@ def server(party: PartyLike, s: Settings, data: None) -> dict[str, Any]:
     participants = party.peers_with_role(PARTICIPANT)
     sz = sizes(s)
     n_rows, n_classes = sz["n_rows"], sz["n_classes"]
-    z_agg = aggregation.make_aggregator(s.agg.table(), z_aggregation_defaults(s))
-    o_agg = aggregation.make_aggregator(objective_aggregation_cfg(s))
+    z_agg = aggregation.make_aggregator(s.agg, z_aggregation_defaults(s))
+    o_agg = aggregation.make_aggregator(objective_aggregation(s))
     objective: list[float] = []
     smoothed: list[float] = []
     agg_z_s: list[float] = []
@@ -92,18 +94,16 @@ def server(party: PartyLike, s: Settings, data: None) -> dict[str, Any]:
     return out
 
 
-def z_aggregation_defaults(s: Settings) -> dict[str, Any]:
+def z_aggregation_defaults(s: Settings) -> AggregationSettings:
     """Z's aggregation: secure by default, clip 2, weights up to zeta, a 64-bit ring."""
-    return {"aggregation": "secure", "secagg_clip": Z_CLIP, "secagg_max_weight": float(s.zeta),
-            "secagg_ring_bits": 64}
+    return AggregationSettings(aggregation="secure", secagg_clip=Z_CLIP, secagg_max_weight=float(s.zeta),
+                               secagg_ring_bits=64)
 
 
-def objective_aggregation_cfg(s: Settings) -> dict[str, Any]:
-    """The objective's aggregation: the method and graph of the settings, its own fixed-point range."""
-    t = {k: v for k, v in s.agg.table().items() if not k.startswith(("secagg_clip", "secagg_max_weight",
-                                                                      "secagg_ring_bits", "secagg_frac_bits"))}
-    t.setdefault("aggregation", "secure")
-    return {**t, **{k: v for k, v in OBJECTIVE_AGG.items() if v is not None}}
+def objective_aggregation(s: Settings) -> AggregationSettings:
+    """The objective's aggregation: the method and graph of the settings (secure when unset), its own
+    fixed-point range (OBJECTIVE_BOUNDS, whatever the run's clip, weight, ring and fraction bits)."""
+    return replace(s.agg, **OBJECTIVE_BOUNDS).over(AggregationSettings(aggregation="secure"))
 
 
 def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[str, Any]:
@@ -135,8 +135,8 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
     X = core.standardize(X_raw, mean, scale)
     X_val = core.standardize(data.X_val, mean, scale)
     labels = np.asarray(data.y_train)[rows] if data.y_train is not None else None
-    z_agg = aggregation.make_aggregator(s.agg.table(), z_aggregation_defaults(s))
-    o_agg = aggregation.make_aggregator(objective_aggregation_cfg(s))
+    z_agg = aggregation.make_aggregator(s.agg, z_aggregation_defaults(s))
+    o_agg = aggregation.make_aggregator(objective_aggregation(s))
     solve_s: list[float] = []
     zstep_s: list[float] = []
     with blas_one_thread():

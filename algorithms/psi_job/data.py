@@ -6,6 +6,7 @@ import hashlib
 import numpy as np
 
 from fedhet.algorithms.psi_job.messages import FEATURE, LABEL_OWNER
+from fedhet.algorithms.seeds import stream_rng
 from fedhet.algorithms.psi_job.settings import Settings
 from fedhet.crypto.ecdh_psi import encode_items
 from fedhet.parties.contract import PartyContext
@@ -47,7 +48,7 @@ def load_data(s: Settings, ctx: PartyContext) -> dict:
     if ctx.role not in (LABEL_OWNER, FEATURE):
         raise ValueError(f"psi: unknown role {ctx.role!r} (roles: {LABEL_OWNER}, {FEATURE})")
     slots = _slots(s, ctx.role, ctx.index)
-    rng = np.random.default_rng([s.seed, 0 if ctx.role == LABEL_OWNER else 1 + ctx.index])
+    rng = stream_rng(s.seed, 0 if ctx.role == LABEL_OWNER else 1 + ctx.index)  # a stream per party
     n_dup = int(round(s.duplicates * len(slots))) if len(slots) else 0
     rows = np.concatenate([slots, rng.choice(slots, size=n_dup)]) if n_dup else slots
     rows = rng.permutation(rows)

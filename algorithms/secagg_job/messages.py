@@ -22,4 +22,4 @@ def declarations(s: Settings) -> list[MessageDecl]:
         declare(Kind.DONE, CLIENT, SERVER, "the client's CPU seconds (its thread, its process) and bytes in the "
                 "round (scalars)", payload=sch.Fields({"cpu": sch.Float(), "pcpu": sch.Float(), "up": sch.Int(lo=0),
                                                        "down": sch.Int(lo=0)})),
-    ] + aggregation.declarations(s.m, s.m, s.agg.table(), DEFAULTS)
+    ] + aggregation.declarations(s.m, s.m, s.agg, DEFAULTS)

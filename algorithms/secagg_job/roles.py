@@ -14,7 +14,7 @@ from fedhet.protocols import aggregation
 
 def server(party: PartyLike, s: Settings, data: dict) -> list:
     clients = party.peers_with_role(CLIENT)
-    agg = aggregation.make_aggregator(s.agg.table(), DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, DEFAULTS)
     out = []
     for r in range(s.bench_rounds + 1):
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
@@ -30,7 +30,7 @@ def server(party: PartyLike, s: Settings, data: dict) -> list:
 
 
 def client(party: PartyLike, s: Settings, data: dict) -> dict:
-    agg = aggregation.make_aggregator(s.agg.table(), DEFAULTS)
+    agg = aggregation.make_aggregator(s.agg, DEFAULTS)
     srv = party.peers_with_role(SERVER)[0]
     for r in range(s.bench_rounds + 1):
         party.recv(srv, Kind.GO)

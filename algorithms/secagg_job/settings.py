@@ -8,7 +8,7 @@ from fedhet.protocols.aggregation_settings import AggregationSettings
 
 NAME = "secagg_bench"
 CLIP, MAX_WEIGHT = 4.0, 100.0
-DEFAULTS = {"aggregation": "secure", "secagg_clip": CLIP, "secagg_max_weight": MAX_WEIGHT}
+DEFAULTS = AggregationSettings(aggregation="secure", secagg_clip=CLIP, secagg_max_weight=MAX_WEIGHT)
 
 
 @dataclass(frozen=True)

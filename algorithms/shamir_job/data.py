@@ -3,23 +3,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedhet.algorithms.seeds import Stream, stream_rng
 from fedhet.algorithms.shamir_job.messages import COORDINATOR, HOLDER, OWNER
 from fedhet.algorithms.shamir_job.settings import Settings
 from fedhet.parties.contract import PartyContext
 
-# the tags of the job's two numpy streams, np.random.default_rng([seed, tag, i]) (frozen: they make the data)
-OWNER_MATRIX_TAG, PUBLIC_MATRIX_TAG = 1, 2
-
 
 def public_matrix(s: Settings, i: int) -> np.ndarray:
     """Owner i's public alignment matrix P_i, (d_in + i) x d_out, from the run seed."""
-    rng = np.random.default_rng([s.seed, PUBLIC_MATRIX_TAG, i])
+    rng = stream_rng(s.seed, Stream.SHAMIR_PUBLIC_MATRIX, i)
     return rng.normal(size=(s.d_in + i, s.d_out)) / np.sqrt(s.d_in + i)
 
 
 def owner_matrix(s: Settings, i: int) -> np.ndarray:
     """Owner i's private matrix X_i (synthetic, deterministic from the seed)."""
-    rng = np.random.default_rng([s.seed, OWNER_MATRIX_TAG, i])
+    rng = stream_rng(s.seed, Stream.SHAMIR_OWNER_MATRIX, i)
     return rng.uniform(-s.max_abs, s.max_abs, size=(s.rows, s.d_in + i))
 
 
