@@ -12,6 +12,7 @@ data without declaring it fails there).
 from __future__ import annotations
 
 import os
+from typing import Literal, overload
 from pathlib import Path
 
 ENV_DATA_DIR = "FEDHET_DATA_DIR"
@@ -34,6 +35,12 @@ def _candidates() -> list[Path]:
     # An editable install keeps the source tree: repo_root/algorithms/this file.
     out.append(Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
     return out
+
+
+@overload
+def data_root(data_dir: str | os.PathLike | None = None, required: Literal[True] = True) -> Path: ...
+@overload
+def data_root(data_dir: str | os.PathLike | None, required: bool) -> Path | None: ...
 
 
 def data_root(data_dir: str | os.PathLike | None = None, required: bool = True) -> Path | None:

@@ -392,7 +392,7 @@ class PartyTable:
 def check_finite(X: np.ndarray, *, columns: Sequence[str | int] | None = None, party: str | None = None,
                  dataset: str | None = None, path: str | os.PathLike | None = None,
                  lines: Sequence[int] | None = None, what: str = "value", argument: str | None = None,
-                 rows: Sequence[int] | None = None) -> None:
+                 rows: Sequence[int] | np.ndarray | None = None) -> None:
     """Raise :class:`DataFileError` at the first NaN or infinite cell of ``X`` (1-D or 2-D), in
     row order, naming the data row (1-based; ``lines[i]`` is row i's line in a text file), the
     column (``columns[j]``, else its 1-based number) and how many cells are bad in all.

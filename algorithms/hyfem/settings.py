@@ -13,7 +13,8 @@ from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
 # Extractor weights of these small nets stay well inside [-8, 8]; each client's eq. (7) weight is 1.
-DEFAULT_AGGREGATION, DEFAULT_CLIP = "secure", 8.0
+DEFAULT_AGGREGATION: Literal["secure", "plain"] = "secure"
+DEFAULT_CLIP = 8.0
 AGGREGATION_DEFAULTS = AggregationSettings(aggregation=DEFAULT_AGGREGATION, secagg_clip=DEFAULT_CLIP,
                                            secagg_max_weight=1.0)
 HANDWRITTEN_DIMS = (240, 76, 216, 47, 64, 6)   # pixel, fourier, profile, zer, kar, mor

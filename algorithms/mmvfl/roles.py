@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Literal
 
 import numpy as np
 
@@ -29,8 +29,8 @@ Z_CLIP = 2.0
 # The objective terms: a 64-bit fixed-point range of +-2^30 (about 1e9; the terms of the four data sets
 # stay below ~1e6); the quantiser keeps float64-exact sums, so 5 participants get 19 fraction bits
 # (resolution ~2e-6, far below tol x objective).
-OBJECTIVE_BOUNDS = {"secagg_clip": float(2 ** 30), "secagg_max_weight": 1.0, "secagg_ring_bits": 64,
-                    "secagg_frac_bits": None}
+OBJECTIVE_CLIP = float(2 ** 30)
+OBJECTIVE_RING_BITS: Literal[32, 64] = 64
 
 
 def blas_one_thread() -> ContextManager[Any]:
@@ -102,8 +102,10 @@ def z_aggregation_defaults(s: Settings) -> AggregationSettings:
 
 def objective_aggregation(s: Settings) -> AggregationSettings:
     """The objective's aggregation: the method and graph of the settings (secure when unset), its own
-    fixed-point range (OBJECTIVE_BOUNDS, whatever the run's clip, weight, ring and fraction bits)."""
-    return replace(s.agg, **OBJECTIVE_BOUNDS).over(AggregationSettings(aggregation="secure"))
+    fixed-point range (clip 2^30, weight 1, a 64-bit ring, the most fraction bits it allows, whatever the
+    run's clip, weight, ring and fraction bits)."""
+    return replace(s.agg, secagg_clip=OBJECTIVE_CLIP, secagg_max_weight=1.0, secagg_ring_bits=OBJECTIVE_RING_BITS,
+                   secagg_frac_bits=None).over(AggregationSettings(aggregation="secure"))
 
 
 def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[str, Any]:
