@@ -317,7 +317,7 @@ def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, siz
         recs: list = [(dt, tuple(shape)) for dt, shape in arrays]
         if isinstance(paths, list) and len(paths) == len(recs):
             recs = [(str(p), dt, shape) for p, (dt, shape) in zip(paths, recs)]
-        msg = decl.check_record(d, recs, cfg, sizes)
+        msg = decl.check_record(d, recs, sizes)
     except Exception as e:  # a malformed record or a broken check is a failed check, not a crash
         msg = f"arrays cannot be checked ({type(e).__name__}: {e})"
     if msg:

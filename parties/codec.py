@@ -105,13 +105,19 @@ class MessageTooLarge(MalformedMessage):
 
 
 @dataclass
-class Envelope:
+class Route:
+    """A message's address, as its header names it: run, sender, receiver, kind, sequence, round."""
+
     run: str
     frm: str
     to: str
     kind: str
     seq: int
     round: int
+
+
+@dataclass
+class Envelope(Route):
     payload: Any
     nbytes: int = 0  # encoded size of all frames
     digest: str = ""  # SHA-256 over all frames, for the transcript
@@ -226,16 +232,10 @@ def _rebuild(obj: Any, arrays: list, depth: int = 0) -> Any:
 
 
 @dataclass
-class Plan:
+class Plan(Route):
     """What a header announces: who sends what, and the data frames that must follow it."""
 
     header: dict
-    run: str
-    frm: str
-    to: str
-    kind: str
-    seq: int
-    round: int
     specs: list  # [(tag, dtype, shape, nbytes)] per array
     frame_sizes: list  # byte length of each data frame, in order
     chunk: int | None
@@ -320,7 +320,8 @@ def plan(header_frame: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Plan:
             full, rest = divmod(nbytes, chunk)
             sizes += [chunk] * full + ([rest] if rest else [])
         out.append((t, dt, tuple(shape), nbytes))
-    p = Plan(header, run, frm, to, kind, seq, rnd, out, sizes, chunk)
+    p = Plan(run=run, frm=frm, to=to, kind=kind, seq=seq, round=rnd, header=header, specs=out, frame_sizes=sizes,
+             chunk=chunk)
     if total > max_bytes:
         raise MessageTooLarge(f"message of {total} bytes exceeds the limit of {max_bytes}", p)
     return p

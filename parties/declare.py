@@ -3,19 +3,16 @@
 Every protocol and algorithm lists the kinds it sends as ``MessageDecl``s.
 ``fedhet audit`` checks each transcript record against them: the kind must be
 declared, the sender's and receiver's roles must be the declared ones, and the
-record's array dtypes and shapes must pass the declaration's ``check``.  The
-check sees only what the transcript holds (dtypes and shapes, never values)
-plus the run's configuration, so it is exactly what an auditor can verify.
+record's array dtypes and shapes must match the declaration's payload schema
+(built from the run's settings).  The check sees only what the transcript holds
+(dtypes and shapes, never values), so it is exactly what an auditor can verify.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from . import schema as sch
-
-ArraysCheck = Callable[[list, Any], "str | None"]
-
 
 @dataclass(frozen=True)
 class MessageDecl:
@@ -23,7 +20,6 @@ class MessageDecl:
     sender: tuple[str, ...]          # roles allowed to send it
     receiver: tuple[str, ...]        # roles allowed to receive it
     what: str                        # plain words: what the payload is
-    check: ArraysCheck | None = field(default=None, compare=False)  # extra audit check of (dtype, shape)s
     payload: sch.Spec | None = field(default=None, compare=False)   # the payload's schema (checked on receipt)
 
     def __post_init__(self):
@@ -33,11 +29,10 @@ class MessageDecl:
                 object.__setattr__(self, attr, (v,))
 
 
-def declare(kind: str, sender, receiver, what: str, check: ArraysCheck | None = None,
-            payload: sch.Spec | None = None) -> MessageDecl:
+def declare(kind: str, sender, receiver, what: str, payload: sch.Spec | None = None) -> MessageDecl:
     """One message kind.  ``payload`` is its schema (:mod:`fedhet.parties.schema`): the
     receiver validates every message against it and the audit checks every record."""
-    return MessageDecl(kind, sender, receiver, what, check, payload)
+    return MessageDecl(kind, sender, receiver, what, payload)
 
 
 ANY_ROLE = "*"
@@ -53,20 +48,6 @@ BUILTIN = [
 ]
 
 
-def no_arrays(arrays: list, cfg: dict) -> str | None:
-    return None if not arrays else f"expected no arrays, got {len(arrays)}"
-
-
-def arrays_where(pred: Callable[[str, tuple, dict], bool], describe: str) -> ArraysCheck:
-    """A check that every array (dtype, shape) satisfies ``pred``."""
-    def check(arrays: list, cfg: dict) -> str | None:
-        for dt, shape in arrays:
-            if not pred(dt, tuple(shape), cfg):
-                return f"array {dt}{list(shape)} is not {describe}"
-        return None
-    return check
-
-
 def index(decls: Iterable[MessageDecl]) -> dict[str, MessageDecl]:
     out: dict[str, MessageDecl] = {}
     for d in list(BUILTIN) + list(decls):
@@ -80,13 +61,7 @@ def role_ok(role: str, allowed: Sequence[str]) -> bool:
     return ANY_ROLE in allowed or role in allowed
 
 
-def check_record(d: MessageDecl, arrays: list, cfg: Any, sizes: dict | None = None) -> str | None:
+def check_record(d: MessageDecl, arrays: list, sizes: dict | None = None) -> str | None:
     """The audit's check of one record's arrays (``(path, dtype, shape)`` or ``(dtype, shape)``)
-    against a declaration: its schema, then its extra check.  None when it passes."""
-    if d.payload is not None:
-        msg = sch.check_arrays(d.payload, arrays, sizes)
-        if msg:
-            return msg
-    if d.check is not None:
-        return d.check([(a[-2], tuple(a[-1])) for a in arrays], cfg)
-    return None
+    against a declaration's payload schema.  None when it passes."""
+    return None if d.payload is None else sch.check_arrays(d.payload, arrays, sizes)

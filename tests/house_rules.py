@@ -15,6 +15,8 @@ Each rule is a function over a :class:`Tree` (the four packages' files, parsed o
   the benchmarks and the tests), or, in the library, read as an attribute of an imported one;
 - ``import-cycle``: modules that import each other, directly or round a loop (every import
   counts, a function's local ones too);
+- ``party-untyped``: a ``party`` parameter in ``protocols/`` or ``algorithms/`` without an
+  annotation (a party object is a ``PartyLike``; a party's name is a ``str``);
 - ``bare-seed-tag``: a literal number as a seed-stream tag (``default_rng([seed, 7919])``,
   ``SeedSequence([seed, 8])``) instead of a named ``toolkit.Stream`` tag.
 """
@@ -261,6 +263,20 @@ def import_cycles(tree: Tree) -> list[Violation]:
             for c in sccs]
 
 
+def untyped_parties(tree: Tree) -> list[Violation]:
+    out = []
+    for rel, mod in tree.files.items():
+        if not rel.startswith(("protocols/", "algorithms/")):
+            continue
+        for fn in ast.walk(mod):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
+                    if a.arg == "party" and a.annotation is None:
+                        out.append(Violation("party-untyped", _where(rel, fn),
+                                             f"{fn.name}(party, ...) has no annotation; a party is a PartyLike"))
+    return out
+
+
 _SEED_CALLS = ("default_rng", "SeedSequence")
 
 
@@ -290,6 +306,7 @@ RULES = {
     "parties-algorithms": parties_import_algorithms,
     "private-import": private_imports,
     "import-cycle": import_cycles,
+    "party-untyped": untyped_parties,
     "bare-seed-tag": bare_seed_tags,
 }
 

@@ -127,3 +127,23 @@ def scan_a_run(run_psi, wire, forbidden):
     bad = forbidden(lo_ids + f_ids)
     assert len(wire) > 6 and leaks(wire, bad) == []
     return lo_ids, f_ids, bad
+
+
+def psi_job_as_processes(run_dir, overrides: dict, kinds: set, timeout: float = 180):
+    """The ``psi`` preset as party processes with ``overrides``: every party agrees on a correct
+    intersection, the audit passes, and the transcripts hold at least the PSI ``kinds``; the audit report."""
+    from fedhet.parties import presets
+    from fedhet.parties.audit import audit
+    from fedhet.parties.federation import load
+    from fedhet.parties.launcher import launch
+
+    summary = launch(load(presets.path("psi")), run_dir=run_dir, progress=False, timeout=timeout,
+                     overrides=overrides)
+    assert summary["ok"]
+    results = [p["result"] for p in summary["parties"].values()]
+    assert len(results) == 3 and all(r["correct"] and r["rows_aligned"] for r in results)
+    assert len({r["ids_sha256"] for r in results}) == 1
+    rep = audit(run_dir)
+    assert rep.ok, rep.problems
+    assert {row["kind"] for row in rep.table} >= kinds
+    return rep

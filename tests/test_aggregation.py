@@ -124,10 +124,10 @@ def test_a_plain_update_in_a_secure_run_fails_its_declaration():
     assert Kind.PLAIN not in declared({})  # secure is the default
     assert secagg.Kind.MASKED not in declared({"aggregation": "plain"})
     plain = declared({"aggregation": "plain"})[Kind.PLAIN]
-    assert decl.check_record(plain, [("x", "<f8", (31,))], {}) is None
-    assert "31" in decl.check_record(plain, [("x", "<f8", (30,))], {})
+    assert decl.check_record(plain, [("x", "<f8", (31,))]) is None
+    assert "31" in decl.check_record(plain, [("x", "<f8", (30,))])
     f32 = declared({"aggregation": "plain", "plain_dtype": "float32"})[Kind.PLAIN]
-    assert "where <f4 is declared" in decl.check_record(f32, [("x", "<f8", (31,))], {})
+    assert "where <f4 is declared" in decl.check_record(f32, [("x", "<f8", (31,))])
     assert {Kind.PLAIN, secagg.Kind.MASKED} <= {d.kind for d in aggregation.declarations()}  # no settings: both
 
 

@@ -23,7 +23,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         "parties/settings.py": "def parse_settings(cls, table, name):\n    return cls\n",
         "parties/atomic.py": "def write(path, data):\n    pass\n",
         "crypto/field.py": "P = 2**61 - 1\n",
-        "protocols/secagg.py": "def run(party):\n    return party\n",
+        "protocols/secagg.py": "def run(party: \"PartyLike\"):\n    return party\n",
     }
     for rel, text in {**base, **files}.items():
         f = tmp_path / rel
@@ -44,7 +44,7 @@ PLANTED = {
                 return cls()
         """},
     "settings-dict": {"algorithms/chfl/roles.py": """
-        def client(party, s, data):
+        def client(party: PartyLike, s, data):
             rounds = s.get("rounds", 3)
             return {"rounds": rounds}
         """},
@@ -61,6 +61,10 @@ PLANTED = {
         """},
     "import-cycle": {"algorithms/a.py": "from fedhet.algorithms import b\n",
                      "algorithms/b.py": "def f():\n    from fedhet.algorithms.a import g\n    return g\n"},
+    "party-untyped": {"protocols/psi.py": """
+        def run(party, items):
+            return party
+        """},
     "bare-seed-tag": {"algorithms/mmvfl/data.py": """
         import numpy as np
         def split(seed, n):
@@ -80,7 +84,7 @@ def test_each_rule_catches_a_planted_violation(rule, tmp_path):
 def test_private_attribute_of_an_imported_module_is_caught(tmp_path):
     root = _tree(tmp_path, {"algorithms/f3/roles.py": """
         from fedhet.protocols import secagg
-        def owner(party, s, data):
+        def owner(party: PartyLike, s, data):
             return secagg._internal(party)
         """})
     assert [v.rule for v in hr.check(root)] == ["private-import"]
@@ -89,7 +93,7 @@ def test_private_attribute_of_an_imported_module_is_caught(tmp_path):
 def test_typed_settings_and_named_tags_pass(tmp_path):
     root = _tree(tmp_path, {"algorithms/chfl/roles.py": """
         from fedhet.algorithms.toolkit import derive_seed
-        def client(party, s, data):
+        def client(party: PartyLike, s, data):
             table = {"x": 1}
             return {"rounds": s.rounds, "x": table["x"], "seed": derive_seed(s.seed, "local")}
         """})

@@ -39,11 +39,13 @@ def test_the_printer_prints_changes_at_most_every_few_seconds():
 def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", "demo", "--out", str(out),
-                        "--set", "rounds=3"], capture_output=True, text=True, timeout=300)
+                        "--set", "rounds=20"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     table = next(i for i, ln in enumerate(lines) if "run folder" in ln)
-    live = [ln for ln in lines[:table] if ln.startswith("client1 (client)") or ln.startswith("server (server)")]
+    live = [ln for ln in lines[:table] if "(client)" in ln or "(server)" in ln]
+    # A step line for some party: which parties the launcher's polling catches mid-run depends on
+    # the machine's speed, so the test asks for one of the four (of 20 rounds each), not a given one.
     assert any("ETA" in ln and "elapsed" in ln for ln in live), p.stdout
     assert any(ln.endswith(" done") for ln in live), p.stdout
     log = (out / "parties" / "client1" / "log.txt").read_text()

@@ -14,7 +14,8 @@ from fedhet.parties import declare as decl
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import psi
 
-from psi_oracle import CASES, check_result, intersection_tests, leaks, psi_runner, scan_a_run, unkeyed_hashes
+from psi_oracle import (CASES, check_result, intersection_tests, leaks, psi_job_as_processes, psi_runner, scan_a_run,
+                        unkeyed_hashes)
 
 P = 2**255 - 19
 A = 486662
@@ -254,23 +255,8 @@ def test_psi_job_in_memory_three_parties():
 
 
 def test_psi_preset_runs_as_processes_and_passes_the_audit(tmp_path):
-    from fedhet.algorithms import registry
-    from fedhet.parties import presets
-    from fedhet.parties.audit import audit
-    from fedhet.parties.federation import load
-    from fedhet.parties.launcher import launch
-
-    if "psi" not in registry.names():
-        pytest.skip('register "psi" in the fedhet_algorithms entry points of pyproject.toml')
-    fed = load(presets.path("psi"))
-    summary = launch(fed, run_dir=tmp_path / "run", progress=False, timeout=120, overrides={"n": 500})
-    assert summary["ok"]
-    results = [p["result"] for p in summary["parties"].values()]
-    assert len(results) == 3 and all(r["correct"] and r["rows_aligned"] for r in results)
-    assert len({r["ids_sha256"] for r in results}) == 1
-    rep = audit(tmp_path / "run")
-    assert rep.ok, rep.problems
-    assert {row["kind"] for row in rep.table} >= {psi.Kind.BLIND_L, psi.Kind.BLIND_F, psi.Kind.DOUBLE_L, psi.Kind.RESULT}
+    psi_job_as_processes(tmp_path / "run", {"n": 500},
+                         {psi.Kind.BLIND_L, psi.Kind.BLIND_F, psi.Kind.DOUBLE_L, psi.Kind.RESULT}, timeout=120)
 
 
 def test_integer_id_too_long_for_python_is_named_with_party_and_position():

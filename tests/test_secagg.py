@@ -329,9 +329,9 @@ def test_round_numbers_must_increase():
 
 def test_declarations_accept_ring_vectors_only():
     masked = {d.kind: d for d in secagg.declarations(31, 31, 32)}[Kind.MASKED]
-    assert decl.check_record(masked, [("y", "<u4", (32,))], {}) is None
-    assert "dtype <f8 where <u4" in decl.check_record(masked, [("y", "<f8", (32,))], {})
-    assert "32" in decl.check_record(masked, [("y", "<u4", (31,))], {})  # 31 + 1 (the weight)
-    assert decl.check_record(masked, [("y", "<u8", (32,))], {}) is not None
+    assert decl.check_record(masked, [("y", "<u4", (32,))]) is None
+    assert "dtype <f8 where <u4" in decl.check_record(masked, [("y", "<f8", (32,))])
+    assert "32" in decl.check_record(masked, [("y", "<u4", (31,))])  # 31 + 1 (the weight)
+    assert decl.check_record(masked, [("y", "<u8", (32,))]) is not None
     wide = {d.kind: d for d in secagg.declarations(31, 31, 64)}[Kind.MASKED]
-    assert decl.check_record(wide, [("y", "<u8", (32,))], {}) is None
+    assert decl.check_record(wide, [("y", "<u8", (32,))]) is None

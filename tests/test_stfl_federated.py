@@ -238,7 +238,7 @@ def _check(cfg: dict, kind: str, *arrays) -> str | None:
     ((field, dtype, shape)) in a run of ``cfg``; "undeclared" for a kind the run does not declare."""
     s = _settings(cfg)
     decls = {d.kind: d for d in S.declarations(s)}
-    return check_record(decls[kind], list(arrays), s) if kind in decls else "undeclared"
+    return check_record(decls[kind], list(arrays)) if kind in decls else "undeclared"
 
 
 def test_declarations_reject_raw_features():

@@ -38,11 +38,11 @@ def _as_participant(d: MessageDecl, vector: tuple[str, sch.Spec]) -> MessageDecl
     kinds' payloads pinned to Z_k's and the objective's vectors."""
     def role(t: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(PARTICIPANT if r == "client" else r for r in t)
-    check, payload = d.check, d.payload
+    payload = d.payload
     if d.kind in (aggregation.Kind.PLAIN, secagg.Kind.MASKED) and isinstance(payload, sch.Fields):
         field, spec = vector
-        check, payload = None, sch.Fields({**payload.fields, field: spec}, payload.optional)
-    return declare(d.kind, role(d.sender), role(d.receiver), d.what, check, payload)
+        payload = sch.Fields({**payload.fields, field: spec}, payload.optional)
+    return declare(d.kind, role(d.sender), role(d.receiver), d.what, payload)
 
 
 def declarations(s: Settings) -> list[MessageDecl]:
