@@ -200,3 +200,19 @@ def test_asking_t_holders_in_turn_gives_the_model_that_asking_all_gives():
     assert a["test_probabilities"] == b["test_probabilities"] and a["test"] == b["test"]
     assert a["val_best_loss"] == b["val_best_loss"]
     assert [e["train_loss"] for e in a["history"]] == [e["train_loss"] for e in b["history"]]
+
+
+def test_holders_in_a_trusted_run_fail_at_once_naming_the_setting():
+    """Trusted fusion has no holders: a holder listed anyway stops the run with the reason, instead of
+    waiting out its receive timeout for shares no owner sends."""
+    from fedhet.parties import presets
+    from fedhet.parties.federation import load
+    from fedhet.parties.inmemory import FederationFailed, run_inmemory
+
+    fed = load(presets.path("f3_grid"))
+    cfg = {**fed.algorithm_cfg(), "local_epochs": 1, "epochs": 1, "test_samples": 2, "fusion": "trusted"}
+    with pytest.raises(FederationFailed) as e:
+        run_inmemory("f3", [(p.name, p.role) for p in fed.parties], cfg, seed=fed.seed, timeout=600)
+    holders = {p.name for p in fed.parties if p.role == "holder"}
+    assert set(e.value.failures) <= holders and e.value.failures
+    assert all("fusion = 'trusted' has no holders" in str(err) for err in e.value.failures.values())

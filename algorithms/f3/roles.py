@@ -24,6 +24,7 @@ from fedhet.algorithms.f3.settings import Settings, n_rows, owner_widths
 from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_global, entropy, plain_first_layer, predict, \
     pretrain_owner, scores, train_global
 from fedhet.parties.contract import PartyLike
+from fedhet.parties.settings import SettingsError
 from fedhet.protocols import shamir_share as ss
 
 
@@ -67,6 +68,10 @@ def owner(party: PartyLike, s: Settings, data: dict) -> dict:
 
 
 def holder(party: PartyLike, s: Settings, data: dict) -> dict:
+    if s.fusion == "trusted":   # nothing would ever reach it: say so now, not after the receive timeout
+        raise SettingsError(f"f3: party {party.name!r} is a holder, but fusion = 'trusted' has no holders "
+                            f"(the owners send their representations to the coordinator); remove the holders "
+                            f"or set fusion = 'shamir'")
     _threads(s)
     order = owners_in_order(party)
     coord = party.peers_with_role(COORDINATOR)[0]
