@@ -14,12 +14,13 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from . import codec
 from . import declare as decl
 from . import schema
 from .codec import MalformedMessage
+from .model_store import TrainedPart, make_part
 
 DEFAULT_TIMEOUT = 120.0
 BYE_KIND = decl.BYE_KIND      # closing barrier; declared for every run
@@ -313,6 +314,7 @@ class Party:
         self.messages_sent: dict[str, int] = collections.defaultdict(int)
         self.messages_received: dict[str, int] = collections.defaultdict(int)
         self.rejected: list[str] = []  # the first MAX_REJECTS_KEPT reasons, verbatim (truncated)
+        self.trained: TrainedPart | None = None   # what the role handed to save_model
         self.reject_counts: dict[str, int] = collections.defaultdict(int)  # "peer: category" -> count
         # Declarations make receipt strict: undeclared kinds, wrong roles and payloads against
         # their schema are refused.  None (low-level tests only) accepts any kind.
@@ -385,6 +387,12 @@ class Party:
         self._last_status = now
         self._status_cb({"done": done, "total": total, "metrics": _jsonable(metrics),
                          "elapsed_s": now - self._t0})
+
+    def save_model(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        """Hand the runtime this party's trained part (:mod:`fedhet.parties.model_store`): its
+        arrays and the algorithm's metadata.  The last call wins; the runner writes it to the
+        party's ``model/`` folder when the role has returned."""
+        self.trained = make_part(tensors, meta)
 
     def metric(self, **values: Any) -> None:
         rec = {"party": self.name, "round": self.round, "wall_s": round(time.monotonic() - self._t0, 6),

@@ -308,6 +308,22 @@ def cmd_audit(args) -> int:
     return rep.exit_code
 
 
+def cmd_export(args) -> int:
+    from fedhet.algorithms.export import ExportError, export_run
+    from .model_store import ModelFileError
+
+    out = Path(args.out) if args.out else Path(args.run_dir) / "export"
+    try:
+        done = export_run(args.run_dir, out, _registry().get_algorithm, party=args.party, onnx=not args.no_onnx)
+    except (ExportError, ModelFileError) as e:
+        console.print(f"fedhet export: {e}", style="red", markup=False)
+        return 2
+    for name, folder in done.items():
+        files = ", ".join(sorted(p.name for p in folder.iterdir()))
+        console.print(f"{name}: {folder} ({files})", markup=False)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from . import demo
 
@@ -376,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "--federation, the audit is unverified and exits 1)")
     p.add_argument("--json", action="store_true", help="also print the report as JSON")
     p.set_defaults(fn=cmd_audit)
+    p = sub.add_parser("export", help="write each party's trained part as safetensors, ONNX and metadata")
+    p.add_argument("run_dir")
+    p.add_argument("--party", help="only this party's part (default: every party that saved one)")
+    p.add_argument("--out", help="folder of the exports, a subfolder per party (default RUN/export)")
+    p.add_argument("--no-onnx", action="store_true", help="weights and metadata only")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
     p.add_argument("--out", help="run folder (default runs/demo-TIME)")
     p.add_argument("--he-epochs", type=int, default=3,

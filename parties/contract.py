@@ -80,6 +80,7 @@ class PartyLike(Protocol):
                timeout: float | None = None) -> dict[str, Any]: ...
     def peers_with_role(self, role: str) -> list[str]: ...
     def progress(self, done: int, total: int, **metrics: Any) -> None: ...
+    def save_model(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None: ...
     def metric(self, **values: Any) -> None: ...
     def now(self) -> float: ...                     # the clock receive timeouts run on (virtual in tests)
     def sleep(self, seconds: float) -> None: ...    # on now()'s clock
@@ -117,6 +118,9 @@ class Algorithm:
     settings: type | None = None
     sizes: Callable[[Any], dict] = field(default=lambda s: {})
     headline: tuple[str, ...] = ()  # result keys shown in full at the end of a run (final accuracy...)
+    # A saved trained part (its meta, its tensors: fedhet.parties.model_store) rebuilt as the object that
+    # scores new rows (a torch module whose forward takes the meta's "inputs"); None: trains no model.
+    load_model: Callable[[Mapping[str, Any], Mapping[str, Any]], Any] | None = None
 
     def parse(self, table: Mapping[str, Any] | None) -> Any:
         """The settings object for an ``[algorithm]`` table (a dict where ``settings`` is None)."""

@@ -14,7 +14,8 @@ from typing import Any
 
 from . import contract, failure
 from .api import Party, PartyAborted, PartyError, VirtualClock
-from .role import LOAD, run_role
+from .model_store import TrainedPart
+from .role import LOAD, run_role, trained_part
 
 
 class InMemoryParty(Party):
@@ -64,7 +65,8 @@ class FederationFailed(PartyError):
 def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None, seed: int = 0,
                  data: dict[str, Any] | None = None, device: str = "cpu", timeout: float = 120.0,
                  data_dir=None, party_data: dict[str, dict] | None = None, base_dir=None,
-                 strict: bool = True, clock: str = "real") -> dict[str, Any]:
+                 strict: bool = True, clock: str = "real", models: dict[str, TrainedPart] | None = None
+                 ) -> dict[str, Any]:
     """Run every role function of ``algorithm`` in its own thread; return name -> result.
 
     ``algorithm`` is a :class:`~fedhet.parties.contract.Algorithm`, a module exposing one, or
@@ -76,7 +78,8 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     the process runtime does.  ``clock="virtual"`` runs receive timeouts on a
     :class:`~fedhet.parties.api.VirtualClock`: a timeout fires only when every party waits, so tests
     of dropouts, late and stalled parties do not depend on the machine's speed (role functions
-    that wait in one thread at a time only).
+    that wait in one thread at a time only).  ``models``, a dict, receives each party's trained part
+    (what its role handed to ``save_model``, with the runtime's header) by name.
     """
     if clock not in ("real", "virtual"):
         raise ValueError(f"clock must be 'real' or 'virtual', got {clock!r}")
@@ -109,6 +112,9 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
                                      data_spec=(party_data or {}).get(name),
                                      base_dir=None if base_dir is None else str(base_dir),
                                      data=data[name] if data is not None and name in data else LOAD)
+            part = trained_part(algo, settings, hub.parties[name])
+            if models is not None and part is not None:
+                models[name] = part
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             records[name] = failure.record(e, name, role, transport=hub.parties.get(name))
             if not isinstance(e, PartyAborted):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from .contract import Algorithm, PartyContext, PartyLike, role_index
+from .contract import Algorithm, PartyContext, PartyLike, role_index, settings_table
+from .model_store import TrainedPart
 
 LOAD = object()  # run_role's ``data`` default: the party loads its own through the algorithm
 
@@ -38,3 +39,15 @@ def run_role(algorithm: Algorithm, settings: Any, party: PartyLike, parties: Seq
     if stage is not None:
         stage("role finished")
     return result
+
+
+def trained_part(algorithm: Algorithm, settings: Any, party: Any,
+                 fingerprint: Mapping[str, Any] | None = None) -> TrainedPart | None:
+    """What ``party``'s role handed to ``save_model``, with the runtime's header (algorithm, party,
+    role, run, the federation's fingerprint, the settings); None when it saved none."""
+    part: TrainedPart | None = getattr(party, "trained", None)
+    if part is None:
+        return None
+    part.header = {"algorithm": algorithm.name, "party": party.name, "role": party.role, "run_id": party.run_id,
+                   "fingerprint": fingerprint, "settings": settings_table(settings), "device": party.device}
+    return part

@@ -35,7 +35,8 @@ from .atomic import write_json_atomic
 from .contract import Algorithm, prepare
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
-from .role import run_role
+from .model_store import write_part
+from .role import run_role, trained_part
 from .transcript import Transcript
 
 if TYPE_CHECKING:  # the transport imports zmq; only a running party needs it
@@ -380,6 +381,10 @@ class PartyRun:
                               base_dir=fed.base_dir or None, stage=self.stage)
             party.close()
             self.stage("closing barrier passed")
+            part = trained_part(algo, settings, party, fed.fingerprint())
+            if part is not None:
+                write_part(pdir / "model", part, part.header)
+                self.stage("model written")
             transcript.close()
             wall = time.perf_counter() - t0
             write_json_when_possible(pdir / "result.json", {

@@ -15,9 +15,11 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedhet.algorithms import registry
+from fedhet.algorithms.export import check_part, export_run, load_export
 from fedhet.parties.audit import audit
 from fedhet.parties.contract import ENTRY_POINT_GROUP, installed_entry_points
 from fedhet.parties.federation import Federation, load
@@ -84,13 +86,35 @@ def check_processes_match_memory(name: str, tmp_path: Path) -> dict:
     assert rep.ok, rep.problems[:5]
     assert rep.messages > 0
 
+    models: dict = {}
     mem = run_inmemory(algo, [(p.name, p.role) for p in fed.parties], fed.algorithm_cfg(), seed=fed.seed,
-                       timeout=120)
+                       timeout=120, models=models)
     for p in fed.parties:
         got = _comparable(_jsonable(summary["parties"][p.name]["result"]))
         want = _comparable(_jsonable(mem[p.name]))
         assert got == want, f"{name}: party {p.name} differs between processes and in-memory"
+    if algo.load_model is not None:
+        check_trained_parts(name, models, tmp_path)
     return summary
+
+
+def check_trained_parts(name: str, models: dict, tmp_path: Path) -> None:
+    """An algorithm that trains a model: every part saved in memory rebuilds into a module that scores
+    as the trained part did, and the process run's parts export (weights, metadata, ONNX) and load
+    back the same, with the same tensors as in memory."""
+    algo = registry.get_algorithm(name)
+    assert models, f"{name} has a model loader but no party saved a trained part"
+    for party, part in models.items():
+        assert check_part(algo.load_model(part.meta, part.tensors), part.meta) is None, (name, party)
+    exported = export_run(tmp_path / "run", tmp_path / "export", registry.get_algorithm)
+    assert set(exported) == set(models), f"{name}: the process run saved parts for {sorted(exported)}"
+    for party, folder in exported.items():
+        module, doc = load_export(folder, registry.get_algorithm)
+        assert check_part(module, doc["meta"]) is None, (name, party)
+        from safetensors.numpy import load_file
+        on_disk = load_file(str(folder / "weights.safetensors"))
+        assert set(on_disk) == set(models[party].tensors)
+        assert all(np.array_equal(on_disk[k], v) for k, v in models[party].tensors.items()), (name, party)
 
 
 @pytest.mark.parametrize("name", registry.names())

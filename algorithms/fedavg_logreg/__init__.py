@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fedhet.algorithms.fedavg_logreg.data import load_data
 from fedhet.algorithms.fedavg_logreg.messages import Kind, declarations, sizes
+from fedhet.algorithms.fedavg_logreg.model import load_model
 from fedhet.algorithms.fedavg_logreg.roles import ROLES, client, server
 from fedhet.algorithms.fedavg_logreg.settings import NAME, Settings
 from fedhet.parties.contract import Algorithm
@@ -20,4 +21,4 @@ __all__ = ["ALGORITHM", "Kind", "Settings", "client", "declarations", "server", 
 ALGORITHM = Algorithm(
     name=NAME, summary="FedAvg logistic regression on breast cancer (the small horizontal job)",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
-    headline=("test_accuracy",))
+    headline=("test_accuracy",), load_model=load_model)

@@ -23,4 +23,13 @@ def load_data(s: Settings, ctx: PartyContext) -> dict[str, np.ndarray] | None:
     te = np.array_split(test, ctx.n_of_role)[ctx.index]
     mu, sd = x[tr].mean(0), x[tr].std(0) + 1e-9
     return {"x_train": (x[tr] - mu) / sd, "y_train": y[tr].astype(np.float64),
-            "x_test": (x[te] - mu) / sd, "y_test": y[te].astype(np.float64)}
+            "x_test": (x[te] - mu) / sd, "y_test": y[te].astype(np.float64),
+            # what a deployment of the model needs: the raw test rows, the scaler, the feature order
+            "x_test_raw": x[te], "scaler_mean": mu, "scaler_std": sd}
+
+
+def feature_names() -> list[str]:
+    """The 30 features in the order the model takes them (scikit-learn's breast-cancer names)."""
+    from sklearn.datasets import load_breast_cancer
+
+    return [str(n) for n in load_breast_cancer().feature_names]

@@ -8,7 +8,9 @@ from typing import Callable
 
 import numpy as np
 
+from fedhet.algorithms.fedavg_logreg import model
 from fedhet.algorithms.fedavg_logreg.core import local_train, share_correct
+from fedhet.algorithms.fedavg_logreg.data import feature_names
 from fedhet.algorithms.fedavg_logreg.messages import Kind
 from fedhet.algorithms.fedavg_logreg.settings import AGGREGATION_DEFAULTS, Settings
 from fedhet.parties.contract import PartyLike
@@ -35,6 +37,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
         w = res.mean
         bound = max(bound, res.mean_error_bound)
         party.progress(r + 1, s.rounds, acc=round(acc, 4))
+    party.save_model(*model.part(w, mean=None, std=None, feature_names=feature_names(), check_x=None))
     return {"test_accuracy": acc, "weights": w.tolist(), "rounds": s.rounds, "clients": len(clients),
             "aggregation": agg.method, "max_mean_error_bound": bound}
 
@@ -46,7 +49,7 @@ def client(party: PartyLike, s: Settings, data: dict[str, np.ndarray]) -> dict:
     acc = None
     for r in range(s.rounds + 1):
         party.round = r
-        w = party.recv(srv, Kind.MODEL)["w"]
+        w = party_w = party.recv(srv, Kind.MODEL)["w"]
         acc = share_correct(w, data["x_test"], data["y_test"])
         party.send(srv, Kind.EVAL, {"correct": int(round(acc * len(data["y_test"]))),
                                     "count": len(data["y_test"])})
@@ -56,6 +59,9 @@ def client(party: PartyLike, s: Settings, data: dict[str, np.ndarray]) -> dict:
         agg.submit(party, srv, w, weight=n, round=r)
         party.progress(r + 1, s.rounds)
     party.metric(test_accuracy=acc)
+    # the global model it was last sent, with its own scaler: what this client would deploy
+    party.save_model(*model.part(party_w, mean=data["scaler_mean"], std=data["scaler_std"],
+                                 feature_names=feature_names(), check_x=data["x_test_raw"]))
     return {"test_accuracy": acc, "weights": w.tolist(), "train_rows": n}
 
 
