@@ -46,6 +46,7 @@ from __future__ import annotations
 from fedhet.algorithms.f3.core import InProcessHolders, SharedFirstLayer
 from fedhet.algorithms.f3.data import OwnerData, load_data, n_owners, owner_data
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind, declarations
+from fedhet.algorithms.f3.model import load_model
 from fedhet.algorithms.f3.roles import ROLES, owners_in_order
 from fedhet.algorithms.f3.settings import NAME, Settings, n_rows, owner_seed, owner_widths
 from fedhet.algorithms.f3.training import pretrain_owner
@@ -58,4 +59,5 @@ __all__ = ["ALGORITHM", "COORDINATOR", "HOLDER", "InProcessHolders", "Kind", "OW
 ALGORITHM = Algorithm(
     name=NAME, summary="F³: frozen local LSTMs, representations Shamir-shared to holders, a GCN over a learned "
                        "consensus graph trained by the coordinator on reconstructed linear results",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",))
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",),
+    load_model=load_model)
