@@ -4,7 +4,9 @@ Roles: ``owner`` (n; the first in federation order is the label owner), ``holder
 "shamir" only) and ``coordinator`` (:mod:`.roles`).  Modules: :mod:`.settings` (the one parser),
 :mod:`.data` (with :mod:`.vowels`, :mod:`.traffic`), :mod:`.models` (eqs. 3, 8, 9), :mod:`.training` (the
 loops), :mod:`.core` (the first layer on shares), :mod:`.messages` (kinds and schemas), :mod:`.roles`,
-:mod:`.baselines` (Tables 2 and 3, plaintext).
+:mod:`.baselines` (Tables 2 and 3, plaintext), :mod:`.model` (the trained parts as they leave the run: an owner's
+frozen LSTM with its scaler, raw series -> h; the coordinator's fusion model taking every owner's h; a holder
+saves none, it holds shares only).
 
 Paper -> functions
   Eq. (3), Alg. 1 lines 1-4   owner: :func:`~fedhet.algorithms.f3.training.train_local` on its own series
