@@ -216,3 +216,101 @@ def test_holders_in_a_trusted_run_fail_at_once_naming_the_setting():
     holders = {p.name for p in fed.parties if p.role == "holder"}
     assert set(e.value.failures) <= holders and e.value.failures
     assert all("fusion = 'trusted' has no holders" in str(err) for err in e.value.failures.values())
+
+
+# ----------------------------------------------------------------------- trained parts (algorithms/f3/model.py)
+def _grid_parts(fusion, graph):
+    from fedhet.parties import presets
+    from fedhet.parties.federation import load
+    from fedhet.parties.inmemory import run_inmemory
+    fed = load(presets.path("f3_grid"))
+    cfg = {**fed.algorithm_cfg(), "local_epochs": 2, "epochs": 2, "test_samples": 2, "fusion": fusion, "graph": graph}
+    parties = [(p.name, p.role) for p in fed.parties if fusion == "shamir" or p.role != f3.HOLDER]
+    models: dict = {}
+    out = run_inmemory("f3", parties, cfg, seed=fed.seed, timeout=240, models=models)
+    return out, models
+
+
+def _chain(models):
+    """Every owner's part on its own raw check rows (the same samples: rows align by index), their h into
+    the coordinator's part."""
+    from fedhet.algorithms.export import score
+    owners = models["coordinator"].meta["owners"]
+    hs = {}
+    for o in owners:
+        meta = models[o].meta
+        module = f3.ALGORITHM.load_model(meta, models[o].tensors)
+        hs[f"h_{o}"] = score(module, meta, meta["check"]["inputs"])
+        assert np.array_equal(hs[f"h_{o}"], np.asarray(meta["check"]["outputs"], dtype=np.float32))
+        x = torch.as_tensor(np.asarray(meta["check"]["inputs"]["x"]))
+        with torch.no_grad():   # the local head rides along: the local model's probabilities
+            local = module.local_probabilities(x).numpy()
+        assert np.array_equal(local, np.asarray(meta["check_local"], dtype=np.float32))
+    coord = models["coordinator"]
+    return score(f3.ALGORITHM.load_model(coord.meta, coord.tensors), coord.meta, hs), hs
+
+
+def test_owner_parts_into_the_coordinator_part_predict_what_the_trusted_run_predicted():
+    """Each owner's part scores its RAW series (its scaler inside) into h; the coordinator's part takes every
+    owner's h and, with the run's graph (here Â = I), gives the run's test probabilities."""
+    out, models = _grid_parts("trusted", "none")
+    owners = [f"s{i}" for i in range(1, 5)]
+    assert set(models) == {"coordinator", *owners}
+    for o in owners:
+        meta = models[o].meta
+        assert meta["model"] == "f3/owner" and meta["scaler"] and meta["outputs"] == ["h"]
+        assert meta["feature_names"] == [f"speed_g{int(o[1:]) - 1}"] and meta["inputs"][0]["shape"] == [None, 12, 1]
+    coord = models["coordinator"].meta
+    assert coord["inputs"][0] == {"name": "h_s1", "shape": [None, 16], "dtype": "float32", "from": "s1"}
+    probs, _ = _chain(models)
+    want = np.asarray(out["coordinator"]["test_probabilities"])[:len(probs)]
+    assert np.allclose(probs, want, rtol=0, atol=1e-6)
+
+
+def test_a_shamir_coordinator_part_takes_h_it_never_held_and_holders_save_none():
+    """In shamir fusion the coordinator held no h: its part is checked on synthetic h, and scoring real rows
+    takes the owners' h (federated prediction); the chained parts give the run's predictions up to the
+    fixed-point error of the shares.  Holders hold shares only: no part."""
+    out, models = _grid_parts("shamir", "none")
+    assert not {"h1", "h2", "h3"} & set(models)
+    coord = models["coordinator"]
+    assert coord.meta["fusion"] == "shamir" and "synthetic" in coord.meta["check_inputs"]
+    probs, hs = _chain(models)
+    for name, rows in coord.meta["check"]["inputs"].items():
+        assert not np.allclose(np.asarray(rows, dtype=np.float32), hs[name])
+    want = np.asarray(out["coordinator"]["test_probabilities"])[:len(probs)]
+    assert np.allclose(probs, want, rtol=0, atol=1e-3)
+
+
+def test_a_learned_graph_part_scores_with_fixed_draws_from_its_theta():
+    """The run drew a fresh ICDF graph per sample; the part carries test_samples normalised draws from the
+    learned θ (its own seeded generator), so the same rows always get the same answer."""
+    from fedhet.algorithms.f3 import model as M
+    _, models = _grid_parts("trusted", "icdf")
+    coord = models["coordinator"]
+    graphs, theta = coord.tensors["graphs"], coord.tensors["gcn.theta"]
+    assert graphs.shape == (2, 4, 4) and np.allclose(graphs, graphs.transpose(0, 2, 1)) and theta.shape == (4, 4)
+    gcn = f3.ALGORITHM.load_model(coord.meta, coord.tensors).gcn
+    assert np.array_equal(M.fixed_graphs(gcn).numpy(), graphs)
+    a, _ = _chain(models)
+    b, _ = _chain(models)
+    assert np.array_equal(a, b) and np.allclose(a.sum(1), 1, atol=1e-6)
+
+
+def test_a_vowels_owner_part_reads_each_row_to_its_length(shared_data):
+    """Japanese Vowels' series are zero-padded: the owner's part takes the lengths and ignores what follows."""
+    from fedhet.algorithms.export import check_part, score
+    from fedhet.parties.inmemory import run_inmemory
+    models: dict = {}
+    parties = [("c", "coordinator")] + [(f"o{i}", "owner") for i in range(12)]
+    run_inmemory("f3", parties, {"dataset": "vowels", "local_epochs": 1, "epochs": 1, "fusion": "trusted",
+                                 "graph": "none"}, timeout=120, models=models, data_dir=shared_data)
+    part = models["o3"]
+    assert [i["name"] for i in part.meta["inputs"]] == ["x", "lengths"] and part.meta["feature_names"] == ["lpc_4"]
+    module = f3.ALGORITHM.load_model(part.meta, part.tensors)
+    assert check_part(module, part.meta) is None
+    rows = {k: np.asarray(v) for k, v in part.meta["check"]["inputs"].items()}
+    tail = rows["x"].copy()
+    for r, n in enumerate(rows["lengths"].astype(int)):
+        tail[r, n:] = 7.0
+    assert np.array_equal(score(module, part.meta, {**rows, "x": tail}), score(module, part.meta, rows))

@@ -4,7 +4,9 @@ Roles: ``owner`` (n; the first in federation order is the label owner), ``holder
 "shamir" only) and ``coordinator`` (:mod:`.roles`).  Modules: :mod:`.settings` (the one parser),
 :mod:`.data` (with :mod:`.vowels`, :mod:`.traffic`), :mod:`.models` (eqs. 3, 8, 9), :mod:`.training` (the
 loops), :mod:`.core` (the first layer on shares), :mod:`.messages` (kinds and schemas), :mod:`.roles`,
-:mod:`.baselines` (Tables 2 and 3, plaintext).
+:mod:`.baselines` (Tables 2 and 3, plaintext), :mod:`.model` (the trained parts as they leave the run: an owner's
+frozen LSTM with its scaler, raw series -> h; the coordinator's fusion model taking every owner's h; a holder
+saves none, it holds shares only).
 
 Paper -> functions
   Eq. (3), Alg. 1 lines 1-4   owner: :func:`~fedhet.algorithms.f3.training.train_local` on its own series
@@ -46,6 +48,7 @@ from __future__ import annotations
 from fedhet.algorithms.f3.core import InProcessHolders, SharedFirstLayer
 from fedhet.algorithms.f3.data import OwnerData, load_data, n_owners, owner_data
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind, declarations
+from fedhet.algorithms.f3.model import load_model
 from fedhet.algorithms.f3.roles import ROLES, owners_in_order
 from fedhet.algorithms.f3.settings import NAME, Settings, n_rows, owner_seed, owner_widths
 from fedhet.algorithms.f3.training import pretrain_owner
@@ -58,4 +61,5 @@ __all__ = ["ALGORITHM", "COORDINATOR", "HOLDER", "InProcessHolders", "Kind", "OW
 ALGORITHM = Algorithm(
     name=NAME, summary="F³: frozen local LSTMs, representations Shamir-shared to holders, a GCN over a learned "
                        "consensus graph trained by the coordinator on reconstructed linear results",
-    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",))
+    roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",),
+    load_model=load_model)

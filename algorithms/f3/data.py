@@ -16,6 +16,7 @@ import numpy as np
 
 from fedhet.algorithms.f3 import traffic
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER
+from fedhet.algorithms.f3.model import CHECK_ROWS
 from fedhet.algorithms.f3.settings import Settings, n_rows
 from fedhet.algorithms.f3.vowels import N_CLASSES, load_vowels
 from fedhet.parties.contract import PartyContext, resolve_data_path
@@ -84,8 +85,19 @@ def load_data(s: Settings, ctx: PartyContext) -> dict:
                              "every party agrees on the split sizes")
         raw = {k: (data.x[i, c, :, None], None, data.y[i]) for k, i in data.split.items()}
         n_classes = 2
-    out = standardise_owner(raw, padded=s.dataset == "vowels")
-    return {"splits": out, "n_classes": n_classes, "index": c}
+    padded = s.dataset == "vowels"
+    mu, sd = owner_scaler(raw, padded)
+    xt, lt = raw["test"][0][:CHECK_ROWS], raw["test"][1]
+    return {"splits": standardise_owner(raw, padded), "n_classes": n_classes, "index": c, "scaler": (mu, sd),
+            "raw_test": (xt, None if lt is None else lt[:CHECK_ROWS]), "feature_names": feature_names(s, c, ctx.data_dir)}
+
+
+def feature_names(s: Settings, c: int, data_dir: str | None = None) -> list[str]:
+    """Owner c's one channel: Japanese Vowels' LPC coefficient (the set names no columns: ``lpc_<k>``, in its
+    order); traffic: the speed at its sensor (``speed_<sensor id>``, the road graph's ids)."""
+    if s.dataset == "vowels":
+        return [f"lpc_{c + 1}"]
+    return [f"speed_{traffic.load_graph(s.dataset, data_dir)[0][c]}"]
 
 
 # ------------------------------------------------------------------------ every owner's data
@@ -126,12 +138,17 @@ def vowels_parts(split_seed: int = 123, val_fraction: float = 0.2, data_dir=None
             "test": (te, np.arange(len(te.labels)))}
 
 
-def standardise_owner(raw: dict, padded: bool) -> dict:
-    """One owner's ``{split: (x, lengths, y)}`` scaled by the mean and deviation of its own training series
-    (``padded``: zeros are padding, not data, and are left out of the statistics)."""
+def owner_scaler(raw: dict, padded: bool) -> tuple[float, float]:
+    """The mean and deviation of one owner's own training series (``padded``: zeros are padding, not data,
+    and are left out)."""
     x_tr = raw["train"][0]
     real = x_tr[x_tr != 0] if padded else x_tr
-    mu, sd = float(real.mean()), float(real.std()) or 1.0
+    return float(real.mean()), float(real.std()) or 1.0
+
+
+def standardise_owner(raw: dict, padded: bool) -> dict:
+    """One owner's ``{split: (x, lengths, y)}`` scaled by :func:`owner_scaler`."""
+    mu, sd = owner_scaler(raw, padded)
     return {k: ((x - mu) / sd, ln, y) for k, (x, ln, y) in raw.items()}
 
 

@@ -20,6 +20,7 @@ from fedhet.algorithms.f3.core import OwnerShares, SharedFirstLayer, holder_back
     pack_symmetric, unpack_symmetric
 from fedhet.algorithms.f3.data import provenance
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
+from fedhet.algorithms.f3.model import coordinator_part, owner_part
 from fedhet.algorithms.f3.settings import Settings, n_rows, owner_widths
 from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_global, entropy, plain_first_layer, predict, \
     pretrain_owner, scores, train_global
@@ -60,6 +61,12 @@ def owner(party: PartyLike, s: Settings, data: dict) -> dict:
     if idx == 0:
         party.send(party.peers_with_role(COORDINATOR)[0], Kind.LABELS, {"y": st.y})
     upload_s = time.perf_counter() - t0
+    assert st.model is not None
+    raw_x, raw_len = data["raw_test"]
+    # its part: the frozen local model with its scaler, checked on its own first test rows
+    party.save_model(*owner_part(st.model, mean=data["scaler"][0], std=data["scaler"][1],
+                                 n_classes=data["n_classes"], feature_names=data["feature_names"],
+                                 raw_x=raw_x, std_x=data["splits"]["test"][0], lengths=raw_len, dataset=s.dataset))
     return {"index": idx, "width": st.info["width"], "local_epochs": st.info["epochs"],
             "local_val_loss": st.info["val_loss"], "local_test": scores(st.test_probabilities, yt, data["n_classes"]),
             "local_test_entropy": [float(v) for v in entropy(st.test_probabilities)],
@@ -223,6 +230,9 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     infer_s = time.perf_counter() - t0
     if link is not None:
         link.stop()
+    # its part: the global model taking the owners' h as inputs (a holder saves none: it holds shares only)
+    party.save_model(*coordinator_part(model, owners=order, widths=widths, n_classes=n_classes,
+                                       fusion=s.fusion, dataset=s.dataset))
     out = {"fusion": s.fusion, "dataset": s.dataset, "provenance": provenance(s), "n_owners": n,
            "align": s.align, "graph": s.graph, "epochs": len(history), "history": history,
            "test": scores(p_test, y[tep], n_classes), "val_best_loss": min(h["val_loss"] for h in history),

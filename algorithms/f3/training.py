@@ -254,6 +254,7 @@ class LocalStage:
     test_probabilities: np.ndarray
     info: dict
     seconds: float
+    model: LocalLSTM | None = None   # the frozen local model itself (what the owner's part exports)
 
 
 def pretrain_owner(s: Settings, data: dict, index: int, n_owners: int, device: str = "cpu",
@@ -269,4 +270,4 @@ def pretrain_owner(s: Settings, data: dict, index: int, n_owners: int, device: s
     reps = np.concatenate([represent(model, a, b, device) for a, b in ((x, ln), (xv, lv), (xt, lt))])
     pt = local_probabilities(model, xt, lt, device)
     return LocalStage(reps, np.concatenate([y, yv, yt]).astype(np.int64), pt, {**info, "width": width},
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, model)
