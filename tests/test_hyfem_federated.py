@@ -3,7 +3,10 @@
 * it learns: global and local accuracy well above chance on a Handwritten subset;
 * secure per-view aggregation gives the plain run's models within its error bound;
 * a view held by one client is refused under secure aggregation, unless allow_plain_views;
-* no label-shaped array leaves a client, and the process run passes ``fedhet audit``.
+* no label-shaped array leaves a client, and the process run passes ``fedhet audit``;
+* the trained parts score raw rows as the run did: a client's from its own views (its final local
+  accuracy), the server's from every view (the final global accuracy); COIL-20's CNN extractors
+  export too (weights, metadata, ONNX) and load back identical.
 """
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import json
 
 import numpy as np
 import pytest
-from fedhet.algorithms import hyfem
+from fedhet.algorithms import hyfem, registry
+from fedhet.algorithms.export import check_part, export_run, load_export, score
+from fedhet.algorithms.hyfem.data import raw_views
 from fedhet.parties import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
@@ -26,8 +31,8 @@ SMALL = {"max_rows": 600, "extractor_hidden": 32, "inference_hidden": 16, "embed
          "local_steps": 16, "rounds": 3}
 
 
-def run(cfg, seed=0):
-    return run_inmemory("hyfem", PARTIES, {**SMALL, **cfg}, seed=seed, timeout=180)
+def run(cfg, seed=0, models=None):
+    return run_inmemory("hyfem", PARTIES, {**SMALL, **cfg}, seed=seed, timeout=180, models=models)
 
 
 def test_learns_well_above_chance():
@@ -56,6 +61,34 @@ def test_secure_equals_plain_within_the_error_bound():
         # w_m are computed from the same received models: the matching sees identical inputs
         np.testing.assert_array_equal(np.asarray(Wa), np.asarray(Wb))
         np.testing.assert_array_equal(np.asarray(ba), np.asarray(bb))
+
+
+def test_trained_parts_score_raw_rows_as_the_run_did():
+    """A client's part takes raw rows of its own views only and gives its final local accuracy; the
+    server's takes every view and gives the final global accuracy (on the raw evaluation rows: the
+    parts standardise inside)."""
+    cfg = {"aggregation": "plain", "rounds": 2}
+    models: dict = {}
+    out = run(cfg, models=models)
+    assert set(models) == {name for name, _ in PARTIES}
+    algo = registry.get_algorithm("hyfem")
+    s = parse_settings(hyfem.Settings, {**SMALL, **cfg})
+    views, y, _, test, _ = raw_views(s)
+    for name, part in models.items():
+        module = algo.load_model(part.meta, part.tensors)
+        assert check_part(module, part.meta) is None, name
+        mine = part.meta["views"]
+        if name == "server":
+            assert part.meta["model"] == "hyfem/server" and mine == [0, 1, 2, 3]
+            want = out["server"]["final_global_accuracy"]
+        else:
+            assert part.meta["model"] == "hyfem/client" and mine == out[name]["views"]
+            want = out[name]["local_curve"][-1]["accuracy"]
+        assert [i["name"] for i in part.meta["inputs"]] == [f"view{d}" for d in mine]
+        assert part.meta["scaler"]["views"] == mine and part.meta["classes"] == list(range(10))
+        logits = score(module, part.meta, {f"view{d}": views[d][test] for d in mine})
+        # the run's accuracy is a float32 mean: compare the counts of right answers
+        assert int((logits.argmax(1) == y[test]).sum()) == round(want * len(test)), name
 
 
 ONE_HOLDER = {"scenario": "custom", "n_views": 4, "views_per_client": 1, "classes_per_client": 10,
@@ -136,6 +169,20 @@ def test_12view_coil20_preset_runs_as_processes_and_passes_audit(tmp_path):
     assert srv["dataset"] == "coil20" and len(srv["view_aggregation"]) == 12
     assert set(srv["view_aggregation"].values()) == {"secure"}
     assert all(len(v) == 9 for v in srv["client_views"].values())
+    # the CNN extractors' parts: exported (weights, metadata, ONNX), loaded back identical
+    ort = pytest.importorskip("onnxruntime")
+    exported = export_run(tmp_path / "run", tmp_path / "export", registry.get_algorithm)
+    assert set(exported) == set(summary["parties"])
+    for name in ("server", "client1"):
+        module, doc = load_export(exported[name], registry.get_algorithm)
+        meta = doc["meta"]
+        assert check_part(module, meta) is None, name
+        assert "scaler" not in meta and {e["kind"] for e in meta["extractors"].values()} == {"cnn"}
+        assert all(i["shape"] == [None, 1024] for i in meta["inputs"])
+        rows = {k: np.asarray(v, dtype=np.float32) for k, v in meta["check"]["inputs"].items()}
+        sess = ort.InferenceSession(str(exported[name] / "model.onnx"))
+        got = sess.run(None, rows)[0]
+        np.testing.assert_allclose(got, np.asarray(meta["check"]["outputs"]), rtol=1e-4, atol=1e-5)
 
 
 def test_audit_flags_a_plain_view_when_not_allowed():

@@ -10,6 +10,8 @@
 * Federated Hierarchical equals joint backprop in one process (same nets, same batch order).
 * Two guests work; the declaration checks reject a raw-width "latent"; a process run of the
   ``stfl`` preset passes ``fedhet audit``.
+* The exported parts compose: each guest's part on its raw rows gives the codes the host's part
+  takes, and the host's part on its raw rows and those codes scores as the trained host did.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import pytest
 import torch
 
 from fedhet.algorithms import data_fate as D
+from fedhet.algorithms import registry
+from fedhet.algorithms.export import check_part, score
 from fedhet.algorithms import stfl as S
 from fedhet.algorithms.stfl import core as L
 from fedhet.algorithms.stfl.settings import SHAPES, Model
@@ -59,9 +63,9 @@ def delivered(monkeypatch):
     return log
 
 
-def _run(cfg, n_guests=1, seed=3):
+def _run(cfg, n_guests=1, seed=3, models=None):
     parties = [("host", "host")] + [(f"guest{i + 1}", "guest") for i in range(n_guests)]
-    return run_inmemory(S, parties, cfg={**FAST, "n_guests": n_guests, **cfg}, seed=seed, timeout=60)
+    return run_inmemory(S, parties, cfg={**FAST, "n_guests": n_guests, **cfg}, seed=seed, timeout=60, models=models)
 
 
 # ------------------------------------------------------------------ settings and data
@@ -228,6 +232,47 @@ def test_hierarchical_is_deterministic():
     a, b = _run(cfg, seed=2), _run(cfg, seed=2)
     assert a["host"]["host_state"] == b["host"]["host_state"]
     assert a["guest1"]["guest_state"] == b["guest1"]["guest_state"]
+
+
+# ------------------------------------------------------------------------ trained parts
+
+
+@pytest.mark.parametrize("variant", ["stfl", "hierarchical"])
+def test_exported_parts_compose_guest_codes_into_the_host_score(variant):
+    """Guest i's part maps its raw rows to z_i; the host's part takes its raw rows and z_0..z_{G-1}
+    of the same IDs and gives exactly the trained host's logits.  No part holds another party's
+    rows: a guest's part holds its own columns' weights and scaler only."""
+    seed, n_guests = 2, 2
+    cfg = {**FAST, "epochs": 3, "vae_epochs": 3, "variant": variant}
+    models: dict = {}
+    _run(cfg, n_guests=n_guests, seed=seed, models=models)
+    algo = registry.get_algorithm("stfl")
+    assert set(models) == {"host", "guest1", "guest2"}
+    host = models["host"]
+    prefix = "stfl" if variant == "stfl" else "stfl-hierarchical"
+    assert host.meta["model"] == f"{prefix}/host" and host.meta["classes"] == [0, 1]
+    assert [i["name"] for i in host.meta["inputs"]] == ["x", "z0", "z1"]
+    hv = _load({**cfg, "seed": seed, "n_guests": n_guests}, "host", "host", 0, 1)
+    assert host.meta["feature_names"] == hv.columns and len(hv.columns) == 10
+    x_host = np.asarray(host.meta["check"]["inputs"]["x"], dtype=np.float32)
+    # every host row is common in breast_sk: its check rows are its first test rows, raw
+    assert np.array_equal(x_host, hv.x_test_raw[:len(x_host)])
+    ids = hv.ids_test[:len(x_host)]
+    rows = {"x": x_host}
+    for i in range(n_guests):
+        part = models[f"guest{i + 1}"]
+        assert part.meta["model"] == f"{prefix}/guest" and "classes" not in part.meta
+        g = _load({**cfg, "seed": seed, "n_guests": n_guests}, f"g{i}", "guest", i, n_guests)
+        assert part.meta["feature_names"] == g.columns and part.tensors["scaler_mean"].shape == (10,)
+        at = {v: r for r, v in enumerate(g.ids.tolist())}
+        z = score(algo.load_model(part.meta, part.tensors), part.meta, {"x": g.x[[at[v] for v in ids.tolist()]]})
+        assert np.array_equal(z, np.asarray(host.meta["check"]["inputs"][f"z{i}"], dtype=np.float32)), i
+        rows[f"z{i}"] = z
+    logits = score(algo.load_model(host.meta, host.tensors), host.meta, rows)
+    assert np.array_equal(logits, np.asarray(host.meta["check"]["outputs"], dtype=np.float32))
+    # the round trip is a real check: a changed weight fails it
+    bad = dict(host.tensors, **{"net.0.bias": host.tensors["net.0.bias"] + 1e-3})
+    assert "differ" in check_part(algo.load_model(host.meta, bad), host.meta)
 
 
 # --------------------------------------------------------------- declarations, audit

@@ -6,7 +6,8 @@ secure aggregation among the clients holding it (eq. (7)), and the clients' infe
 merged by Hungarian-matched averaging (eq. (8), :mod:`.matching`).
 
 Modules: ``settings`` (the ``[algorithm]`` keys, the scenarios, the networks' shapes), ``data``
-(views, split, each client's part), ``models`` (extractors, inference MLP), ``matching``
+(views, split, each client's part), ``models`` (extractors, inference MLP), ``model`` (each
+party's trained part as it leaves the run), ``matching``
 (eq. (8)), ``core`` (one function per step of Algorithm 1), ``messages`` (the kinds and their
 schemas), ``roles`` (``server``, ``client``).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from fedhet.algorithms.hyfem.data import (coil_image_sets, coil_sample_images, load_data, load_views, make_partition,
                                           prepared_views, split_rows)
 from fedhet.algorithms.hyfem.messages import Kind, declarations
+from fedhet.algorithms.hyfem.model import load_model
 from fedhet.algorithms.hyfem.roles import ROLES
 from fedhet.algorithms.hyfem.settings import Settings, model_spec, sizes
 from fedhet.parties.contract import Algorithm
@@ -28,7 +30,7 @@ ALGORITHM = Algorithm(
     name="hyfem", summary="HyFEM: hybrid FL by matched averaging (per-view extractors with secure "
                           "per-view aggregation, Hungarian-matched inference models)",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
-    headline=("final_global_accuracy", "final_local_accuracy"))
+    headline=("final_global_accuracy", "final_local_accuracy"), load_model=load_model)
 
 __all__ = ["ALGORITHM", "Kind", "Settings", "coil_image_sets", "coil_sample_images", "declarations", "load_data",
            "load_views", "make_partition", "model_spec", "prepared_views", "sizes", "split_rows"]

@@ -12,7 +12,8 @@ keeps only its own rows and views.  **Evaluation convenience (declared):** every
 held-out evaluation rows (all views, with labels) -- clients to score their local model with only
 their views, the server to score theta_0 with every view.  They are a public benchmark split,
 never trained on.  Features are standardised per view with the evaluation rows' column means and
-deviations (the same public statistics at every party).
+deviations (the same public statistics at every party; :func:`view_scalers`, kept with each
+party's data for the part it exports).
 """
 from __future__ import annotations
 
@@ -113,22 +114,41 @@ def make_partition(s: Settings, y_train: np.ndarray, n_clients: int):
     return hybrid_partition(y_train, n_clients, D, v, classes_arg(c), u, seed=s.seed)
 
 
-def prepared_views(s: Settings, data_dir=None):
-    """(views scaled as every party scales them, labels, training rows, evaluation rows)."""
+def view_scalers(s: Settings, views: list[np.ndarray], test: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """Each view's public standardisation, (column means, deviations + 1e-6) of the evaluation
+    rows (float32); None for image views (COIL-20), which are used as they are."""
+    if s.dataset not in VIEW_DIMS:
+        return [None] * len(views)
+    return [(v[test].mean(0), v[test].std(0) + 1e-6) for v in views]
+
+
+def scale_views(views: list[np.ndarray], scalers: list[tuple[np.ndarray, np.ndarray] | None]) -> list[np.ndarray]:
+    """``(v - mean) / std`` per view (float32), a view without a scaler as it is."""
+    return [v if sc is None else ((v - sc[0]) / sc[1]).astype(np.float32) for v, sc in zip(views, scalers)]
+
+
+def raw_views(s: Settings, data_dir=None):
+    """(views unscaled, labels, training rows, evaluation rows, each view's scaler)."""
     views, y = load_views(s, data_dir)
     groups = row_groups(s)
     train, test = split_rows(s, len(y), groups, None if groups is None else y)
-    # Public standardisation: the evaluation rows' column statistics (features only).
-    stats = [(v[test].mean(0), v[test].std(0) + 1e-6) for v in views]
-    scale = [((v - mu) / sd).astype(np.float32) if s.dataset in VIEW_DIMS else v
-             for v, (mu, sd) in zip(views, stats)]
-    return scale, y, train, test
+    return views, y, train, test, view_scalers(s, views, test)
+
+
+def prepared_views(s: Settings, data_dir=None):
+    """(views scaled as every party scales them, labels, training rows, evaluation rows)."""
+    views, y, train, test, scalers = raw_views(s, data_dir)
+    return scale_views(views, scalers), y, train, test
 
 
 def load_data(s: Settings, ctx: PartyContext):
-    scale, y, train, test = prepared_views(s, ctx.data_dir)
+    """A party's part: the evaluation rows (every view) and, a client, its own training rows of its
+    views; ``x_test_raw`` and ``scalers`` (per view) are what its exported part applies to raw rows."""
+    views, y, train, test, scalers = raw_views(s, ctx.data_dir)
+    scale = scale_views(views, scalers)
     x_test = {d: scale[d][test] for d in range(len(scale))}
-    out = {"x_test": x_test, "y_test": y[test]}
+    out = {"x_test": x_test, "y_test": y[test], "x_test_raw": {d: views[d][test] for d in range(len(views))},
+           "scalers": dict(enumerate(scalers))}
     if ctx.role == "server":
         return out
     split = make_partition(s, y[train], ctx.n_of_role)
@@ -137,5 +157,6 @@ def load_data(s: Settings, ctx: PartyContext):
     mine = [int(d) for d in split.views[m]]
     out.update(index=m, views=mine, all_views=[[int(d) for d in v] for v in split.views],
                x_train={d: scale[d][rows] for d in mine}, y_train=y[rows],
-               x_test={d: x_test[d] for d in mine})
+               x_test={d: x_test[d] for d in mine}, x_test_raw={d: out["x_test_raw"][d] for d in mine},
+               scalers={d: scalers[d] for d in mine})
     return out

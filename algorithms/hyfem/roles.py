@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.hyfem import core as H
+from fedhet.algorithms.hyfem import model
 from fedhet.algorithms.hyfem.messages import Kind
 from fedhet.algorithms.hyfem.settings import AGGREGATION_DEFAULTS, Settings, model_spec
 from fedhet.parties.api import PartyError
@@ -156,6 +157,9 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
                 raise PartyError(f"hyfem round {r}: view {d} aggregation {res.status} ({res.reason})")
         party.send(srv, Kind.INFERENCE, {"round": r, "w": flat_layers(trained.inference)})
         party.progress(r + 1, s.rounds, loss=round(info["loss"], 4))
+    # the model it would deploy: the global extractors of its views and w_m, as received last
+    party.save_model(*model.part("client", spec, views, received.extractors, received.inference, data["scalers"],
+                                 data["x_test_raw"], data["x_test"], dataset=s.dataset))
     if clipped and agg.method == "secure":
         party.log.warning("hyfem: |theta_md| reached %.3g > secagg_clip %g in %d submissions: clipped",
                           max_abs, clip, clipped)
@@ -236,6 +240,8 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
         state, _ = H.match_inference(state, spec, layers, cfg, r)
         round_s.append(time.perf_counter() - t0)
         party.progress(r + 1, s.rounds, global_acc=round(g["accuracy"], 4))
+    party.save_model(*model.part("server", spec, tuple(range(D)), state.extractors, state.inference, data["scalers"],
+                                 data["x_test_raw"], data["x_test"], dataset=s.dataset))
     models = {}
     if s.return_models:
         models = {"extractors": [state.extractors[d].tolist() for d in range(D)],

@@ -7,7 +7,7 @@ encoder's latent means of the intersected rows (eq. (7)); the host trains its ML
 same network trained jointly by backprop as a plaintext split network (paper §V-A's baseline).
 
 Modules: ``settings`` (the ``[algorithm]`` keys), ``data`` (each party's own part), ``models``
-(the networks), ``core`` (the training, in process: STFL and Table I's baselines), ``messages``
+(the networks), ``model`` (each party's trained part as it leaves the run), ``core`` (the training, in process: STFL and Table I's baselines), ``messages``
 (the kinds and their schemas), ``roles`` (``host``, ``guest``).
 
 Determinism: every model's weights come from its own seed ``toolkit.frozen_seed(seed, ...)``
@@ -24,12 +24,14 @@ from __future__ import annotations
 from fedhet.algorithms.stfl.core import METHODS, encode, fit_vae, train_vae
 from fedhet.algorithms.stfl.data import load_data
 from fedhet.algorithms.stfl.messages import Kind, declarations
+from fedhet.algorithms.stfl.model import load_model
 from fedhet.algorithms.stfl.roles import ROLES
 from fedhet.algorithms.stfl.settings import Model, Settings
 from fedhet.parties.contract import Algorithm
 
 ALGORITHM = Algorithm(name="stfl", summary="STFL: self-taught vertical FL (guests send VAE latent codes once), "
                       "and the hierarchical split network", roles=ROLES, load_data=load_data,
-                      declarations=declarations, settings=Settings, headline=("test_accuracy",))
+                      declarations=declarations, settings=Settings, headline=("test_accuracy",),
+                      load_model=load_model)
 
 __all__ = ["ALGORITHM", "METHODS", "Kind", "Model", "Settings", "encode", "fit_vae", "train_vae"]

@@ -15,6 +15,7 @@ from fedhet.algorithms import data_fate
 from fedhet.algorithms.datapath import dataset_path
 from fedhet.algorithms.party_table import DataSpecError, TableSpec, check_features, load_party_table
 from fedhet.algorithms.stfl.settings import FILES, GUEST, HOST, SHAPES, Settings
+from fedhet.algorithms.toolkit import Scaler
 from fedhet.parties.contract import PartyContext
 
 _FATE_FILES = {"cancer": ("breast", ".csv"), "payment": ("default_credit", ".csv.gz"),
@@ -29,6 +30,25 @@ class GuestData:
     x: np.ndarray
     columns: list[str]
     index: int
+
+
+@dataclass
+class HostData(data_fate.HostView):
+    """The host's view (``data_fate.host_view``) with what its exported part needs: the
+    standardisation of its training rows (the one the view applied), its raw test rows and its
+    column names."""
+
+    scaler: Scaler | None = None
+    x_test_raw: np.ndarray | None = None
+    columns: list[str] | None = None
+
+
+def host_data(own: data_fate.VerticalData, split: data_fate.Split) -> HostData:
+    """``data_fate.host_view`` of the host's own table, without its self-taught rows, kept with its
+    scaler and raw test rows (the scaler is refitted on the same rows: the same statistics)."""
+    hv = data_fate.host_view(own, split, with_selftaught=False)
+    return HostData(**vars(hv), scaler=Scaler.fit(own.host.rows(split.train).x),
+                    x_test_raw=own.host.rows(split.test).x, columns=list(own.host.columns))
 
 
 def _own_table(s: Settings, role: str, index: int, data_dir=None) -> tuple[data_fate.PartyTable, int]:
@@ -66,7 +86,7 @@ def _own_table(s: Settings, role: str, index: int, data_dir=None) -> tuple[data_
     return table, n_classes
 
 
-def builtin_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestData:
+def builtin_data(s: Settings, ctx: PartyContext) -> HostData | GuestData:
     """A party's part of a built-in data set."""
     if ctx.role == HOST:
         if ctx.n_of_role != 1:
@@ -76,15 +96,14 @@ def builtin_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestDa
         # self-taught rows).  Every guest holds every ID of these data sets, so the split of the
         # host's IDs alone is data_fate.make_split's split (tested).
         own = data_fate.VerticalData(s.dataset, k, table, [])
-        split = data_fate.make_split(own, s.seed, s.selftaught_frac, s.test_frac)
-        return data_fate.host_view(own, split, with_selftaught=False)
+        return host_data(own, data_fate.make_split(own, s.seed, s.selftaught_frac, s.test_frac))
     if ctx.role == GUEST:
         table, _ = _own_table(s, GUEST, ctx.index, ctx.data_dir)
         return GuestData(table.ids, table.x, table.columns, ctx.index)
     raise ValueError(f"stfl: unknown role {ctx.role!r} (roles: {HOST}, {GUEST})")
 
 
-def file_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestData:
+def file_data(s: Settings, ctx: PartyContext) -> HostData | GuestData:
     """A party's own file (dataset "files").  The host: ``id``, ``label`` (with ``classes``) and
     features; its rows are split into train | test (``test_frac``, seeded); it keeps no
     self-taught rows of its own.  A guest: ``id`` and exactly ``guest_features[i]`` feature
@@ -102,7 +121,7 @@ def file_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestData:
                                 party=ctx.name, path=str(t.path), key="classes")
         table = data_fate.PartyTable(np.asarray(t.ids).astype(str), t.X, list(t.feature_names), t.y)
         own = data_fate.VerticalData(FILES, s.n_classes, table, [])
-        return data_fate.host_view(own, data_fate.make_split(own, s.seed, 0.0, s.test_frac), with_selftaught=False)
+        return host_data(own, data_fate.make_split(own, s.seed, 0.0, s.test_frac))
     if ctx.role == GUEST:
         t = load_party_table(TableSpec.from_dict(dict(ctx.data or {}), party=ctx.name, base_dir=ctx.base_dir,
                                                  require=("id",)))
@@ -111,7 +130,7 @@ def file_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestData:
     raise ValueError(f"stfl: unknown role {ctx.role!r} (roles: {HOST}, {GUEST})")
 
 
-def load_data(s: Settings, ctx: PartyContext) -> data_fate.HostView | GuestData:
+def load_data(s: Settings, ctx: PartyContext) -> HostData | GuestData:
     """The contract's ``load_data``: the party's own file with dataset "files", else its part of a
     built-in data set."""
     if ctx.role == GUEST and ctx.n_of_role != s.n_guests:

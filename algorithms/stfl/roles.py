@@ -23,15 +23,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedhet.algorithms import data_fate, split_driver
+from fedhet.algorithms import split_driver
 from fedhet.algorithms.split_driver import ClearGuestLink, ClearHostLink, GuestBottom, HostPart, Schedule, serve_guest
+from fedhet.algorithms.stfl import model
 from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, order_key, predict_host,
                                          train_host)
-from fedhet.algorithms.stfl.data import GuestData
+from fedhet.algorithms.stfl.data import GuestData, HostData
 from fedhet.algorithms.stfl.messages import SPLIT_KINDS, Kind
 from fedhet.algorithms.stfl.models import latent_width
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
-from fedhet.algorithms.toolkit import HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed, resolve_device
+from fedhet.algorithms.toolkit import (GuestRows, HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed,
+                                       resolve_device)
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import psi
@@ -51,7 +53,7 @@ def _setup(s: Settings) -> float:
     return _warm_torch()
 
 
-def host(party: PartyLike, s: Settings, data: data_fate.HostView) -> dict:
+def host(party: PartyLike, s: Settings, data: HostData) -> dict:
     t0 = time.perf_counter()
     warm = _setup(s)
     c = s.model
@@ -73,10 +75,14 @@ def host(party: PartyLike, s: Settings, data: data_fate.HostView) -> dict:
              "n_dropped": int(rows.n_dropped), "host_features": int(rows.x_train.shape[1])}
     party.log.info("PSI: %d common IDs (%d train, %d test) in %.2fs", len(res.rows), len(rows.pos_train),
                    len(rows.pos_test), t_psi - t0 - warm)
+    if data.x_test_raw is None:
+        raise PartyError("stfl: the host's data lacks its raw test rows (stfl.data.host_data builds them)")
+    # the same common test rows unscaled, for the part it exports
+    raw_test = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test_raw, data.y_test, order="own").x_test
     if s.variant == "stfl":
-        out = _host_stfl(party, s, guests, rows, data.n_classes)
+        out = _host_stfl(party, s, guests, rows, data, raw_test)
     else:
-        out = _host_split(party, s, guests, rows, data.n_classes)
+        out = _host_split(party, s, guests, rows, data, raw_test)
     t_end = time.perf_counter()
     out.update({"variant": s.variant, "dataset": s.dataset, "role": HOST, "epochs": c.epochs,
                 "train_s": out["t_trained"] - t_psi, "s_per_epoch": (out["t_trained"] - t_psi) / c.epochs,
@@ -99,7 +105,19 @@ def _by_index(msgs: dict, what: str) -> list[str]:
     return sorted(idx, key=idx.__getitem__)
 
 
-def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, n_classes: int) -> dict:
+def _save_host(party: PartyLike, s: Settings, data: HostData, net: torch.nn.Module, rows: HostRows,
+               raw_test: np.ndarray, codes: list[np.ndarray]) -> None:
+    """The host's part: its trained network behind its scaler; ``codes`` are the guests' codes of
+    its first test rows (its check)."""
+    if data.scaler is None or data.columns is None:
+        raise PartyError("stfl: the host's data lacks its scaler (stfl.data.host_data builds it)")
+    party.save_model(*model.part(HOST, s.variant, model.cpu_copy(net), data.scaler, activation=s.model.activation,
+                                 feature_names=data.columns, raw_rows=raw_test, scaled_rows=rows.x_test,
+                                 codes=codes, n_classes=data.n_classes))
+
+
+def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, data: HostData,
+               raw_test: np.ndarray) -> dict:
     c = s.model
     t_wait = time.perf_counter()
     msgs = party.gather(Kind.LATENT, frm=guests, timeout=s.recv_timeout)
@@ -118,31 +136,55 @@ def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows,
         party.progress(ep, total, loss=round(loss, 4))
 
     tr_pos, te_pos = rows.pos_train, rows.pos_test
-    hf = train_host(rows.x_train, [z[tr_pos] for z in zs], rows.y_train, n_classes, c,
+    hf = train_host(rows.x_train, [z[tr_pos] for z in zs], rows.y_train, data.n_classes, c,
                     seed=frozen_seed(c.seed, "host"), device=party.device, on_epoch=on_epoch)
     t_trained = time.perf_counter()
     acc = accuracy(predict_host(hf, rows.x_test, [z[te_pos] for z in zs]), rows.y_test)
+    _save_host(party, s, data, hf.model, rows, raw_test, [z[te_pos[:model.CHECK_ROWS]] for z in zs])
     return {"test_accuracy": acc, "t_trained": t_trained, "host_s": hf.seconds,
             "host_s_per_epoch": hf.seconds / c.epochs, "wait_latents_s": t_lat - t_wait,
             "loss_first_last": [hf.history[0], hf.history[-1]], "latent_dims": [int(z.shape[1]) for z in zs],
             "guest_order": order}
 
 
-def _host_split(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, n_classes: int) -> dict:
+class _CheckedLink(ClearHostLink):
+    """A clear link that keeps the guest's first ``model.CHECK_ROWS`` outputs of the test pass (the
+    codes of the host's first test rows: its part's check)."""
+
+    def __init__(self, party: PartyLike, guest: str, width: int, timeout: float | None) -> None:
+        super().__init__(party, guest, SPLIT_KINDS, width, timeout=timeout, name="stfl")
+        self.test_codes: list[np.ndarray] = []
+        self.testing = False
+
+    def begin(self, rows: np.ndarray, train: bool, step: int) -> None:
+        self.testing = not train
+        super().begin(rows, train, step)
+
+    def finish_forward(self) -> np.ndarray:
+        a = super().finish_forward()
+        if self.testing and sum(map(len, self.test_codes)) < model.CHECK_ROWS:
+            self.test_codes.append(a.copy())
+        return a
+
+
+def _host_split(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, data: HostData,
+                raw_test: np.ndarray) -> dict:
     """Hierarchical: ``split_driver.train_host`` over clear links, guests in their reported order."""
     c = s.model
     ready = party.gather(Kind.READY, frm=guests, timeout=s.recv_timeout)
     order = _by_index(ready, Kind.READY)
     widths = s.latent_widths()
-    net = host_net(rows.x_train.shape[1] + sum(widths), n_classes, c).to(resolve_device(party.device))
+    net = host_net(rows.x_train.shape[1] + sum(widths), data.n_classes, c).to(resolve_device(party.device))
     top = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
                    [torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)])
-    links = [ClearHostLink(party, g, SPLIT_KINDS, w, timeout=s.recv_timeout, name="stfl")
+    links = [_CheckedLink(party, g, w, s.recv_timeout)
              for g, w in zip(order, widths)]
     sched = Schedule(c.epochs, c.batch_size, order_key=order_key(c.seed), round_per="epoch")
-    res = split_driver.train_host(top, links, rows, n_classes, sched, party)
+    res = split_driver.train_host(top, links, rows, data.n_classes, sched, party)
     for ln in links:
         ln.stop()
+    _save_host(party, s, data, net, rows, raw_test,
+               [np.concatenate(ln.test_codes)[:model.CHECK_ROWS] for ln in links])
     return {"test_accuracy": res["test_accuracy"], "t_trained": res["t_trained"],
             "eval_s": time.perf_counter() - res["t_trained"],
             "loss_first_last": [res["row_losses"][0], res["row_losses"][-1]], "latent_dims": widths,
@@ -190,10 +232,11 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
         z = encode(fit.encoder, rows.x_common)
         enc_s = time.perf_counter() - t1
         party.send(h, Kind.LATENT, {"z": z, "guest_index": idx})
+        _save_guest(party, s, data, rows, res.rows, model.encoder_mean_net(fit.encoder))
         out.update({"vae_s": fit.seconds, "encode_s": enc_s, "latent_dim": int(z.shape[1]),
                     "vae_neg_elbo_first_last": [fit.history[0], fit.history[-1]]})
     else:
-        out.update(_guest_split(party, s, h, rows.x_common, idx))
+        out.update(_guest_split(party, s, h, data, rows, res.rows))
     t_end = time.perf_counter()
     out.update({"train_s": t_end - t_psi, "s_per_epoch": (t_end - t_psi) / c.epochs, "total_s": t_end - t0,
                 "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())})
@@ -201,14 +244,25 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
     return out
 
 
-def _guest_split(party: PartyLike, s: Settings, h: str, x_common: np.ndarray, idx: int) -> dict:
+def _save_guest(party: PartyLike, s: Settings, data: GuestData, rows: GuestRows, common: np.ndarray,
+                net: torch.nn.Module) -> None:
+    """A guest's part: its trained network (a CPU copy) behind its scaler, checked on its first
+    common rows."""
+    raw = np.asarray(data.x[np.asarray(common)[:model.CHECK_ROWS]], dtype=np.float32)
+    party.save_model(*model.part(GUEST, s.variant, net, rows.scaler, activation=s.model.activation,
+                                 feature_names=data.columns, raw_rows=raw, scaled_rows=rows.x_common))
+
+
+def _guest_split(party: PartyLike, s: Settings, h: str, data: GuestData, rows: GuestRows, common: np.ndarray) -> dict:
     """Hierarchical: ``split_driver.serve_guest`` with this guest's encoder over a clear link."""
     c = s.model
+    x_common, idx = rows.x_common, int(data.index)
     net = guest_net(x_common.shape[1], c, idx).to(resolve_device(party.device))
     bottom = GuestBottom(net, x_common, torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay))
     party.send(h, Kind.READY, {"guest_index": idx})
     link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
     stats = serve_guest(bottom, link)
+    _save_guest(party, s, data, rows, common, model.cpu_copy(net))
     return {**stats, "latent_dim": latent_width(x_common.shape[1], c.latent_frac),
             **({"guest_state": _state(net)} if s.return_weights else {})}
 
