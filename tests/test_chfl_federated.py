@@ -456,3 +456,27 @@ def test_a_clients_part_is_its_selected_network_scoring_raw_rows(digits, method)
             assert np.concatenate(cols).tolist() == theta
         out = score(C.ALGORITHM.load_model(srv.meta, srv.tensors), srv.meta, {"x": np.zeros((2, split.common.size))})
         assert out.shape == (2, 2, 10)
+
+
+def test_exported_parts_score_the_same_in_onnxruntime(tmp_path):
+    """The export's ONNX files (a client's network with its scaler; the server's columns, one per lr)
+    give the parts' logits to float32 precision in another runtime."""
+    ort = pytest.importorskip("onnxruntime")
+    from fedhet.algorithms import registry
+    from fedhet.algorithms.export import export_run, score
+    from fedhet.parties.model_store import write_part
+
+    models: dict = {}
+    _fed({"lr": [0.01, 0.001], "mu": [0.0, 0.5], "aggregation": "plain"}, models=models)
+    for name, part in models.items():
+        write_part(tmp_path / "run" / "parties" / name / "model", part, {"algorithm": "chfl", "party": name})
+    exported = export_run(tmp_path / "run", tmp_path / "export", registry.get_algorithm)
+    assert set(exported) == set(models)
+    for name, folder in exported.items():
+        meta = models[name].meta
+        rows = (np.asarray(meta["check"]["inputs"]["x"], np.float32) if name != "server"
+                else np.linspace(-2, 2, 3 * meta["n_common"], dtype=np.float32).reshape(3, -1))
+        want = score(C.ALGORITHM.load_model(meta, models[name].tensors), meta, {"x": rows})
+        got = ort.InferenceSession(str(folder / "model.onnx")).run(None, {"x": rows})[0]
+        assert got.shape == want.shape and np.allclose(got, want, rtol=0, atol=1e-5), name
+        assert np.array_equal(got.argmax(-1), want.argmax(-1)), name

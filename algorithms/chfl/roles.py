@@ -14,6 +14,11 @@ alone, and the server only receives the final scores.
 Selection is each client's alone, on its validation rows: lr (one common column per lr, each
 aggregated separately), mu and (``select = "best_round"``) the round.  Reported groups:
 ``common``, ``chfl_mu0``, ``chfl_mu>0``, ``local`` -- the columns of Table II.
+
+Trained parts (:mod:`.model`): a client saves the network it would deploy -- its selection among the
+method's networks (for ``chfl`` every (lr, mu): the better of ``chfl_mu0`` and ``chfl_mu>0``) at the
+selected round, kept as training goes (:class:`~fedhet.algorithms.chfl.model.Keeper`) -- with its scaler;
+the server saves the global common column(s) of the last round.
 """
 from __future__ import annotations
 
