@@ -12,6 +12,9 @@
   network's or a unique column's count, any aggregation message of a Local run (not declared),
   and a global model of the wrong shape or count; a process run of the ``chfl_small`` preset passes ``fedhet audit``,
   and the audit fails when the configuration it checks against is changed.
+* The trained parts: a client's part is the network it reports as selected (lr, mu, round), with
+  its scaler: rebuilt, it scores the client's raw test rows to exactly the test accuracy the client
+  reported for that selection; the server's part is the averaged common column(s) of the last round.
 * Data tests on covertype skip without ../shared/data.
 """
 from __future__ import annotations
@@ -131,9 +134,9 @@ def delivered(monkeypatch):
     return log
 
 
-def _fed(cfg, seed=7, k=K):
+def _fed(cfg, seed=7, k=K, models=None):
     parties = [("server", "server")] + [(f"client{i + 1}", "client") for i in range(k)]
-    return run_inmemory(C, parties, cfg={**TINY, **cfg}, seed=seed, timeout=60)
+    return run_inmemory(C, parties, cfg={**TINY, **cfg}, seed=seed, timeout=60, models=models)
 
 
 def _column(curves, label, part, k):
@@ -393,3 +396,87 @@ def test_covertype_partition_and_count(shared_data):
         assert torch.equal(cd.xc[p], ref.xc[p]) and torch.equal(cd.xu[p], ref.xu[p])
     assert common_numel(MLPColumn(16, 7)) == _s(cfg).common_params
     assert max_train_rows(_s(cfg), 5) == max(p.n_parts[0] for p in parts)
+
+
+# ------------------------------------------------------------------------ trained parts
+
+
+@pytest.mark.parametrize("method", ["chfl", "common", "local"])
+def test_a_clients_part_is_its_selected_network_scoring_raw_rows(digits, method):
+    """Two lrs, two mus, four rounds: each client's part is the network of its own selection (for
+    CHFL the better of chfl_mu0 and chfl_mu>0 on validation) at its selected round (some client picks
+    an earlier one than the last), and rebuilt from the part alone it gives the client's raw test rows
+    the reported test accuracy."""
+    from fedhet.algorithms.chfl.data import column_names
+    from fedhet.algorithms.export import check_part, score
+
+    lrs = [0.1, 0.01] if method == "local" else [0.05, 0.003]   # some client's best round is not the last
+    cfg = {"method": method, "lr": lrs, "mu": [0.0, 0.5], "rounds": 4, "aggregation": "plain",
+           "return_weights": True}
+    models: dict = {}
+    res = _fed(cfg, models=models)
+    clients = [f"client{k + 1}" for k in range(K)]
+    assert set(models) == set(clients) | ({"server"} if method != "local" else set())
+    names = column_names("digits", 64)
+    rounds = []
+    split = chfl_partition(len(digits[1]), 64, K, 0.3, 7)
+    for k, c in enumerate(clients):
+        part = models[c]
+        meta = part.meta
+        module = C.ALGORITHM.load_model(meta, part.tensors)
+        assert check_part(module, meta) is None
+        sel = meta["selected"]
+        group = sel.pop("group")
+        assert sel == res[c]["selected"][group]["chosen"]          # the network the client reports
+        rounds.append(sel["round"])
+        if method == "chfl":
+            other = {"chfl_mu0": "chfl_mu>0", "chfl_mu>0": "chfl_mu0"}[group]
+            assert group in ("chfl_mu0", "chfl_mu>0") and (sel["mu"] == 0) == (group == "chfl_mu0")
+            vals = [max(res[c]["curves"][j][f"chfl_mu={m:g}"]["val"]) for j in range(2) for m in (0.0, 0.5)]
+            assert meta["selected_val"] == max(vals)                 # the better of the two groups
+            o = res[c]["selected"][other]["chosen"]
+            j = lrs.index(o["lr"])
+            assert res[c]["curves"][j][f"chfl_mu={o['mu']:g}"]["val"][o["round"] - 1] <= meta["selected_val"]
+        # scores the client's raw rows alone: its reported test accuracy for that selection, exactly
+        rows = _load({**TINY, **cfg, "seed": 7}, c, "client", k, K)
+        ntr, nva, _ = rows.n_parts
+        n_in = rows.n_common if method == "common" else rows.x.shape[1]
+        logits = score(module, meta, {"x": rows.x[ntr + nva:, :n_in]})
+        correct = int((logits.argmax(1) == rows.y[ntr + nva:]).sum())   # the run's accuracy is a float32 mean
+        assert correct == round(res[c]["selected"][group]["test"] * len(logits))
+        assert meta["feature_names"] == [names[i] for i in split.features(k)][:n_in]
+        assert meta["inputs"][0]["shape"] == [None, n_in] and meta["scaler"] and meta["classes"] == list(range(10))
+    assert min(rounds) < 4
+    if method != "local":   # the server: the last round's average per lr, on standardised common features
+        srv = models["server"]
+        assert list(srv.meta["lrs"].values()) == lrs
+        assert srv.meta["feature_names"] == [names[i] for i in split.common]
+        for j, theta in enumerate(res["server"]["theta"]):
+            cols = [v.reshape(-1) for k, v in srv.tensors.items() if k.startswith(f"columns.lr{j}.")]
+            assert np.concatenate(cols).tolist() == theta
+        out = score(C.ALGORITHM.load_model(srv.meta, srv.tensors), srv.meta, {"x": np.zeros((2, split.common.size))})
+        assert out.shape == (2, 2, 10)
+
+
+def test_exported_parts_score_the_same_in_onnxruntime(tmp_path):
+    """The export's ONNX files (a client's network with its scaler; the server's columns, one per lr)
+    give the parts' logits to float32 precision in another runtime."""
+    ort = pytest.importorskip("onnxruntime")
+    from fedhet.algorithms import registry
+    from fedhet.algorithms.export import export_run, score
+    from fedhet.parties.model_store import write_part
+
+    models: dict = {}
+    _fed({"lr": [0.01, 0.001], "mu": [0.0, 0.5], "aggregation": "plain"}, models=models)
+    for name, part in models.items():
+        write_part(tmp_path / "run" / "parties" / name / "model", part, {"algorithm": "chfl", "party": name})
+    exported = export_run(tmp_path / "run", tmp_path / "export", registry.get_algorithm)
+    assert set(exported) == set(models)
+    for name, folder in exported.items():
+        meta = models[name].meta
+        rows = (np.asarray(meta["check"]["inputs"]["x"], np.float32) if name != "server"
+                else np.linspace(-2, 2, 3 * meta["n_common"], dtype=np.float32).reshape(3, -1))
+        want = score(C.ALGORITHM.load_model(meta, models[name].tensors), meta, {"x": rows})
+        got = ort.InferenceSession(str(folder / "model.onnx")).run(None, {"x": rows})[0]
+        assert got.shape == want.shape and np.allclose(got, want, rtol=0, atol=1e-5), name
+        assert np.array_equal(got.argmax(-1), want.argmax(-1)), name

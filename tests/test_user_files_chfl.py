@@ -11,6 +11,8 @@ import csv
 import numpy as np
 import pytest
 
+from fedhet.algorithms.chfl.model import load_model
+from fedhet.algorithms.export import check_part
 from fedhet.parties.inmemory import run_inmemory
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
@@ -67,14 +69,22 @@ def _chfl_files(tmp_path) -> tuple[dict, dict]:
     return cfg, specs
 
 
-def _run_chfl(cfg, specs, tmp_path):
+def _run_chfl(cfg, specs, tmp_path, models=None):
     parties = [("server", "server")] + [(c, "client") for c in CLIENTS]
-    return run_inmemory("chfl", parties, cfg, seed=0, party_data=specs, base_dir=tmp_path)
+    return run_inmemory("chfl", parties, cfg, seed=0, party_data=specs, base_dir=tmp_path, models=models)
 
 
 def test_chfl_from_users_csv_files(tmp_path):
     cfg, specs = _chfl_files(tmp_path)
-    res = _run_chfl(cfg, specs, tmp_path)["server"]
+    models: dict = {}
+    res = _run_chfl(cfg, specs, tmp_path, models)["server"]
+    # each client's trained part names its own file's feature columns (common first) and classes
+    for k, name in enumerate(CLIENTS):
+        meta = models[name].meta
+        assert meta["feature_names"] == [f"f{c}" for c in list(range(6)) + [6 + 4 * k + j for j in range(4)]]
+        assert meta["classes"] == [0, 1] and meta["feature_names_from"] == "the client's file header"
+        assert check_part(load_model(meta, models[name].tensors), meta) is None
+    assert models["server"].meta["feature_names"] == cfg["common_features"]
     assert res["dataset"] == "files" and res["n_common"] == 6 and res["n_test"] == [38, 38, 38]
     # Breast cancer: always guessing the majority class scores about 0.63.
     assert res["final_test"]["chfl_mu=0.5"] > 0.75, res["final_test"]

@@ -8,6 +8,8 @@ from the common one.  The package:
 - :mod:`.settings` -- the ``[algorithm]`` keys (``fedhet presets --describe chfl``);
 - :mod:`.data` -- each client's own rows and columns (built-in tables or the client's own file);
 - :mod:`.models` -- the two-column network (eqs. 6-7) and the flat common vector;
+- :mod:`.model` -- the trained parts as they leave the run (a client's selected network, the
+  server's global columns) and their loader;
 - :mod:`.core` -- Algorithm 2's local training, FedAvg's mean, the per-client selection;
 - :mod:`.messages` -- the message kinds and their schemas (what may leave a client);
 - :mod:`.roles` -- the server and client roles;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from fedhet.algorithms.chfl.data import ClientRows, client_rows, load_data, load_table
 from fedhet.algorithms.chfl.messages import Kind, declarations, sizes
+from fedhet.algorithms.chfl.model import load_model
 from fedhet.algorithms.chfl.models import HIDDEN
 from fedhet.algorithms.chfl.roles import ROLES
 from fedhet.algorithms.chfl.settings import AGG_DEFAULTS, NAME, Settings
@@ -35,4 +38,4 @@ __all__ = ["AGG_DEFAULTS", "ALGORITHM", "HIDDEN", "ClientRows", "Kind", "Setting
 ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and client-unique features "
                       "(Mori et al.), with its Common and Local baselines", roles=ROLES, load_data=load_data,
                       declarations=declarations, settings=Settings, sizes=sizes,
-                      headline=("final_test", "final"))
+                      headline=("final_test", "final"), load_model=load_model)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.chfl.models import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
-from fedhet.algorithms.toolkit import derive_seed, seeded, shuffled_batches
+from fedhet.algorithms.toolkit import Scaler, derive_seed, seeded, shuffled_batches
 
 
 def _adam(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
@@ -69,6 +69,7 @@ class ClientData:
     xu: dict[str, torch.Tensor]   # part -> (n, d_unique)
     y: dict[str, torch.Tensor]    # part -> (n,) int64
     n_classes: int
+    scaler: Scaler | None = None  # the standardisation of the raw rows (None: taken as they are)
 
     @property
     def n_train(self) -> int:

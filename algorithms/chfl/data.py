@@ -47,6 +47,18 @@ class ClientRows:
     n_classes: int
     index: int
     n_clients: int
+    feature_names: tuple[str, ...] = ()   # x's columns in order (what a trained part scores)
+    classes: tuple = ()                   # label values, code c is classes[c] (empty: the codes)
+
+
+def column_names(dataset: str, n_features: int) -> list[str]:
+    """The names of a built-in table's columns: scikit-learn's feature names for its sets, else
+    ``f0 .. f<n_features - 1>`` (the other tables are loaded without names)."""
+    key = dataset.strip().lower()
+    if key in SKLEARN_SETS:
+        from sklearn import datasets
+        return [str(n) for n in getattr(datasets, f"load_{key}")().feature_names]
+    return [f"f{c}" for c in range(int(n_features))]
 
 
 def largest_label(y: np.ndarray) -> int:
@@ -57,13 +69,14 @@ def largest_label(y: np.ndarray) -> int:
 
 
 def client_rows(s: Settings, X: np.ndarray, y: np.ndarray, index: int, n_clients: int,
-                party: str | None = None) -> ClientRows:
+                party: str | None = None, names: list[str] | None = None) -> ClientRows:
     """Client ``index``'s part of the whole table under the seeded CHFL partition.
 
     ``X`` and ``y`` come from the caller (a built-in table, or arrays handed to ``run_table``):
     the client's rows of them are checked like a party's file, and a NaN or infinite value is an
     error naming the party (``party``, default ``client<index + 1>``), the argument, the row and
-    the column of the caller's arrays."""
+    the column of the caller's arrays.  ``names``: the names of X's columns (default ``f0, f1, ...``);
+    the client keeps those of its own columns."""
     who = party or f"client{index + 1}"
     X, y = np.asarray(X), np.asarray(y)
     if X.ndim != 2 or y.ndim != 1 or len(y) != len(X):
@@ -88,7 +101,8 @@ def client_rows(s: Settings, X: np.ndarray, y: np.ndarray, index: int, n_clients
                  columns=[int(c) + 1 for c in cols])
     n_tr, n_va, n_te = (len(a) for a in rows)
     return ClientRows(np.ascontiguousarray(X[r][:, cols], dtype=np.float32), np.asarray(y[r], np.int64),
-                      (n_tr, n_va, n_te), len(split.common), s.class_count, index, n_clients)
+                      (n_tr, n_va, n_te), len(split.common), s.class_count, index, n_clients,
+                      tuple(str(names[int(c)]) if names is not None else f"f{int(c)}" for c in cols))
 
 
 def file_rows(s: Settings, ctx: PartyContext) -> ClientRows:
@@ -123,7 +137,8 @@ def file_rows(s: Settings, ctx: PartyContext) -> ClientRows:
     cols = common + unique
     x = np.ascontiguousarray(t.X[order][:, cols], dtype=np.float32)
     return ClientRows(x, np.asarray(t.y[order], np.int64), (n_tr, n_va, n - n_tr - n_va), len(common),
-                      s.class_count, ctx.index, ctx.n_of_role)
+                      s.class_count, ctx.index, ctx.n_of_role, tuple(str(t.feature_names[c]) for c in cols),
+                      tuple(t.classes))
 
 
 def load_data(s: Settings, ctx: PartyContext) -> ClientRows | None:
@@ -144,7 +159,7 @@ def load_data(s: Settings, ctx: PartyContext) -> ClientRows | None:
         raise ValueError(f"chfl: dataset 'files' but party {ctx.name!r} has no data file in the federation "
                          "(give its [[party]] a data = { path = ..., label = ..., classes = [...] })")
     X, y, _ = load_table(s.dataset, ctx.data_dir)
-    return client_rows(s, X, y, ctx.index, ctx.n_of_role, party=ctx.name)
+    return client_rows(s, X, y, ctx.index, ctx.n_of_role, party=ctx.name, names=column_names(s.dataset, X.shape[1]))
 
 
 def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
@@ -165,6 +180,7 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
     dc = len(split.common)
     parts = {p: np.asarray(X[split.rows(k, p)][:, cols], dtype=np.float32)
              for p in ("train", "val", "test")}
+    scale = None
     if standardize:  # a column constant on this client's rows (std <= 1e-6) is centred only
         scale = Scaler.fit(parts["train"], min_std=1e-6)
         parts = {p: scale(v) for p, v in parts.items()}
@@ -176,6 +192,7 @@ def client_data(X: np.ndarray, y: np.ndarray, split: HorizontalSplit, k: int,
         y={p: torch.from_numpy(np.asarray(y[split.rows(k, p)], dtype=np.int64)).to(dev)
            for p in ("train", "val", "test")},
         n_classes=int(n_classes if n_classes is not None else int(y.max()) + 1),
+        scaler=scale,
     )
 
 

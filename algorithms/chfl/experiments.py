@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.chfl import ALGORITHM
-from fedhet.algorithms.chfl.data import client_rows, largest_label, load_table
+from fedhet.algorithms.chfl.data import client_rows, column_names, largest_label, load_table
 from fedhet.algorithms.chfl.models import HIDDEN
 from fedhet.parties.inmemory import run_inmemory
 
@@ -32,7 +32,7 @@ def run_table(cfg: dict, X: np.ndarray, y: np.ndarray, n_clients: int, *, device
     names = [f"client{k + 1}" for k in range(int(n_clients))]
     data: dict[str, Any] = {"server": None}
     for k, name in enumerate(names):  # before any thread starts: a bad table fails here
-        data[name] = client_rows(s, X, y, k, len(names), party=name)
+        data[name] = client_rows(s, X, y, k, len(names), party=name, names=column_names(s.dataset, X.shape[1]))
     return run_inmemory(ALGORITHM, [("server", "server")] + [(n, "client") for n in names],
                         cfg=s, seed=s.seed, data=data, device=device, timeout=timeout)
 

@@ -14,6 +14,11 @@ alone, and the server only receives the final scores.
 Selection is each client's alone, on its validation rows: lr (one common column per lr, each
 aggregated separately), mu and (``select = "best_round"``) the round.  Reported groups:
 ``common``, ``chfl_mu0``, ``chfl_mu>0``, ``local`` -- the columns of Table II.
+
+Trained parts (:mod:`.model`): a client saves the network it would deploy -- its selection among the
+method's networks (for ``chfl`` every (lr, mu): the better of ``chfl_mu0`` and ``chfl_mu>0``) at the
+selected round, kept as training goes (:class:`~fedhet.algorithms.chfl.model.Keeper`) -- with its scaler;
+the server saves the global common column(s) of the last round.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fedhet.algorithms.chfl import model
 from fedhet.algorithms.chfl.core import CHFLClient, LocalClient, select_per_client
 from fedhet.algorithms.chfl.data import ClientRows, own_client_data
 from fedhet.algorithms.chfl.messages import Kind
@@ -60,6 +66,16 @@ def _groups(s: Settings) -> dict[str, list[tuple[int, str, dict]]]:
     return out
 
 
+def _deployed(s: Settings) -> list[tuple[int, str, dict]]:
+    """The candidates of the network a client deploys (its saved part), in the sweep's order: for
+    method chfl every (lr, mu) network (groups chfl_mu0 and chfl_mu>0 together), else the method's group."""
+    groups = _groups(s)
+    if s.method != "chfl":
+        return groups[s.method]
+    return sorted(groups.get("chfl_mu0", []) + groups.get("chfl_mu>0", []),
+                  key=lambda c: (c[0], s.mus.index(c[2]["mu"])))
+
+
 def _traffic(party: PartyLike) -> dict[str, int]:
     return {"bytes_sent": sum(party.bytes_sent.values()),
             "bytes_received": sum(party.bytes_received.values())}
@@ -94,6 +110,7 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     train_s: list[float] = []
     submit_s: list[float] = []
     max_abs, clipped_rounds = 0.0, 0
+    keeper = model.Keeper.of(s.select, cd)   # each deployable network at its selected round so far
 
     def evaluate() -> None:
         for j, m in enumerate(models):
@@ -117,6 +134,9 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
                 fm.set_common(th)
         if r > 0:  # Theta_k^(r-1) = (theta_c^(r), theta_u,k, U_k)
             evaluate()
+            for j, m in enumerate(models):
+                for lab, modules, score in model.candidates(m, s.method):
+                    keeper.offer((j, lab), r, curves[j][lab]["val"][-1], modules, score)
             last = curves[-1][labels[-1]]
             party.metric(round=r - 1, loss=float(np.mean(losses[-1])), val=last["val"][-1],
                          test=last["test"][-1], train_s=train_s[-1])
@@ -151,17 +171,32 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     # Each client picks lr / mu / round on its own validation rows (select_per_client on a
     # one-client table).
     n_test = int(cd.y["test"].shape[0])
-    selected = {}
-    for g, cands in _groups(s).items():
+    def pick(cands: list[tuple[int, str, dict]]) -> dict:
         c = [{"val": [[v] for v in curves[j][lab]["val"]], "test": [[v] for v in curves[j][lab]["test"]],
               "config": cfgd} for j, lab, cfgd in cands]
-        sel = select_per_client(c, s.select)
+        return select_per_client(c, s.select)
+
+    selected = {}
+    for g, cands in _groups(s).items():
+        sel = pick(cands)
         selected[g] = {"test": sel["test"][0], "chosen": sel["chosen"][0]}
     final = {lab if len(s.lrs) == 1 else f"{lab} lr={lr:g}": curves[j][lab]["test"][-1]
              for j, lr in enumerate(s.lrs) for lab in labels}
     report = {"n_test": n_test, "selected": selected, "final": final,
               "train_s": train_s, "submit_s": submit_s}
     party.send(server_name, Kind.RESULT, report)
+    # The part: the deployable network this client's selection picks, at its selected round.
+    cands = _deployed(s)
+    chosen = pick(cands)["chosen"][0]
+    if chosen is None:
+        party.log.warning("chfl: no validation accuracy to select a network by; no trained part saved")
+    else:
+        j, lab, _ = next(c for c in cands if c[2] == {k: v for k, v in chosen.items() if k != "round"})
+        snap = keeper.best[(j, lab)]
+        if snap.round != chosen["round"]:
+            raise AssertionError(f"chfl: kept round {snap.round} of {lab}, selected round {chosen['round']}")
+        group = s.method if s.method != "chfl" else ("chfl_mu0" if chosen["mu"] == 0 else "chfl_mu>0")
+        party.save_model(*model.client_part(s, data, cd, snap, {"group": group, **chosen}))
     return {**report, "curves": curves, "train_loss": losses, "n_train": n_train,
             "n_val": int(cd.y["val"].shape[0]), "n_common": cd.d_common, "n_unique": cd.d_unique,
             "common_params": P if s.method != "local" else 0, "max_abs_common": max_abs,
@@ -235,6 +270,8 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
     }
     if s.return_weights:
         out["theta"] = [t.tolist() for t in thetas]
+    if thetas:   # the global common column(s) after the last round
+        party.save_model(*model.server_part(s, thetas, len(clients)))
     return out
 
 
