@@ -27,8 +27,8 @@ class HostData(HostView):
 
     columns: list[str] = field(default_factory=list)
     scaler: Scaler | None = None
-    x_train_raw: np.ndarray | None = None
-    x_test_raw: np.ndarray | None = None
+    x_train_raw: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    x_test_raw: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
 
 
 def host_data(s: Settings, data_dir: str | None = None) -> HostData:

@@ -39,6 +39,7 @@ from fedhet.algorithms.toolkit import HostRows, Scaler, Standardise, align_host_
 from fedhet.protocols.he_encoding import DIGIT_BITS, digits
 
 from .core import HostModel, bottom_model
+from .data import HostData
 from .settings import Settings
 
 CHECK_ROWS = 8
@@ -164,7 +165,7 @@ class ForwardTap:
         self.link.stop()
 
 
-def raw_common_rows(data: Any, hd: HostRows, common_rows: np.ndarray) -> np.ndarray:
+def raw_common_rows(data: HostData, hd: HostRows, common_rows: np.ndarray) -> np.ndarray:
     """The host's raw rows at every common position (its train and test rows, as ``hd`` orders them)."""
     raw = align_host_rows(common_rows, data.x_train_raw, data.y_train, data.x_test_raw, data.y_test, order="common")
     out = np.zeros((hd.n_common, raw.x_train.shape[1]), dtype=np.float32)
@@ -193,11 +194,13 @@ def guest_part(s: Settings, bottom: nn.Module, scaler: Scaler, eps: np.ndarray, 
     return tensors, meta
 
 
-def host_part(s: Settings, model: HostModel, data: Any, guests: list[str], shares: list[np.ndarray],
+def host_part(s: Settings, model: HostModel, data: HostData, guests: list[str], shares: list[np.ndarray],
               w_frac_bits: int, check_x: np.ndarray | None, check_z: list[np.ndarray]
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The tensors and meta for the host: its network, scaler and share ``W_g`` of each guest's weights."""
-    scaler: Scaler = data.scaler
+    scaler = data.scaler
+    if scaler is None:
+        raise ValueError("he_split: the host's part needs its scaler (he_split.data.host_data)")
     tensors = {f"net.{k}": v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     tensors.update({"scaler_mean": np.asarray(scaler.mean), "scaler_std": np.asarray(scaler.std)})
     for g, W in zip(guests, shares):
