@@ -15,10 +15,11 @@ seeded RNG             :func:`seeded` (fork torch's global RNG, seed it, seriali
                        across threads)
 tensors                :func:`as_tensor`, :func:`synchronize`
 classification         :func:`logit_width`, :func:`label_tensor`, :func:`class_loss`,
-                       :func:`predict_classes`, :func:`accuracy`
+                       :func:`predict_classes`, :func:`class_probabilities`, :func:`accuracy`
 networks               :data:`ACTIVATIONS`, :func:`make_activation`, :func:`hidden_width`,
                        :func:`mlp_from_widths`, :func:`mlp`
-scaling                :class:`Scaler` (z-score with a party's own training-row statistics)
+scaling                :class:`Scaler` (z-score with a party's own training-row statistics),
+                       :class:`Standardise` (the same in torch, for exported parts scoring raw rows)
 batch order            :func:`epoch_permutation` (keyed, one permutation per epoch),
                        :func:`batch_slices`, :func:`shuffled_batches` (a torch RNG stream)
 PSI-aligned views      :func:`align_host_rows` -> :class:`HostRows`, :func:`align_guest_rows`
@@ -126,6 +127,15 @@ def predict_classes(logits: torch.Tensor) -> np.ndarray:
     return logits.argmax(1).cpu().numpy()
 
 
+def class_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """Class probabilities (rows, classes): ``[1 - p, p]`` with ``p = sigmoid(logit)`` for one logit,
+    else the softmax (the decisions of :func:`predict_classes` are their arg-max)."""
+    if logits.shape[1] == 1:
+        p = torch.sigmoid(logits)
+        return torch.cat([1 - p, p], dim=1)
+    return torch.softmax(logits, dim=1)
+
+
 def accuracy(pred: Any, y: Any) -> float:
     """Share of ``pred`` equal to ``y`` (0.0 for no rows)."""
     pred, y = np.asarray(pred), np.asarray(y)
@@ -202,6 +212,23 @@ class Scaler:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return ((x - self.mean) / self.std).astype(np.float32)
+
+
+class Standardise(nn.Module):
+    """``(x - mean) / std`` in torch, with a party's own statistics as buffers in their dtype: the
+    same elementwise operations as :class:`Scaler` (float32) or a float64 z-score, so an exported
+    part scores raw rows exactly as the run scored its standardised ones."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, mean: Any, std: Any) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(np.array(mean)))
+        self.register_buffer("std", torch.as_tensor(np.array(std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
 
 
 # ------------------------------------------------------------------------------ batch order

@@ -114,7 +114,10 @@ def check_trained_parts(name: str, models: dict, tmp_path: Path) -> None:
         from safetensors.numpy import load_file
         on_disk = load_file(str(folder / "weights.safetensors"))
         assert set(on_disk) == set(models[party].tensors)
-        assert all(np.array_equal(on_disk[k], v) for k, v in models[party].tensors.items()), (name, party)
+        # tensors a part lists as random (secret shares drawn from the OS CSPRNG) differ run to run by design
+        fresh = set(models[party].meta.get("random_tensors", []))
+        assert all(np.array_equal(on_disk[k], v) for k, v in models[party].tensors.items() if k not in fresh), \
+            (name, party)
 
 
 @pytest.mark.parametrize("name", registry.names())

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from fedhet.algorithms import he_split
 from fedhet.crypto import ckks
@@ -143,14 +144,15 @@ def paillier_run():
     Party.send = spy
     try:
         cfg = _cfg()
-        res = run_inmemory(he_split, [("host", "host"), ("guest1", "guest")], cfg=cfg, seed=0)
+        models: dict = {}
+        res = run_inmemory(he_split, [("host", "host"), ("guest1", "guest")], cfg=cfg, seed=0, models=models)
     finally:
         Party.send = orig
-    return cfg, res, sent
+    return cfg, res, sent, models
 
 
 def test_he_training_matches_plaintext_split(paillier_run):
-    cfg, res, _ = paillier_run
+    cfg, res, _, _ = paillier_run
     ref = he_split.run_reference(he_split.ALGORITHM.parse({k: v for k, v in cfg.items() if k != "return_params"}))
     h, g = res["host"], res["guest1"]
     assert h["batches"] == ref["batches"] == 4 and h["n_common"] == ref["n_common"] == 341
@@ -167,7 +169,7 @@ def test_he_training_matches_plaintext_split(paillier_run):
 
 
 def test_he_training_learns(paillier_run):
-    _, res, _ = paillier_run
+    _, res, _, _ = paillier_run
     h = res["host"]
     assert h["epochs"] == 2 and h["test_accuracy"] > 0.85
     assert h["losses"][-1] < h["losses"][0]
@@ -177,7 +179,7 @@ def test_he_training_learns(paillier_run):
 
 
 def test_guest_sends_only_ciphertexts_masks_and_psi(paillier_run):
-    cfg, _, sent = paillier_run
+    cfg, _, sent, _ = paillier_run
     declared = decl_index(he_split.declarations(he_split.ALGORITHM.parse(cfg)))
     guest_kinds = set()
     for role, kind, arrays in sent:
@@ -196,6 +198,44 @@ def test_guest_sends_only_ciphertexts_masks_and_psi(paillier_run):
     bad = [("<f8", (128, 8))]
     assert check_record(declared["hei/fwd_masked"], bad) is not None
     assert check_record(declared["hei/acts"], bad) is not None
+
+
+def test_each_part_holds_its_own_share_and_the_host_scores_with_the_guests_outputs(paillier_run):
+    """The guest's part: its bottom model and eps; the host's: its network and W_g; neither holds W = W_g + eps.
+    The host's part scores nothing without the guest's interactive output: given A_g W, computed here from
+    the guest's part on the same rows and both shares (what the exchange computes), it gives the
+    probabilities it recorded."""
+    from fedhet.algorithms.export import check_part
+    from fedhet.algorithms.he_split import model as hm
+    from fedhet.algorithms.he_split.data import guest_data, host_data
+    from fedhet.algorithms.toolkit import align_host_rows, sorted_intersection
+
+    cfg, res, _, models = paillier_run
+    host, guest = models["host"], models["guest1"]
+    load_model = he_split.ALGORITHM.load_model
+    assert [k for k in host.tensors if k.startswith("share")] == host.meta["random_tensors"] == ["share.guest1.digits"]
+    assert [k for k in guest.tensors if k.startswith("share")] == guest.meta["random_tensors"] == ["share.digits"]
+    W_g, eps = hm.share(host.tensors, "share.guest1"), hm.share(guest.tensors)
+    assert (W_g == _exact(res["host"]["W_share"]["guest1"])).all() and (eps == _exact(res["guest1"]["eps"])).all()
+    W = _ints_to_float(W_g + eps) * 2.0 ** -FRAC_W
+    assert np.abs(W).max() < 10 < np.abs(_ints_to_float(W_g)).max() * 2.0 ** -FRAC_W
+    g_mod, h_mod = load_model(guest.meta, guest.tensors), load_model(host.meta, host.tensors)
+    assert check_part(g_mod, guest.meta) is None and check_part(h_mod, host.meta) is None
+    assert [i["name"] for i in host.meta["inputs"]] == ["x", "z.guest1"] and len(host.meta["feature_names"]) == 10
+
+    s = he_split.ALGORITHM.parse(cfg)
+    hdat, gdat = host_data(s), guest_data(s, 0, 1)
+    _, (rh, rg) = sorted_intersection(np.concatenate([hdat.ids_train, hdat.ids_test]).tolist(), gdat.ids.tolist())
+    hd = align_host_rows(rh, hdat.x_train_raw, hdat.y_train, hdat.x_test_raw, hdat.y_test, order="common")
+    x_host, x_guest = hd.x_test[:8], gdat.x[rg[hd.pos_test[:8]]]
+    np.testing.assert_array_equal(np.asarray(host.meta["check"]["inputs"]["x"], np.float32), x_host)
+    np.testing.assert_array_equal(np.asarray(guest.meta["check"]["inputs"]["x"], np.float32), gdat.x[rg[:8]])
+    with torch.no_grad():
+        A = g_mod(torch.as_tensor(x_guest)).double().numpy()
+        z = torch.as_tensor(A @ W, dtype=torch.float32)
+        np.testing.assert_allclose(z.numpy(), host.meta["check"]["inputs"]["z.guest1"], atol=1e-3)
+        probs = h_mod(torch.as_tensor(x_host), z).numpy()
+    np.testing.assert_allclose(probs, host.meta["check"]["outputs"], atol=1e-3)
 
 
 @pytest.mark.parametrize("scheme", ["naive", "ckks"])

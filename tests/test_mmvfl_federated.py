@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedhet.algorithms import mmvfl
 from fedhet.algorithms.mmvfl import core
@@ -119,3 +120,48 @@ def test_processes_audit_and_nothing_label_or_x_shaped_leaves(tmp_path):
                 assert all(len(a[-1]) == 0 or a[-1] == [] for a in arrays)
     assert seen_masked > 0  # the transcripts were read
     assert summary["parties"]["server"]["result"]["iterations"] >= 1
+
+
+@pytest.mark.parametrize("knn_k", [1, 3])
+def test_a_participants_part_scores_its_own_rows_alone_as_it_scored_them(knn_k):
+    """Each participant's exported part (its W_k, scaler, k-NN reference set) gives, on its raw validation
+    rows, the accuracies it reported: exactly, but where neighbours tie in exact arithmetic (digits' integer
+    pixels on two features) torch's and numpy's rounding of the distances may pick another one (here one
+    row of 40, with k = 3 at 10 %).  The server saves no part."""
+    from fedhet.algorithms.export import check_part
+    from fedhet.algorithms.mmvfl.model import load_model
+
+    cfg = {"dataset": "digits", "train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 50, 100],
+           "knn_k": knn_k, "aggregation": "plain"}
+    models: dict = {}
+    res = run_inmemory("mmvfl", parties_of("digits"), cfg, seed=0, models=models)
+    assert set(models) == {name for name, role in parties_of("digits") if role == "participant"}
+    s = parse_settings(mmvfl.Settings, cfg, "mmvfl")
+    mv = load_multiview("digits")
+    _, val = mmvfl.fold_rows(s, mv.y)
+    for k, (name, _) in enumerate(parties_of("digits")[1:]):
+        part = models[name]
+        assert part.meta["percents"] == [10.0, 50.0, 100.0] and len(part.meta["feature_names"]) == 16
+        module = load_model(part.meta, part.tensors)
+        assert check_part(module, part.meta) is None
+        with torch.no_grad():
+            pred = module(torch.as_tensor(mv.views[k][val], dtype=torch.float64)).numpy()
+        acc = [float(np.mean(pred[:, j] == mv.y[val])) for j in range(pred.shape[1])]
+        assert np.allclose(acc, res[name]["accuracy"], rtol=0, atol=1.01 / len(val)), name
+        assert knn_k == 3 or acc == res[name]["accuracy"], name
+
+
+def test_the_parts_knn_is_cores_rule_ties_included():
+    from fedhet.algorithms.mmvfl.model import SelectionKNN
+
+    rng = np.random.default_rng(3)
+    ref = rng.integers(0, 3, size=(40, 5)).astype(np.float64)   # many exact ties
+    labels = rng.integers(0, 4, size=40)
+    q = rng.integers(0, 3, size=(25, 5)).astype(np.float64)
+    sel = [np.array([0]), np.array([2, 4]), np.arange(5)]
+    for k in (1, 2, 3, 5):
+        m = SelectionKNN(np.zeros(5), np.ones(5), ref, labels, sel, k, 4)
+        with torch.no_grad():
+            got = m(torch.as_tensor(q)).numpy()
+        want = np.stack([core.knn_predict(ref[:, s], labels, q[:, s], k) for s in sel], axis=1)
+        np.testing.assert_array_equal(got, want)

@@ -20,7 +20,9 @@ Modules, one idea each:
 * :mod:`.training`: the host's training run and :func:`run_reference`, the same network trained in one
   process with the interactive layer in the clear (the tests' oracle);
 * :mod:`.roles`: the host and guest roles (PSI, then ``split_driver``'s loops over HE links);
-* :mod:`.messages`: the kinds and their schemas.
+* :mod:`.messages`: the kinds and their schemas;
+* :mod:`.model`: each party's trained part as it leaves the run (its own share of the interactive
+  layer, never the whole weight) and the modules that score with it.
 
 Each guest's part ``W_g`` of the interactive layer is protected by
 :mod:`fedhet.protocols.he_interactive` (read it for the per-batch protocol, what each party learns, and
@@ -35,6 +37,7 @@ from fedhet.parties.contract import Algorithm
 
 from .data import host_data, load_data
 from .messages import Kind, declarations
+from .model import load_model
 from .roles import ROLES
 from .settings import MAX_ROWS_PLANNED, NAME, Settings, default_max_steps
 from .training import run_reference
@@ -45,4 +48,4 @@ __all__ = ["ALGORITHM", "Settings", "Kind", "declarations", "run_reference", "ho
 ALGORITHM = Algorithm(name=NAME, summary="FATE-style hetero NN: a packed Paillier (or phe, CKKS) interactive "
                       "layer between guests' bottom models and the host's top model", roles=ROLES,
                       load_data=load_data, declarations=declarations, settings=Settings,
-                      headline=("test_accuracy",))
+                      headline=("test_accuracy",), load_model=load_model)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from fedhet.algorithms.data_fate import HostView, PartyTable
+from fedhet.algorithms.data_fate import PartyTable
 from fedhet.algorithms.split_driver import HEGuestLink, HEHostLink, serve_guest
 from fedhet.algorithms.toolkit import align_guest_rows, align_host_rows
 from fedhet.parties.api import PartyError
@@ -25,8 +25,9 @@ from fedhet.parties.contract import PartyLike
 from fedhet.protocols import he_interactive as hei
 from fedhet.protocols import psi
 
+from . import model as part
 from .core import build_host, guest_bottom
-from .data import GUEST, HOST
+from .data import GUEST, HOST, HostData
 from .messages import Kind
 from .settings import Settings
 from .training import train_host
@@ -44,7 +45,7 @@ def exact(W: np.ndarray) -> list:
     return [[str(v) for v in row] for row in W.tolist()] if W.dtype == object else W.tolist()
 
 
-def host_role(party: PartyLike, s: Settings, data: HostView) -> dict[str, Any]:
+def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
     torch.set_num_threads(s.torch_threads)
     guests = party.peers_with_role(GUEST)
     if not guests:
@@ -71,8 +72,9 @@ def host_role(party: PartyLike, s: Settings, data: HostView) -> dict[str, Any]:
         ly.setup()
     setup_s = time.perf_counter() - t1
     links = [HEHostLink(party, g, ly, Kind.BATCH) for g, ly in zip(guests, layers)]
+    taps = [part.ForwardTap(ln) for ln in links]   # the guests' outputs for the part's check rows
     try:
-        out = train_host(s, model, links, hd, int(data.n_classes), party)
+        out = train_host(s, model, taps, hd, int(data.n_classes), party)
     finally:
         for ln in links:
             ln.stop()
@@ -89,6 +91,9 @@ def host_role(party: PartyLike, s: Settings, data: HostView) -> dict[str, Any]:
     if s.return_params:
         out["params"] = {k: v.tolist() for k, v in model.state_dict().items()}
         out["W_share"] = {g: exact(ly.W) for g, ly in zip(guests, layers)}
+    raw = part.raw_common_rows(data, hd, np.asarray(res.rows))
+    party.save_model(*part.host_part(s, model, data, guests, [ly.W for ly in layers], layers[0].spec.w_frac_bits,
+                                     raw[taps[0].rows], [t.z for t in taps if t.z is not None]))
     return out
 
 
@@ -101,7 +106,8 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
     res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host, timeout=s.psi_timeout)
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
-    x_common = align_guest_rows(data.x, res.rows).x_common
+    rows = align_guest_rows(data.x, res.rows)
+    x_common = rows.x_common
     bottom = guest_bottom(s, x_common, party.name)
     party.send(host, Kind.WIDTH, {"width": s.guest_bottom_width})
     layer = hei.guest_layer(party, host, s.layer, s.guest_bottom_width, s.interactive_width)
@@ -115,6 +121,8 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
     if s.return_params:
         out["params"] = {k: v.tolist() for k, v in bottom.model.state_dict().items()}
         out["eps"] = exact(layer.eps)
+    party.save_model(*part.guest_part(s, bottom.model, rows.scaler, layer.eps, layer.spec.w_frac_bits,
+                                      list(data.columns), np.asarray(data.x)[np.asarray(res.rows)]))
     return out
 
 

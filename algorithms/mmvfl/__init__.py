@@ -12,7 +12,9 @@ Feng, Yu & Zhu, "MMVFL" (Sensors 2024).  Modules, one idea each:
   :func:`~fedhet.algorithms.mmvfl.core.run_centralized` calls, so the federated
   run reproduces the centralised oracle (bit for bit with plain float64
   aggregation, within the quantisation bound with secure aggregation);
-* :mod:`.messages`: the kinds and their schemas.
+* :mod:`.messages`: the kinds and their schemas;
+* :mod:`.model`: a participant's trained part as it leaves the run (its W_k, scaler and k-NN
+  reference set: what it scores its own rows with, alone; the server holds none).
 
 Roles: ``participant`` (K of them; the first in federation order, index 0, is
 the label holder: participant 1 of the paper) and ``server``.
@@ -69,6 +71,7 @@ from fedhet.parties.contract import Algorithm
 from . import core
 from .data import ParticipantData, common_rows, fold_rows, load_data, missing_rows
 from .messages import Kind, declarations
+from .model import load_model
 from .roles import ROLES
 from .settings import DATASET_SHAPES, NAME, PAPER_PERCENTS, Settings, n_common_rows, sizes
 
@@ -79,4 +82,4 @@ ALGORITHM = Algorithm(
     name=NAME, summary="MMVFL: multi-participant multi-class VFL with l2,1 feature selection; pseudo-labels "
                        "combined by secure aggregation",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
-    headline=("accuracy",))
+    headline=("accuracy",), load_model=load_model)

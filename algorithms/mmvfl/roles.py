@@ -18,7 +18,7 @@ from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation, psi
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
-from . import core
+from . import core, model
 from .data import ParticipantData
 from .messages import Kind
 from .settings import PARTICIPANT, SERVER, Settings, sizes
@@ -169,6 +169,8 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
                for p in s.percents]
     party.send(srv, Kind.REPORT, {"accuracy": acc, "inner_iterations": int(state.inner_iterations),
                                "n_features": int(X.shape[1]), "solver": state.system.solver})
+    party.save_model(*model.participant_part(state.W, mean, scale, X, train_labels, s.percents, s.knn_k, n_classes,
+                                             "labels" if holder else "pseudo_labels (argmax Z_k)", data.X_val))
     out = {"index": index, "label_holder": holder, "view": data.view, "data_kind": data.kind,
            "n_rows": n_rows, "n_features": int(X.shape[1]), "rounds": rounds, "solver": state.system.solver,
            "percents": list(s.percents), "accuracy": acc,
