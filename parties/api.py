@@ -327,6 +327,14 @@ class Party:
     def peers_with_role(self, role: str) -> list[str]:
         return sorted(n for n, r in self.roles.items() if r == role and n != self.name)
 
+    def peer_with_role(self, role: str) -> str:
+        """The one peer of ``role``; a :class:`PartyError` naming what the federation has otherwise."""
+        found = self.peers_with_role(role)
+        if len(found) != 1:
+            raise PartyError(f"{self.role} {self.name!r} needs exactly one {role}, the federation has "
+                             f"{len(found)}: {found}")
+        return found[0]
+
     def send(self, to: str, kind: str, payload: Any) -> None:
         if to not in self.roles or to == self.name:
             raise PartyError(f"party {self.name!r} cannot send to {to!r}: not a peer ({self.peers})")

@@ -83,10 +83,7 @@ def _traffic(party: PartyLike) -> dict[str, int]:
 
 def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     _threads(s)
-    srv = party.peers_with_role("server")
-    if len(srv) != 1:
-        raise PartyError(f"chfl needs exactly one server, the federation has {srv}")
-    server_name = srv[0]
+    server_name = party.peer_with_role("server")
     n_clients = len(party.peers_with_role("client")) + 1
     if data.n_clients != n_clients:
         raise PartyError(f"chfl: data was split for {data.n_clients} clients, the federation has {n_clients}")

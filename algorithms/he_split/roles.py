@@ -99,10 +99,7 @@ def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
 
 def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
     torch.set_num_threads(s.torch_threads)
-    hosts = party.peers_with_role(HOST)
-    if len(hosts) != 1:
-        raise PartyError(f"he_split needs exactly one host, found {hosts}")
-    host = hosts[0]
+    host = party.peer_with_role(HOST)
     res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host, timeout=s.psi_timeout)
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")

@@ -35,12 +35,10 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
     shares = ss.receive_shares(party, owners, Kind.PREFIX, t=s.t)
     y = ss.sum_shares([ss.matmul(shares[o], public_matrix(s, i), frac_bits=s.public_frac_bits)
                        for i, o in enumerate(owners)])
-    coordinators = party.peers_with_role(COORDINATOR)
-    if len(coordinators) != 1:
-        raise ValueError(f"shamir: needs exactly one coordinator, found {coordinators}")
+    coordinator = party.peer_with_role(COORDINATOR)
     sent = party.name not in s.drop
     if sent:
-        ss.send_to_coordinator(party, coordinators[0], y, Kind.PREFIX)
+        ss.send_to_coordinator(party, coordinator, y, Kind.PREFIX)
     return {"x": y.x, "sent": sent, "frac_bits": y.frac_bits, "shape": list(y.shape)}
 
 

@@ -201,10 +201,7 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
     t0 = time.perf_counter()
     warm = _setup(s)
     c = s.model
-    hosts = party.peers_with_role(HOST)
-    if len(hosts) != 1:
-        raise PartyError(f"stfl: needs exactly one host, found {hosts}")
-    h = hosts[0]
+    h = party.peer_with_role(HOST)
     res = psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers, timeout=s.recv_timeout)
     t_psi = time.perf_counter()
     if res.rows is None:
