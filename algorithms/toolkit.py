@@ -32,6 +32,7 @@ Everything here is deterministic given its inputs; nothing touches the network.
 from __future__ import annotations
 
 import threading
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -41,11 +42,47 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+# The named numpy streams live in fedhet.algorithms.streams (numpy only, so jobs without torch use
+# them too); the toolkit is their face.
+from fedhet.algorithms.streams import Stream, stream_rng  # noqa: F401
 from fedhet.parties.api import device_name
 
 # ----------------------------------------------------------------------------------- seeds
-# In fedhet.algorithms.seeds (numpy only, so jobs without torch use them too); the toolkit's face.
-from fedhet.algorithms.seeds import Stream, crc32_seed, derive_seed, frozen_seed, stream_rng  # noqa: E402,F401
+
+
+def derive_seed(seed: int, *tags: int | str) -> int:
+    """A 63-bit seed for one model or stream from the run seed and tags (client index, "unique"...).
+
+    numpy's ``SeedSequence`` over the words ``[seed, *tags]`` (a string tag contributes its UTF-8
+    bytes, an int itself), so distinct tag tuples give independent streams.  CHFL's seeds.
+    """
+    words = [int(seed)]
+    for t in tags:
+        words.extend(t.encode() if isinstance(t, str) else [int(t)])
+    state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
+    return int.from_bytes(state.tobytes(), "little") & ((1 << 63) - 1)
+
+
+def frozen_seed(seed: int, *tags: int | str) -> int:
+    """The 31-bit seed STFL and HyFEM were trained with: CRC-32 of ``repr((seed, *tags))``.
+
+    Kept so that their models stay the same for the same seed; new algorithms use
+    :func:`derive_seed`.
+    """
+    return crc32_seed(repr((int(seed), *tags)), 31)
+
+
+def crc32_seed(key: str, bits: int = 32) -> int:
+    """CRC-32 of the text ``key``, keeping its low ``bits`` bits (31 or 32).
+
+    The derivation STFL (key ``repr((seed, *tags))``, 31 bits) and the HE split network (key
+    ``f"{seed}/he_split/{what}"``, 32 bits) were trained with; it stays so that their models are
+    the same for the same seed.  New algorithms use :func:`derive_seed`.
+    """
+    if bits not in (31, 32):
+        raise ValueError(f"crc32_seed keeps 31 or 32 bits, got {bits}")
+    return zlib.crc32(key.encode()) & ((1 << bits) - 1)
+
 
 # ---------------------------------------------------------------------------- devices, RNG
 

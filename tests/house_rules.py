@@ -29,7 +29,7 @@ from pathlib import Path
 PACKAGES = ("parties", "crypto", "protocols", "algorithms")
 USERS = ("benchmarks", "tests")   # read for private imports only
 TOOLKIT = "algorithms/toolkit.py"
-SEEDS = "algorithms/seeds.py"   # the toolkit's seeds (numpy only), re-exported by it
+SEEDS = "algorithms/streams.py"   # the named numpy streams (numpy only), re-exported by the toolkit
 SETTINGS_HOME = "parties/settings.py"
 SETTINGS_PARSERS = ("from_dict", "from_cfg", "from_table")
 SETTINGS_CLASSES = ("Config", "Settings")

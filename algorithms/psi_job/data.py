@@ -6,7 +6,7 @@ import hashlib
 import numpy as np
 
 from fedhet.algorithms.psi_job.messages import FEATURE, LABEL_OWNER
-from fedhet.algorithms.seeds import stream_rng
+from fedhet.algorithms.streams import stream_rng
 from fedhet.algorithms.psi_job.settings import Settings
 from fedhet.crypto.ecdh_psi import encode_items
 from fedhet.parties.contract import PartyContext

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedhet.algorithms.seeds import Stream, stream_rng
+from fedhet.algorithms.streams import Stream, stream_rng
 from fedhet.algorithms.shamir_job.messages import COORDINATOR, HOLDER, OWNER
 from fedhet.algorithms.shamir_job.settings import Settings
 from fedhet.parties.contract import PartyContext
