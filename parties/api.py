@@ -19,12 +19,14 @@ from typing import Any, Callable, Iterable, Mapping
 from . import codec
 from . import declare as decl
 from . import schema
+from .checkpoint import Checkpoints, CheckpointError
 from .codec import MalformedMessage
 from .model_store import TrainedPart, make_part
 
 DEFAULT_TIMEOUT = 120.0
 BYE_KIND = decl.BYE_KIND      # closing barrier; declared for every run
 ABORT_KIND = decl.ABORT_KIND  # "I failed, and why": peers stop at once instead of timing out
+RESUME_KIND = decl.RESUME_KIND  # a resumed party's offer: the checkpoint steps it holds
 # What a peer may make us hold for one message kind it sends us before we read it: honest
 # protocols here stay far below (one round's message at a time); a flood is refused.
 QUEUE_MAX_BYTES = 256 << 20
@@ -279,6 +281,7 @@ class Party:
         sizes: dict[str, int] | None = None,
         clock: RealClock | VirtualClock | None = None,
         fingerprint: dict | None = None,
+        incarnation: int = 0,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -322,6 +325,21 @@ class Party:
             declarations = decl.index(declarations.values() if isinstance(declarations, dict) else declarations)
         self.declarations = declarations
         self.sizes = dict(sizes or {})
+        # Checkpoints (fedhet.parties.checkpoint), set by the runner: where, how often (every k-th
+        # step; 0: never), what to do once one is written (fault injection: a kill), and on a resumed
+        # run the incarnation (restarts so far: messages carry it, so none crosses a restart).
+        self.checkpoints: Checkpoints | None = None
+        self.checkpoint_every = 0
+        self.after_checkpoint: Callable[[int], None] | None = None
+        self.incarnation = int(incarnation)   # before any message: the transport checks it on receipt
+        self.resumed_from: int | None = None     # the step agreed on a resumed run (0: none held by all)
+        self._resume_state: dict | None = None   # that step's saved state, until the role restores it
+
+    @property
+    def wire_id(self) -> str:
+        """The run id messages carry: the run's, plus the incarnation after a restart (a message of an
+        earlier incarnation is refused as another run's, so none replays across a resume)."""
+        return self.run_id if self.incarnation == 0 else f"{self.run_id}/resume-{self.incarnation}"
 
     # ------------------------------------------------------------------ API
     def peers_with_role(self, role: str) -> list[str]:
@@ -342,7 +360,11 @@ class Party:
             raise PartyError("message kind must be a non-empty string")
         with self._send_lock:
             seq = self._seq_out[to]
-            frames = codec.encode(self.run_id, self.name, to, kind, seq, payload, self.round,
+            if self._resume_state is not None and kind not in decl.BUILTIN_KINDS:
+                raise PartyError(f"{self.role} {self.name!r} resumes from step {self.resumed_from} but its role "
+                                 "sent a message before calling party.restore(): this algorithm's role does "
+                                 "not resume from checkpoints")
+            frames = codec.encode(self.wire_id, self.name, to, kind, seq, payload, self.round,
                                   fed=self.fingerprint if seq == 0 else None)
             digest, n = codec.frames_digest(frames)
             self._transport_send(to, frames)
@@ -401,6 +423,75 @@ class Party:
         arrays and the algorithm's metadata.  The last call wins; the runner writes it to the
         party's ``model/`` folder when the role has returned."""
         self.trained = make_part(tensors, meta)
+
+    # ------------------------------------------------------- checkpoints
+    def checkpoint(self, step: int, state: Mapping[str, Any]) -> None:
+        """The role's state at the end of step ``step`` (a round or epoch; every role of an algorithm
+        checkpoints at the same steps, 1, 2, ...): written when checkpoints are on and ``step`` is a
+        multiple of ``checkpoint_every``, with this party's own counters, and its digest recorded in
+        the transcript.  ``state``: what the role needs to go on exactly as if never stopped (model,
+        optimizer, RNG states, position in the data order, results so far); arrays, tensors, numbers,
+        strings, bytes, lists and dicts (:mod:`fedhet.parties.checkpoint`)."""
+        if self.checkpoints is None or self.checkpoint_every <= 0 or step % self.checkpoint_every:
+            return
+        with self._lock:
+            mine = {"round": self.round, "bytes_sent": dict(self.bytes_sent),
+                    "bytes_received": dict(self.bytes_received), "messages_sent": dict(self.messages_sent),
+                    "messages_received": dict(self.messages_received)}
+        header: dict[str, Any] = {"party": self.name, "role": self.role, "run_id": self.run_id,
+                                  "incarnation": self.incarnation}
+        if self.transcript is not None:
+            header["transcript"] = dict(zip(("count", "head"), self.transcript.head))
+        digest, n = self.checkpoints.write(step, {"role": dict(state), "party": mine}, header)
+        if self.transcript is not None:
+            self.transcript.mark("checkpoint", step=int(step), sha256=digest, bytes=n)
+        self.log.debug("checkpoint of step %d written (%d bytes)", step, n)
+        if self.after_checkpoint is not None:
+            self.after_checkpoint(step)
+
+    def restore(self) -> tuple[int, dict]:
+        """``(step, state)`` to start from: on a resumed run the state this role handed
+        :meth:`checkpoint` at the step every party holds, else ``(0, {})``.  A role calls it once,
+        before its first message, and goes on from step ``step + 1``."""
+        state, self._resume_state = self._resume_state, None
+        if state is None:
+            return 0, {}
+        return int(self.resumed_from or 0), state
+
+    def agree_resume(self, offered: Mapping[int, str]) -> int:
+        """A resumed run's first exchange: send every peer the checkpoint steps this party holds
+        (``offered``: step -> the SHA-256 its transcript recorded), hear theirs, and load the newest
+        step all hold (0: none, the run starts over; the transcript still goes on).  Returns it."""
+        held = sorted(int(s) for s in offered)[-decl.MAX_HELD:]
+        for p in self.peers:
+            self.send(p, RESUME_KIND, {"held": held, "incarnation": self.incarnation})
+        common = set(held)
+        for p in self.peers:
+            offer = self.recv(p, RESUME_KIND)
+            if offer["incarnation"] != self.incarnation:
+                raise PeerFault(self.name, p, RESUME_KIND, f"it resumes incarnation {offer['incarnation']}, "
+                                f"this party {self.incarnation}")
+            common &= set(offer["held"])
+        step = max(common, default=0)
+        self.resumed_from = step
+        digest = offered.get(step) if step else None
+        if self.transcript is not None:
+            self.transcript.mark("restore", step=step, sha256=digest, incarnation=self.incarnation)
+        if step == 0:
+            self._resume_state = {}
+            self.log.warning("resume: no checkpoint is held by every party; the run starts over")
+            return 0
+        if self.checkpoints is None:
+            raise CheckpointError(f"party {self.name!r} agreed on step {step} but has no checkpoint folder")
+        saved, _ = self.checkpoints.read(step, digest)
+        mine = saved["party"]
+        with self._lock:
+            self.round = int(mine["round"])
+            for attr in ("bytes_sent", "bytes_received", "messages_sent", "messages_received"):
+                getattr(self, attr).update(mine[attr])
+        self._resume_state = saved["role"]
+        self.log.info("resume: every party holds step %d; going on from there", step)
+        return step
 
     def metric(self, **values: Any) -> None:
         rec = {"party": self.name, "round": self.round, "wall_s": round(time.monotonic() - self._t0, 6),
@@ -532,8 +623,8 @@ class Party:
         if except_reason is not None:
             self._reject(except_reason, peer, "malformed")
             return False
-        if env.run != self.run_id:
-            self._reject(f"message of another run {env.run!r} (ours {self.run_id!r}) from {env.frm!r}",
+        if env.run != self.wire_id:
+            self._reject(f"message of another run {env.run!r} (ours {self.wire_id!r}) from {env.frm!r}",
                          peer, "foreign run")
             return False
         if env.to != self.name:

@@ -3,7 +3,11 @@
 1. Every transcript verifies: hash chain intact, head signed by the party's
    Ed25519 key from the federation (not from the transcript itself).
 2. Every send has exactly one matching receive on the other side (same link,
-   sequence number, kind and SHA-256), and every receive a send.
+   sequence number, kind and SHA-256), and every receive a send.  A resumed run's transcripts go
+   on across the restart: ``resume`` records split them into incarnations (each numbers its
+   messages afresh), every party must go on from the same step, whose checkpoint digest its own
+   transcript recorded; in an incarnation a kill cut short, messages only one end recorded were
+   in flight and are counted as a warning, not a problem.
 3. Every message matches its protocol's declaration (``parties.declare``):
    declared kind, sender and receiver roles as declared, and array dtypes and
    shapes accepted by the declaration's check.
@@ -115,6 +119,8 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
     sends: dict[tuple, dict] = {}
     recvs: dict[tuple, dict] = {}
     counts: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 0])
+    last_incarnation: dict[str, int] = {}
+    restored: dict[int, dict[str, int]] = defaultdict(dict)   # incarnation -> party -> step it resumed from
     for p in config.get("party", []):
         name = p["name"]
         tpath = run_dir / "parties" / name / "transcript.jsonl"
@@ -123,7 +129,13 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
             continue
         v = verify(tpath, name, run_id, sign_keys.get(name))
         rep.problems += [f"{name}: {msg}" for msg in v.problems]
+        inc = 0
+        checkpoints: set[tuple] = set()
         for r in v.records:
+            kind_of = r.get("type", "msg")
+            if kind_of != "msg":
+                inc = _restart_record(rep, name, r, inc, checkpoints, restored)
+                continue
             fault = record_problem(r)
             if fault is not None:
                 rep.problems.append(f"{name}: record {short(r.get('i'))}: {fault}")
@@ -131,17 +143,17 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
             rep.messages += 1
             c = counts[(name, r.get("kind"))]
             if r.get("dir") == "send":
-                key = (name, r.get("peer"), r.get("seq"))
+                key = (inc, name, r.get("peer"), r.get("seq"))
                 if key in sends:
-                    rep.problems.append(f"{name}: two sends to {r.get('peer')} with seq {r.get('seq')}")
+                    rep.problems.append(f"{name}: two sends to {r.get('peer')} with seq {r.get('seq')}{_inc(inc)}")
                 sends[key] = r
                 c[0] += 1
                 c[1] += int(r.get("bytes", 0))
                 _check_declared(rep, declared, roles, alg_cfg, sizes, name, r, name, r.get("peer"))
             elif r.get("dir") == "recv":
-                key = (r.get("peer"), name, r.get("seq"))
+                key = (inc, r.get("peer"), name, r.get("seq"))
                 if key in recvs:
-                    rep.problems.append(f"{name}: two receipts from {r.get('peer')} with seq {r.get('seq')}")
+                    rep.problems.append(f"{name}: two receipts from {r.get('peer')} with seq {r.get('seq')}{_inc(inc)}")
                 recvs[key] = r
                 c[2] += 1
                 c[3] += int(r.get("bytes", 0))
@@ -149,17 +161,36 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
                 _check_declared(rep, declared, roles, alg_cfg, sizes, name, r, r.get("peer"), name)
             else:
                 rep.problems.append(f"{name}: record {r.get('i')} has direction {r.get('dir')!r}")
+        last_incarnation[name] = inc
+    final = max(last_incarnation.values(), default=0)
+    behind = sorted(n for n, i in last_incarnation.items() if i != final)
+    if behind:
+        rep.problems.append(f"{', '.join(behind)}: transcript ends in an earlier incarnation than the run's last "
+                            f"({final}): not resumed with the others")
+    for i, steps in sorted(restored.items()):
+        if len(set(steps.values())) > 1:
+            rep.problems.append(f"resume {i}: the parties went on from different steps {dict(sorted(steps.items()))}")
+    in_flight: dict[int, int] = defaultdict(int)   # a run cut by a kill leaves messages one end recorded
     for key, s in sends.items():
         r = recvs.get(key)
-        frm, to, seq = key
+        inc, frm, to, seq = key
         if r is None:
-            rep.problems.append(f"{frm} -> {to} seq {seq} ({s.get('kind')}): sent but never received")
+            if inc < final:
+                in_flight[inc] += 1
+            else:
+                rep.problems.append(f"{frm} -> {to} seq {seq} ({s.get('kind')}){_inc(inc)}: sent but never received")
         elif (r.get("sha256"), r.get("kind"), r.get("bytes")) != (s.get("sha256"), s.get("kind"), s.get("bytes")):
-            rep.problems.append(f"{frm} -> {to} seq {seq}: what was received differs from what was sent")
+            rep.problems.append(f"{frm} -> {to} seq {seq}{_inc(inc)}: what was received differs from what was sent")
     for key, r in recvs.items():
         if key not in sends:
-            frm, to, seq = key
-            rep.problems.append(f"{frm} -> {to} seq {seq} ({r.get('kind')}): received but never sent")
+            inc, frm, to, seq = key
+            if inc < final:
+                in_flight[inc] += 1
+            else:
+                rep.problems.append(f"{frm} -> {to} seq {seq} ({r.get('kind')}){_inc(inc)}: received but never sent")
+    for inc, n in sorted(in_flight.items()):
+        rep.warnings.append(f"incarnation {inc} was cut short (the run resumed after it): {n} message(s) only one "
+                            "end recorded, in flight when it stopped")
     rep.problems += sequence_gaps(sends, recvs)
     rep.table = [
         {"party": p, "role": roles.get(p, "?"), "kind": k, "sent": c[0], "sent_bytes": c[1],
@@ -167,6 +198,37 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
         for (p, k), c in sorted(counts.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
     ]
     return rep
+
+
+def _inc(inc: int) -> str:
+    return f" (after resume {inc})" if inc else ""
+
+
+def _restart_record(rep: AuditReport, name: str, r: dict, inc: int, checkpoints: set,
+                    restored: dict[int, dict[str, int]]) -> int:
+    """Check one ``checkpoint`` / ``resume`` / ``restore`` record of ``name``'s transcript; returns
+    the incarnation the records after it belong to."""
+    t, where = r.get("type"), f"{name}: record {short(r.get('i'))}"
+    step, digest = r.get("step"), r.get("sha256")
+    if t == "checkpoint":
+        if not (isinstance(step, int) and step > 0 and isinstance(digest, str) and len(digest) == 64):
+            rep.problems.append(f"{where}: checkpoint record without a step and SHA-256")
+        checkpoints.add((step, digest))
+    elif t == "resume":
+        if r.get("incarnation") != inc + 1:
+            rep.problems.append(f"{where}: resume record of incarnation {short(r.get('incarnation'))} after "
+                                f"incarnation {inc}")
+        return inc + 1
+    elif t == "restore":
+        if r.get("incarnation") != inc or inc == 0:
+            rep.problems.append(f"{where}: restore record outside its resume (incarnation {short(r.get('incarnation'))})")
+        elif step != 0 and (step, digest) not in checkpoints:
+            rep.problems.append(f"{where}: resumed from step {short(step)}, whose checkpoint (SHA-256 "
+                                f"{short(digest)}) this transcript never recorded")
+        restored[inc][name] = step if isinstance(step, int) else -1
+    else:
+        rep.problems.append(f"{where}: record of unknown type {short(t)}")
+    return inc
 
 
 # ------------------------------------------------------- trust and robustness
@@ -286,10 +348,11 @@ def sequence_gaps(sends: dict, recvs: dict) -> list[str]:
     reverse), and is not repeated here.
     """
     links: dict[tuple, set[int]] = defaultdict(set)
-    for frm, to, seq in list(sends) + list(recvs):
-        links[(frm, to)].add(seq)
+    for *link, seq in list(sends) + list(recvs):   # keys (frm, to, seq), or (incarnation, frm, to, seq)
+        links[tuple(link)].add(seq)
     out = []
-    for (frm, to), have in sorted(links.items()):
+    for link, have in sorted(links.items()):
+        frm, to = link[-2:]
         missing = [q for q in range(max(have) + 1) if q not in have]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")

@@ -203,7 +203,7 @@ def cmd_party(args) -> int:
                       "--run-id so messages of an earlier run can never be replayed into this one", style="yellow")
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     code = run_party(fed, args.name, out, algorithm, insecure=args.insecure, bind=args.bind,
-                     run_id=args.run_id or None, echo=not args.quiet, log_level=args.log_level)
+                     run_id=args.run_id or None, echo=not args.quiet, log_level=args.log_level, resume=args.resume)
     if not args.quiet:
         console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}", markup=False)
         err = out / "parties" / args.name / "error.json"
@@ -224,7 +224,7 @@ def cmd_host(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     return run_host(fed, args.host, out, algorithm, insecure=args.insecure, run_id=args.run_id or None,
-                    echo=not args.quiet, log_level=args.log_level)
+                    echo=not args.quiet, log_level=args.log_level, resume=args.resume)
 
 
 def _show_value(v: Any) -> str:
@@ -276,16 +276,27 @@ def _print_summary(summary: dict, title: str, headline: tuple[str, ...] = ()) ->
 
 
 def cmd_run(args) -> int:
-    from .launcher import RunFailed, launch
+    from .launcher import RunFailed, launch, resume_federation
 
-    fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
+    if args.resume:
+        if args.federation or args.out or args.set:
+            console.print("error: --resume RUN goes on with RUN's own federation, settings and folder: give no "
+                          "federation file, --out or --set with it", markup=False)
+            return 2
+        args.out = args.resume
+        fed = _with_data_dir(resume_federation(args.resume), args.data_dir)
+    elif not args.federation:
+        console.print("error: give a federation file or preset name (or --resume RUN)", markup=False)
+        return 2
+    else:
+        fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     if args.insecure:
         console.print("[bold red]WARNING[/bold red]: --insecure: CURVE is OFF for every party", highlight=False)
     try:
         summary = launch(fed, args.out, insecure=args.insecure, timeout=args.timeout,
                          progress=not args.no_progress, overrides=_parse_overrides(args.set), algorithm=algorithm,
-                         log_level=args.log_level)
+                         log_level=args.log_level, resume=bool(args.resume))
     except RunFailed as e:
         console.print(f"[bold red]run failed[/bold red]: {escape(str(e))}", highlight=False)
         return 1
@@ -363,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what log.txt records (and echoes)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the run in --out from the newest checkpoint every party holds")
     p.set_defaults(fn=cmd_party)
     p = sub.add_parser("host", help="run the parties of one host of a federation (`fedhet run` starts these)")
     p.add_argument("file")
@@ -372,9 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
+    p.add_argument("--resume", action="store_true", help="resume the run in --out (see `fedhet party --resume`)")
     p.set_defaults(fn=cmd_host)
     p = sub.add_parser("run", help="run every party of a federation as a local process")
-    p.add_argument("federation", help="federation file or preset name")
+    p.add_argument("federation", nargs="?", help="federation file or preset name")
+    p.add_argument("--resume", metavar="RUN",
+                   help="go on with the killed or failed run in folder RUN from the newest checkpoint every party holds")
     p.add_argument("--out", help="run folder (default runs/ALGORITHM-TIME-ID)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
     p.add_argument("--timeout", type=float, help="fail the run if it takes longer (seconds)")

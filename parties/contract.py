@@ -83,6 +83,9 @@ class PartyLike(Protocol):
     def progress(self, done: int, total: int, **metrics: Any) -> None: ...
     def save_model(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None: ...
     def metric(self, **values: Any) -> None: ...
+    def checkpoint(self, step: int, state: Mapping[str, Any]) -> None: ...  # end of step (round/epoch)
+    def restore(self) -> tuple[int, dict]: ...      # (step, state) to go on from; (0, {}) fresh
+    def agree_resume(self, offered: Mapping[int, str]) -> int: ...  # the runner's, not a role's
     def now(self) -> float: ...                     # the clock receive timeouts run on (virtual in tests)
     def sleep(self, seconds: float) -> None: ...    # on now()'s clock
 

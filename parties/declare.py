@@ -38,6 +38,8 @@ def declare(kind: str, sender, receiver, what: str, payload: sch.Spec | None = N
 ANY_ROLE = "*"
 BYE_KIND = "_bye"
 ABORT_KIND = "_abort"
+RESUME_KIND = "_resume"
+MAX_HELD = 64   # checkpoint steps a party may list in its resume offer (it keeps two)
 
 BUILTIN = [
     # The closing barrier every party sends once to every peer; it carries no data.
@@ -45,7 +47,14 @@ BUILTIN = [
     # A failing party tells its peers why, so they stop within seconds and blame the right party.
     declare(ABORT_KIND, ANY_ROLE, ANY_ROLE, "a party failed: its one-line reason (no data)",
             payload=sch.Fields({"reason": sch.Str(max_len=sch.MAX_TEXT)})),
+    # A resumed party's first message to every peer: the checkpoint steps it holds (step numbers only,
+    # no state); each party resumes from the newest step every party holds.
+    declare(RESUME_KIND, ANY_ROLE, ANY_ROLE, "resume offer: the checkpoint steps the party holds",
+            payload=sch.Fields({"held": sch.ListOf(sch.Int(lo=0), max_len=MAX_HELD),
+                                "incarnation": sch.Int(lo=1)})),
 ]
+
+BUILTIN_KINDS = frozenset(d.kind for d in BUILTIN)
 
 
 def index(decls: Iterable[MessageDecl]) -> dict[str, MessageDecl]:

@@ -7,6 +7,7 @@ A TOML file (example: ``fedhet presets``)::
     key_dir = "keys"         # relative to this file; secret keys of the parties run here
     timeout = 120            # seconds a party waits for any one message
     # peer_lost_s = 10       # a peer whose connection broke and stays down this long is gone
+    # checkpoint_every = 1   # each party checkpoints every 1st round/epoch (0: never); see --resume
     seed = 0
     max_message_mb = 1024    # ZMQ_MAXMSGSIZE and the decoder's limit
     # run_id = "..."         # all parties of one run must agree; `fedhet run` makes a fresh one
@@ -69,6 +70,7 @@ FEDERATION_KEYS: dict[str, str] = {
     "key_dir": "folder of this machine's secret keys, relative to the file",
     "timeout": "seconds a party waits for any one message",
     "peer_lost_s": "seconds a peer's broken connection may stay down before waits on it end (default 10)",
+    "checkpoint_every": "each party checkpoints its state every N-th round or epoch, 0 = never (default 1)",
     "seed": "seed of the run (the [algorithm] seed defaults to it)",
     "max_message_mb": "largest message a party accepts, in MiB",
     "run_id": "the id every party of one run uses",
@@ -151,6 +153,7 @@ class Federation:
     hosts: int = 0  # host processes for the parties that name no host (0: one process per party)
     host_threads: int = 0  # torch / BLAS threads per host process (0: the libraries' defaults)
     peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down this long is gone
+    checkpoint_every: int = 1  # each party checkpoints every N-th step (round or epoch); 0: never
 
     # ------------------------------------------------------------- queries
     @property
@@ -228,6 +231,8 @@ class Federation:
             fed["host_threads"] = self.host_threads
         if self.peer_lost_s != 10.0:
             fed["peer_lost_s"] = self.peer_lost_s
+        if self.checkpoint_every != 1:
+            fed["checkpoint_every"] = self.checkpoint_every
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
         fed.update(self.extra)
@@ -358,8 +363,8 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     if timeout <= 0 or max_mb <= 0 or peer_lost_s <= 0:
         raise err("[federation]: timeout, max_message_mb and peer_lost_s must be positive")
     counts = {}
-    for k in ("hosts", "host_threads"):
-        v = fed.pop(k, 0)
+    for k, default in (("hosts", 0), ("host_threads", 0), ("checkpoint_every", 1)):
+        v = fed.pop(k, default)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise err(f"[federation]: {k} must be a whole number >= 0, got {v!r}")
         counts[k] = v

@@ -72,7 +72,8 @@ def process_usage() -> dict:
 
 
 def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: Algorithm,
-             insecure: bool = False, run_id: str | None = None, echo: bool = False, log_level: str = "info") -> int:
+             insecure: bool = False, run_id: str | None = None, echo: bool = False, log_level: str = "info",
+             resume: bool = False) -> int:
     """Run every party of ``host`` to completion, one thread each; returns the exit code
     (0: every party done, 1: one or more failed, 143: stopped by SIGTERM)."""
     from .zmq_transport import SharedContext
@@ -88,7 +89,7 @@ def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: 
     t0 = time.perf_counter()
     context = SharedContext()
     runs = [PartyRun(fed, name, run_dir, algorithm, insecure=insecure, run_id=run_id, echo=echo, log_level=log_level,
-                     zmq_context=context) for name in groups[host]]
+                     zmq_context=context, resume=resume) for name in groups[host]]
     lock = threading.Lock()
     stopping = threading.Event()
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from . import contract, failure
 from .api import Party, PartyAborted, PartyError, VirtualClock
+from .checkpoint import Checkpoints
+from .faults import Killed, raise_at
 from .model_store import TrainedPart
 from .role import LOAD, run_role, trained_part
 
@@ -65,7 +67,9 @@ class FederationFailed(PartyError):
 def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None, seed: int = 0,
                  data: dict[str, Any] | None = None, device: str = "cpu", timeout: float = 120.0,
                  data_dir=None, party_data: dict[str, dict] | None = None, base_dir=None,
-                 strict: bool = True, clock: str = "real", models: dict[str, TrainedPart] | None = None
+                 strict: bool = True, clock: str = "real", models: dict[str, TrainedPart] | None = None,
+                 run_id: str | None = None, checkpoint_dir=None, checkpoint_every: int = 1, resume: bool = False,
+                 kill: dict[str, int] | None = None, resumed: dict[str, int | None] | None = None
                  ) -> dict[str, Any]:
     """Run every role function of ``algorithm`` in its own thread; return name -> result.
 
@@ -80,7 +84,18 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     of dropouts, late and stalled parties do not depend on the machine's speed (role functions
     that wait in one thread at a time only).  ``models``, a dict, receives each party's trained part
     (what its role handed to ``save_model``, with the runtime's header) by name.
+
+    Checkpoints: with ``checkpoint_dir`` each party writes them to ``checkpoint_dir/NAME`` (every
+    ``checkpoint_every``-th step); ``resume=True`` goes on from the newest step every party holds
+    there (give the first run's ``run_id``: roles may derive from it); ``kill`` (name -> step)
+    ends a party's thread right after its checkpoint of that step, as a SIGKILL would end its
+    process (:class:`fedhet.parties.faults.Killed`, reported in the FederationFailed): the others
+    go on as far as they can without it, as they would as processes (with ``clock="virtual"`` that
+    is exactly as far as the protocol lets them).  ``resumed``, a dict, receives the step each
+    party went on from.
     """
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs the checkpoint_dir of the run to resume")
     if clock not in ("real", "virtual"):
         raise ValueError(f"clock must be 'real' or 'virtual', got {clock!r}")
     vclock = VirtualClock() if clock == "virtual" else None
@@ -93,10 +108,15 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
     if len(roles) != len(parties):
         raise ValueError("party names must be unique")
     algo.check_roles(roles)
-    hub = InMemoryHub(roles)
+    hub = InMemoryHub(roles, run_id)
+    stores: dict[str, Checkpoints] = {}
     for name, _ in parties:
-        hub.party(name, seed=seed, device=device, timeout=timeout,
-                  declarations=declared if strict else None, sizes=sizes, clock=vclock)
+        p = hub.party(name, seed=seed, device=device, timeout=timeout, declarations=declared if strict else None,
+                      sizes=sizes, clock=vclock, incarnation=1 if resume else 0)
+        if checkpoint_dir is not None:
+            stores[name] = p.checkpoints = Checkpoints(f"{checkpoint_dir}/{name}")
+            p.checkpoint_every = checkpoint_every
+            p.after_checkpoint = raise_at(kill or {}, name)
         if vclock is not None:
             vclock.start(name)   # every party is live before any thread can wait
     results: dict[str, Any] = {}
@@ -111,10 +131,16 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
                                      data_dir=None if data_dir is None else str(data_dir),
                                      data_spec=(party_data or {}).get(name),
                                      base_dir=None if base_dir is None else str(base_dir),
-                                     data=data[name] if data is not None and name in data else LOAD)
+                                     data=data[name] if data is not None and name in data else LOAD,
+                                     resume=stores[name].offer() if resume and name in stores else None)
             part = trained_part(algo, settings, hub.parties[name])
             if models is not None and part is not None:
                 models[name] = part
+            if resumed is not None:
+                resumed[name] = hub.parties[name].resumed_from
+        except Killed as e:   # a SIGKILL sends no notice: the others find out by waiting for it
+            failures[name] = e
+            tbs[name] = ""
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             records[name] = failure.record(e, name, role, transport=hub.parties.get(name))
             if not isinstance(e, PartyAborted):

@@ -97,12 +97,13 @@ def check_before_launch(fed: Federation, overrides: dict[str, Any] | None = None
 
 
 def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None,
-                  key_dir: Path | None = None) -> tuple[Federation, Path]:
+                  key_dir: Path | None = None, run_id: str | None = None) -> tuple[Federation, Path]:
     """Fresh keys, loopback ports and a run id; returns the resolved federation and its file.
 
     Secret keys go to ``key_dir`` (default: a new :class:`~fedhet.parties.keys.TemporaryKeys`
     folder, never inside ``run_dir``, whose secrets live in this process's memory); the caller
     releases it when the run is over (``keys.release_temporary``; at the latest at exit).
+    ``run_id``: keep this id (a resumed run) instead of a fresh one.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     temporary = None
@@ -122,11 +123,23 @@ def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | No
                                data=_absolute_data(p.data, fed.base_dir)))
     algorithm = dict(fed.algorithm)
     algorithm.update(overrides or {})
-    resolved = replace(fed, parties=parties, key_dir=key_dir.resolve(), run_id=uuid.uuid4().hex,
-                       algorithm=algorithm, source=str(run_dir / "federation.toml"))
+    resolved = replace(fed, parties=parties, key_dir=key_dir.resolve(),
+                       algorithm=algorithm, source=str(run_dir / "federation.toml"),
+                       run_id=run_id or uuid.uuid4().hex)
     fed_file = run_dir / "federation.toml"
     write_atomic(fed_file, resolved.to_toml())
     return resolved, fed_file
+
+
+def resume_federation(run_dir: str | os.PathLike) -> Federation:
+    """The federation a run folder was launched with (its ``federation.toml``: the settings and
+    ``--set`` overrides in force, the run id), to resume it; FederationError naming what is missing."""
+    from .federation import FederationError, load
+
+    path = Path(run_dir) / "federation.toml"
+    if not path.is_file():
+        raise FederationError(f"{run_dir}: not a run folder of `fedhet run` (no federation.toml): nothing to resume")
+    return load(path)
 
 
 def _absolute_data(data: dict, base_dir: str) -> dict:
@@ -177,15 +190,19 @@ def _group_alive(pgid: int) -> bool:
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
            timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
            env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
-           log_level: str = "info") -> dict[str, Any]:
+           log_level: str = "info", resume: bool = False) -> dict[str, Any]:
     """Run the federation locally; returns the run summary or raises RunFailed.
+
+    ``resume``: go on with the run in ``run_dir`` (``fed`` is then the folder's own
+    ``federation.toml``: :func:`resume_federation`): the same run id and settings, fresh keys and
+    ports, every party restarted with ``--resume`` from the newest checkpoint all of them hold.
 
     Bad settings raise :class:`SettingsError` before any party starts and before the run folder
     is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
     check_before_launch(fed, overrides, algorithm)
     run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
     raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
-    resolved, fed_file = prepare_local(fed, run_dir, overrides)
+    resolved, fed_file = prepare_local(fed, run_dir, overrides, run_id=fed.run_id if resume else None)
     procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
     hosts = resolved.host_groups()
     t0 = time.perf_counter()
@@ -210,9 +227,8 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                 continue
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            if insecure:
-                cmd.append("--insecure")
-            with open(pdir / "stdout.log", "wb") as out:
+            cmd += ["--insecure"] * insecure + ["--resume"] * resume
+            with open(pdir / "stdout.log", "ab" if resume else "wb") as out:
                 procs[p.name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                  start_new_session=True, env=child_env)
         if hosts:
@@ -221,9 +237,8 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            if insecure:
-                cmd.append("--insecure")
-            with open(host_dir(run_dir) / f"{h}.log", "wb") as out:
+            cmd += ["--insecure"] * insecure + ["--resume"] * resume
+            with open(host_dir(run_dir) / f"{h}.log", "ab" if resume else "wb") as out:
                 procs[h] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, env=host_env)
         if view:

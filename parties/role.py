@@ -19,14 +19,17 @@ LOAD = object()  # run_role's ``data`` default: the party loads its own through 
 def run_role(algorithm: Algorithm, settings: Any, party: PartyLike, parties: Sequence[tuple[str, str]], *,
              data_dir: str | None = None, data_spec: Mapping[str, Any] | None = None,
              base_dir: str | None = None, data: Any = LOAD,
-             stage: Callable[[str], None] | None = None) -> Any:
+             stage: Callable[[str], None] | None = None, resume: Mapping[int, str] | None = None) -> Any:
     """Run ``party``'s role of ``algorithm`` to its result.
 
     ``parties``: every ``(name, role)`` of the federation, in its order (a party's index among
     those of its role is its position there); ``data_dir``, ``data_spec`` (the party's own
     ``[[party]] data``), ``base_dir``: what :class:`~fedhet.parties.contract.PartyContext` tells
     ``load_data``; ``data``: the party's data, given (tests), instead of loaded; ``stage``: called
-    with "data loaded" and "role finished" as each step ends.
+    with "data loaded" and "role finished" as each step ends; ``resume``: on a resumed run, the
+    checkpoints this party holds (step -> SHA-256): the parties agree on the step to go on from
+    (:meth:`~fedhet.parties.api.Party.agree_resume`) before the role starts, which then
+    restores it (:meth:`~fedhet.parties.api.Party.restore`).
     """
     index, n_of_role = role_index(parties)[party.name]
     if data is LOAD:
@@ -35,6 +38,10 @@ def run_role(algorithm: Algorithm, settings: Any, party: PartyLike, parties: Seq
         data = algorithm.load_data(settings, ctx)
     if stage is not None:
         stage("data loaded")
+    if resume is not None:
+        party.agree_resume(resume)
+        if stage is not None:
+            stage("resume agreed")
     result = algorithm.roles[party.role](party, settings, data)
     if stage is not None:
         stage("role finished")

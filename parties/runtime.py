@@ -14,6 +14,12 @@ process (:mod:`fedhet.parties.host`) runs for many parties at once, one thread e
                                            (fedhet.parties.failure: cause, culprit, evidence)
     RUN_DIR/parties/N/.lock                held while the party runs: a second start is refused
     RUN_DIR/parties/N/transcript.K.jsonl   an earlier start's transcript, kept (never overwritten)
+    RUN_DIR/parties/N/private/             SECRET, never for an auditor: checkpoints/step-K.ckpt
+                                           (fedhet.parties.checkpoint), the newest two
+
+On ``--resume`` the party goes on in the same folder: its transcript continues the earlier one's
+chain (a ``resume`` record, then the agreed step's ``restore`` record), and the role restarts
+from the newest checkpoint every party holds.
 """
 from __future__ import annotations
 
@@ -31,13 +37,15 @@ from typing import TYPE_CHECKING
 from . import failure
 from . import keys as keyfiles
 from .api import PartyAborted
+from .checkpoint import Checkpoints, private_dir
+from .faults import kill_hook
 from .atomic import write_json_atomic
 from .contract import Algorithm, prepare
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
 from .model_store import write_part
 from .role import run_role, trained_part
-from .transcript import Transcript
+from .transcript import Transcript, chain_prefix
 
 if TYPE_CHECKING:  # the transport imports zmq; only a running party needs it
     from .zmq_transport import ZmqParty
@@ -126,6 +134,10 @@ def write_json_when_possible(path: Path, obj: dict, wait_s: float = FD_RETRY_S) 
 
 class PartyRunning(RuntimeError):
     """This party already runs in this run folder (another process holds its lock)."""
+
+
+class NothingToResume(RuntimeError):
+    """``--resume`` in a party folder with no earlier start in it."""
 
 
 def lock_party_dir(pdir: Path, name: str) -> int:
@@ -231,7 +243,7 @@ def _stop_on_sigterm(report=None) -> None:
 
 def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
               insecure: bool = False, bind: str | None = None, run_id: str | None = None,
-              echo: bool = True, log_level: str = "info") -> int:
+              echo: bool = True, log_level: str = "info", resume: bool = False) -> int:
     """Run one party of ``algorithm`` to completion; returns the process exit code (0 = success).
 
     ``algorithm`` comes from the caller (the CLI resolves the federation's algorithm name
@@ -241,8 +253,8 @@ def run_party(fed: Federation, name: str, run_dir: str | os.PathLike, algorithm:
     raise_open_file_limit()
     try:
         run = PartyRun(fed, name, run_dir, algorithm, insecure=insecure, bind=bind, run_id=run_id, echo=echo,
-                       log_level=log_level)
-    except PartyRunning as e:   # the running party's files stay as they are
+                       log_level=log_level, resume=resume)
+    except (PartyRunning, NothingToResume) as e:   # the party's files stay as they are
         print(f"error: {e}", file=sys.stderr)
         return 1
     die_with_launcher(run.record_stop)   # now with the party's "stopped" record
@@ -261,7 +273,7 @@ class PartyRun:
 
     def __init__(self, fed: Federation, name: str, run_dir: str | os.PathLike, algorithm: Algorithm,
                  insecure: bool = False, bind: str | None = None, run_id: str | None = None,
-                 echo: bool = True, zmq_context=None, log_level: str = "info") -> None:
+                 echo: bool = True, zmq_context=None, log_level: str = "info", resume: bool = False) -> None:
         self.fed, self.name, self.algorithm = fed, name, algorithm
         self.insecure, self.bind, self.zmq_context = insecure, bind, zmq_context
         self.run_dir = Path(run_dir)
@@ -271,7 +283,17 @@ class PartyRun:
         self._lock_fd = lock_party_dir(self.pdir, name)   # before anything in the folder is touched
         for stale in ("result.json", "error.json", "status.json"):
             (self.pdir / stale).unlink(missing_ok=True)
-        keep_earlier_transcript(self.pdir)
+        self.resume = resume
+        earlier = keep_earlier_transcript(self.pdir)
+        # a resumed party's transcript goes on from the earlier one's records (those the chain holds)
+        self.earlier: list[dict] | None = None
+        if resume:
+            if earlier is None:
+                raise NothingToResume(f"party {name!r}: nothing to resume in {self.pdir} (no transcript of an "
+                                   "earlier start): run it without --resume")
+            self.earlier = chain_prefix(earlier, name)
+            self.earlier_file = earlier.name
+        self.checkpoints = Checkpoints(private_dir(self.pdir) / "checkpoints")
         self.log = _logger(name, self.pdir / "log.txt", echo, log_level)
         # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
         self._lines = LinePrinter() if echo else None
@@ -362,7 +384,14 @@ class PartyRun:
                 raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
                                  "in the federation file")
             self.stage("keys loaded")
-            transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing)
+            transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing, earlier=self.earlier)
+            incarnation, offered = 0, None
+            if self.earlier is not None:
+                incarnation = 1 + sum(r.get("type") == "resume" for r in self.earlier)
+                offered = self.checkpoints.offer(self.earlier)
+                transcript.mark("resume", incarnation=incarnation, earlier=self.earlier_file,
+                                offered={str(k): v for k, v in sorted(offered.items())})
+                log.info("resuming (incarnation %d); checkpoints held: %s", incarnation, sorted(offered) or "none")
             status({"state": "starting", "done": 0, "total": 0})
             extra = {} if self.zmq_context is None else {"context": self.zmq_context}
             party = self.party = ZmqParty(
@@ -371,14 +400,16 @@ class PartyRun:
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
                 declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-                lost_s=min(fed.peer_lost_s, fed.timeout), **extra,
+                lost_s=min(fed.peer_lost_s, fed.timeout), incarnation=incarnation, **extra,
             )
+            party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
+            party.after_checkpoint = kill_hook(name, self.run_dir)
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")
             self.stage("transport up")
             result = run_role(algo, settings, party, list(fed.roles.items()),
                               data_dir=fed.data_dir or None, data_spec=spec.data or None,
-                              base_dir=fed.base_dir or None, stage=self.stage)
+                              base_dir=fed.base_dir or None, stage=self.stage, resume=offered)
             party.close()
             self.stage("closing barrier passed")
             part = trained_part(algo, settings, party, fed.fingerprint())
@@ -389,6 +420,7 @@ class PartyRun:
             wall = time.perf_counter() - t0
             write_json_when_possible(pdir / "result.json", {
                 "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
+                "resumed_from": party.resumed_from, "incarnation": party.incarnation,
                 "result": result, "traffic": party.traffic(), "wall_s": wall,
                 "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device, "insecure": insecure,
             })

@@ -34,10 +34,33 @@ def head_message(run_id: str, party: str, count: int, head: str) -> bytes:
     return f"fedhet-transcript-v1|{run_id}|{party}|{count}|{head}".encode()
 
 
-class Transcript:
-    """Append-only writer; thread-safe; ``close`` signs the chain head."""
+def chain_prefix(path: str | Path, party: str) -> list[dict]:
+    """The records of ``party``'s transcript at ``path`` up to the first that breaks the chain (a
+    line a kill cut short, an edit) or its signed head: what a resumed party continues."""
+    records: list[dict] = []
+    prev = GENESIS
+    for raw in Path(path).read_bytes().split(b"\n"):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            break
+        if (not isinstance(rec, dict) or rec.get("type") == "head" or canonical(rec) != raw
+                or rec.get("prev") != prev or rec.get("i") != len(records) or rec.get("party") != party):
+            break
+        prev = hashlib.sha256(raw).hexdigest()
+        records.append(rec)
+    return records
 
-    def __init__(self, path: str | Path, party: str, run_id: str, signing_key: Ed25519PrivateKey | None):
+
+class Transcript:
+    """Append-only writer; thread-safe; ``close`` signs the chain head.
+
+    ``earlier``: the records of this party's transcript before a restart (:func:`chain_prefix`);
+    the new file starts with them and the chain goes on from their last hash (the resumed run's
+    ``resume`` record comes next: :meth:`mark`)."""
+
+    def __init__(self, path: str | Path, party: str, run_id: str, signing_key: Ed25519PrivateKey | None,
+                 earlier: list[dict] | None = None):
         self.path = Path(path)
         self.party, self.run_id = party, run_id
         self._key = signing_key
@@ -46,6 +69,25 @@ class Transcript:
         self._lock = threading.Lock()
         self._f = open(self.path, "w", encoding="utf-8")
         self._closed = False
+        for rec in earlier or []:
+            line = canonical(rec)
+            self._f.write(line.decode() + "\n")
+            self._prev = hashlib.sha256(line).hexdigest()
+            self._count += 1
+        self._f.flush()
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """(records so far, the last record's hash)."""
+        with self._lock:
+            return self._count, self._prev
+
+    def mark(self, type: str, **fields: Any) -> None:
+        """A record that is not a message: ``checkpoint`` (a checkpoint's step and SHA-256),
+        ``resume`` (a restart: the incarnation it begins) or ``restore`` (the step the parties
+        agreed to resume from)."""
+        rec: dict[str, Any] = dict(fields, type=type, t=round_t(time.time()), party=self.party)
+        self._append(rec)
 
     def record(self, direction: str, peer: str, kind: str, round: int, seq: int,
                nbytes: int, digest: str, arrays, paths: list[str] | None = None) -> None:
@@ -57,6 +99,9 @@ class Transcript:
         }
         if paths is not None and len(paths) == len(rec["arrays"]):
             rec["paths"] = list(paths)  # each array's field in the payload (the schema's path)
+        self._append(rec)
+
+    def _append(self, rec: dict[str, Any]) -> None:
         with self._lock:
             if self._closed:
                 return

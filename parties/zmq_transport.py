@@ -1161,8 +1161,8 @@ class ZmqParty(Party):
         The same checks as ``_deliver`` makes on a whole message, made before
         any data is buffered, plus :meth:`admit_stream`.
         """
-        if plan.run != self.run_id:
-            return f"message of another run {short(plan.run)} (ours {self.run_id!r}) from {short(plan.frm)}"
+        if plan.run != self.wire_id:
+            return f"message of another run {short(plan.run)} (ours {self.wire_id!r}) from {short(plan.frm)}"
         if plan.to != self.name:
             return f"message addressed to {short(plan.to)} delivered to {self.name!r}"
         if plan.frm not in self.roles or plan.frm == self.name:

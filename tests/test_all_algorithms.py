@@ -1,5 +1,7 @@
 """Every installed algorithm, through the one contract: its smoke federation runs in memory and as
-processes, the process run passes the audit, and both give the same results for the same seed.
+processes, the process run passes the audit, and both give the same results for the same seed; a
+run killed after a checkpoint (one party, or every party at once) and resumed gives bit-identical
+results and trained parts, in memory and as audited processes.
 
 The algorithms are those of the ``fedhet_algorithms`` entry points; each one's smallest run is the
 federation file ``smoke.toml`` beside its package's ``__init__.py``, so adding an algorithm takes
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -21,10 +24,12 @@ import pytest
 from fedhet.algorithms import registry
 from fedhet.algorithms.export import check_part, export_run, load_export
 from fedhet.parties.audit import audit
+from fedhet.parties.checkpoint import Checkpoints
 from fedhet.parties.contract import ENTRY_POINT_GROUP, installed_entry_points
 from fedhet.parties.federation import Federation, load
-from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.faults import KILL_ENV
+from fedhet.parties.inmemory import FederationFailed, run_inmemory
+from fedhet.parties.launcher import RunFailed, launch, resume_federation
 
 SMOKE = "smoke.toml"
 EXAMPLE_DIR = Path(__file__).parent / "example_algorithm"
@@ -123,6 +128,87 @@ def check_trained_parts(name: str, models: dict, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", registry.names())
 def test_in_memory_and_processes_agree_and_pass_the_audit(name, tmp_path):
     check_processes_match_memory(name, tmp_path)
+
+
+# ------------------------------------------------ kill and resume
+RUN_ID = "resume-test"   # roles may derive from the run id: the reference and the resumed run share it
+
+
+def same_parts(name: str, got: dict, want: dict) -> None:
+    """Trained parts (name -> TrainedPart, or name -> tensors) equal, bit for bit, but for the
+    tensors a part lists as random (secret shares drawn from the OS CSPRNG)."""
+    assert set(got) == set(want), (name, sorted(got), sorted(want))
+    for party, part in want.items():
+        fresh = set(part.meta.get("random_tensors", []))
+        theirs = got[party] if isinstance(got[party], dict) else got[party].tensors
+        assert set(theirs) == set(part.tensors), (name, party)
+        differ = [k for k, v in part.tensors.items() if k not in fresh and not np.array_equal(np.asarray(theirs[k]), v)]
+        assert not differ, f"{name}: party {party}'s trained {differ} differ after the resume"
+
+
+def kill_plan(name: str, fed: Federation, tmp_path: Path) -> tuple[dict, dict, str, int]:
+    """The uninterrupted run in memory, checkpointing (the reference: results and parts), and where
+    to kill: a party drawn by the algorithm's name, at a step drawn from those it checkpoints."""
+    parties = [(p.name, p.role) for p in fed.parties]
+    models: dict = {}
+    ref = run_inmemory(registry.get_algorithm(name), parties, fed.algorithm_cfg(), seed=fed.seed, run_id=RUN_ID,
+                       timeout=120, models=models, checkpoint_dir=tmp_path / "ref")
+    last = {n: max(Checkpoints(tmp_path / "ref" / n).steps(), default=0) for n, _ in parties}
+    assert max(last.values()) >= 1, f"{name} writes no checkpoint: a killed run of it could not resume"
+    rng = random.Random(name)
+    victim = rng.choice(sorted(n for n, s in last.items() if s >= 1))
+    return ref, models, victim, rng.randint(1, last[victim])
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_killed_and_resumed_in_memory_gives_the_same_results(name, tmp_path):
+    fed = smoke_federation(name)
+    algo = registry.get_algorithm(name)
+    ref, ref_models, victim, at = kill_plan(name, fed, tmp_path)
+    parties, cfg = [(p.name, p.role) for p in fed.parties], fed.algorithm_cfg()
+    ckpt = tmp_path / "killed"
+    with pytest.raises(FederationFailed) as killed:
+        run_inmemory(algo, parties, cfg, seed=fed.seed, run_id=RUN_ID, timeout=60, clock="virtual",
+                     checkpoint_dir=ckpt, kill={victim: at})
+    assert type(killed.value.failures.get(victim)).__name__ == "Killed", killed.value
+    models: dict = {}
+    resumed: dict = {}
+    got = run_inmemory(algo, parties, cfg, seed=fed.seed, run_id=RUN_ID, timeout=120, models=models,
+                       checkpoint_dir=ckpt, resume=True, resumed=resumed)
+    # the others went on as far as the protocol let them without the victim: all hold step at - 1
+    assert len(set(resumed.values())) == 1 and resumed[victim] >= at - 1, (name, victim, at, resumed)
+    for p, _ in parties:
+        assert _comparable(_jsonable(got[p])) == _comparable(_jsonable(ref[p])), \
+            f"{name}: party {p} differs after a kill of {victim} at step {at} and a resume"
+    same_parts(name, models, ref_models)
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_killed_and_resumed_processes_give_the_same_results_and_pass_the_audit(name, tmp_path):
+    """``kill -9`` of one party (or of every party at once) right after a checkpoint, then
+    ``fedhet run --resume``: the results and the trained parts on disk are those of the
+    uninterrupted run, and the audit follows the transcripts through the restart."""
+    from safetensors.numpy import load_file
+
+    fed = replace(smoke_federation(name), run_id=RUN_ID)
+    ref, ref_models, victim, at = kill_plan(name, fed, tmp_path)
+    who = random.Random(name + "who").choice(["self", "all"])
+    if len(fed.parties) >= 4:
+        fed = replace(fed, hosts=2)   # as check_processes_match_memory: two host processes
+    run = tmp_path / "run"
+    with pytest.raises(RunFailed):
+        launch(fed, run, progress=False, timeout=240, env=dict(os.environ, **{KILL_ENV: f"{victim}:{at}:{who}"}))
+    summary = launch(resume_federation(run), run, progress=False, timeout=240, resume=True)
+    steps = {p: r.get("resumed_from") for p, r in summary["parties"].items()}
+    assert len(set(steps.values())) == 1, f"{name}: the parties went on from different steps {steps}"
+    for p in fed.parties:
+        got = _comparable(_jsonable(summary["parties"][p.name]["result"]))
+        assert got == _comparable(_jsonable(ref[p.name])), \
+            f"{name}: party {p.name} differs after kill -9 of {victim!r} ({who}) at step {at}, resumed at {steps}"
+    on_disk = {p: load_file(str(run / "parties" / p / "model" / "model.safetensors")) for p in ref_models}
+    same_parts(name, on_disk, ref_models)
+    rep = audit(run, registry.get_algorithm, trust_folder_keys=True)
+    assert rep.ok, rep.problems[:5]
 
 
 # ------------------------------------------------ a new algorithm: a package, an entry point, a preset
