@@ -332,6 +332,8 @@ class Party:
         self.checkpoint_every = 0
         self.after_checkpoint: Callable[[int], None] | None = None
         self.incarnation = int(incarnation)   # before any message: the transport checks it on receipt
+        # what checkpoints cost: seconds the role waited (encoding), write_s the writes took
+        self.checkpoint_stats = {"written": 0, "bytes": 0, "seconds": 0.0, "write_s": 0.0}
         self.resumed_from: int | None = None     # the step agreed on a resumed run (0: none held by all)
         self._resume_state: dict | None = None   # that step's saved state, until the role restores it
 
@@ -434,6 +436,7 @@ class Party:
         strings, bytes, lists and dicts (:mod:`fedhet.parties.checkpoint`)."""
         if self.checkpoints is None or self.checkpoint_every <= 0 or step % self.checkpoint_every:
             return
+        t0 = time.perf_counter()
         with self._lock:
             mine = {"round": self.round, "bytes_sent": dict(self.bytes_sent),
                     "bytes_received": dict(self.bytes_received), "messages_sent": dict(self.messages_sent),
@@ -442,12 +445,24 @@ class Party:
                                   "incarnation": self.incarnation}
         if self.transcript is not None:
             header["transcript"] = dict(zip(("count", "head"), self.transcript.head))
-        digest, n = self.checkpoints.write(step, {"role": dict(state), "party": mine}, header)
-        if self.transcript is not None:
-            self.transcript.mark("checkpoint", step=int(step), sha256=digest, bytes=n)
-        self.log.debug("checkpoint of step %d written (%d bytes)", step, n)
-        if self.after_checkpoint is not None:
-            self.after_checkpoint(step)
+        st = self.checkpoint_stats
+
+        def written(digest: str, n: int, write_s: float) -> None:
+            # only a checkpoint on disk is recorded (and so ever offered for a resume)
+            if self.transcript is not None:
+                self.transcript.mark("checkpoint", step=int(step), sha256=digest, bytes=n)
+            st["written"], st["bytes"], st["write_s"] = st["written"] + 1, st["bytes"] + n, st["write_s"] + write_s
+            self.log.debug("checkpoint of step %d written (%d bytes, %.3fs)", step, n, write_s)
+            if self.after_checkpoint is not None:
+                self.after_checkpoint(step)
+
+        self.checkpoints.submit(step, {"role": dict(state), "party": mine}, header, written)
+        st["seconds"] += time.perf_counter() - t0   # what the role waited for
+
+    def flush_checkpoints(self) -> None:
+        """Wait for checkpoints still being written (a runner calls it before closing the transcript)."""
+        if self.checkpoints is not None:
+            self.checkpoints.flush()
 
     def restore(self) -> tuple[int, dict]:
         """``(step, state)`` to start from: on a resumed run the state this role handed

@@ -410,7 +410,8 @@ def render(rep: AuditReport, console: Any = None) -> None:
     elif rep.ok:
         console.print(f"[green]audit passed[/green]: {rep.messages} records, chains and signatures verified, "
                       "every send matched a receive, every message as declared"
-                      + (" (signatures against the folder's own keys: see the warning)" if rep.warnings else ""))
+                      + (" (signatures against the folder's own keys: see the warning)"
+                         if UNTRUSTED_KEYS_WARNING in rep.warnings else ""))
     else:
         console.print(f"[red]audit FAILED[/red]: {len(rep.problems)} problem(s)")
         for p in rep.problems[:200]:

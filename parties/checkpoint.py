@@ -22,9 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
+import threading
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -41,10 +44,8 @@ class CheckpointError(ValueError):
 
 
 def private_dir(party_dir: str | os.PathLike) -> Path:
-    """The party folder's secret part (made with mode 0700)."""
-    d = Path(party_dir) / PRIVATE
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return d
+    """The party folder's secret part (:meth:`Checkpoints.write` makes it, mode 0700)."""
+    return Path(party_dir) / PRIVATE
 
 
 # ------------------------------------------------------------ state <-> file
@@ -134,11 +135,18 @@ def decode(raw: bytes, path: str | os.PathLike = "<bytes>") -> tuple[dict, dict]
 
 # ------------------------------------------------------------ the store
 class Checkpoints:
-    """One party's checkpoint folder: atomic writes, the newest ``keep`` kept."""
+    """One party's checkpoint folder: atomic writes, the newest ``keep`` kept.
 
-    def __init__(self, folder: str | os.PathLike, keep: int = KEEP) -> None:
+    ``background``: :meth:`submit` encodes the state at once (the role may change it right after)
+    and leaves the write (with its fsync) to one writer thread, so a round waits only for the
+    encoding; a second checkpoint waits for the first's write (at most one is pending)."""
+
+    def __init__(self, folder: str | os.PathLike, keep: int = KEEP, background: bool = False) -> None:
         self.folder = Path(folder)
         self.keep = max(1, int(keep))
+        self._pending: queue.Queue | None = queue.Queue(maxsize=1) if background else None
+        self._writer: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     def path(self, step: int) -> Path:
         return self.folder / f"step-{int(step):06d}.ckpt"
@@ -151,8 +159,52 @@ class Checkpoints:
 
     def write(self, step: int, state: Mapping[str, Any], header: Mapping[str, Any]) -> tuple[str, int]:
         """Write step ``step`` atomically, drop all but the newest ``keep``; (sha256, bytes)."""
+        return self._store(step, encode(state, dict(header, step=int(step))))
+
+    def submit(self, step: int, state: Mapping[str, Any], header: Mapping[str, Any],
+               done: Callable[[str, int, float], None]) -> None:
+        """Encode step ``step`` now; write it (now, or on the writer thread with ``background``) and
+        then call ``done(sha256, bytes, seconds the write took)``.  A write that failed on the writer
+        thread is raised here, at the next submit (or at :meth:`flush`)."""
         raw = encode(state, dict(header, step=int(step)))
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._pending is None:
+            t0 = time.perf_counter()
+            digest, n = self._store(step, raw)
+            done(digest, n, time.perf_counter() - t0)
+            return
+        self._raise_failure()
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name=f"checkpoints-{self.folder}", daemon=True)
+            self._writer.start()
+        self._pending.put((step, raw, done))
+
+    def flush(self) -> None:
+        """Wait until every submitted checkpoint is written (and its ``done`` called)."""
+        if self._pending is not None:
+            self._pending.join()
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failed is not None:
+            err, self._failed = self._failed, None
+            raise err
+
+    def _write_loop(self) -> None:
+        assert self._pending is not None
+        while True:
+            step, raw, done = self._pending.get()
+            try:
+                t0 = time.perf_counter()
+                digest, n = self._store(step, raw)
+                done(digest, n, time.perf_counter() - t0)
+            except BaseException as e:   # noqa: BLE001 - handed to the role's thread
+                self._failed = e
+            finally:
+                self._pending.task_done()
+
+    def _store(self, step: int, raw: bytes) -> tuple[str, int]:
+        for d in (self.folder.parent, self.folder):   # private/ and checkpoints/: the owner's only
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(self.path(step), raw, mode=0o600)
         for old in self.steps()[:-self.keep]:
             self.path(old).unlink(missing_ok=True)

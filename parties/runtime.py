@@ -293,7 +293,7 @@ class PartyRun:
                                    "earlier start): run it without --resume")
             self.earlier = chain_prefix(earlier, name)
             self.earlier_file = earlier.name
-        self.checkpoints = Checkpoints(private_dir(self.pdir) / "checkpoints")
+        self.checkpoints = Checkpoints(private_dir(self.pdir) / "checkpoints", background=True)
         self.log = _logger(name, self.pdir / "log.txt", echo, log_level)
         # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
         self._lines = LinePrinter() if echo else None
@@ -410,6 +410,7 @@ class PartyRun:
             result = run_role(algo, settings, party, list(fed.roles.items()),
                               data_dir=fed.data_dir or None, data_spec=spec.data or None,
                               base_dir=fed.base_dir or None, stage=self.stage, resume=offered)
+            party.flush_checkpoints()
             party.close()
             self.stage("closing barrier passed")
             part = trained_part(algo, settings, party, fed.fingerprint())
@@ -421,6 +422,7 @@ class PartyRun:
             write_json_when_possible(pdir / "result.json", {
                 "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
                 "resumed_from": party.resumed_from, "incarnation": party.incarnation,
+                "checkpoints": party.checkpoint_stats,
                 "result": result, "traffic": party.traffic(), "wall_s": wall,
                 "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device, "insecure": insecure,
             })
@@ -447,6 +449,11 @@ class PartyRun:
                     party.notify_failure(f"{name}: {reason}")
                 else:
                     self.announce_early(reason)
+            if party is not None:
+                try:   # a checkpoint being written is finished and recorded: a resume can use it
+                    party.flush_checkpoints()
+                except Exception:
+                    pass
             if transcript is not None:
                 transcript.close()
             if party is not None:
