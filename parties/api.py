@@ -87,6 +87,17 @@ def fingerprint_diff(mine: dict, theirs: dict | None) -> list[str]:
     return out
 
 
+class PeerRestarted(PartyError):
+    """A peer that died came back (``fedhet party --resume``) within the restart grace period: this
+    party's role stops where it is and the run goes on from the newest checkpoint every party
+    holds (:meth:`Party.begin_restart`, then :meth:`Party.agree_resume`)."""
+
+    def __init__(self, me: str, peer: str, incarnation: int):
+        super().__init__(f"party {me!r}: {peer!r} offers to resume (incarnation {incarnation}): a party that died "
+                         "has restarted; going back to the newest checkpoint every party holds")
+        self.peer, self.incarnation = peer, incarnation
+
+
 class PeerFault(PartyError):
     """A peer's own message shows it at fault: undeclared, malformed, out of bounds or
     inconsistent.  The only exception that blames a peer (``fedhet.parties.failure``):
@@ -191,15 +202,20 @@ class _Mailbox:
         self._cv = self._virtual.cv if self._virtual is not None else threading.Condition()
         self.aborted: str | None = None
         self.aborted_by: str | None = None  # the peer whose abort notice stopped us
+        self._interrupt: Exception | None = None
+        self.wire: str | None = None   # after a restart: the run id this incarnation's messages carry
 
-    def put(self, env: codec.Envelope) -> str | None:
-        """Queue ``env``; returns why it was refused when its (sender, kind) queue is full."""
+    def put(self, env: codec.Envelope) -> tuple[str, str] | None:
+        """Queue ``env``; returns (category, why) when refused: its (sender, kind) queue is full
+        ("flood"), or it belongs to an earlier incarnation ("foreign run")."""
         key = (env.frm, env.kind)
         with self._cv:
+            if self.wire is not None and env.run != self.wire:
+                return "foreign run", f"a message of an earlier incarnation ({env.run!r}) from {env.frm!r}"
             q = self._queues[key]
             if len(q) >= QUEUE_MAX_MESSAGES or self._bytes[key] + env.nbytes > QUEUE_MAX_BYTES:
-                return (f"{len(q)} unread {env.kind!r} messages ({self._bytes[key]:,} bytes) already "
-                        f"queued from {env.frm!r}; limit {QUEUE_MAX_MESSAGES} / {QUEUE_MAX_BYTES:,} bytes")
+                return "flood", (f"{len(q)} unread {env.kind!r} messages ({self._bytes[key]:,} bytes) already "
+                                 f"queued from {env.frm!r}; limit {QUEUE_MAX_MESSAGES} / {QUEUE_MAX_BYTES:,} bytes")
             q.append(env)
             self._bytes[key] += env.nbytes
             self._wake()
@@ -229,6 +245,26 @@ class _Mailbox:
             self._poisoned.setdefault((frm, kind), err)
             self._wake()
 
+    def interrupt(self, err: Exception) -> None:
+        """Make the next recv raise ``err``, once (a peer restarted: the role goes back to a checkpoint)."""
+        with self._cv:
+            self._interrupt = err
+            self._wake()
+
+    def reset(self, wire: str) -> None:
+        """A new incarnation of the run starts, its messages carry run id ``wire``: forget every
+        refusal and every queued message of an earlier one, and take no more of them."""
+        with self._cv:
+            self.wire = wire
+            for key, q in self._queues.items():
+                keep = [e for e in q if e.run == wire]
+                q.clear()
+                q.extend(keep)
+                self._bytes[key] = sum(e.nbytes for e in keep)
+            self._poisoned.clear()
+            self._poisoned_senders.clear()
+            self._interrupt = None
+
     def abort(self, reason: str, peer: str | None = None) -> None:
         with self._cv:
             if self.aborted is None:
@@ -244,6 +280,9 @@ class _Mailbox:
                     env = q.popleft()
                     self._bytes[(frm, kind)] -= env.nbytes
                     return env
+                if self._interrupt is not None:
+                    err, self._interrupt = self._interrupt, None
+                    raise err
                 if (frm, kind) in self._poisoned:
                     raise self._poisoned[(frm, kind)]
                 if frm in self._poisoned_senders:
@@ -334,6 +373,9 @@ class Party:
         self.incarnation = int(incarnation)   # before any message: the transport checks it on receipt
         # what checkpoints cost: seconds the role waited (encoding), write_s the writes took
         self.checkpoint_stats = {"written": 0, "bytes": 0, "seconds": 0.0, "write_s": 0.0}
+        self.restart_grace: bool = False          # a peer may restart alone: accept its resume offer
+        self.recorded: dict[int, str] = {}        # step -> digest of the checkpoints its transcript records
+        self._restart_offers: dict[str, list[bytes]] = {}   # next incarnation's offers, until it starts
         self.resumed_from: int | None = None     # the step agreed on a resumed run (0: none held by all)
         self._resume_state: dict | None = None   # that step's saved state, until the role restores it
 
@@ -451,6 +493,7 @@ class Party:
             # only a checkpoint on disk is recorded (and so ever offered for a resume)
             if self.transcript is not None:
                 self.transcript.mark("checkpoint", step=int(step), sha256=digest, bytes=n)
+            self.recorded[int(step)] = digest
             st["written"], st["bytes"], st["write_s"] = st["written"] + 1, st["bytes"] + n, st["write_s"] + write_s
             self.log.debug("checkpoint of step %d written (%d bytes, %.3fs)", step, n, write_s)
             if self.after_checkpoint is not None:
@@ -458,6 +501,42 @@ class Party:
 
         self.checkpoints.submit(step, {"role": dict(state), "party": mine}, header, written)
         st["seconds"] += time.perf_counter() - t0   # what the role waited for
+
+    def begin_restart(self, cause: PeerRestarted) -> dict[int, str]:
+        """A peer restarted: start the next incarnation in this process (sequence numbers afresh,
+        queued messages of the old one dropped, a ``resume`` record), hand on the offers that came
+        for it, and return the checkpoints this party can offer (step -> digest)."""
+        self.flush_checkpoints()
+        have = self.checkpoints.digests() if self.checkpoints is not None else {}
+        offered = {s: d for s, d in have.items() if self.recorded.get(s) == d}
+        with self._lock:   # as _deliver's checks: no message lands on the wrong side of the resume record
+            self.incarnation += 1
+            self._seq_out.clear()
+            self._seq_in.clear()
+            if self.transcript is not None:
+                self.transcript.mark("resume", incarnation=self.incarnation, earlier=None, offer_from=cause.peer,
+                                     offered={str(k): v for k, v in sorted(offered.items())})
+        self._mailbox.reset(self.wire_id)
+        self.log.warning("%s; checkpoints held: %s", cause, sorted(offered) or "none")
+        with self._lock:
+            waiting, self._restart_offers = self._restart_offers, {}
+        for frm, frames in waiting.items():
+            self._deliver(frames, authenticated=frm)
+        return offered
+
+    def _restart_offer(self, env: codec.Envelope, frames: list, authenticated: str | None) -> bool:
+        """Keep the first message of the next incarnation, a peer's resume offer, and stop the role
+        (True); False for anything else."""
+        nxt = f"{self.run_id}/resume-{self.incarnation + 1}"
+        if (not self.restart_grace or env.run != nxt or env.kind != RESUME_KIND or env.seq != 0
+                or authenticated is None or authenticated != env.frm):
+            return False
+        with self._lock:
+            if env.frm in self._restart_offers or len(self._restart_offers) >= len(self.peers):
+                return False
+            self._restart_offers[env.frm] = [bytes(f) for f in frames]
+        self._mailbox.interrupt(PeerRestarted(self.name, env.frm, self.incarnation + 1))
+        return True
 
     def flush_checkpoints(self) -> None:
         """Wait for checkpoints still being written (a runner calls it before closing the transcript)."""
@@ -478,6 +557,7 @@ class Party:
         (``offered``: step -> the SHA-256 its transcript recorded), hear theirs, and load the newest
         step all hold (0: none, the run starts over; the transcript still goes on).  Returns it."""
         held = sorted(int(s) for s in offered)[-decl.MAX_HELD:]
+        self.recorded.update({int(s): d for s, d in offered.items()})
         for p in self.peers:
             self.send(p, RESUME_KIND, {"held": held, "incarnation": self.incarnation})
         common = set(held)
@@ -639,6 +719,8 @@ class Party:
             self._reject(except_reason, peer, "malformed")
             return False
         if env.run != self.wire_id:
+            if self._restart_offer(env, frames, authenticated):
+                return True
             self._reject(f"message of another run {env.run!r} (ours {self.wire_id!r}) from {env.frm!r}",
                          peer, "foreign run")
             return False
@@ -652,6 +734,9 @@ class Party:
             self._reject(f"party {authenticated!r} tried to send as {env.frm!r}", peer, "impersonation")
             return False
         with self._lock:
+            if env.run != self.wire_id:   # this party restarted since the check above: a stale message
+                self._reject(f"message of an earlier incarnation {env.run!r} from {env.frm!r}", env.frm, "foreign run")
+                return False
             expected = self._seq_in[env.frm]
             if env.seq != expected:
                 what = "replayed" if env.seq < expected else "out-of-order"
@@ -684,6 +769,8 @@ class Party:
                 self._mailbox.poison(env.frm, env.kind, err)
             return False
         with self._lock:
+            if env.run != self.wire_id:   # this party restarted while checking it
+                return False
             self.messages_received[env.frm] += 1
             if self.transcript is not None:
                 self._record("recv", env.frm, env.kind, env.round, env.seq, env.nbytes, env.digest, env.payload)
@@ -691,10 +778,12 @@ class Party:
             reason = env.payload.get("reason", "") if isinstance(env.payload, dict) else ""
             self._mailbox.abort(f"party {env.frm!r} announced its own failure: {str(reason)[:2000]}", env.frm)
             return True
-        full = self._mailbox.put(env)
-        if full is not None:
-            self._reject(full, env.frm, "flood")
-            self._mailbox.poison(env.frm, env.kind, MessageRejected(self.name, env.frm, env.kind, full))
+        refused = self._mailbox.put(env)
+        if refused is not None:
+            category, why = refused
+            self._reject(why, env.frm, category)
+            if category == "flood":
+                self._mailbox.poison(env.frm, env.kind, MessageRejected(self.name, env.frm, env.kind, why))
             return False
         return True
 

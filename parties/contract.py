@@ -86,6 +86,7 @@ class PartyLike(Protocol):
     def checkpoint(self, step: int, state: Mapping[str, Any]) -> None: ...  # end of step (round/epoch)
     def restore(self) -> tuple[int, dict]: ...      # (step, state) to go on from; (0, {}) fresh
     def agree_resume(self, offered: Mapping[int, str]) -> int: ...  # the runner's, not a role's
+    def begin_restart(self, cause: Any) -> dict[int, str]: ...  # the runner's: a peer restarted alone
     def now(self) -> float: ...                     # the clock receive timeouts run on (virtual in tests)
     def sleep(self, seconds: float) -> None: ...    # on now()'s clock
 

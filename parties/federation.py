@@ -8,6 +8,7 @@ A TOML file (example: ``fedhet presets``)::
     timeout = 120            # seconds a party waits for any one message
     # peer_lost_s = 10       # a peer whose connection broke and stays down this long is gone
     # checkpoint_every = 1   # each party checkpoints every 1st round/epoch (0: never); see --resume
+    # restart_grace_s = 0    # > 0: a party that dies may restart alone (--resume); the others wait this long
     seed = 0
     max_message_mb = 1024    # ZMQ_MAXMSGSIZE and the decoder's limit
     # run_id = "..."         # all parties of one run must agree; `fedhet run` makes a fresh one
@@ -70,6 +71,7 @@ FEDERATION_KEYS: dict[str, str] = {
     "key_dir": "folder of this machine's secret keys, relative to the file",
     "timeout": "seconds a party waits for any one message",
     "peer_lost_s": "seconds a peer's broken connection may stay down before waits on it end (default 10)",
+    "restart_grace_s": "seconds the others wait for a dead party to restart alone with --resume (0 = off)",
     "checkpoint_every": "each party checkpoints its state every N-th round or epoch, 0 = never (default 1)",
     "seed": "seed of the run (the [algorithm] seed defaults to it)",
     "max_message_mb": "largest message a party accepts, in MiB",
@@ -154,6 +156,7 @@ class Federation:
     host_threads: int = 0  # torch / BLAS threads per host process (0: the libraries' defaults)
     peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down this long is gone
     checkpoint_every: int = 1  # each party checkpoints every N-th step (round or epoch); 0: never
+    restart_grace_s: float = 0.0  # > 0: a dead party may restart alone; its peers wait this long for it
 
     # ------------------------------------------------------------- queries
     @property
@@ -206,7 +209,8 @@ class Federation:
             "endpoints": h([(p.name, p.endpoint) for p in ps]),
             "keys": h([(p.name, p.public_key, p.sign_key) for p in ps]),
             "federation": h({"name": self.name, "seed": self.seed, "timeout": self.timeout,
-                             "max_message_mb": self.max_message_mb, "peer_lost_s": self.peer_lost_s}),
+                             "max_message_mb": self.max_message_mb, "peer_lost_s": self.peer_lost_s,
+                             **({"restart_grace_s": self.restart_grace_s} if self.restart_grace_s else {})}),
             "algorithm": {str(k): h(v) for k, v in sorted({"name": self.algorithm_name,
                                                            **self.algorithm_cfg()}.items())},
         }
@@ -233,6 +237,8 @@ class Federation:
             fed["peer_lost_s"] = self.peer_lost_s
         if self.checkpoint_every != 1:
             fed["checkpoint_every"] = self.checkpoint_every
+        if self.restart_grace_s:
+            fed["restart_grace_s"] = self.restart_grace_s
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
         fed.update(self.extra)
@@ -356,12 +362,16 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     try:
         timeout = float(fed.pop("timeout", 120.0))
         peer_lost_s = float(fed.pop("peer_lost_s", 10.0))
+        restart_grace_s = float(fed.pop("restart_grace_s", 0.0))
         seed = int(fed.pop("seed", 0))
         max_mb = int(fed.pop("max_message_mb", 1024))
     except (TypeError, ValueError) as e:
         raise err(f"[federation]: {e}") from None
     if timeout <= 0 or max_mb <= 0 or peer_lost_s <= 0:
         raise err("[federation]: timeout, max_message_mb and peer_lost_s must be positive")
+    if not 0 <= restart_grace_s <= timeout:
+        raise err(f"[federation]: restart_grace_s = {restart_grace_s:g} must be between 0 (off) and the timeout "
+                  f"({timeout:g}s): a party waits for any one message at most the timeout")
     counts = {}
     for k, default in (("hosts", 0), ("host_threads", 0), ("checkpoint_every", 1)):
         v = fed.pop(k, default)
@@ -372,6 +382,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
         timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
         data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed, peer_lost_s=peer_lost_s,
+        restart_grace_s=restart_grace_s,
         base_dir=str(base_dir) if base_dir is not None else "", **counts,
     )
 

@@ -53,6 +53,7 @@ from .federation import Federation
 from .settings import SettingsError
 from .host import THREAD_ENV, host_dir
 from .progress import LinePrinter
+from .faults import KILL_ENV
 from .runtime import LAUNCHER_PID_ENV, party_dir, raise_open_file_limit
 
 
@@ -64,6 +65,9 @@ class RunFailed(RuntimeError):
         who = f"party {party!r}{where} failed" if party else "the run failed, no party proven at fault"
         super().__init__(f"{who}: {reason} (logs in {run_dir})")
         self.party, self.reason, self.run_dir, self.host = party, reason, run_dir, host
+
+
+MAX_RESTARTS = 3   # per party process, with [federation] restart_grace_s > 0
 
 
 def free_port() -> int:
@@ -204,6 +208,8 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
     resolved, fed_file = prepare_local(fed, run_dir, overrides, run_id=fed.run_id if resume else None)
     procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
+    commands: dict[str, tuple[list[str], Path, dict]] = {}   # ... its command, output file, environment
+    restarts: dict[str, int] = {}
     hosts = resolved.host_groups()
     t0 = time.perf_counter()
     child_env = dict(os.environ if env is None else env)
@@ -227,25 +233,34 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                 continue
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            cmd += ["--insecure"] * insecure + ["--resume"] * resume
-            with open(pdir / "stdout.log", "ab" if resume else "wb") as out:
-                procs[p.name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 start_new_session=True, env=child_env)
+            cmd += ["--insecure"] * insecure
+            commands[p.name] = (cmd, pdir / "stdout.log", child_env)
+            procs[p.name] = _start(cmd + ["--resume"] * resume, pdir / "stdout.log", child_env, append=resume)
         if hosts:
             host_dir(run_dir).mkdir(parents=True, exist_ok=True)
         for h in hosts:
             (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            cmd += ["--insecure"] * insecure + ["--resume"] * resume
-            with open(host_dir(run_dir) / f"{h}.log", "ab" if resume else "wb") as out:
-                procs[h] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, env=host_env)
+            cmd += ["--insecure"] * insecure
+            commands[h] = (cmd, host_dir(run_dir) / f"{h}.log", host_env)
+            procs[h] = _start(cmd + ["--resume"] * resume, host_dir(run_dir) / f"{h}.log", host_env, append=resume)
         if view:
             view.start()
         failed_since: float | None = None
         while True:
             codes = {n: pr.poll() for n, pr in procs.items()}
+            for n, c in codes.items():   # with restart_grace_s, a process killed by a signal comes back
+                if (c is not None and c < 0 and resolved.restart_grace_s > 0
+                        and restarts.get(n, 0) < MAX_RESTARTS and not insecure):
+                    restarts[n] = restarts.get(n, 0) + 1
+                    cmd, log_file, proc_env = commands[n]
+                    proc_env = {k: v for k, v in proc_env.items() if k != KILL_ENV}   # a cue fires once
+                    print(f"{n} was killed ({signal.Signals(-c).name}); restarting it with --resume "
+                          f"({restarts[n]} of {MAX_RESTARTS}); the others wait up to {resolved.restart_grace_s:g}s",
+                          file=sys.stderr, flush=True)
+                    procs[n] = _start(cmd + ["--resume"], log_file, proc_env, append=True)
+                    codes[n] = None
             failed = [n for n, c in codes.items() if c not in (None, 0)]
             if hosts and not failed and _hosted_failures(run_dir, hosts, codes):
                 # A party in a host failed: its host runs on until its other parties end, so the
@@ -285,6 +300,13 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
             shutil.rmtree(resolved.key_dir, ignore_errors=True)
     return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True, hosts=hosts,
                           codes={n: pr.returncode for n, pr in procs.items()})
+
+
+def _start(cmd: list[str], log_file: Path, env: dict, append: bool = False) -> subprocess.Popen:
+    """A party or host process in its own session, its output to ``log_file``."""
+    with open(log_file, "ab" if append else "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
 
 
 def _unfinished(run_dir: Path, names: list[str]) -> list[str]:

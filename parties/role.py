@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from .api import PeerRestarted
 from .contract import Algorithm, PartyContext, PartyLike, role_index, settings_table
 from .model_store import TrainedPart
 
@@ -29,7 +30,9 @@ def run_role(algorithm: Algorithm, settings: Any, party: PartyLike, parties: Seq
     with "data loaded" and "role finished" as each step ends; ``resume``: on a resumed run, the
     checkpoints this party holds (step -> SHA-256): the parties agree on the step to go on from
     (:meth:`~fedhet.parties.api.Party.agree_resume`) before the role starts, which then
-    restores it (:meth:`~fedhet.parties.api.Party.restore`).
+    restores it (:meth:`~fedhet.parties.api.Party.restore`).  When a peer restarts alone within
+    the restart grace period (:class:`~fedhet.parties.api.PeerRestarted`), the role is stopped where it
+    is and run again from the checkpoint the parties agree on then.
     """
     index, n_of_role = role_index(parties)[party.name]
     if data is LOAD:
@@ -38,11 +41,16 @@ def run_role(algorithm: Algorithm, settings: Any, party: PartyLike, parties: Seq
         data = algorithm.load_data(settings, ctx)
     if stage is not None:
         stage("data loaded")
-    if resume is not None:
-        party.agree_resume(resume)
-        if stage is not None:
-            stage("resume agreed")
-    result = algorithm.roles[party.role](party, settings, data)
+    while True:
+        try:
+            if resume is not None:
+                party.agree_resume(resume)
+                if stage is not None:
+                    stage("resume agreed")
+            result = algorithm.roles[party.role](party, settings, data)
+            break
+        except PeerRestarted as restarted:   # a peer died and came back: back to a common checkpoint
+            resume = party.begin_restart(restarted)
     if stage is not None:
         stage("role finished")
     return result

@@ -400,10 +400,11 @@ class PartyRun:
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
                 declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-                lost_s=min(fed.peer_lost_s, fed.timeout), incarnation=incarnation, **extra,
+                lost_s=max(min(fed.peer_lost_s, fed.timeout), fed.restart_grace_s), incarnation=incarnation, **extra,
             )
             party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
             party.after_checkpoint = kill_hook(name, self.run_dir)
+            party.restart_grace = fed.restart_grace_s > 0
             log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
                      party.device, ", INSECURE" if insecure else "")
             self.stage("transport up")

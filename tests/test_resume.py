@@ -8,7 +8,9 @@
 * the launcher killed with SIGKILL, then ``fedhet run --resume``: the same model, an audit that
   follows the transcripts through the restart, and the checkpoints kept out of the public part;
 * a checkpoint changed on disk between the kill and the resume is not used: the run goes on from
-  an earlier one and still gives the same model.
+  an earlier one and still gives the same model;
+* with ``restart_grace_s`` a party killed alone is restarted while the others wait, and the run ends
+  with the same model.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 from importlib import resources
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +189,25 @@ def test_a_checkpoint_changed_on_disk_is_not_used(tmp_path):
     assert summary["parties"]["server"]["resumed_from"] < newest
     assert _weights(run) == want["server"]["weights"]
     assert audit(run, registry.get_algorithm, trust_folder_keys=True).ok
+
+
+def test_a_party_killed_alone_restarts_while_the_others_wait(tmp_path):
+    """``restart_grace_s``: the launcher restarts a party killed with SIGKILL (``--resume``); the others
+    stop their round where they are, agree on a checkpoint with it and go on: the same model, and
+    every party's transcript goes on through the one restart."""
+    fed = load(FEDAVG_SMOKE)
+    want = run_inmemory("fedavg_logreg", list(fed.roles.items()), fed.algorithm_cfg(), seed=fed.seed)
+    summary = launch(replace(fed, restart_grace_s=60.0), tmp_path / "run", progress=False,
+                     env=dict(os.environ, **{KILL_ENV: "client2:2"}))
+    assert _weights(tmp_path / "run") == want["server"]["weights"]
+    assert {p: (r["incarnation"], r["resumed_from"] >= 1) for p, r in summary["parties"].items()} == \
+        {p: (1, True) for p in fed.roles}
+    rep = audit(tmp_path / "run", registry.get_algorithm, trust_folder_keys=True)
+    assert rep.ok, rep.problems[:5]
+
+
+def test_a_restart_grace_longer_than_the_timeout_is_refused(tmp_path):
+    text = FEDAVG_SMOKE.read_text().replace("timeout = 60", "timeout = 60\nrestart_grace_s = 90")
+    (tmp_path / "fed.toml").write_text(text)
+    with pytest.raises(ValueError, match="restart_grace_s = 90 must be between 0 .* and the timeout"):
+        load(tmp_path / "fed.toml")
