@@ -32,6 +32,7 @@ RESUME_KIND = decl.RESUME_KIND  # a resumed party's offer: the checkpoint steps 
 QUEUE_MAX_BYTES = 256 << 20
 QUEUE_MAX_MESSAGES = 4096
 MAX_REJECTS_KEPT = 100  # reasons kept verbatim; beyond, only counted by category
+MAX_RESTARTS = 8  # restarts of peers one run takes in its stride (restart_grace_s); then offers are refused
 MAX_EVIDENCE_KEYS = 4096  # (peer, kind) pairs whose last message's seq and digest are kept as evidence
 
 
@@ -374,6 +375,7 @@ class Party:
         # what checkpoints cost: seconds the role waited (encoding), write_s the writes took
         self.checkpoint_stats = {"written": 0, "bytes": 0, "seconds": 0.0, "write_s": 0.0}
         self.restart_grace: bool = False          # a peer may restart alone: accept its resume offer
+        self.restarts_left = MAX_RESTARTS          # ... this many times a run (a peer cannot loop us for ever)
         self.recorded: dict[int, str] = {}        # step -> digest of the checkpoints its transcript records
         self._restart_offers: dict[str, list[bytes]] = {}   # next incarnation's offers, until it starts
         self.resumed_from: int | None = None     # the step agreed on a resumed run (0: none held by all)
@@ -510,6 +512,7 @@ class Party:
         have = self.checkpoints.digests() if self.checkpoints is not None else {}
         offered = {s: d for s, d in have.items() if self.recorded.get(s) == d}
         with self._lock:   # as _deliver's checks: no message lands on the wrong side of the resume record
+            self.restarts_left -= 1
             self.incarnation += 1
             self._seq_out.clear()
             self._seq_in.clear()
@@ -528,7 +531,7 @@ class Party:
         """Keep the first message of the next incarnation, a peer's resume offer, and stop the role
         (True); False for anything else."""
         nxt = f"{self.run_id}/resume-{self.incarnation + 1}"
-        if (not self.restart_grace or env.run != nxt or env.kind != RESUME_KIND or env.seq != 0
+        if (not self.restart_grace or self.restarts_left <= 0 or env.run != nxt or env.kind != RESUME_KIND or env.seq != 0
                 or authenticated is None or authenticated != env.frm):
             return False
         with self._lock:
