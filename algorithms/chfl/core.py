@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -91,7 +91,26 @@ def _top1(logits: torch.Tensor, y: torch.Tensor) -> float:
 
 # ---------------------------------------------------------------- clients
 
-class CHFLClient:
+class _Trainer:
+    """What a client's trainer checkpoints: its modules' and optimizers' ``state_dict()``s and its
+    batch generator's state (the data order), so training goes on as if never stopped."""
+
+    gen: torch.Generator
+
+    def _stateful(self) -> dict[str, Any]:
+        """name -> each module and optimizer the trainer holds now."""
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        return {"parts": {k: v.state_dict() for k, v in self._stateful().items()}, "gen": self.gen.get_state()}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        for k, v in self._stateful().items():
+            v.load_state_dict(state["parts"][k])
+        self.gen.set_state(state["gen"])
+
+
+class CHFLClient(_Trainer):
     """Client k of CHFL: a local copy of the common column plus one or more
     unique columns (one per mu; several let a sweep share one common-column
     trajectory, which is identical for every mu since step 1 never sees the
@@ -124,6 +143,11 @@ class CHFLClient:
     @property
     def n_train(self) -> int:
         return self.data.n_train
+
+    def _stateful(self) -> dict[str, Any]:
+        return {"common": self.common, "opt_common": self.opt_common,
+                **{f"head{j}": h for j, h in enumerate(self.heads)},
+                **{f"opt_head{j}": o for j, o in enumerate(self.opt_heads)}}
 
     def get_common(self) -> np.ndarray:
         return common_to_flat(self.common)
@@ -172,7 +196,7 @@ class CHFLClient:
                 "heads": [_top1(zc[-1] + h(d.xu[part], zc), d.y[part]) for h in self.heads]}
 
 
-class LocalClient:
+class LocalClient(_Trainer):
     """The Local baseline: one MLP on the client's common+unique features."""
 
     def __init__(self, data: ClientData, *, lr: float = 1e-3, hidden: Sequence[int] = HIDDEN,
@@ -185,6 +209,9 @@ class LocalClient:
             self.net = MLPColumn(self.x["train"].shape[1], data.n_classes, hidden).to(data.y["train"].device)
         self.opt = _adam(self.net.parameters(), float(lr))
         self.gen = torch.Generator().manual_seed(derive_seed(seed, index, "batches"))
+
+    def _stateful(self) -> dict[str, Any]:
+        return {"net": self.net, "opt": self.opt}
 
     def train_round(self, epochs: int = 5, batch_size: int = 64) -> dict:
         x, y = self.x["train"], self.data.y["train"]

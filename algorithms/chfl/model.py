@@ -178,6 +178,15 @@ class Keeper:
         outputs = live_outputs(modules, score, self.xc, self.xu) if len(self.xc) else None
         self.best[key] = Snapshot(round, float(val), tensors, outputs)
 
+    def state(self) -> dict:
+        """The snapshots kept so far, for a checkpoint (the check rows come from the data again)."""
+        return {key: {"round": s.round, "val": s.val, "tensors": s.tensors, "outputs": s.outputs}
+                for key, s in self.best.items()}
+
+    def load_state(self, state: Mapping[Hashable, Mapping[str, Any]]) -> None:
+        self.best = {key: Snapshot(int(s["round"]), float(s["val"]), dict(s["tensors"]), s["outputs"])
+                     for key, s in state.items()}
+
 
 def candidates(m: CHFLClient | LocalClient, method: str) -> list[tuple[str, dict[str, nn.Module], Score]]:
     """The networks of one lr's trainer a client may deploy: (curve label, modules, scoring)."""

@@ -19,6 +19,10 @@ Trained parts (:mod:`.model`): a client saves the network it would deploy -- its
 method's networks (for ``chfl`` every (lr, mu): the better of ``chfl_mu0`` and ``chfl_mu>0``) at the
 selected round, kept as training goes (:class:`~fedhet.algorithms.chfl.model.Keeper`) -- with its scaler;
 the server saves the global common column(s) of the last round.
+
+Checkpoint step k: k rounds done (k averages of theta_c; with ``method = "local"`` k rounds of local
+training); a client keeps each trainer's networks, Adam states and batch generator, its kept snapshots,
+curves, losses and clip counts; the server keeps the global common column(s) and its round records.
 """
 from __future__ import annotations
 
@@ -108,6 +112,13 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     submit_s: list[float] = []
     max_abs, clipped_rounds = 0.0, 0
     keeper = model.Keeper.of(s.select, cd)   # each deployable network at its selected round so far
+    start, saved = party.restore()
+    if saved:
+        for m, st in zip(models, saved["models"], strict=True):
+            m.load_state(st)
+        keeper.load_state(saved["keeper"])
+        curves, losses, train_s, submit_s = saved["curves"], saved["losses"], saved["train_s"], saved["submit_s"]
+        max_abs, clipped_rounds = saved["max_abs"], saved["clipped_rounds"]
 
     def evaluate() -> None:
         for j, m in enumerate(models):
@@ -120,7 +131,7 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
                     for h, lab in enumerate(labels[1:]):
                         curves[j][lab][part].append(e["heads"][h])
 
-    for r in range(s.rounds + 1):
+    for r in range(start, s.rounds + 1):
         party.round = r
         if s.method != "local":
             # The schema has checked G float32 (P_c,) vectors, finite; the round is the role's to check.
@@ -161,6 +172,9 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
                 if res.status != "ok":
                     party.log.warning("chfl round %d: aggregation %s (%s)", r, res.status, res.reason)
             submit_s.append(time.perf_counter() - t0)
+        party.checkpoint(r + 1, {"models": [m.state() for m in models], "keeper": keeper.state(),
+                                 "curves": curves, "losses": losses, "train_s": train_s, "submit_s": submit_s,
+                                 "max_abs": max_abs, "clipped_rounds": clipped_rounds})
     if clipped_rounds and agg.method == "secure":
         party.log.warning("chfl: |theta_c| reached %.3g > secagg_clip %g in %d submissions: clipped",
                           max_abs, clip, clipped_rounds)
@@ -211,15 +225,22 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
     t_start = time.perf_counter()
     P = s.common_params
     agg = aggregation.make_aggregator(s.agg, aggregation_defaults(s, len(clients)))
-    round_s: list[float] = []
-    agg_s: list[float] = []
-    bound = 0.0
-    dropped: dict[int, list[str]] = {}
+    start, saved = party.restore()
+    round_s: list[float] = saved.get("round_s", [])
+    agg_s: list[float] = saved.get("agg_s", [])
+    bound: float = saved.get("bound", 0.0)
+    dropped: dict[int, list[str]] = saved.get("dropped", {})
     thetas: list[np.ndarray] = []
-    if s.method != "local":
+    if s.method == "local":
+        # The server takes part in no round of local training: its state is the same at every step,
+        # so it holds steps 1..T from the start (the last two kept: a local run resumes from step
+        # T-1 or T, or starts over).
+        for r in range(start, s.rounds):
+            party.checkpoint(r + 1, {})
+    else:
         theta0 = init_common_flat(s.n_common, s.class_count, s.hidden, derive_seed(s.seed, "theta0"))
-        thetas = [theta0] * s.G
-        for r in range(s.rounds + 1):
+        thetas = saved["thetas"] if saved else [theta0] * s.G
+        for r in range(start, s.rounds + 1):
             party.round = r
             t0 = time.perf_counter()
             party.broadcast(Kind.GLOBAL, {"r": r, "theta": thetas}, to=clients)
@@ -240,6 +261,8 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
             agg_s.append(ta)
             party.metric(round=r, round_s=round_s[-1], aggregate_s=ta)
             party.progress(r + 1, s.rounds)
+            party.checkpoint(r + 1, {"thetas": thetas, "round_s": round_s, "agg_s": agg_s, "bound": bound,
+                                     "dropped": dropped})
     # Local clients train alone for all rounds before reporting: allow each round the timeout.
     wait = (s.recv_timeout or party.timeout) * (s.rounds + 1 if s.method == "local" else 1)
     reports = {c: party.recv(c, Kind.RESULT, timeout=wait) for c in clients}
