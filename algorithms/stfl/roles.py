@@ -68,18 +68,11 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
     guests = party.peers_with_role(GUEST)
     if len(guests) != s.n_guests:
         raise PartyError(f"stfl: the federation has {len(guests)} guest(s) but n_guests = {s.n_guests}")
-    start, saved = party.restore()
-    if start:
-        common = saved["common"]
-    else:
-        ids = np.concatenate([data.ids_train, data.ids_test]).tolist()
-        res = psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
-                                  workers=s.psi_workers, timeout=s.recv_timeout)
-        if res.rows is None:
-            raise PartyError("stfl: PSI returned no rows to the label owner")
-        common = res.rows
-    t_psi = time.perf_counter()
-    psi_s = saved["psi_s"] if start else t_psi - t0 - warm
+    ids = np.concatenate([data.ids_train, data.ids_test]).tolist()
+    run = _psi_or_restore(party, t0 + warm, "PSI returned no rows to the label owner",
+                          lambda: psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
+                                                      workers=s.psi_workers, timeout=s.recv_timeout))
+    t_psi, common, psi_s = time.perf_counter(), run.common, run.psi_s
     # Our rows some guest lacks are dropped; the rest keep our order, each with its common position.
     rows = align_host_rows(common, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
     if len(rows.pos_train) < 2 or len(rows.pos_test) < 1:
@@ -93,7 +86,6 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
         raise PartyError("stfl: the host's data lacks its raw test rows (stfl.data.host_data builds them)")
     # the same common test rows unscaled, for the part it exports
     raw_test = align_host_rows(common, data.x_train, data.y_train, data.x_test_raw, data.y_test, order="own").x_test
-    run = _Resume(start, saved, {"common": common, "psi_s": psi_s})
     if s.variant == "stfl":
         out = _host_stfl(party, s, guests, rows, data, raw_test, run)
     else:
@@ -113,12 +105,29 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
 
 @dataclasses.dataclass
 class _Resume:
-    """A role's ``party.restore()`` (``start``, ``saved``) and what every checkpoint of it keeps
-    (``keep``: the PSI rows and the PSI time)."""
+    """A role's ``party.restore()`` (``start``, ``saved``) and the PSI rows and time, which every
+    checkpoint of it keeps (``keep``)."""
 
     start: int
     saved: dict
-    keep: dict
+    common: np.ndarray
+    psi_s: float
+
+    @property
+    def keep(self) -> dict:
+        return {"common": self.common, "psi_s": self.psi_s}
+
+
+def _psi_or_restore(party: PartyLike, t_start: float, none: str, run_psi: Callable[[], psi.PSIResult]) -> _Resume:
+    """``party.restore()`` and the common rows: a resumed run's from its checkpoint, else ``run_psi()``'s
+    (``none``: the error if it gives no rows; ``t_start``: when PSI began)."""
+    start, saved = party.restore()
+    if start:
+        return _Resume(start, saved, saved["common"], saved["psi_s"])
+    res = run_psi()
+    if res.rows is None:
+        raise PartyError(f"stfl: {none}")
+    return _Resume(0, saved, res.rows, time.perf_counter() - t_start)
 
 
 def _by_index(msgs: dict, what: str) -> list[str]:
@@ -255,17 +264,10 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
     warm = _setup(s)
     c = s.model
     h = party.peer_with_role(HOST)
-    start, saved = party.restore()
-    if start:
-        common = saved["common"]
-    else:
-        res = psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers, timeout=s.recv_timeout)
-        if res.rows is None:
-            raise PartyError("stfl: the host did not reveal the intersection")
-        common = res.rows
-    t_psi = time.perf_counter()
-    psi_s = saved["psi_s"] if start else t_psi - t0 - warm
-    run = _Resume(start, saved, {"common": common, "psi_s": psi_s})
+    run = _psi_or_restore(party, t0 + warm, "the host did not reveal the intersection",
+                          lambda: psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers,
+                                                        timeout=s.recv_timeout))
+    t_psi, common, psi_s = time.perf_counter(), run.common, run.psi_s
     # Self-taught rows: every row the host has no label for; the scaling uses only them (only the
     # guest's own knowledge, as in data_fate.guest_view).
     rows = align_guest_rows(data.x, common)
