@@ -13,6 +13,10 @@ and the gradient goes back the same way; every party steps its own optimiser.
   the test rows, per-epoch metrics and progress, timings and training traffic.
 * :func:`serve_guest` — a guest's loop: receive the next batch from its link, run its bottom model
   (:class:`GuestBottom`), send the output, receive the gradient, step.
+* Checkpoints at epoch ends: ``train_host(..., on_epoch=, resume=)`` hands the loop's state
+  (:class:`HostLoop`) to ``on_epoch`` after each epoch and goes on from one; over clear links the
+  host's ``end_epoch`` tells each guest, whose link calls its own ``on_epoch`` (the guest's loop
+  counts in a :class:`GuestCount` it can checkpoint and go on from).
 * Host-side links (:class:`HostLink`), one per guest: :class:`ClearHostLink` (activations and
   gradients in the clear over the party channel), :class:`HEHostLink` (the guest's part of an
   interactive layer under Paillier or CKKS, :mod:`fedhet.protocols.he_interactive`) and
@@ -214,9 +218,26 @@ def evaluate_host(host: HostPart, links: Sequence[HostLink], x: np.ndarray, y: n
     return accuracy(np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64), y)
 
 
+@dataclass
+class HostLoop:
+    """Where the host's loop stands after ``epochs`` epochs: training batches ``done`` and each
+    epoch's ``losses`` and ``row_losses`` so far (what a checkpoint keeps to go on from there)."""
+
+    epochs: int = 0
+    done: int = 0
+    losses: list[float] = field(default_factory=list)
+    row_losses: list[float] = field(default_factory=list)
+
+
 def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_classes: int, schedule: Schedule,
-               party: PartyLike | None = None) -> dict[str, Any]:
+               party: PartyLike | None = None, on_epoch: Callable[[HostLoop], None] | None = None,
+               resume: HostLoop | None = None) -> dict[str, Any]:
     """The host's whole training run (then the test pass unless ``schedule.evaluate`` is off).
+
+    ``on_epoch(loop)``: called at the end of each epoch with the loop's state (the caller's
+    checkpoint, with its models and optimisers); ``resume``: such a state to go on from (the
+    models and optimisers already restored by the caller).  The batch order is a function of the
+    epoch, so a resumed loop trains exactly as an uninterrupted one.
 
     ``rows`` holds ``x_train, y_train, pos_train, x_test, y_test, pos_test`` (``toolkit.HostRows``).
     Returns ``test_accuracy`` (None without evaluation), ``losses`` (per epoch, the mean of the
@@ -239,11 +260,12 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
     if schedule.max_batches is not None:
         budget = min(budget, schedule.max_batches)
     total_epochs = -(-budget // per_epoch)
-    done, losses, row_losses = 0, [], []
+    loop = HostLoop() if resume is None else resume
+    done, losses, row_losses = loop.done, loop.losses, loop.row_losses
     b0 = _traffic(party)
     t0 = time.perf_counter()
     host.module.train()
-    for epoch in range(schedule.epochs):
+    for epoch in range(loop.epochs if done < budget else schedule.epochs, schedule.epochs):
         if party is not None and schedule.round_per == "epoch":
             party.round = epoch + 1
         batch_losses, sizes = [], []
@@ -266,6 +288,8 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             if party is not None:
                 party.metric(epoch=epoch + 1, loss=losses[-1], s=round(time.perf_counter() - t0, 3))
                 party.progress(epoch + 1, total_epochs, loss=round(losses[-1], 4))
+        if on_epoch is not None:
+            on_epoch(HostLoop(epoch + 1, done, losses, row_losses))
         if done >= budget:
             break
     t_trained = time.perf_counter()
@@ -283,22 +307,35 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
 
 
-def serve_guest(bottom: GuestBottom, link: GuestLink) -> dict[str, int]:
+@dataclass
+class GuestCount:
+    """What a guest's loop has done: training and evaluation batches, the common rows trained on."""
+
+    train_batches: int = 0
+    eval_batches: int = 0
+    used: set[int] = field(default_factory=set)
+
+    def stats(self) -> dict[str, int]:
+        return {"train_batches": self.train_batches, "eval_batches": self.eval_batches,
+                "rows_trained_on": len(self.used)}
+
+
+def serve_guest(bottom: GuestBottom, link: GuestLink, count: GuestCount | None = None) -> dict[str, int]:
     """A guest's loop until the host stops it; returns batch counts and how many distinct common
-    rows it trained on."""
-    n_train = n_eval = 0
-    used: set[int] = set()
+    rows it trained on.  ``count``: the loop counts into it (a resumed guest's goes on from its
+    checkpoint)."""
+    count = GuestCount() if count is None else count
     while (batch := link.next_batch()) is not None:
         rows, train = batch
         out = bottom.forward(rows, train)
         link.forward(out, train)
         if train:
             bottom.backward(link.backward())
-            n_train += 1
-            used.update(np.asarray(rows).tolist())
+            count.train_batches += 1
+            count.used.update(np.asarray(rows).tolist())
         else:
-            n_eval += 1
-    return {"train_batches": n_train, "eval_batches": n_eval, "rows_trained_on": len(used)}
+            count.eval_batches += 1
+    return count.stats()
 
 
 # ------------------------------------------------------------------------------ clear links
@@ -307,8 +344,9 @@ def serve_guest(bottom: GuestBottom, link: GuestLink) -> dict[str, int]:
 @dataclass(frozen=True)
 class SplitKinds:
     """Message kinds of a clear link: the batch announcement (host -> guest: ``{"op": "train" |
-    "eval" | "stop", "rows": [positions]}``, no arrays), the activation (guest -> host: ``{"a":
-    float32 (batch, width)}``) and the gradient (host -> guest: ``{"g": same shape}``)."""
+    "eval" | "stop", "rows": [positions]}``, or ``{"op": "epoch", "rows": []}`` at an epoch's end
+    when the host checkpoints; no arrays), the activation (guest -> host: ``{"a": float32 (batch,
+    width)}``) and the gradient (host -> guest: ``{"g": same shape}``)."""
 
     batch: str
     activation: str
@@ -354,23 +392,35 @@ class ClearHostLink:
     def stop(self) -> None:
         self.party.send(self.guest, self.kinds.batch, {"op": "stop", "rows": []})
 
+    def end_epoch(self) -> None:
+        """Tell the guest an epoch is over (its link then calls its ``on_epoch``: both checkpoint)."""
+        self.party.send(self.guest, self.kinds.batch, {"op": "epoch", "rows": []})
+
 
 class ClearGuestLink:
     """Guest end of a clear link from ``host``; batches name positions among ``n_rows`` common
-    rows, at most ``batch_size`` of them.  ``party.round`` counts the training batches done."""
+    rows, at most ``batch_size`` of them.  ``party.round`` counts the training batches done.
+    At the host's ``end_epoch`` the link calls ``on_epoch(epochs done)`` (the guest's checkpoint);
+    a resumed guest's link starts from ``epochs`` and ``trained`` (training batches) done."""
 
     def __init__(self, party: PartyLike, host: str, kinds: SplitKinds, n_rows: int, batch_size: int,
-                 timeout: float | None = None, name: str = "split"):
+                 timeout: float | None = None, name: str = "split", on_epoch: Callable[[int], None] | None = None,
+                 epochs: int = 0, trained: int = 0):
         self.party, self.host, self.kinds = party, host, kinds
         self.n_rows, self.batch_size, self.timeout, self.name = int(n_rows), int(batch_size), timeout, name
+        self.on_epoch, self.epochs = on_epoch, int(epochs)
         self._shape: tuple[int, ...] = ()
-        self._trained = 0
+        self._trained = int(trained)
 
     def next_batch(self) -> tuple[np.ndarray, bool] | None:
         msg = self.party.recv(self.host, self.kinds.batch, timeout=self.timeout)
         op, rows = (msg.get("op"), msg.get("rows")) if isinstance(msg, dict) else (None, None)
         if op == "stop":
             return None
+        if op == "epoch" and self.on_epoch is not None and rows == []:
+            self.epochs += 1
+            self.on_epoch(self.epochs)
+            return self.next_batch()
         if op not in ("train", "eval") or not isinstance(rows, list) or not rows or len(rows) > self.batch_size \
                 or not all(isinstance(r, int) and 0 <= r < self.n_rows for r in rows):
             raise PartyError(f"{self.name}: bad {self.kinds.batch} from {self.host!r}: op {op!r}, rows must be "

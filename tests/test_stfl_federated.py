@@ -12,10 +12,14 @@
   ``stfl`` preset passes ``fedhet audit``.
 * The exported parts compose: each guest's part on its raw rows gives the codes the host's part
   takes, and the host's part on its raw rows and those codes scores as the trained host did.
+* Hierarchical checkpoints at every epoch (the generic kill-and-resume tests run the STFL smoke
+  federation): killed at an epoch (host or guest, in memory; every party as processes) and
+  resumed, it trains the same networks as an uninterrupted run, and the audit passes.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import fields
 
 import numpy as np
@@ -30,11 +34,13 @@ from fedhet.algorithms.stfl import core as L
 from fedhet.algorithms.stfl.settings import SHAPES, Model
 from fedhet.parties import api, presets
 from fedhet.parties.audit import audit
+from fedhet.parties.checkpoint import Checkpoints
 from fedhet.parties.contract import PartyContext
 from fedhet.parties.declare import check_record
+from fedhet.parties.faults import KILL_ENV
 from fedhet.parties.federation import load
-from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.inmemory import FederationFailed, run_inmemory
+from fedhet.parties.launcher import RunFailed, launch, resume_federation
 from fedhet.protocols import psi
 
 FAST = {"epochs": 30, "vae_epochs": 30, "lr": 1e-2, "vae_lr": 1e-2}
@@ -232,6 +238,54 @@ def test_hierarchical_is_deterministic():
     a, b = _run(cfg, seed=2), _run(cfg, seed=2)
     assert a["host"]["host_state"] == b["host"]["host_state"]
     assert a["guest1"]["guest_state"] == b["guest1"]["guest_state"]
+
+
+# ------------------------------------------------------------------------ checkpoints
+
+
+HIER3 = {**FAST, "epochs": 3, "variant": "hierarchical", "return_weights": True}
+
+
+def _same_training(got: dict, want: dict) -> None:
+    """The results that training decides (weights, losses, accuracy, counts) are equal, bit for bit."""
+    for p, w in want.items():
+        for k in ("test_accuracy", "loss_first_last", "host_state", "guest_state", "train_batches",
+                  "eval_batches", "rows_trained_on", "guest_order", "sizes"):
+            assert got[p].get(k) == w.get(k), (p, k)
+
+
+@pytest.mark.parametrize("victim, at", [("host", 2), ("guest2", 3)])
+def test_hierarchical_killed_at_an_epoch_resumes_bit_identically(victim, at, tmp_path):
+    cfg, parties = {**HIER3, "n_guests": 2}, [("host", "host"), ("guest1", "guest"), ("guest2", "guest")]
+    want_parts: dict = {}
+    want = run_inmemory(S, parties, cfg, seed=4, run_id="h", timeout=60, models=want_parts)   # no checkpoints
+    with pytest.raises(FederationFailed):
+        run_inmemory(S, parties, cfg, seed=4, run_id="h", timeout=60, clock="virtual", checkpoint_dir=tmp_path,
+                     kill={victim: at})
+    assert Checkpoints(tmp_path / victim).steps() == [at - 1, at]   # one checkpoint per epoch
+    parts: dict = {}
+    resumed: dict = {}
+    got = run_inmemory(S, parties, cfg, seed=4, run_id="h", timeout=60, checkpoint_dir=tmp_path, resume=True,
+                       resumed=resumed, models=parts)
+    assert set(resumed.values()) <= {at - 1, at} and len(set(resumed.values())) == 1, resumed
+    _same_training(got, want)
+    for p, part in want_parts.items():
+        assert all(np.array_equal(parts[p].tensors[k], v) for k, v in part.tensors.items()), p
+
+
+def test_hierarchical_killed_as_processes_resumes_and_passes_the_audit(tmp_path):
+    fed = load(presets.path("stfl"))
+    cfg = {**fed.algorithm_cfg(), **HIER3}
+    want = run_inmemory(S, [(p.name, p.role) for p in fed.parties], cfg, seed=fed.seed, timeout=60)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunFailed):   # every party killed once the host has checkpointed epoch 2
+        launch(fed, run_dir, progress=False, timeout=240, overrides=HIER3,
+               env=dict(os.environ, **{KILL_ENV: "host:2:all"}))
+    summary = launch(resume_federation(run_dir), run_dir, progress=False, timeout=240, resume=True)
+    assert len({r.get("resumed_from") for r in summary["parties"].values()}) == 1
+    _same_training({p: r["result"] for p, r in summary["parties"].items()}, want)
+    rep = audit(run_dir, trust_folder_keys=True)
+    assert rep.ok, rep.problems[:5]
 
 
 # ------------------------------------------------------------------------ trained parts

@@ -23,9 +23,15 @@ Round t (t = 0..T-1; ``round`` = t below):
 After T rounds one more model exchange and report give the final local scores.  Nothing else
 leaves a client: no features, no labels (a client's messages are the aggregation's masked
 vectors, w_m, its view list and scalar reports).
+
+Checkpoint step k: rounds 0..k-1 done (matched averaging of round k-1 over); the server keeps
+theta_{0,d}, theta_0, every Pi_m, the clients' indices and views and its curves; a client keeps its
+curves and counters (the models it trains it is sent again each round; every round's batch order
+and matching picks derive from (seed, client, round), so no RNG state goes on across rounds).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -114,12 +120,14 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
     clip = s.secagg_clip()
     widths = spec.inference_widths(views)
     train = H.ClientData(data["x_train"], data["y_train"])
-    party.send(srv, Kind.HELLO, {"index": m, "views": list(views)})
-    curve: list[dict] = []
-    train_loss: list[float] = []
-    train_s: list[float] = []
-    max_abs, clipped = 0.0, 0
-    for r in range(s.rounds + 1):
+    start, saved = party.restore()
+    if not start:   # (a resumed run's server kept the indices and views it was told)
+        party.send(srv, Kind.HELLO, {"index": m, "views": list(views)})
+    curve: list[dict] = saved.get("curve", [])
+    train_loss: list[float] = saved.get("train_loss", [])
+    train_s: list[float] = saved.get("train_s", [])
+    max_abs, clipped = saved.get("max_abs", 0.0), saved.get("clipped", 0)
+    for r in range(start, s.rounds + 1):
         party.round = r
         ext = {}
         for d in views:
@@ -154,6 +162,8 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
                 raise PartyError(f"hyfem round {r}: view {d} aggregation {res.status} ({res.reason})")
         party.send(srv, Kind.INFERENCE, {"round": r, "w": flat_layers(trained.inference)})
         party.progress(r + 1, s.rounds, loss=round(info["loss"], 4))
+        party.checkpoint(r + 1, {"curve": curve, "train_loss": train_loss, "train_s": train_s,
+                                 "max_abs": max_abs, "clipped": clipped})
     # the model it would deploy: the global extractors of its views and w_m, as received last
     party.save_model(*model.part("client", spec, views, received.extractors, received.inference, data["scalers"],
                                  data["x_test_raw"], data["x_test"], dataset=s.dataset))
@@ -173,12 +183,16 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
         raise PartyError("hyfem: the federation has no client")
     spec = model_spec(s)
     D = spec.n_views
-    hello = party.gather(Kind.HELLO, frm=names)
-    index = {n: int(h["index"]) for n, h in hello.items()}
+    start, saved = party.restore()
+    if start:
+        index, client_views = saved["index"], saved["state"]["client_views"]
+    else:
+        hello = party.gather(Kind.HELLO, frm=names)
+        index = {n: int(h["index"]) for n, h in hello.items()}
+        client_views = {index[n]: tuple(int(d) for d in hello[n]["views"]) for n in names}
     if sorted(index.values()) != list(range(len(names))):
         raise PartyError(f"hyfem: client indices {sorted(index.values())} are not 0..{len(names) - 1}")
     by_index = {i: n for n, i in index.items()}
-    client_views = {index[n]: tuple(int(d) for d in hello[n]["views"]) for n in names}
     holders = check_holders(s, [client_views[m] for m in range(len(names))], party.name)
     in_clear = plain_views(s, holders)
     orphan = [d for d, h in holders.items() if not h]
@@ -186,11 +200,12 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
         raise PartyError(f"hyfem: view(s) {orphan} are held by no client")
     cfg = s.config(party.device)
     agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
-    state = H.init_server(spec, client_views, cfg)
-    curves: dict[str, list] = {"global_accuracy": [], "global_loss": [], "local_accuracy": [], "local_loss": [],
-              "local_accuracy_per_client": [], "train_loss": []}
-    round_s, bound, view_method = [], 0.0, {}
-    for r in range(s.rounds + 1):
+    state = H.ServerState(**saved["state"]) if start else H.init_server(spec, client_views, cfg)
+    curves: dict[str, list] = saved.get("curves") or {
+        "global_accuracy": [], "global_loss": [], "local_accuracy": [], "local_loss": [],
+        "local_accuracy_per_client": [], "train_loss": []}
+    round_s, bound, view_method = saved.get("round_s", []), saved.get("bound", 0.0), saved.get("view_method", {})
+    for r in range(start, s.rounds + 1):
         party.round = r
         t0 = time.perf_counter()
         for m in range(len(names)):
@@ -237,6 +252,8 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
         state, _ = H.match_inference(state, spec, layers, cfg, r)
         round_s.append(time.perf_counter() - t0)
         party.progress(r + 1, s.rounds, global_acc=round(g["accuracy"], 4))
+        party.checkpoint(r + 1, {"state": dataclasses.asdict(state), "index": index, "curves": curves,
+                                 "round_s": round_s, "bound": bound, "view_method": view_method})
     party.save_model(*model.part("server", spec, tuple(range(D)), state.extractors, state.inference, data["scalers"],
                                  data["x_test_raw"], data["x_test"], dataset=s.dataset))
     models = {}

@@ -14,9 +14,16 @@ ONCE the latent means of the intersected rows (``stfl/latent``); the host trains
 network: ``split_driver.train_host`` / ``serve_guest`` over clear links (``messages.SPLIT_KINDS``).
 Separate Adams over disjoint parameters equal one joint Adam, so the run equals in-process joint
 training with the same initial weights and batch order (tested).
+
+Checkpoint step k: STFL, k = 1 only: PSI and the latent codes are over (the host keeps the PSI rows
+and the codes and trains its MLP again from its seed; a guest keeps the PSI rows, its results and
+its trained part); Hierarchical, k = epochs done (the host tells each guest at an epoch's end,
+``ClearHostLink.end_epoch``): each party keeps the PSI rows, its network and Adam, the host its
+loop (``split_driver.HostLoop``) and the guests' order, a guest its counts (``GuestCount``).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -24,7 +31,8 @@ import numpy as np
 import torch
 
 from fedhet.algorithms import split_driver
-from fedhet.algorithms.split_driver import ClearGuestLink, ClearHostLink, GuestBottom, HostPart, Schedule, serve_guest
+from fedhet.algorithms.split_driver import (ClearGuestLink, ClearHostLink, GuestBottom, GuestCount, HostLoop, HostPart,
+                                           Schedule, serve_guest)
 from fedhet.algorithms.stfl import model
 from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, order_key, predict_host,
                                          train_host)
@@ -61,32 +69,31 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
     if len(guests) != s.n_guests:
         raise PartyError(f"stfl: the federation has {len(guests)} guest(s) but n_guests = {s.n_guests}")
     ids = np.concatenate([data.ids_train, data.ids_test]).tolist()
-    res = psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
-                              workers=s.psi_workers, timeout=s.recv_timeout)
-    t_psi = time.perf_counter()
-    if res.rows is None:
-        raise PartyError("stfl: PSI returned no rows to the label owner")
+    run = _psi_or_restore(party, t0 + warm, "PSI returned no rows to the label owner",
+                          lambda: psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
+                                                      workers=s.psi_workers, timeout=s.recv_timeout))
+    t_psi, common, psi_s = time.perf_counter(), run.common, run.psi_s
     # Our rows some guest lacks are dropped; the rest keep our order, each with its common position.
-    rows = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
+    rows = align_host_rows(common, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
     if len(rows.pos_train) < 2 or len(rows.pos_test) < 1:
         raise PartyError(f"stfl: only {len(rows.pos_train)} training and {len(rows.pos_test)} test rows are "
                          "common to all parties")
     sizes = {"n_common": rows.n_common, "n_train": int(len(rows.pos_train)), "n_test": int(len(rows.pos_test)),
              "n_dropped": int(rows.n_dropped), "host_features": int(rows.x_train.shape[1])}
-    party.log.info("PSI: %d common IDs (%d train, %d test) in %.2fs", len(res.rows), len(rows.pos_train),
-                   len(rows.pos_test), t_psi - t0 - warm)
+    party.log.info("PSI: %d common IDs (%d train, %d test) in %.2fs", len(common), len(rows.pos_train),
+                   len(rows.pos_test), psi_s)
     if data.x_test_raw is None:
         raise PartyError("stfl: the host's data lacks its raw test rows (stfl.data.host_data builds them)")
     # the same common test rows unscaled, for the part it exports
-    raw_test = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test_raw, data.y_test, order="own").x_test
+    raw_test = align_host_rows(common, data.x_train, data.y_train, data.x_test_raw, data.y_test, order="own").x_test
     if s.variant == "stfl":
-        out = _host_stfl(party, s, guests, rows, data, raw_test)
+        out = _host_stfl(party, s, guests, rows, data, raw_test, run)
     else:
-        out = _host_split(party, s, guests, rows, data, raw_test)
+        out = _host_split(party, s, guests, rows, data, raw_test, run)
     t_end = time.perf_counter()
     out.update({"variant": s.variant, "dataset": s.dataset, "role": HOST, "epochs": c.epochs,
                 "train_s": out["t_trained"] - t_psi, "s_per_epoch": (out["t_trained"] - t_psi) / c.epochs,
-                "psi_s": t_psi - t0 - warm, "warmup_s": warm, "total_s": t_end - t0,
+                "psi_s": psi_s, "warmup_s": warm, "total_s": t_end - t0,
                 "n_common": sizes["n_common"], "sizes": sizes,
                 "bytes_sent": sum(party.bytes_sent.values()),
                 "bytes_received": sum(party.bytes_received.values())})
@@ -94,6 +101,33 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
     party.metric(test_accuracy=out["test_accuracy"], train_s=out["train_s"], psi_s=out["psi_s"])
     party.log.info("%s: test accuracy %.4f, training %.2fs", s.variant, out["test_accuracy"], out["train_s"])
     return out
+
+
+@dataclasses.dataclass
+class _Resume:
+    """A role's ``party.restore()`` (``start``, ``saved``) and the PSI rows and time, which every
+    checkpoint of it keeps (``keep``)."""
+
+    start: int
+    saved: dict
+    common: np.ndarray
+    psi_s: float
+
+    @property
+    def keep(self) -> dict:
+        return {"common": self.common, "psi_s": self.psi_s}
+
+
+def _psi_or_restore(party: PartyLike, t_start: float, none: str, run_psi: Callable[[], psi.PSIResult]) -> _Resume:
+    """``party.restore()`` and the common rows: a resumed run's from its checkpoint, else ``run_psi()``'s
+    (``none``: the error if it gives no rows; ``t_start``: when PSI began)."""
+    start, saved = party.restore()
+    if start:
+        return _Resume(start, saved, saved["common"], saved["psi_s"])
+    res = run_psi()
+    if res.rows is None:
+        raise PartyError(f"stfl: {none}")
+    return _Resume(0, saved, res.rows, time.perf_counter() - t_start)
 
 
 def _by_index(msgs: dict, what: str) -> list[str]:
@@ -117,19 +151,23 @@ def _save_host(party: PartyLike, s: Settings, data: HostData, net: torch.nn.Modu
 
 
 def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, data: HostData,
-               raw_test: np.ndarray) -> dict:
+               raw_test: np.ndarray, run: _Resume) -> dict:
     c = s.model
-    t_wait = time.perf_counter()
-    msgs = party.gather(Kind.LATENT, frm=guests, timeout=s.recv_timeout)
-    t_lat = time.perf_counter()
-    order = _by_index(msgs, Kind.LATENT)
-    zs = []
-    for g, w in zip(order, s.latent_widths()):
-        z = msgs[g]["z"]
-        if z.shape != (rows.n_common, w):
-            raise PartyError(f"stfl: {Kind.LATENT} from {g!r} must be float32 ({rows.n_common}, {w}), got "
-                             f"{list(z.shape)}")
-        zs.append(z)
+    if run.start:
+        zs, order, wait_s = run.saved["zs"], run.saved["order"], run.saved["wait_latents_s"]
+    else:
+        t_wait = time.perf_counter()
+        msgs = party.gather(Kind.LATENT, frm=guests, timeout=s.recv_timeout)
+        wait_s = time.perf_counter() - t_wait
+        order = _by_index(msgs, Kind.LATENT)
+        zs = []
+        for g, w in zip(order, s.latent_widths()):
+            z = msgs[g]["z"]
+            if z.shape != (rows.n_common, w):
+                raise PartyError(f"stfl: {Kind.LATENT} from {g!r} must be float32 ({rows.n_common}, {w}), got "
+                                 f"{list(z.shape)}")
+            zs.append(z)
+        party.checkpoint(1, {**run.keep, "zs": zs, "order": order, "wait_latents_s": wait_s})
 
     def on_epoch(ep, total, loss):
         party.round = ep
@@ -142,7 +180,7 @@ def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows,
     acc = accuracy(predict_host(hf, rows.x_test, [z[te_pos] for z in zs]), rows.y_test)
     _save_host(party, s, data, hf.model, rows, raw_test, [z[te_pos[:model.CHECK_ROWS]] for z in zs])
     return {"test_accuracy": acc, "t_trained": t_trained, "host_s": hf.seconds,
-            "host_s_per_epoch": hf.seconds / c.epochs, "wait_latents_s": t_lat - t_wait,
+            "host_s_per_epoch": hf.seconds / c.epochs, "wait_latents_s": wait_s,
             "loss_first_last": [hf.history[0], hf.history[-1]], "latent_dims": [int(z.shape[1]) for z in zs],
             "guest_order": order}
 
@@ -168,19 +206,33 @@ class _CheckedLink(ClearHostLink):
 
 
 def _host_split(party: PartyLike, s: Settings, guests: list[str], rows: HostRows, data: HostData,
-                raw_test: np.ndarray) -> dict:
+                raw_test: np.ndarray, run: _Resume) -> dict:
     """Hierarchical: ``split_driver.train_host`` over clear links, guests in their reported order."""
     c = s.model
-    ready = party.gather(Kind.READY, frm=guests, timeout=s.recv_timeout)
-    order = _by_index(ready, Kind.READY)
+    if run.start:
+        order = run.saved["order"]
+    else:
+        ready = party.gather(Kind.READY, frm=guests, timeout=s.recv_timeout)
+        order = _by_index(ready, Kind.READY)
     widths = s.latent_widths()
     net = host_net(rows.x_train.shape[1] + sum(widths), data.n_classes, c).to(resolve_device(party.device))
-    top = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)),
-                   [torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)])
+    opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+    top = HostPart(net, lambda xb, zs: net(torch.cat([xb, *zs], dim=1)), [opt])
     links = [_CheckedLink(party, g, w, s.recv_timeout)
              for g, w in zip(order, widths)]
     sched = Schedule(c.epochs, c.batch_size, order_key=order_key(c.seed), round_per="epoch")
-    res = split_driver.train_host(top, links, rows, data.n_classes, sched, party)
+    loop = None
+    if run.start:
+        _load_net(run.saved, net, opt)
+        loop = HostLoop(**run.saved["loop"])
+
+    def on_epoch(at: HostLoop) -> None:
+        for ln in links:
+            ln.end_epoch()
+        party.checkpoint(at.epochs, {**run.keep, "order": order, **_net_state(net, opt),
+                                     "loop": dataclasses.asdict(at)})
+
+    res = split_driver.train_host(top, links, rows, data.n_classes, sched, party, on_epoch=on_epoch, resume=loop)
     for ln in links:
         ln.stop()
     _save_host(party, s, data, net, rows, raw_test,
@@ -197,28 +249,64 @@ def _state(net: torch.nn.Module) -> dict:
     return {k: v.detach().cpu().tolist() for k, v in net.state_dict().items()}
 
 
+def _net_state(net: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """A split party's network and Adam, as a checkpoint keeps them (:func:`_load_net`)."""
+    return {"net": net.state_dict(), "adam": opt.state_dict()}
+
+
+def _load_net(saved: dict, net: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    net.load_state_dict(saved["net"])
+    opt.load_state_dict(saved["adam"])
+
+
 def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
     t0 = time.perf_counter()
     warm = _setup(s)
     c = s.model
     h = party.peer_with_role(HOST)
-    res = psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers, timeout=s.recv_timeout)
-    t_psi = time.perf_counter()
-    if res.rows is None:
-        raise PartyError("stfl: the host did not reveal the intersection")
+    run = _psi_or_restore(party, t0 + warm, "the host did not reveal the intersection",
+                          lambda: psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers,
+                                                        timeout=s.recv_timeout))
+    t_psi, common, psi_s = time.perf_counter(), run.common, run.psi_s
     # Self-taught rows: every row the host has no label for; the scaling uses only them (only the
     # guest's own knowledge, as in data_fate.guest_view).
-    rows = align_guest_rows(data.x, res.rows)
+    rows = align_guest_rows(data.x, common)
     if not rows.rest.any():
         raise PartyError("stfl: every row of this guest is in the intersection; no self-taught rows to "
                          "standardise on (and, for STFL, to train the VAE on)")
     idx = int(data.index)
     out = {"variant": s.variant, "dataset": s.dataset, "role": GUEST, "guest_index": idx,
-           "test_accuracy": None, "epochs": c.epochs, "n_common": int(len(res.rows)),
+           "test_accuracy": None, "epochs": c.epochs, "n_common": int(len(common)),
            "n_selftaught": int(rows.rest.sum()), "n_rows": int(len(rows.rest)),
            "input_width": int(rows.x_common.shape[1]),
-           "psi_s": t_psi - t0 - warm, "warmup_s": warm}
+           "psi_s": psi_s, "warmup_s": warm}
     if s.variant == "stfl":
+        out.update(_guest_stfl(party, s, h, data, rows, common, run))
+    else:
+        out.update(_guest_split(party, s, h, data, rows, common, run))
+    t_end = time.perf_counter()
+    out.update({"train_s": t_end - t_psi, "s_per_epoch": (t_end - t_psi) / c.epochs, "total_s": t_end - t0,
+                "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())})
+    party.metric(train_s=out["train_s"], psi_s=out["psi_s"], n_selftaught=out["n_selftaught"])
+    return out
+
+
+def _guest_part(s: Settings, data: GuestData, rows: GuestRows, common: np.ndarray,
+                net: torch.nn.Module) -> tuple[dict[str, np.ndarray], dict]:
+    """A guest's part (``party.save_model``'s arguments): its trained network (a CPU copy) behind
+    its scaler, checked on its first common rows."""
+    raw = np.asarray(data.x[np.asarray(common)[:model.CHECK_ROWS]], dtype=np.float32)
+    return model.part(GUEST, s.variant, net, rows.scaler, activation=s.model.activation,
+                      feature_names=data.columns, raw_rows=raw, scaled_rows=rows.x_common)
+
+
+def _guest_stfl(party: PartyLike, s: Settings, h: str, data: GuestData, rows: GuestRows, common: np.ndarray,
+                run: _Resume) -> dict:
+    """STFL: the VAE on the self-taught rows, the latent means of the common rows sent once."""
+    c, idx = s.model, int(data.index)
+    if run.start:
+        done = run.saved["stfl"]
+    else:
         def on_epoch(ep, total, loss):
             party.round = ep
             party.progress(ep, total, neg_elbo=round(loss, 3))
@@ -229,37 +317,40 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
         z = encode(fit.encoder, rows.x_common)
         enc_s = time.perf_counter() - t1
         party.send(h, Kind.LATENT, {"z": z, "guest_index": idx})
-        _save_guest(party, s, data, rows, res.rows, model.encoder_mean_net(fit.encoder))
-        out.update({"vae_s": fit.seconds, "encode_s": enc_s, "latent_dim": int(z.shape[1]),
-                    "vae_neg_elbo_first_last": [fit.history[0], fit.history[-1]]})
-    else:
-        out.update(_guest_split(party, s, h, data, rows, res.rows))
-    t_end = time.perf_counter()
-    out.update({"train_s": t_end - t_psi, "s_per_epoch": (t_end - t_psi) / c.epochs, "total_s": t_end - t0,
-                "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())})
-    party.metric(train_s=out["train_s"], psi_s=out["psi_s"], n_selftaught=out["n_selftaught"])
-    return out
+        done = {"part": _guest_part(s, data, rows, common, model.encoder_mean_net(fit.encoder)),
+                "vae_s": fit.seconds, "encode_s": enc_s, "latent_dim": int(z.shape[1]),
+                "vae_neg_elbo_first_last": [fit.history[0], fit.history[-1]]}
+        party.checkpoint(1, {**run.keep, "stfl": done})
+    party.save_model(*done["part"])
+    return {k: v for k, v in done.items() if k != "part"}
 
 
-def _save_guest(party: PartyLike, s: Settings, data: GuestData, rows: GuestRows, common: np.ndarray,
-                net: torch.nn.Module) -> None:
-    """A guest's part: its trained network (a CPU copy) behind its scaler, checked on its first
-    common rows."""
-    raw = np.asarray(data.x[np.asarray(common)[:model.CHECK_ROWS]], dtype=np.float32)
-    party.save_model(*model.part(GUEST, s.variant, net, rows.scaler, activation=s.model.activation,
-                                 feature_names=data.columns, raw_rows=raw, scaled_rows=rows.x_common))
-
-
-def _guest_split(party: PartyLike, s: Settings, h: str, data: GuestData, rows: GuestRows, common: np.ndarray) -> dict:
+def _guest_split(party: PartyLike, s: Settings, h: str, data: GuestData, rows: GuestRows, common: np.ndarray,
+                 run: _Resume) -> dict:
     """Hierarchical: ``split_driver.serve_guest`` with this guest's encoder over a clear link."""
     c = s.model
     x_common, idx = rows.x_common, int(data.index)
     net = guest_net(x_common.shape[1], c, idx).to(resolve_device(party.device))
-    bottom = GuestBottom(net, x_common, torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay))
-    party.send(h, Kind.READY, {"guest_index": idx})
-    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
-    stats = serve_guest(bottom, link)
-    _save_guest(party, s, data, rows, common, model.cpu_copy(net))
+    opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+    bottom = GuestBottom(net, x_common, opt)
+    count, epochs = GuestCount(), 0
+    if run.start:
+        _load_net(run.saved, net, opt)
+        n = run.saved["count"]
+        count = GuestCount(n["train_batches"], n["eval_batches"], set(n["used"].tolist()))
+        epochs = run.start
+    else:
+        party.send(h, Kind.READY, {"guest_index": idx})
+
+    def on_epoch(ep: int) -> None:
+        party.checkpoint(ep, {**run.keep, **_net_state(net, opt), "count": {
+            "train_batches": count.train_batches, "eval_batches": count.eval_batches,
+            "used": np.array(sorted(count.used), dtype=np.int64)}})
+
+    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl",
+                          on_epoch=on_epoch, epochs=epochs, trained=count.train_batches)
+    stats = serve_guest(bottom, link, count)
+    party.save_model(*_guest_part(s, data, rows, common, model.cpu_copy(net)))
     return {**stats, "latent_dim": latent_width(x_common.shape[1], c.latent_frac),
             **({"guest_state": _state(net)} if s.return_weights else {})}
 
