@@ -80,21 +80,36 @@ class JobKeys:
 
 # ------------------------------------------------------------------------------------ layouts
 @dataclass(frozen=True)
+class Exchange:
+    """An interactive exchange between the label party and each feature party (instead of one
+    contribution each), e.g. an encrypted layer (``s``: the training settings): ``label(party, s, data, rows,
+    peers)`` returns each
+    peer's result for the common rows (peers in federation order), ``feature(party, s, data, rows,
+    label)`` serves it; ``declarations(train_settings)``: its message kinds."""
+
+    label: Callable[[PartyLike, Any, "PartData", Rows, list[str]], dict[str, np.ndarray]]
+    feature: Callable[[PartyLike, Any, "PartData", Rows, str], None]
+    declarations: Callable[[Any], list[MessageDecl]]
+
+
+@dataclass(frozen=True)
 class Vertical:
     """Rows split by columns: PSI-aligned rows, predictions at the label party only.
 
     ``contribution(module, meta, rows)``: what a feature party's part gives for the common rows (an
     array, sent to the label party under ``<name>/predict``; None: a feature party sends nothing
     but PSI); ``schema(train_settings)``: that array's schema; ``what``: its declaration's words.
+    ``exchange`` (instead of a contribution): an interactive exchange per feature party.
     ``combine(module, meta, rows, contributions)``: the label party's class probabilities (rows,
-    classes) from its own rows and the feature parties' contributions, in federation order."""
+    classes) from its own rows and the feature parties' contributions (name -> array, federation order)."""
 
     label_role: str
     feature_roles: tuple[str, ...]
-    combine: Callable[[Any, Mapping[str, Any], Rows, list[np.ndarray]], np.ndarray]
+    combine: Callable[[Any, Mapping[str, Any], Rows, dict[str, np.ndarray]], np.ndarray]
     contribution: Callable[[Any, Mapping[str, Any], Rows], np.ndarray] | None = None
     schema: Callable[[Any], sch.Spec] | None = None
     what: str = ""
+    exchange: Exchange | None = None
 
 
 @dataclass(frozen=True)
@@ -317,14 +332,16 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
         has[np.asarray(pair.rows, dtype=np.int64)] = True
         lacks[p] = ~has
     own = {k: v[rows] for k, v in own_rows(part.meta, table).items()}
-    contributions: list[np.ndarray] = []
-    if layout.contribution is not None and peers:
+    contributions: dict[str, np.ndarray] = {}
+    if layout.exchange is not None and peers:
+        contributions = layout.exchange.label(party, s.train, data, own, peers)
+    elif layout.contribution is not None and peers:
         got = party.gather(kind, frm=peers)
         for p in peers:
             arr = np.asarray(got[p]["out"])
             if arr.shape[0] != len(rows):
                 raise PartyError(f"{kind} from {p!r} holds {arr.shape[0]} rows; the common list has {len(rows)}")
-            contributions.append(arr)
+            contributions[p] = arr
     probs = layout.combine(data.module, part.meta, own, contributions)
     classes = list(part.meta.get("classes") or range(np.asarray(probs).shape[1]))
     write_predictions(_out(s, party, PREDICTIONS), [ids[r] for r in rows], probs, classes)
@@ -347,8 +364,10 @@ def _feature_side(layout: Vertical, kind: str, label: str, party: PartyLike, s: 
     n_feature = sum(1 for n, r in party.roles.items() if r in layout.feature_roles and n != label)
     if n_feature > 1:
         psi.psi_feature_party(party, ids, label, workers=workers)   # the label party's per-party count
-    if layout.contribution is not None:
-        own = {k: v[rows] for k, v in own_rows(part.meta, table).items()}
+    own = {k: v[rows] for k, v in own_rows(part.meta, table).items()}
+    if layout.exchange is not None:
+        layout.exchange.feature(party, s.train, data, own, label)
+    elif layout.contribution is not None:
         party.send(label, kind, {"out": layout.contribution(data.module, part.meta, own)})
     return {"role": party.role, "label_party": False, "n_rows": len(ids), "n_common": int(len(rows)),
             "n_unmatched": len(ids) - int(len(rows))}
@@ -390,7 +409,9 @@ def prediction_job(training: Algorithm, settings: type, layout: Layout, summary:
         if isinstance(layout, Horizontal):
             return []
         decls = psi.declarations(layout.label_role, layout.feature_roles, backend="ecdh")
-        if layout.contribution is not None:
+        if layout.exchange is not None:
+            decls += layout.exchange.declarations(s.train)
+        elif layout.contribution is not None:
             if layout.schema is None:
                 raise TypeError(f"{training.name}: a contribution needs its schema")
             decls.append(declare(kind, layout.feature_roles, layout.label_role, layout.what,

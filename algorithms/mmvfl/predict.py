@@ -17,7 +17,7 @@ from fedhet.algorithms.export import score
 from fedhet.algorithms.predict import Rows, Vertical
 
 
-def probabilities(module: Any, meta: Mapping[str, Any], rows: Rows, contributions: list[np.ndarray]) -> np.ndarray:
+def probabilities(module: Any, meta: Mapping[str, Any], rows: Rows, contributions: dict[str, np.ndarray]) -> np.ndarray:
     """One-hot of the k-NN class on the selection of the largest ``percents`` entry."""
     classes = score(module, meta, rows)                          # (rows, len(percents)) int64
     pick = int(np.argmax(np.asarray(meta["percents"], dtype=np.float64)))

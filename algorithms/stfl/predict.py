@@ -27,9 +27,10 @@ def codes(module: Any, meta: Mapping[str, Any], rows: Rows) -> np.ndarray:
     return score(module, meta, rows)
 
 
-def probabilities(module: Any, meta: Mapping[str, Any], rows: Rows, zs: list[np.ndarray]) -> np.ndarray:
-    """The host's part on its rows and the guests' codes (guest order): class probabilities."""
-    logits = score(module, meta, {**rows, **{f"z{g}": z for g, z in enumerate(zs)}})
+def probabilities(module: Any, meta: Mapping[str, Any], rows: Rows, codes: dict[str, np.ndarray]) -> np.ndarray:
+    """The host's part on its rows and the guests' codes (guest name -> codes, in the guests' federation
+    order, their guest index): class probabilities."""
+    logits = score(module, meta, {**rows, **{f"z{g}": z for g, z in enumerate(codes.values())}})
     return class_probabilities(torch.from_numpy(logits)).numpy()
 
 
