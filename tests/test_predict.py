@@ -1,0 +1,287 @@
+"""`fedhet predict`: every installed algorithm that trains a model scores new rows as a federation job.
+
+For each algorithm with a model loader and a prediction job: its smoke federation trains in memory, its
+parts are written as a run writes them and exported (`fedhet export`'s files), and new rows (made from
+each part's own check rows, so the values are in the range it was trained on) are scored in memory and
+as processes (audited).  Both give the same CSV, equal to plaintext scoring of the same rows with the
+EXPORTED modules (`load_export` + `score`), exactly.  Vertical algorithms' parties hold different IDs:
+the rows some party lacks are reported, by party, never dropped silently.  Bad parts and files are
+refused with errors that name the file and the field.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedhet.algorithms import registry
+from fedhet.algorithms.export import export_run, load_export, score
+from fedhet.algorithms.party_table import DataFileError, TableSpec, load_party_table
+from fedhet.algorithms.predict import (MISSING, PREDICTIONS, Horizontal, PredictError, Vertical, columns,
+                                       job_federation, own_rows, read_predictions)
+from fedhet.algorithms.toolkit import sorted_intersection
+from fedhet.parties.audit import audit
+from fedhet.parties.contract import installed_entry_points
+from fedhet.parties.federation import Federation, load
+from fedhet.parties.inmemory import FederationFailed, run_inmemory
+from fedhet.parties.launcher import launch
+from fedhet.parties.model_store import write_part
+
+N_ROWS = 40
+# run as processes in the default suite (one vertical, one horizontal); the others with --runslow
+FAST_PROCESSES = ("stfl", "fedavg_logreg")
+
+
+def predicting() -> list[str]:
+    return [n for n in registry.names() if registry.get_algorithm(n).predict is not None]
+
+
+def smoke(name: str) -> Federation:
+    return load(Path(str(resources.files(installed_entry_points()[name].module) / "smoke.toml")))
+
+
+# ------------------------------------------------------------------------------------ a trained run
+class Trained:
+    """An algorithm's smoke federation trained in memory: its parts written as a run writes them
+    (RUN/parties/<name>/model/) and exported; the new rows of each scoring party in FOLDER/<name>.csv."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        self.name, self.folder = name, folder
+        self.fed = smoke(name)
+        self.algo = registry.get_algorithm(name)
+        self.job = registry.get_algorithm(name + ".predict")
+        self.layout: Any = self.job_layout()
+        self.parties = [(p.name, p.role) for p in self.fed.parties]
+        models: dict = {}
+        run_inmemory(self.algo, self.parties, self.fed.algorithm_cfg(), seed=self.fed.seed, models=models, timeout=240)
+        self.run = folder / "run"
+        for party, part in models.items():
+            write_part(self.run / "parties" / party / "model", part, part.header)
+        self.exported = export_run(self.run, folder / "export", registry.get_algorithm, onnx=False)
+        self.spec = self.new_rows(models)
+
+    def job_layout(self):
+        from importlib import import_module
+        return import_module(installed_entry_points()[self.name].module + ".predict").LAYOUT
+
+    def scoring(self) -> list[str]:
+        lay = self.layout
+        roles = (lay.scoring_role,) if isinstance(lay, Horizontal) else (lay.label_role, *lay.feature_roles)
+        return [n for n, r in self.parties if r in roles]
+
+    def label(self) -> str:
+        return next(n for n, r in self.parties if r == self.layout.label_role)
+
+    def new_rows(self, models: dict) -> dict[str, dict]:
+        """Each scoring party's file: rows near its part's check rows; vertical feature party j lacks
+        r{3+j} and r17, holds two IDs nobody else has, and lists its rows in another order."""
+        rng = np.random.default_rng(7)
+        spec = {}
+        feature = [n for n in self.scoring() if isinstance(self.layout, Vertical) and n != self.label()]
+        for party in self.scoring():
+            meta = models[party].meta
+            names = meta.get("feature_names")
+            check = meta["check"]["inputs"]
+            base = np.concatenate([np.asarray(check[k], dtype=np.float64).reshape(len(check[k]), -1)
+                                   for k in (names if isinstance(names, dict) else ["x"])], axis=1)
+            ids = [f"r{i}" for i in range(N_ROWS)]
+            if party in feature:
+                j = feature.index(party)
+                ids = [i for i in ids if i not in (f"r{3 + j}", "r17")] + [f"x{j}a", f"x{j}b"]
+                ids = [ids[i] for i in rng.permutation(len(ids))]
+            X = base[rng.integers(len(base), size=len(ids))] * (1 + 0.05 * rng.normal(size=(len(ids), base.shape[1])))
+            lines = [",".join(["id", *columns(meta)])] + [",".join([i, *map(repr, map(float, x))]) for i, x in zip(ids, X)]
+            (self.folder / f"{party}.csv").write_text("\n".join(lines) + "\n")
+            spec[party] = {"path": f"{party}.csv", "id": "id"}
+        return spec
+
+    def cfg(self, out: Path, **extra: Any) -> dict:
+        return {**self.fed.algorithm_cfg(), "trained_run": str(self.run), "predictions_out": str(out), **extra}
+
+    def in_memory(self, out: Path, **extra: Any) -> dict:
+        return run_inmemory(self.job, self.parties, self.cfg(out, **extra), seed=self.fed.seed, party_data=self.spec,
+                            base_dir=self.folder, timeout=120)
+
+    def table(self, party: str):
+        return load_party_table(TableSpec.from_dict(self.spec[party], party=party, base_dir=self.folder))
+
+    def module(self, party: str):
+        return load_export(self.exported[party], registry.get_algorithm)
+
+    def plaintext(self) -> dict[str, tuple[list, np.ndarray]]:
+        """Scoring party -> (IDs, probabilities) computed in one process with the exported modules."""
+        lay = self.layout
+        if isinstance(lay, Horizontal):
+            out = {}
+            for party in self.scoring():
+                module, doc = self.module(party)
+                t = self.table(party)
+                out[party] = ([str(i) for i in t.ids], lay.probabilities(doc["meta"], score(module, doc["meta"],
+                                                                                           own_rows(doc["meta"], t))))
+            return out
+        label = self.label()
+        peers = [n for n in self.scoring() if n != label]
+        tables = {p: self.table(p) for p in [label, *peers]}
+        order, rows = sorted_intersection(*[t.ids.tolist() for t in tables.values()])
+        at = dict(zip(tables, rows))
+        aligned = {p: {k: v[at[p]] for k, v in own_rows(self.module(p)[1]["meta"], tables[p]).items()} for p in tables}
+        contributions = {p: self.contribution(p, aligned[p]) for p in peers} if (lay.contribution or lay.exchange) else {}
+        module, doc = self.module(label)
+        return {label: ([str(i) for i in order], lay.combine(module, doc["meta"], aligned[label], contributions))}
+
+    def contribution(self, peer: str, rows: dict) -> np.ndarray:
+        module, doc = self.module(peer)
+        if self.name == "he_split":   # the encrypted layer's output, computed in the clear from both shares
+            from fedhet.algorithms.he_split.model import share
+            from fedhet.algorithms.he_split.predict import layer_output
+            s = self.algo.parse(self.fed.algorithm_cfg())
+            tensors = {k: np.asarray(v) for k, v in _weights(self.exported[self.label()]).items()}
+            guest = _weights(self.exported[peer])
+            A = score(module, doc["meta"], rows)
+            return layer_output(s, A, share(tensors, f"share.{peer}"), share(guest, "share"))
+        return self.layout.contribution(module, doc["meta"], rows)
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.numpy import load_file
+    return load_file(str(folder / "weights.safetensors"))
+
+
+_TRAINED: dict[str, Trained] = {}
+
+
+@pytest.fixture
+def trained(request, tmp_path_factory) -> Trained:
+    name = request.param
+    if name not in _TRAINED:
+        _TRAINED[name] = Trained(name, tmp_path_factory.mktemp(f"trained-{name}"))
+    return _TRAINED[name]
+
+
+def check_predictions(t: Trained, out: Path) -> None:
+    """Every scoring party's CSV equals plaintext scoring of the same rows, exactly."""
+    for party, (ids, probs) in t.plaintext().items():
+        got_ids, got_classes, got = read_predictions(out / "parties" / party / PREDICTIONS)
+        assert got_ids == ids, (t.name, party)
+        assert got.shape == probs.shape and np.array_equal(got, np.asarray(probs, dtype=np.float64)), (t.name, party)
+        classes = [str(c) for c in t.module(party)[1]["meta"]["classes"]]
+        assert got_classes == [classes[i] for i in np.argmax(probs, axis=1)]
+    others = set(n for n, _ in t.parties) - set(t.plaintext())
+    assert not any((out / "parties" / n / PREDICTIONS).exists() for n in others), "predictions only at the scorer(s)"
+
+
+def check_missing(t: Trained, out: Path, results: dict) -> None:
+    if not isinstance(t.layout, Vertical):
+        return
+    label = t.label()
+    feature = [n for n in t.scoring() if n != label]
+    lines = (out / "parties" / label / MISSING).read_text().splitlines()
+    assert lines[0] == "ID,missing_at"
+    got = dict(line.split(",") for line in lines[1:])
+    want = {"r17": ";".join(feature), **{f"r{3 + j}": p for j, p in enumerate(feature)}}
+    assert got == want
+    res = results[label]
+    assert res["n_missing"] == len(want) and res["n_predicted"] == N_ROWS - len(want)
+    assert res["missing_by_party"] == {p: 2 for p in feature}
+    for p in feature:   # its own two IDs nobody else has, and the one each other feature party lacks
+        assert results[p]["n_unmatched"] == 2 + len(feature) - 1
+
+
+@pytest.mark.parametrize("trained", predicting(), indirect=True)
+def test_in_memory_predictions_equal_plaintext_scoring_of_the_exported_parts(trained, tmp_path):
+    out = tmp_path / "pred"
+    results = trained.in_memory(out)
+    check_predictions(trained, out)
+    check_missing(trained, out, results)
+
+
+@pytest.mark.parametrize("trained", [pytest.param(n, marks=() if n in FAST_PROCESSES else pytest.mark.slow)
+                                     for n in predicting()], indirect=True)
+def test_processes_give_the_same_predictions_and_pass_the_audit(trained, tmp_path):
+    fed = replace(trained.fed, parties=[replace(p, data=trained.spec.get(p.name, {})) for p in trained.fed.parties],
+                  base_dir=str(trained.folder))
+    if len(fed.parties) >= 4:
+        fed = replace(fed, hosts=2)
+    out = tmp_path / "pred"
+    summary = launch(job_federation(fed, trained.run, out), out, progress=False, algorithm=trained.job, timeout=240)
+    assert summary["ok"]
+    rep = audit(out, registry.get_algorithm)
+    assert rep.ok, rep.problems[:5]
+    check_predictions(trained, out)
+    check_missing(trained, out, {n: p["result"] for n, p in summary["parties"].items()})
+
+
+def test_every_algorithm_that_trains_a_model_can_predict():
+    trains = [n for n in registry.names() if registry.get_algorithm(n).load_model is not None]
+    assert trains and predicting() == trains
+
+
+# ------------------------------------------------------------------------------------ refusals
+@pytest.mark.parametrize("trained", ["stfl"], indirect=True)
+def test_a_part_that_does_not_fit_is_refused_naming_file_and_field(trained, tmp_path):
+    model_json = trained.run / "parties" / "guest" / "model" / "model.json"
+    saved = model_json.read_text()
+    try:
+        with pytest.raises(FederationFailed) as e:
+            trained.in_memory(tmp_path / "a", epochs=3)
+        err = e.value.failures["guest"]
+        assert isinstance(err, PredictError) and "guest/model/model.json: field 'settings.epochs' is 2" in str(err)
+        doc = json.loads(saved)
+        doc["algorithm"] = "he_split"
+        model_json.write_text(json.dumps(doc))
+        with pytest.raises(FederationFailed, match=r"guest/model/model.json: field 'algorithm' is 'he_split'"):
+            trained.in_memory(tmp_path / "c")
+        doc = json.loads(saved)
+        doc["fingerprint"] = {"parties": "0" * 16}
+        model_json.write_text(json.dumps(doc))
+        with pytest.raises(FederationFailed, match=r"field 'fingerprint.parties'.*trained by another federation"):
+            trained.in_memory(tmp_path / "d")
+    finally:
+        model_json.write_text(saved)
+
+
+@pytest.mark.parametrize("trained", ["stfl"], indirect=True)
+def test_new_rows_whose_columns_differ_from_the_part_are_refused_naming_file_and_column(trained, tmp_path):
+    path = trained.folder / "host.csv"
+    saved = path.read_text()
+    header, rest = saved.split("\n", 1)
+    cols = header.split(",")
+    try:
+        path.write_text(",".join([cols[0], cols[2], cols[1], *cols[3:]]) + "\n" + rest)
+        with pytest.raises(FederationFailed) as e:
+            trained.in_memory(tmp_path / "a")
+        err = e.value.failures["host"]
+        assert isinstance(err, DataFileError) and "host.csv" in str(err) and "another order" in str(err)
+        path.write_text(",".join([cols[0], "nope", *cols[2:]]) + "\n" + rest)
+        with pytest.raises(FederationFailed, match=r"host.csv.*feature column 1 is 'nope', but its trained part "
+                                                   r"\(.*host/model/model.json, field 'feature_names'\)"):
+            trained.in_memory(tmp_path / "b")
+    finally:
+        path.write_text(saved)
+    assert (trained.folder / "host.csv").read_text() == saved
+
+
+@pytest.mark.parametrize("trained", ["fedavg_logreg"], indirect=True)
+def test_the_command_line_predicts_and_the_audit_passes(trained, tmp_path):
+    """`fedhet predict` scores a file per client, `fedhet audit` checks the job."""
+    t = trained
+    fed_text = (Path(str(resources.files("fedhet.algorithms.fedavg_logreg") / "smoke.toml"))).read_text()
+    for party in t.scoring():
+        fed_text = fed_text.replace(f'name = "{party}"\n', f'name = "{party}"\ndata = {{ path = "{party}.csv", '
+                                                           f'id = "id" }}\n')
+    (t.folder / "predict.toml").write_text(fed_text)
+    cli = [sys.executable, "-m", "fedhet.parties.cli"]
+    p = subprocess.run(cli + ["predict", str(t.folder / "predict.toml"), "--model", str(t.run), "--out",
+                              str(tmp_path / "pred"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    check_predictions(t, tmp_path / "pred")
+    p = subprocess.run(cli + ["audit", str(tmp_path / "pred"), "--trust-folder-keys"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
