@@ -6,7 +6,7 @@ part reads its OWN, ``RUN/parties/<name>/model/`` (:func:`fedhet.parties.model_s
 refuses one that does not fit (:func:`open_part`: the algorithm, the party and its role, every
 training setting, the federation's parties; then the columns of its new file against the part's
 feature names, in order), rebuilds it with the algorithm's ``load_model`` and proves the rebuilt
-module scores its recorded check rows exactly as the trained part did (:func:`export.check_part`).
+module scores its recorded check rows exactly as the trained part did (:func:`export.rebuild`).
 
 An algorithm declares its job with :func:`prediction_job` and one of two layouts:
 
@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from fedhet.algorithms.export import check_part, score
+from fedhet.algorithms.export import rebuild, score
 from fedhet.algorithms.party_table import PartyTable, TableSpec, check_features, load_party_table
 from fedhet.parties import schema as sch
 from fedhet.parties.api import PartyError
@@ -214,12 +214,7 @@ def open_part(training: Algorithm, layout: Layout, s: Any, ctx: PartyContext) ->
             raise PredictError(f"{where}: field 'settings.{key}' is {got.get(key)!r}, but the federation's "
                                f"[algorithm] gives {want_settings.get(key)!r}: these parts were trained with "
                                f"other settings")
-    if training.load_model is None:
-        raise PredictError(f"{where}: algorithm {training.name!r} has no loader for its trained parts")
-    module = training.load_model(part.meta, part.tensors)
-    problem = check_part(module, part.meta)
-    if problem:
-        raise PredictError(f"{where}: the rebuilt part does not score as the trained one: {problem}")
+    module = rebuild(training, part, where)
     if not ctx.data:
         raise PredictError(f"party {ctx.name!r}: its [[party]] section names no data file with its new rows "
                            f"(data = {{ path = ..., id = ... }})")
