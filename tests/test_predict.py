@@ -21,18 +21,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.predict_throughput import job_layout, plaintext_vertical, smoke, train, write_rows
 from fedhet.algorithms import registry
 from fedhet.algorithms.export import export_run, load_export, score
 from fedhet.algorithms.party_table import DataFileError, TableSpec, load_party_table
-from fedhet.algorithms.predict import (MISSING, PREDICTIONS, Horizontal, PredictError, Vertical, columns,
-                                       job_federation, own_rows, read_predictions)
-from fedhet.algorithms.toolkit import sorted_intersection
+from fedhet.algorithms.predict import (MISSING, PREDICTIONS, Horizontal, PredictError, Vertical, job_federation,
+                                       own_rows, read_predictions)
 from fedhet.parties.audit import audit
-from fedhet.parties.contract import installed_entry_points
-from fedhet.parties.federation import Federation, load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import launch
-from fedhet.parties.model_store import write_part
 
 N_ROWS = 40
 # run as processes in the default suite (one vertical, one horizontal); the others with --runslow
@@ -41,10 +38,6 @@ FAST_PROCESSES = ("stfl", "fedavg_logreg")
 
 def predicting() -> list[str]:
     return [n for n in registry.names() if registry.get_algorithm(n).predict is not None]
-
-
-def smoke(name: str) -> Federation:
-    return load(Path(str(resources.files(installed_entry_points()[name].module) / "smoke.toml")))
 
 
 # ------------------------------------------------------------------------------------ a trained run
@@ -59,17 +52,13 @@ class Trained:
         self.job = registry.get_algorithm(name + ".predict")
         self.layout: Any = self.job_layout()
         self.parties = [(p.name, p.role) for p in self.fed.parties]
-        models: dict = {}
-        run_inmemory(self.algo, self.parties, self.fed.algorithm_cfg(), seed=self.fed.seed, models=models, timeout=240)
         self.run = folder / "run"
-        for party, part in models.items():
-            write_part(self.run / "parties" / party / "model", part, part.header)
+        models = train(self.fed, self.run)
         self.exported = export_run(self.run, folder / "export", registry.get_algorithm, onnx=False)
         self.spec = self.new_rows(models)
 
     def job_layout(self):
-        from importlib import import_module
-        return import_module(installed_entry_points()[self.name].module + ".predict").LAYOUT
+        return job_layout(self.name)
 
     def scoring(self) -> list[str]:
         lay = self.layout
@@ -86,20 +75,12 @@ class Trained:
         spec = {}
         feature = [n for n in self.scoring() if isinstance(self.layout, Vertical) and n != self.label()]
         for party in self.scoring():
-            meta = models[party].meta
-            names = meta.get("feature_names")
-            check = meta["check"]["inputs"]
-            base = np.concatenate([np.asarray(check[k], dtype=np.float64).reshape(len(check[k]), -1)
-                                   for k in (names if isinstance(names, dict) else ["x"])], axis=1)
             ids = [f"r{i}" for i in range(N_ROWS)]
             if party in feature:
                 j = feature.index(party)
                 ids = [i for i in ids if i not in (f"r{3 + j}", "r17")] + [f"x{j}a", f"x{j}b"]
                 ids = [ids[i] for i in rng.permutation(len(ids))]
-            X = base[rng.integers(len(base), size=len(ids))] * (1 + 0.05 * rng.normal(size=(len(ids), base.shape[1])))
-            lines = [",".join(["id", *columns(meta)])] + [",".join([i, *map(repr, map(float, x))]) for i, x in zip(ids, X)]
-            (self.folder / f"{party}.csv").write_text("\n".join(lines) + "\n")
-            spec[party] = {"path": f"{party}.csv", "id": "id"}
+            spec[party] = write_rows(models[party].meta, ids, self.folder / f"{party}.csv", rng)
         return spec
 
     def cfg(self, out: Path, **extra: Any) -> dict:
@@ -127,31 +108,10 @@ class Trained:
                                                                                            own_rows(doc["meta"], t))))
             return out
         label = self.label()
-        peers = [n for n in self.scoring() if n != label]
-        tables = {p: self.table(p) for p in [label, *peers]}
-        order, rows = sorted_intersection(*[t.ids.tolist() for t in tables.values()])
-        at = dict(zip(tables, rows))
-        aligned = {p: {k: v[at[p]] for k, v in own_rows(self.module(p)[1]["meta"], tables[p]).items()} for p in tables}
-        contributions = {p: self.contribution(p, aligned[p]) for p in peers} if (lay.contribution or lay.exchange) else {}
-        module, doc = self.module(label)
-        return {label: ([str(i) for i in order], lay.combine(module, doc["meta"], aligned[label], contributions))}
-
-    def contribution(self, peer: str, rows: dict) -> np.ndarray:
-        module, doc = self.module(peer)
-        if self.name == "he_split":   # the encrypted layer's output, computed in the clear from both shares
-            from fedhet.algorithms.he_split.model import share
-            from fedhet.algorithms.he_split.predict import layer_output
-            s = self.algo.parse(self.fed.algorithm_cfg())
-            tensors = {k: np.asarray(v) for k, v in _weights(self.exported[self.label()]).items()}
-            guest = _weights(self.exported[peer])
-            A = score(module, doc["meta"], rows)
-            return layer_output(s, A, share(tensors, f"share.{peer}"), share(guest, "share"))
-        return self.layout.contribution(module, doc["meta"], rows)
-
-
-def _weights(folder: Path) -> dict:
-    from safetensors.numpy import load_file
-    return load_file(str(folder / "weights.safetensors"))
+        tables = {p: self.table(p) for p in [label, *[n for n in self.scoring() if n != label]]}
+        order, probs = plaintext_vertical(self.name, self.algo.parse(self.fed.algorithm_cfg()), tables,
+                                          {p: self.module(p) for p in tables}, self.exported, label)
+        return {label: ([str(i) for i in order], probs)}
 
 
 _TRAINED: dict[str, Trained] = {}
