@@ -99,7 +99,8 @@ class Vertical:
     ``contribution(module, meta, rows)``: what a feature party's part gives for the common rows (an
     array, sent to the label party under ``<name>/predict``; None: a feature party sends nothing
     but PSI); ``schema(train_settings)``: that array's schema; ``what``: its declaration's words.
-    ``exchange`` (instead of a contribution): an interactive exchange per feature party.
+    ``exchange`` (instead of a contribution): an interactive exchange per feature party; ``others``
+    and ``part_roles``: the roles that take part without rows of their own (F³'s coordinator and holders).
     ``combine(module, meta, rows, contributions)``: the label party's class probabilities (rows,
     classes) from its own rows and the feature parties' contributions (name -> array, federation order)."""
 
@@ -110,6 +111,10 @@ class Vertical:
     schema: Callable[[Any], sch.Spec] | None = None
     what: str = ""
     exchange: Exchange | None = None
+    # roles that hold a part but no rows (they load it, checked, without a data file) and the role
+    # functions of the parties that neither label nor align (``fn(party, train_settings, data)``)
+    part_roles: tuple[str, ...] = ()
+    others: Mapping[str, Callable[[PartyLike, Any, "PartData"], dict]] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,13 +172,24 @@ def job_federation(fed: Federation, trained_run: str | Path, out: str | Path) ->
 
 
 # ------------------------------------------------------------------------------------ the parts
+def _steps(meta: Mapping[str, Any]) -> int | None:
+    """The steps of a part whose input ``x`` is a series (rows, steps, channels); None for plain rows."""
+    spec = next((s for s in meta.get("inputs") or [] if s["name"] == "x"), None)
+    return int(spec["shape"][1]) if spec is not None and len(spec["shape"]) == 3 else None
+
+
 def columns(meta: Mapping[str, Any]) -> list[str]:
     """The columns a part's new rows must have, in order: its feature names (``<input>.<name>`` where
-    the part names them per input)."""
+    the part names them per input; ``<name>.t<step>`` step by step where its input is a series, then
+    ``lengths`` where it takes each row's number of real steps)."""
     names = meta.get("feature_names") or []
     if isinstance(names, Mapping):
         return [f"{inp}.{n}" for inp, ns in names.items() for n in ns]
-    return [str(n) for n in names]
+    steps = _steps(meta)
+    if steps is None:
+        return [str(n) for n in names]
+    lengths = ["lengths"] if any(s["name"] == "lengths" for s in meta.get("inputs") or []) else []
+    return [f"{n}.t{t}" for t in range(steps) for n in names] + lengths
 
 
 def own_rows(meta: Mapping[str, Any], table: PartyTable) -> dict[str, np.ndarray]:
@@ -191,13 +207,20 @@ def own_rows(meta: Mapping[str, Any], table: PartyTable) -> dict[str, np.ndarray
             out[inp] = cast(inp, table.X[:, j:j + len(ns)])
             j += len(ns)
         return out
-    return {"x": cast("x", table.X)}
+    steps = _steps(meta)
+    if steps is None:
+        return {"x": cast("x", table.X)}
+    width = steps * len(names)
+    series = {"x": cast("x", table.X[:, :width].reshape(len(table.X), steps, len(names)))}
+    if "lengths" in specs:
+        series["lengths"] = cast("lengths", table.X[:, width])
+    return series
 
 
 def open_part(training: Algorithm, layout: Layout, s: Any, ctx: PartyContext) -> PartData:
     """The job's ``load_data``: a scoring party's part (read, checked against the federation, rebuilt,
     proven to score as trained) and its new rows (checked against the part's feature names)."""
-    if ctx.role not in scoring_roles(layout):
+    if ctx.role not in scoring_roles(layout) and not (isinstance(layout, Vertical) and ctx.role in layout.part_roles):
         return PartData()
     folder = Path(s.job.trained_run) / "parties" / ctx.name / "model"
     part = read_part(folder)
@@ -215,6 +238,8 @@ def open_part(training: Algorithm, layout: Layout, s: Any, ctx: PartyContext) ->
                                f"[algorithm] gives {want_settings.get(key)!r}: these parts were trained with "
                                f"other settings")
     module = rebuild(training, part, where)
+    if ctx.role not in scoring_roles(layout):
+        return PartData(folder, part, module)
     if not ctx.data:
         raise PredictError(f"party {ctx.name!r}: its [[party]] section names no data file with its new rows "
                            f"(data = {{ path = ..., id = ... }})")
@@ -388,6 +413,9 @@ def _roles(training: Algorithm, layout: Layout, kind: str) -> dict[str, Callable
                 return _label_side(layout, kind, party, s, data)
             if party.role in layout.feature_roles:
                 return _feature_side(layout, kind, label, party, s, data)
+            if layout.others and party.role in layout.others:
+                check_federation(party, data)
+                return layout.others[party.role](party, s.train, data)
         return {"role": party.role, "scores": False}
 
     return {r: role for r in training.roles}

@@ -72,12 +72,17 @@ def plaintext_vertical(name: str, s: Any, tables: dict, loaded: dict, exported: 
     """The label party's predictions computed in one process: every party's new rows (``tables``) aligned as
     PSI's "sorted" order does, scored with the exported modules (``loaded``: party -> ``load_export``'s
     module and metadata; ``exported``: party -> export folder); the HE split layer's output from both
-    shares in the clear.  Returns the common IDs and the probabilities."""
+    shares in the clear; F³'s coordinator part on every owner's h in the clear.  Returns the common IDs and the probabilities."""
     peers = [p for p in tables if p != label]
     order, rows = sorted_intersection(*[tables[p].ids.tolist() for p in [label, *peers]])
     at = dict(zip([label, *peers], rows))
     aligned = {p: {k: v[at[p]] for k, v in own_rows(loaded[p][1]["meta"], tables[p]).items()} for p in at}
     lay = job_layout(name)
+    if name == "f3":   # every owner's h through the coordinator's part (the holders export nothing)
+        coord = next(p for p in exported if p not in tables)
+        module, doc = load_export(exported[coord], registry.get_algorithm)
+        hs = {f"h_{p}": score(loaded[p][0], loaded[p][1]["meta"], aligned[p]) for p in at}
+        return order, score(module, doc["meta"], hs).astype(np.float64)
     contributions = {}
     for g in peers if (lay.contribution or lay.exchange) else []:
         module, doc = loaded[g]
