@@ -72,11 +72,6 @@ class JobKeys:
                                        "parties/<name>/predictions.csv there")
     predict_psi_workers: int | None = setting(None, "PSI worker processes (None: as PSI decides, 0: inline)", lo=0)
 
-    def validate(self) -> None:
-        for key in ("trained_run", "predictions_out"):
-            if not getattr(self, key):
-                raise ValueError(f"{key} is required (fedhet predict --model RUN --out PRED sets it)")
-
 
 # ------------------------------------------------------------------------------------ layouts
 @dataclass(frozen=True)
@@ -222,6 +217,9 @@ def open_part(training: Algorithm, layout: Layout, s: Any, ctx: PartyContext) ->
     proven to score as trained) and its new rows (checked against the part's feature names)."""
     if ctx.role not in scoring_roles(layout) and not (isinstance(layout, Vertical) and ctx.role in layout.part_roles):
         return PartData()
+    for key in ("trained_run", "predictions_out"):
+        if not getattr(s.job, key):
+            raise PredictError(f"[algorithm] {key} is not set (fedhet predict --model RUN --out PRED sets it)")
     folder = Path(s.job.trained_run) / "parties" / ctx.name / "model"
     part = read_part(folder)
     where = folder / META

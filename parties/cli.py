@@ -108,7 +108,7 @@ def cmd_presets(args) -> int:
 def _algorithm_of(spec: str):
     """An algorithm name, or a preset / federation file whose algorithm is meant."""
     reg = _registry()
-    if spec in reg.names():
+    if spec in reg.names() or spec.endswith(".predict"):   # an algorithm's prediction job: ALGO.predict
         return reg.get_algorithm(spec), None
     fed = _load_federation(spec)
     return reg.get_algorithm(fed.algorithm_name), fed
