@@ -10,23 +10,31 @@ module scores its recorded check rows exactly as the trained part did (:func:`ex
 
 An algorithm declares its job with :func:`prediction_job` and one of two layouts:
 
-- :class:`Vertical` (STFL, MMVFL): the label party (the first party of ``label_role``) aligns its
-  new rows with every feature party by PSI (:mod:`fedhet.protocols.psi`, ECDH, order "sorted",
-  the common list revealed to all, as the training algorithms align), each feature party sends
-  its part's output for the common rows (``contribution``, one declared kind ``<name>/predict``,
-  to the label party only), and the label party turns its own part's output and those into class
-  probabilities (``combine``).  Predictions land ONLY at the label party.  Its rows some party
-  lacks are not dropped silently: ``missing.csv`` lists each with the parties that lack it (with
-  two or more feature parties the label party learns that from one extra PSI per feature party
-  that reveals nothing to the feature party), and the result counts them.
+- :class:`Vertical` (STFL, MMVFL, HE split, F³): the label party (the first party of ``label_role``)
+  aligns its new rows with every feature party by PSI (:mod:`fedhet.protocols.psi`, ECDH, order
+  "sorted", the common list revealed to all, as the training algorithms align); then each feature
+  party sends its part's output for the common rows (``contribution``, one declared kind
+  ``<name>/predict``, to the label party only: STFL), or the two run an interactive
+  :class:`Exchange` (the HE split network's encrypted layer; F³'s shares, holders and coordinator,
+  the parties of ``others``), or nothing crosses but PSI (MMVFL); the label party turns its own
+  part's output and what it received into class probabilities (``combine``).  Predictions land
+  ONLY at the label party.  Its rows some party lacks are not dropped silently: ``missing.csv``
+  lists each with the parties that lack it (with two or more feature parties the label party
+  learns that from one extra PSI per feature party that reveals nothing to the feature party), and
+  the result counts them.
 - :class:`Horizontal` (FedAvg, CHFL, HyFEM): each party of ``scoring_role`` scores its own rows
   with the part it would deploy; no message but the closing barrier.
+
+The job is an :class:`~fedhet.parties.contract.Algorithm` of its own, ``<name>.predict``
+(:func:`prediction_job`, :func:`with_prediction`): its settings are the training settings plus
+:class:`JobKeys`, so the runners, the launcher and the audit run it like a training run.
 
 Files, in the prediction run folder ``PRED`` (``predictions_out``), at the party that scores:
 ``parties/<name>/predictions.csv`` (columns ``ID``, ``class``, ``p_<class>`` per class; floats
 written so they read back bit-identical) and, vertical, ``parties/<label>/missing.csv`` (``ID``,
 ``missing_at``).  Both are written atomically.  Files of several columns per input (HyFEM's views)
-name a column ``<input>.<feature>`` (``view0.f3``).
+name a column ``<input>.<feature>`` (``view0.f3``); a series input (F³'s owners) one column per step,
+``<feature>.t<step>``.
 """
 from __future__ import annotations
 
@@ -156,12 +164,17 @@ def job_settings(training: type) -> type:
 
 
 def job_federation(fed: Federation, trained_run: str | Path, out: str | Path) -> Federation:
-    """``fed`` (the training federation, its parties' data now their new rows) as its prediction job."""
-    table = {k: v for k, v in fed.algorithm.items() if k != "name"}
+    """``fed`` (the training federation, its parties' data now their new rows; or a prediction job's
+    federation file, whose run folders are replaced) as its prediction job."""
+    if not (Path(trained_run) / "parties").is_dir():
+        raise ValueError(f"--model {trained_run}: not a run folder (no parties/ in it)")
+    again = fed.algorithm_name.endswith(PREDICT_SUFFIX)
+    name = fed.algorithm_name[:-len(PREDICT_SUFFIX)] if again else fed.algorithm_name
+    table = {k: v for k, v in fed.algorithm.items() if k != "name" and not (again and k in known_keys(JobKeys))}
     clash = [k for k in known_keys(JobKeys) if k in table]
     if clash:
         raise ValueError(f"{fed.source}: [algorithm] sets {clash}: fedhet predict sets these itself")
-    algo = {"name": fed.algorithm_name + PREDICT_SUFFIX, **table,
+    algo = {"name": name + PREDICT_SUFFIX, **table,
             "trained_run": str(Path(trained_run).resolve()), "predictions_out": str(Path(out).resolve())}
     return dataclasses.replace(fed, algorithm=algo)
 

@@ -275,3 +275,17 @@ def test_the_command_line_predicts_and_the_audit_passes(trained, tmp_path):
     p = subprocess.run(cli + ["audit", str(tmp_path / "pred"), "--trust-folder-keys"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_job_federation_names_the_job_and_its_folders_and_can_be_run_again(tmp_path):
+    (tmp_path / "run" / "parties").mkdir(parents=True)
+    fed = smoke("stfl")
+    job = job_federation(fed, tmp_path / "run", tmp_path / "pred")
+    assert job.algorithm["name"] == "stfl.predict" and job.algorithm["epochs"] == fed.algorithm["epochs"]
+    assert job.algorithm["trained_run"] == str((tmp_path / "run").resolve())
+    again = job_federation(job, tmp_path / "run", tmp_path / "pred2")   # a job's own federation file, reused
+    assert again.algorithm == {**job.algorithm, "predictions_out": str((tmp_path / "pred2").resolve())}
+    with pytest.raises(ValueError, match="not a run folder"):
+        job_federation(fed, tmp_path / "nowhere", tmp_path / "pred")
+    with pytest.raises(ValueError, match=r"sets \['trained_run'\]"):
+        job_federation(replace(fed, algorithm={**fed.algorithm, "trained_run": "x"}), tmp_path / "run", tmp_path / "p")
