@@ -42,6 +42,7 @@ import csv
 import dataclasses
 import io
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -345,6 +346,7 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
     peers = [n for n, r in party.roles.items() if r in layout.feature_roles and n != party.name]
     ids = _ids(table)
     workers = s.job.predict_psi_workers
+    t0 = time.perf_counter()
     res = psi.psi_label_owner(party, ids, peers, reveal_to_all=True, order="sorted", workers=workers)
     if res.rows is None:
         raise PartyError("PSI returned no rows to the label party")
@@ -362,6 +364,7 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
         has = np.zeros(len(ids), dtype=bool)
         has[np.asarray(pair.rows, dtype=np.int64)] = True
         lacks[p] = ~has
+    t1 = time.perf_counter()
     own = {k: v[rows] for k, v in own_rows(part.meta, table).items()}
     contributions: dict[str, np.ndarray] = {}
     if layout.exchange is not None and peers:
@@ -373,6 +376,7 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
             if arr.shape[0] != len(rows):
                 raise PartyError(f"{kind} from {p!r} holds {arr.shape[0]} rows; the common list has {len(rows)}")
             contributions[p] = arr
+    t2 = time.perf_counter()
     probs = layout.combine(data.module, part.meta, own, contributions)
     classes = list(part.meta.get("classes") or range(np.asarray(probs).shape[1]))
     write_predictions(_out(s, party, PREDICTIONS), [ids[r] for r in rows], probs, classes)
@@ -381,7 +385,8 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
     party.log.info("predicted %d of %d rows; %d missing at some party", len(rows), len(ids), len(missing))
     return {"role": party.role, "label_party": True, "n_rows": len(ids), "n_predicted": int(len(rows)),
             "n_missing": len(missing), "missing_by_party": {p: int(lacks[p].sum()) for p in peers},
-            "predictions": PREDICTIONS, "missing": MISSING}
+            "predictions": PREDICTIONS, "missing": MISSING,
+            "psi_s": t1 - t0, "exchange_s": t2 - t1, "score_s": time.perf_counter() - t2}
 
 
 def _feature_side(layout: Vertical, kind: str, label: str, party: PartyLike, s: Any, data: PartData) -> dict:
