@@ -72,7 +72,8 @@ def plaintext_vertical(name: str, s: Any, tables: dict, loaded: dict, exported: 
     """The label party's predictions computed in one process: every party's new rows (``tables``) aligned as
     PSI's "sorted" order does, scored with the exported modules (``loaded``: party -> ``load_export``'s
     module and metadata; ``exported``: party -> export folder); the HE split layer's output from both
-    shares in the clear; F³'s coordinator part on every owner's h in the clear.  Returns the common IDs and the probabilities."""
+    shares in the clear; F³'s coordinator part on every owner's h in the clear.  Returns the common IDs and
+    the probabilities."""
     peers = [p for p in tables if p != label]
     order, rows = sorted_intersection(*[tables[p].ids.tolist() for p in [label, *peers]])
     at = dict(zip([label, *peers], rows))
@@ -160,19 +161,20 @@ def render(doc: dict) -> str:
              "Each algorithm's smoke model; every party its own process (CURVE ZeroMQ), ECDH-PSI over the new rows' "
              "IDs, then the declared exchange; the job audited.  Plaintext: the same rows aligned in one process "
              "and scored with the exported modules (best of 3).  *Job* is the launcher's wall time (process start, "
-             "torch import, keys, PSI, exchange, CSV); *label role* the label party's role alone (its PSI, with the extra per-party PSI where there are several "
-             "feature parties; the exchange: receiving the codes, or the encrypted layer's batches; its own scoring and the "
-             "CSV files).", "",
+             "torch import, keys, PSI, exchange, CSV); *label role* the label party's role alone (its PSI, with the "
+             "extra per-party PSI where there are several feature parties; the exchange: receiving the codes, or the "
+             "encrypted layer's batches; its own scoring and the CSV files).", "",
              "| algorithm | rows / party | predicted | missing | job s | job rows/s | label role s (PSI + exchange + "
-             "scoring and CSV) | label role rows/s | plaintext s | plaintext rows/s | job / plaintext | role / plaintext "
-             "| same predictions | audit |",
+             "scoring and CSV) | label role rows/s | plaintext s | plaintext rows/s | job / plaintext "
+             "| role / plaintext | same predictions | audit |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         name = r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else "")
         role = r["label_role_s"]
         lines.append(
-            f"| {name} | {r['rows_per_party']:,} | {r['n_predicted']:,} | {r['n_missing']} | {r['federated_wall_s']:.2f} "
-            f"| {r['federated_rows_per_s']:,.0f} | {role:.2f} ({_parts(r)}) | {r['label_role_rows_per_s']:,.0f} | "
+            f"| {name} | {r['rows_per_party']:,} | {r['n_predicted']:,} | {r['n_missing']} | "
+            f"{r['federated_wall_s']:.2f} | {r['federated_rows_per_s']:,.0f} | {role:.2f} ({_parts(r)}) | "
+            f"{r['label_role_rows_per_s']:,.0f} | "
             f"{r['plaintext_s']:.4f} | {r['plaintext_rows_per_s']:,.0f} | {r['slowdown_wall']:,.0f}x | "
             f"{r['slowdown_role']:,.0f}x | {'yes' if r['identical'] else 'NO'} | "
             f"{'ok' if r['audit_ok'] else r['audit_problems']} |")

@@ -41,4 +41,5 @@ ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and cl
                       "(Mori et al.), with its Common and Local baselines", roles=ROLES, load_data=load_data,
                       declarations=declarations, settings=Settings, sizes=sizes,
                       headline=("final_test", "final"), load_model=load_model)
-ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, 'CHFL prediction: each client scores its own new rows with its selected network')
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "CHFL prediction: each client scores its own new rows with "
+                            "its selected network")

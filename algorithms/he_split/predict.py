@@ -59,7 +59,8 @@ def guest_exchange(party: PartyLike, s: Settings, data: PartData, rows: Rows, ho
         layer.close()
 
 
-def host_exchange(party: PartyLike, s: Settings, data: PartData, rows: Rows, guests: list[str]) -> dict[str, np.ndarray]:
+def host_exchange(party: PartyLike, s: Settings, data: PartData, rows: Rows,
+                  guests: list[str]) -> dict[str, np.ndarray]:
     """The host's side: per guest (its share ``W_g`` from the part), ``A_g W`` of every common row."""
     _, meta, tensors = _part(data)
     if sorted(guests) != sorted(meta.get("guests") or []):

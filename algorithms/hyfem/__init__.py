@@ -33,7 +33,8 @@ ALGORITHM = Algorithm(
                           "per-view aggregation, Hungarian-matched inference models)",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
     headline=("final_global_accuracy", "final_local_accuracy"), load_model=load_model)
-ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, 'HyFEM prediction: each client scores its own new rows with the model it would deploy')
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "HyFEM prediction: each client scores its own new rows with "
+                            "the model it would deploy")
 
 __all__ = ["ALGORITHM", "Kind", "Settings", "coil_image_sets", "coil_sample_images", "declarations", "load_data",
            "load_views", "make_partition", "model_spec", "prepared_views", "sizes", "split_rows"]

@@ -85,4 +85,5 @@ ALGORITHM = Algorithm(
                        "combined by secure aggregation",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
     headline=("accuracy",), load_model=load_model)
-ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "MMVFL prediction: PSI-aligned new rows, the label holder's own k-NN part")
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "MMVFL prediction: PSI-aligned new rows, the label holder's "
+                            "own k-NN part")

@@ -35,6 +35,7 @@ ALGORITHM = Algorithm(name="stfl", summary="STFL: self-taught vertical FL (guest
                       "and the hierarchical split network", roles=ROLES, load_data=load_data,
                       declarations=declarations, settings=Settings, headline=("test_accuracy",),
                       load_model=load_model)
-ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "STFL prediction: guests send the host their parts' codes of the PSI-aligned new rows")
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "STFL prediction: guests send the host their parts' codes of "
+                            "the PSI-aligned new rows")
 
 __all__ = ["ALGORITHM", "METHODS", "Kind", "Model", "Settings", "encode", "fit_vae", "train_vae"]
