@@ -81,6 +81,18 @@ def _onnx(module: torch.nn.Module, meta: Mapping[str, Any], path: Path) -> None:
                           dynamic_axes={n: {0: "rows"} for n in names + outputs})
 
 
+def rebuild(algo: Algorithm, part: TrainedPart, where: str | Path) -> Any:
+    """``part``'s scoring module, rebuilt by ``algo.load_model`` and checked to score its check rows as the
+    trained part did; an :class:`ExportError` naming ``where`` otherwise."""
+    if algo.load_model is None:
+        raise ExportError(f"{where}: algorithm {algo.name!r} has no loader for its trained parts")
+    module = algo.load_model(part.meta, part.tensors)
+    problem = check_part(module, part.meta)
+    if problem:
+        raise ExportError(f"{where}: the rebuilt part does not score as the trained one: {problem}")
+    return module
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, get_algorithm: Callable[[str], Algorithm],
                party: str | None = None, onnx: bool = True) -> dict[str, Path]:
     """Export every party's trained part of ``run_dir`` (or ``party``'s) into ``out_dir``; party ->
@@ -102,13 +114,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, get_algorithm: Callable
                 raise ExportError(f"{run_dir}: party {name!r} saved no trained part (no {folder})")
             continue
         part = read_part(folder)
-        algo = get_algorithm(str(part.header.get("algorithm")))
-        if algo.load_model is None:
-            raise ExportError(f"{folder}: algorithm {algo.name!r} has no loader for its trained parts")
-        module = algo.load_model(part.meta, part.tensors)
-        problem = check_part(module, part.meta)
-        if problem:
-            raise ExportError(f"{folder}: the rebuilt part does not score as the trained one: {problem}")
+        module = rebuild(get_algorithm(str(part.header.get("algorithm"))), part, folder)
         dest = out_dir / name
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(folder / TENSORS, dest / WEIGHTS)

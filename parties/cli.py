@@ -6,6 +6,7 @@
     fedhet run FILE_OR_PRESET [--out D] run every party as a local process (or in host processes)
     fedhet host FILE --host H           run the parties of one host in one process (`run` starts it)
     fedhet audit RUN_DIR [--federation F] verify transcripts and declared disclosures
+    fedhet predict FILE --model RUN --out PRED  score new rows with RUN's trained parts (a federation job)
     fedhet messages ALGO                every message kind: sender, receiver, payload schema
     fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
     fedhet demo [--out D]               the headline job, end to end
@@ -107,7 +108,7 @@ def cmd_presets(args) -> int:
 def _algorithm_of(spec: str):
     """An algorithm name, or a preset / federation file whose algorithm is meant."""
     reg = _registry()
-    if spec in reg.names():
+    if spec in reg.names() or spec.endswith(".predict"):   # an algorithm's prediction job: ALGO.predict
         return reg.get_algorithm(spec), None
     fed = _load_federation(spec)
     return reg.get_algorithm(fed.algorithm_name), fed
@@ -335,6 +336,27 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_predict(args) -> int:
+    from fedhet.algorithms.predict import job_federation
+    from .launcher import RunFailed, launch
+
+    fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
+    out = Path(args.out)
+    job = job_federation(fed, args.model, out)
+    algorithm = _registry().get_algorithm(job.algorithm_name)
+    try:
+        summary = launch(job, out, timeout=args.timeout, progress=not args.no_progress, algorithm=algorithm)
+    except RunFailed as e:
+        console.print(f"[bold red]predict failed[/bold red]: {escape(str(e))}", highlight=False)
+        return 1
+    _print_summary(summary, f"{job.algorithm_name}: {len(fed.parties)} parties, {summary['wall_s']:.1f}s",
+                   algorithm.headline)
+    for name in summary["parties"]:
+        if (out / "parties" / name / "predictions.csv").exists():
+            console.print(f"{name}: {out / 'parties' / name / 'predictions.csv'}", markup=False, highlight=False)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from . import demo
 
@@ -414,6 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder of the exports, a subfolder per party (default RUN/export)")
     p.add_argument("--no-onnx", action="store_true", help="weights and metadata only")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("predict", help="score each party's new rows with a run's trained parts (a federation job)")
+    p.add_argument("federation", help="federation file of the training run's parties; their data = the new rows")
+    p.add_argument("--model", required=True, metavar="RUN", help="the training run folder (its parties/NAME/model/)")
+    p.add_argument("--out", required=True, metavar="PRED", help="the prediction run folder")
+    p.add_argument("--timeout", type=float, help="fail the job if it takes longer (seconds)")
+    p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=cmd_predict)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
     p.add_argument("--out", help="run folder (default runs/demo-TIME)")
     p.add_argument("--he-epochs", type=int, default=3,

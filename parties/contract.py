@@ -16,7 +16,10 @@ and uses only what the contract names:
   the party checks every receipt against them and the audit every record;
 - ``sizes(settings)``: the symbolic sizes the schemas use (``n_common``...);
 - ``headline``: the result keys that are the run's outcome (final accuracy...): the end-of-run
-  table shows them first and in full for every party whose result has them.
+  table shows them first and in full for every party whose result has them;
+- ``predict`` (optional): the algorithm's prediction job (``fedhet predict``), itself an
+  :class:`Algorithm` named ``<name>.predict`` (roles, settings, declarations of its own), which
+  :func:`installed_algorithm` finds by that name, so the runners and the audit run it like any other.
 
 An algorithm is a package exposing one ``ALGORITHM = Algorithm(...)``, registered by one
 entry point in the ``fedhet_algorithms`` group (fedhet's own are listed by ``pyproject.toml``;
@@ -126,6 +129,8 @@ class Algorithm:
     # A saved trained part (its meta, its tensors: fedhet.parties.model_store) rebuilt as the object that
     # scores new rows (a torch module whose forward takes the meta's "inputs"); None: trains no model.
     load_model: Callable[[Mapping[str, Any], Mapping[str, Any]], Any] | None = None
+    # The prediction job (fedhet predict): an Algorithm named ``name + PREDICT_SUFFIX``; None: none.
+    predict: "Algorithm | None" = None
 
     def parse(self, table: Mapping[str, Any] | None) -> Any:
         """The settings object for an ``[algorithm]`` table (a dict where ``settings`` is None)."""
@@ -174,6 +179,7 @@ def from_module(mod: Any) -> Algorithm:
 
 
 ENTRY_POINT_GROUP = "fedhet_algorithms"
+PREDICT_SUFFIX = ".predict"   # "stfl.predict": the prediction job of the installed algorithm "stfl"
 
 
 def installed_entry_points() -> dict[str, EntryPoint]:
@@ -190,8 +196,14 @@ def installed_entry_points() -> dict[str, EntryPoint]:
 
 
 def installed_algorithm(name: str) -> Algorithm:
-    """The algorithm registered as ``name`` in the ``fedhet_algorithms`` entry-point group."""
+    """The algorithm registered as ``name`` in the ``fedhet_algorithms`` entry-point group, or, for
+    ``<name>.predict``, that algorithm's prediction job (its ``predict``)."""
     eps = installed_entry_points()
+    if name not in eps and name.endswith(PREDICT_SUFFIX) and name[:-len(PREDICT_SUFFIX)] in eps:
+        base = from_module(eps[name[:-len(PREDICT_SUFFIX)]].load())
+        if base.predict is None:
+            raise ValueError(f"algorithm {base.name!r} has no prediction job (fedhet predict)")
+        return base.predict
     if name not in eps:
         raise ValueError(f"unknown algorithm {name!r}; installed: {', '.join(sorted(eps)) or 'none'} "
                          f"(entry-point group {ENTRY_POINT_GROUP!r}; reinstall fedhet if this list is stale)")

@@ -30,6 +30,8 @@ from fedhet.algorithms.chfl.model import load_model
 from fedhet.algorithms.chfl.models import HIDDEN
 from fedhet.algorithms.chfl.roles import ROLES
 from fedhet.algorithms.chfl.settings import AGG_DEFAULTS, NAME, Settings
+from fedhet.algorithms.predict import with_prediction
+from fedhet.algorithms.chfl import predict
 from fedhet.parties.contract import Algorithm
 
 __all__ = ["AGG_DEFAULTS", "ALGORITHM", "HIDDEN", "ClientRows", "Kind", "Settings", "client_rows",
@@ -39,3 +41,5 @@ ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and cl
                       "(Mori et al.), with its Common and Local baselines", roles=ROLES, load_data=load_data,
                       declarations=declarations, settings=Settings, sizes=sizes,
                       headline=("final_test", "final"), load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "CHFL prediction: each client scores its own new rows with "
+                            "its selected network")

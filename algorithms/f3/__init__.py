@@ -52,6 +52,8 @@ from fedhet.algorithms.f3.model import load_model
 from fedhet.algorithms.f3.roles import ROLES, owners_in_order
 from fedhet.algorithms.f3.settings import NAME, Settings, n_rows, owner_seed, owner_widths
 from fedhet.algorithms.f3.training import pretrain_owner
+from fedhet.algorithms.f3 import predict
+from fedhet.algorithms.predict import with_prediction
 from fedhet.parties.contract import Algorithm
 
 __all__ = ["ALGORITHM", "COORDINATOR", "HOLDER", "InProcessHolders", "Kind", "OWNER", "OwnerData", "Settings",
@@ -63,3 +65,5 @@ ALGORITHM = Algorithm(
                        "consensus graph trained by the coordinator on reconstructed linear results",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",),
     load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "F³ prediction: training's inference path on the owners' "
+                            "PSI-aligned new series, probabilities at the first owner")

@@ -22,7 +22,7 @@ holder       saves no part: it holds Shamir shares only, no trained weights.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -144,10 +144,15 @@ class FusionScorer(nn.Module):
     def forward(self, *hs: torch.Tensor) -> torch.Tensor:
         g = self.gcn
         XW = g.W0(g.stack(list(hs)))              # H W_0, (rows, n, hidden)
+        return self.fused(lambda A: A @ XW)
+
+    def fused(self, first: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Eq. (8) from its first layer ``first(Â_k) = Â_k H W_0`` (here, or on shares by the holders)."""
+        g = self.gcn
         out: torch.Tensor | int = 0
         for k in range(self.graphs.shape[0]):
             A = self.graphs[k]
-            Z = torch.relu(A @ XW)
+            Z = torch.relu(first(A))
             out = out + torch.softmax(g.W1((A.mean(-2, keepdim=True) @ Z).squeeze(-2)), -1)
         assert isinstance(out, torch.Tensor)
         return out / self.graphs.shape[0]

@@ -14,6 +14,8 @@ from fedhet.algorithms.fedavg_logreg.messages import Kind, declarations, sizes
 from fedhet.algorithms.fedavg_logreg.model import load_model
 from fedhet.algorithms.fedavg_logreg.roles import ROLES, client, server
 from fedhet.algorithms.fedavg_logreg.settings import NAME, Settings
+from fedhet.algorithms.predict import with_prediction
+from fedhet.algorithms.fedavg_logreg import predict
 from fedhet.parties.contract import Algorithm
 
 __all__ = ["ALGORITHM", "Kind", "Settings", "client", "declarations", "server", "sizes"]
@@ -22,3 +24,4 @@ ALGORITHM = Algorithm(
     name=NAME, summary="FedAvg logistic regression on breast cancer (the small horizontal job)",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
     headline=("test_accuracy",), load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, 'FedAvg prediction: each client scores its own new rows')

@@ -33,7 +33,10 @@ indices).
 """
 from __future__ import annotations
 
+from fedhet.algorithms.predict import with_prediction
 from fedhet.parties.contract import Algorithm
+
+from . import predict
 
 from .data import host_data, load_data
 from .messages import Kind, declarations
@@ -49,3 +52,5 @@ ALGORITHM = Algorithm(name=NAME, summary="FATE-style hetero NN: a packed Paillie
                       "layer between guests' bottom models and the host's top model", roles=ROLES,
                       load_data=load_data, declarations=declarations, settings=Settings,
                       headline=("test_accuracy",), load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "HE split prediction: the encrypted layer's forward half on "
+                            "the PSI-aligned new rows, probabilities at the host")

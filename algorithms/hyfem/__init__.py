@@ -24,6 +24,8 @@ from fedhet.algorithms.hyfem.messages import Kind, declarations
 from fedhet.algorithms.hyfem.model import load_model
 from fedhet.algorithms.hyfem.roles import ROLES
 from fedhet.algorithms.hyfem.settings import Settings, model_spec, sizes
+from fedhet.algorithms.predict import with_prediction
+from fedhet.algorithms.hyfem import predict
 from fedhet.parties.contract import Algorithm
 
 ALGORITHM = Algorithm(
@@ -31,6 +33,8 @@ ALGORITHM = Algorithm(
                           "per-view aggregation, Hungarian-matched inference models)",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
     headline=("final_global_accuracy", "final_local_accuracy"), load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "HyFEM prediction: each client scores its own new rows with "
+                            "the model it would deploy")
 
 __all__ = ["ALGORITHM", "Kind", "Settings", "coil_image_sets", "coil_sample_images", "declarations", "load_data",
            "load_views", "make_partition", "model_spec", "prepared_views", "sizes", "split_rows"]

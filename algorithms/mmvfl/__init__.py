@@ -66,6 +66,8 @@ its own common training rows after PSI.
 """
 from __future__ import annotations
 
+from fedhet.algorithms.predict import with_prediction
+from fedhet.algorithms.mmvfl import predict
 from fedhet.parties.contract import Algorithm
 
 from . import core
@@ -83,3 +85,5 @@ ALGORITHM = Algorithm(
                        "combined by secure aggregation",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, sizes=sizes,
     headline=("accuracy",), load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "MMVFL prediction: PSI-aligned new rows, the label holder's "
+                            "own k-NN part")

@@ -27,11 +27,15 @@ from fedhet.algorithms.stfl.messages import Kind, declarations
 from fedhet.algorithms.stfl.model import load_model
 from fedhet.algorithms.stfl.roles import ROLES
 from fedhet.algorithms.stfl.settings import Model, Settings
+from fedhet.algorithms.predict import with_prediction
+from fedhet.algorithms.stfl import predict
 from fedhet.parties.contract import Algorithm
 
 ALGORITHM = Algorithm(name="stfl", summary="STFL: self-taught vertical FL (guests send VAE latent codes once), "
                       "and the hierarchical split network", roles=ROLES, load_data=load_data,
                       declarations=declarations, settings=Settings, headline=("test_accuracy",),
                       load_model=load_model)
+ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "STFL prediction: guests send the host their parts' codes of "
+                            "the PSI-aligned new rows")
 
 __all__ = ["ALGORITHM", "METHODS", "Kind", "Model", "Settings", "encode", "fit_vae", "train_vae"]

@@ -1,0 +1,153 @@
+"""F³'s prediction job (``fedhet predict``): training's inference path (f3.txt, Alg. 1 lines 8-10) on new rows.
+
+Vertical (:class:`fedhet.algorithms.predict.Vertical`): the owners align their new series by PSI (the first
+owner, the label owner, as label owner).  Each owner runs its part (its frozen LSTM behind its scaler) on its
+common rows and hands its representations h on as training does: with ``fusion = "shamir"`` as t-of-m Shamir
+shares to the holders (``f3p/share``), who compute the first layer ``Â_k H W_0`` for each of the coordinator's
+part's graphs on request (``f3/op``, ``f3/pre/result``: the kinds of training); with ``"trusted"`` in the
+clear to the coordinator (``f3/predict_rep``).  The first owner tells the coordinator how many rows there are
+(``f3/predict_rows``); the coordinator finishes eq. (8) with its part (:meth:`FusionScorer.fused`) and sends
+the class probabilities to the first owner only (``f3/predictions``), which writes them.
+
+Numbers: "trusted" gives exactly the coordinator part's output on the owners' h.  "shamir" reconstructs the
+first layer from fixed-point shares (``frac_bits`` / ``public_frac_bits``), so its probabilities differ from
+the part's on h in the clear by the fixed-point error (the run's ``max_fixed_point_err`` bounds the first
+layer; the tests check the probabilities to 1e-4).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from fedhet.algorithms.export import score
+from fedhet.algorithms.f3.core import OwnerShares, SharedFirstLayer, holder_forward, unpack_symmetric
+from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
+from fedhet.algorithms.f3.messages import declarations as training_declarations
+from fedhet.algorithms.f3.roles import HolderLink, owners_in_order
+from fedhet.algorithms.f3.settings import MAX_BATCH, Settings
+from fedhet.algorithms.predict import Exchange, PartData, Rows, Vertical
+from fedhet.parties import schema as sch
+from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
+from fedhet.parties.declare import MessageDecl, declare
+from fedhet.protocols import shamir_share as ss
+
+SHARE_PREFIX = "f3p"                 # f3p/share: an owner's shares of its new rows' h
+ROWS = "f3/predict_rows"             # first owner -> coordinator: how many common rows
+REP = "f3/predict_rep"               # trusted: an owner's h of the common rows in the clear
+PREDICTIONS = "f3/predictions"       # coordinator -> first owner: the class probabilities
+
+
+def _h(data: PartData, rows: Rows) -> np.ndarray:
+    if data.part is None:
+        raise PartyError("f3: no trained part loaded")
+    return score(data.module, data.part.meta, rows)
+
+
+def _upload(party: PartyLike, s: Settings, h: np.ndarray) -> None:
+    if s.fusion == "shamir":   # |h| < 1 (an LSTM's hidden state): a public bound, as in training
+        ss.share_to_holders(party, h, party.peers_with_role(HOLDER), s.t, SHARE_PREFIX, frac_bits=s.frac_bits,
+                            max_abs=1.0, tag="h")
+    else:
+        party.send(party.peer_with_role(COORDINATOR), REP, {"h": h})
+
+
+def owner_feature(party: PartyLike, s: Settings, data: PartData, rows: Rows, label: str) -> None:
+    _upload(party, s, _h(data, rows))
+
+
+def owner_label(party: PartyLike, s: Settings, data: PartData, rows: Rows, peers: list[str]) -> dict[str, np.ndarray]:
+    h = _h(data, rows)
+    coord = party.peer_with_role(COORDINATOR)
+    party.send(coord, ROWS, {"n": int(len(h))})
+    _upload(party, s, h)
+    p = np.asarray(party.recv(coord, PREDICTIONS)["p"])
+    if p.shape[0] != len(h):
+        raise PartyError(f"f3: {PREDICTIONS} from {coord!r} holds {p.shape[0]} rows, the common list {len(h)}")
+    return {coord: p}
+
+
+def probabilities(module: Any, meta: Mapping[str, Any], rows: Rows, received: dict[str, np.ndarray]) -> np.ndarray:
+    """The coordinator's probabilities, as received (the first owner's part makes its h, not the classes)."""
+    return np.asarray(next(iter(received.values())), dtype=np.float64)
+
+
+def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
+    """Eq. (8) with the coordinator's part on every owner's h of the common rows (shamir: the first layer
+    from the holders, a batch of at most MAX_BATCH rows per request); the probabilities to the first owner."""
+    if data.part is None:
+        raise PartyError("f3: the coordinator has no trained part loaded")
+    scorer, meta = data.module, data.part.meta
+    order = owners_in_order(party)
+    if list(meta["owners"]) != order:
+        raise PartyError(f"f3: the coordinator's part fuses owners {meta['owners']}, the federation has {order}")
+    n = int(party.recv(order[0], ROWS)["n"])
+    with torch.no_grad():
+        if s.fusion == "trusted":
+            hs = []
+            for o, w in zip(order, meta["widths"]):
+                h = np.asarray(party.recv(o, REP)["h"])
+                if h.shape != (n, int(w)):
+                    raise PartyError(f"f3: {REP} from {o!r} has shape {h.shape}, expected ({n}, {w})")
+                hs.append(torch.as_tensor(h))
+            p = scorer(*hs).numpy()
+        else:
+            link = HolderLink(party, s)
+            layer = SharedFirstLayer(scorer.gcn, link, [int(w) for w in meta["widths"]])
+            parts = [scorer.fused(layer(np.arange(a, min(a + MAX_BATCH, n)))).numpy() for a in range(0, n, MAX_BATCH)]
+            link.stop()
+            p = np.concatenate(parts) if parts else np.zeros((0, len(meta["classes"])), dtype=np.float32)
+    party.send(order[0], PREDICTIONS, {"p": p})
+    return {"role": COORDINATOR, "n_predicted": n, "fusion": s.fusion}
+
+
+def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
+    """The first layer on this holder's shares of the owners' new h, one forward request at a time."""
+    if s.fusion != "shamir":
+        return {"role": HOLDER, "steps": 0}
+    order = owners_in_order(party)
+    coord = party.peer_with_role(COORDINATOR)
+    got = ss.receive_shares(party, order, SHARE_PREFIX, t=s.t, tag="h")
+    if len({got[o].shape[0] for o in order}) != 1:
+        raise PartyError(f"f3 holder {party.name}: the owners shared different row counts "
+                         f"{ {o: got[o].shape for o in order} }")
+    total, n = got[order[0]].shape[0], len(order)
+    shares = OwnerShares([got[o] for o in order])
+    steps = 0
+    while True:
+        msg = party.recv(coord, Kind.OP)
+        if msg["op"] == "stop":
+            return {"role": HOLDER, "steps": steps}
+        if msg["op"] != "forward":
+            raise PartyError(f"f3 holder {party.name}: prediction asks for forward steps only, got {msg['op']!r}")
+        rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"])
+        if rows.size == 0 or int(rows.max()) >= total:
+            raise PartyError(f"f3 holder {party.name}: {Kind.OP} asks for rows outside 0..{total - 1}")
+        if msg["packed"]:
+            A = unpack_symmetric(A, n)
+        U, _ = holder_forward(shares, rows, A.astype(np.float64), [np.asarray(c) for c in msg["C"]], s)
+        ss.send_to_coordinator(party, coord, U, Kind.PRE_PREFIX, tag=f"u{msg['step']}")
+        steps += 1
+
+
+def declarations(s: Settings) -> list[MessageDecl]:
+    width = s.local_hidden if s.owner_hidden is None else None
+    out = [declare(ROWS, OWNER, COORDINATOR, "the number of common new rows (the first owner's PSI result's "
+                   "size); no arrays", payload=sch.Fields({"n": sch.Int(lo=0)})),
+           declare(PREDICTIONS, COORDINATOR, OWNER, "the class probabilities of the common new rows, to the first "
+                   "owner (the label owner) only: float32 (n_common, classes)",
+                   payload=sch.Fields({"p": sch.Arr("<f4", (None, None))}))]
+    if s.fusion == "trusted":
+        return out + [declare(REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h of the common "
+                              "new rows IN THE CLEAR (as training's f3/rep); float32 (n_common, d_i)",
+                              payload=sch.Fields({"h": sch.Arr("<f4", (None, width))}))]
+    share_decl, _ = ss.declarations(SHARE_PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=(None, width))
+    train = {d.kind: d for d in training_declarations(s)}
+    return out + [share_decl, train[Kind.OP], train[ss.Kind.of(Kind.PRE_PREFIX)[1]]]
+
+
+LAYOUT = Vertical(label_role=OWNER, feature_roles=(OWNER,), combine=probabilities,
+                  exchange=Exchange(label=owner_label, feature=owner_feature, declarations=declarations),
+                  part_roles=(COORDINATOR,), others={COORDINATOR: coordinator, HOLDER: holder})
