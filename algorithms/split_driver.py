@@ -29,6 +29,13 @@ local links).  The batch messages of the two link families keep their own payloa
 ``{"op", "rows"}``; HE: ``{"pos", "train", "stop", "round"}``) so that existing runs, transcripts
 and declarations are unchanged.
 
+Resume: both loops take the state they handed their ``checkpoint`` callback (after every training
+batch, step = training batches done, a true boundary on both sides: the host has sent the batch's
+last message and the guest received it) and go on exactly where it was: the host's model and
+optimisers, its position in the epoch order and the losses so far; a guest's bottom model, optimiser
+and counters (:func:`torch_state` / :func:`load_torch_state`).  What a link holds (e.g. the shares of
+an HE interactive layer) is the caller's to keep.
+
 Separate optimisers over disjoint parameters equal one joint optimiser, so with local links the
 loop computes exactly joint backprop of the whole network (tested), and over clear links exactly
 what local links compute (tested); HE links agree within the fixed-point error of the layer.
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -160,6 +167,22 @@ class GuestBottom:
         self._out = None
 
 
+# ------------------------------------------------------------------------------ checkpoints
+Checkpoint = Callable[[int, dict[str, Any]], None]   # (training batches done, the loop's state)
+
+
+def torch_state(module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
+    """A model's and its optimisers' state, as a checkpoint holds it."""
+    return {"module": module.state_dict(), "optimizers": [o.state_dict() for o in optimizers]}
+
+
+def load_torch_state(module: nn.Module, optimizers: Sequence[torch.optim.Optimizer], state: Mapping[str, Any]) -> None:
+    """Load what :func:`torch_state` gave back into the same model and optimisers."""
+    module.load_state_dict(state["module"])
+    for o, st in zip(optimizers, state["optimizers"], strict=True):
+        o.load_state_dict(st)
+
+
 # ------------------------------------------------------------------------------ the loops
 
 
@@ -215,7 +238,8 @@ def evaluate_host(host: HostPart, links: Sequence[HostLink], x: np.ndarray, y: n
 
 
 def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_classes: int, schedule: Schedule,
-               party: PartyLike | None = None) -> dict[str, Any]:
+               party: PartyLike | None = None, resume: Mapping[str, Any] | None = None,
+               checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """The host's whole training run (then the test pass unless ``schedule.evaluate`` is off).
 
     ``rows`` holds ``x_train, y_train, pos_train, x_test, y_test, pos_test`` (``toolkit.HostRows``).
@@ -225,6 +249,8 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
     ``train_s``, ``t_trained`` (``perf_counter`` at the end of training), ``eval_s``,
     ``s_per_batch``, ``s_per_epoch`` (extrapolated from ``s_per_batch`` when
     ``s_per_epoch_extrapolated``) and ``train_bytes`` (sent/received while training).
+    ``checkpoint(k, state)`` is called after each training batch (k = batches done); ``resume``:
+    such a ``state``, to go on from there.
     """
     dev = next(host.module.parameters()).device
     xtr = as_tensor(rows.x_train, dev)
@@ -239,15 +265,24 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
     if schedule.max_batches is not None:
         budget = min(budget, schedule.max_batches)
     total_epochs = -(-budget // per_epoch)
-    done, losses, row_losses = 0, [], []
-    b0 = _traffic(party)
-    t0 = time.perf_counter()
+    saved = dict(resume or {})
+    if saved:
+        load_torch_state(host.module, host.optimizers, saved["torch"])
+    done, first = int(saved.get("done", 0)), int(saved.get("epoch", 0))
+    losses, row_losses = list(saved.get("losses", [])), list(saved.get("row_losses", []))
+    batch_losses, sizes = list(saved.get("batch_losses", [])), list(saved.get("sizes", []))
+    prior_s, prior_bytes = float(saved.get("train_s", 0.0)), saved.get("train_bytes", (0, 0))
+    now = _traffic(party)
+    b0 = (now[0] - int(prior_bytes[0]), now[1] - int(prior_bytes[1]))
+    t0 = time.perf_counter() - prior_s
     host.module.train()
-    for epoch in range(schedule.epochs):
+    for epoch in range(first, schedule.epochs):
         if party is not None and schedule.round_per == "epoch":
             party.round = epoch + 1
-        batch_losses, sizes = [], []
-        for idx in batch_slices(epoch_permutation(schedule.order_key, epoch, n_train), bs):
+        if epoch > first:
+            batch_losses, sizes = [], []
+        # a resumed epoch goes on after the batches it had done
+        for idx in batch_slices(epoch_permutation(schedule.order_key, epoch, n_train), bs)[len(batch_losses):]:
             if done >= budget:
                 break
             if party is not None and schedule.round_per == "batch":
@@ -257,6 +292,12 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             batch_losses.append(host_step(host, links, xtr[idx], ytr[idx]))
             sizes.append(len(idx))
             done += 1
+            if checkpoint is not None:
+                b = _traffic(party)
+                checkpoint(done, {"torch": torch_state(host.module, host.optimizers), "done": done, "epoch": epoch,
+                                  "losses": losses, "row_losses": row_losses, "batch_losses": batch_losses,
+                                  "sizes": sizes, "train_s": time.perf_counter() - t0,
+                                  "train_bytes": (b[0] - b0[0], b[1] - b0[1])})
         if batch_losses:
             losses.append(float(np.mean(batch_losses)))
             total = 0.0
@@ -283,11 +324,16 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
 
 
-def serve_guest(bottom: GuestBottom, link: GuestLink) -> dict[str, int]:
+def serve_guest(bottom: GuestBottom, link: GuestLink, resume: Mapping[str, Any] | None = None,
+                checkpoint: Checkpoint | None = None) -> dict[str, int]:
     """A guest's loop until the host stops it; returns batch counts and how many distinct common
-    rows it trained on."""
-    n_train = n_eval = 0
-    used: set[int] = set()
+    rows it trained on.  ``checkpoint(k, state)`` is called after each training batch (k = batches
+    done); ``resume``: such a ``state``, to go on from there."""
+    saved = dict(resume or {})
+    if saved:
+        load_torch_state(bottom.model, [bottom.optimizer], saved["torch"])
+    n_train, n_eval = int(saved.get("train_batches", 0)), int(saved.get("eval_batches", 0))
+    used = np.array(saved.get("used", np.zeros(bottom.n_rows, dtype=bool)), dtype=bool)
     while (batch := link.next_batch()) is not None:
         rows, train = batch
         out = bottom.forward(rows, train)
@@ -295,10 +341,13 @@ def serve_guest(bottom: GuestBottom, link: GuestLink) -> dict[str, int]:
         if train:
             bottom.backward(link.backward())
             n_train += 1
-            used.update(np.asarray(rows).tolist())
+            used[np.asarray(rows)] = True
+            if checkpoint is not None:
+                checkpoint(n_train, {"torch": torch_state(bottom.model, [bottom.optimizer]), "train_batches": n_train,
+                                     "eval_batches": n_eval, "used": used})
         else:
             n_eval += 1
-    return {"train_batches": n_train, "eval_batches": n_eval, "rows_trained_on": len(used)}
+    return {"train_batches": n_train, "eval_batches": n_eval, "rows_trained_on": int(used.sum())}
 
 
 # ------------------------------------------------------------------------------ clear links
