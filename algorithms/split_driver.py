@@ -13,10 +13,6 @@ and the gradient goes back the same way; every party steps its own optimiser.
   the test rows, per-epoch metrics and progress, timings and training traffic.
 * :func:`serve_guest` — a guest's loop: receive the next batch from its link, run its bottom model
   (:class:`GuestBottom`), send the output, receive the gradient, step.
-* Checkpoints at epoch ends: ``train_host(..., on_epoch=, resume=)`` hands the loop's state
-  (:class:`HostLoop`) to ``on_epoch`` after each epoch and goes on from one; over clear links the
-  host's ``end_epoch`` tells each guest, whose link calls its own ``on_epoch`` (the guest's loop
-  counts in a :class:`GuestCount` it can checkpoint and go on from).
 * Host-side links (:class:`HostLink`), one per guest: :class:`ClearHostLink` (activations and
   gradients in the clear over the party channel), :class:`HEHostLink` (the guest's part of an
   interactive layer under Paillier or CKKS, :mod:`fedhet.protocols.he_interactive`) and
@@ -33,6 +29,13 @@ local links).  The batch messages of the two link families keep their own payloa
 ``{"op", "rows"}``; HE: ``{"pos", "train", "stop", "round"}``) so that existing runs, transcripts
 and declarations are unchanged.
 
+Resume: both loops take the state they handed their ``checkpoint`` callback (after every training
+batch, step = training batches done, a true boundary on both sides: the host has sent the batch's
+last message and the guest received it) and go on exactly where it was: the host's model and
+optimisers, its position in the epoch order and the losses so far; a guest's bottom model, optimiser
+and counters (:func:`torch_state` / :func:`load_torch_state`).  What a link holds (e.g. the shares of
+an HE interactive layer) is the caller's to keep.
+
 Separate optimisers over disjoint parameters equal one joint optimiser, so with local links the
 loop computes exactly joint backprop of the whole network (tested), and over clear links exactly
 what local links compute (tested); HE links agree within the fixed-point error of the layer.
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -164,6 +167,22 @@ class GuestBottom:
         self._out = None
 
 
+# ------------------------------------------------------------------------------ checkpoints
+Checkpoint = Callable[[int, dict[str, Any]], None]   # (training batches done, the loop's state)
+
+
+def torch_state(module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
+    """A model's and its optimisers' state, as a checkpoint holds it."""
+    return {"module": module.state_dict(), "optimizers": [o.state_dict() for o in optimizers]}
+
+
+def load_torch_state(module: nn.Module, optimizers: Sequence[torch.optim.Optimizer], state: Mapping[str, Any]) -> None:
+    """Load what :func:`torch_state` gave back into the same model and optimisers."""
+    module.load_state_dict(state["module"])
+    for o, st in zip(optimizers, state["optimizers"], strict=True):
+        o.load_state_dict(st)
+
+
 # ------------------------------------------------------------------------------ the loops
 
 
@@ -218,26 +237,10 @@ def evaluate_host(host: HostPart, links: Sequence[HostLink], x: np.ndarray, y: n
     return accuracy(np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64), y)
 
 
-@dataclass
-class HostLoop:
-    """Where the host's loop stands after ``epochs`` epochs: training batches ``done`` and each
-    epoch's ``losses`` and ``row_losses`` so far (what a checkpoint keeps to go on from there)."""
-
-    epochs: int = 0
-    done: int = 0
-    losses: list[float] = field(default_factory=list)
-    row_losses: list[float] = field(default_factory=list)
-
-
 def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_classes: int, schedule: Schedule,
-               party: PartyLike | None = None, on_epoch: Callable[[HostLoop], None] | None = None,
-               resume: HostLoop | None = None) -> dict[str, Any]:
+               party: PartyLike | None = None, resume: Mapping[str, Any] | None = None,
+               checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """The host's whole training run (then the test pass unless ``schedule.evaluate`` is off).
-
-    ``on_epoch(loop)``: called at the end of each epoch with the loop's state (the caller's
-    checkpoint, with its models and optimisers); ``resume``: such a state to go on from (the
-    models and optimisers already restored by the caller).  The batch order is a function of the
-    epoch, so a resumed loop trains exactly as an uninterrupted one.
 
     ``rows`` holds ``x_train, y_train, pos_train, x_test, y_test, pos_test`` (``toolkit.HostRows``).
     Returns ``test_accuracy`` (None without evaluation), ``losses`` (per epoch, the mean of the
@@ -246,6 +249,8 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
     ``train_s``, ``t_trained`` (``perf_counter`` at the end of training), ``eval_s``,
     ``s_per_batch``, ``s_per_epoch`` (extrapolated from ``s_per_batch`` when
     ``s_per_epoch_extrapolated``) and ``train_bytes`` (sent/received while training).
+    ``checkpoint(k, state)`` is called after each training batch (k = batches done); ``resume``:
+    such a ``state``, to go on from there.
     """
     dev = next(host.module.parameters()).device
     xtr = as_tensor(rows.x_train, dev)
@@ -260,16 +265,24 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
     if schedule.max_batches is not None:
         budget = min(budget, schedule.max_batches)
     total_epochs = -(-budget // per_epoch)
-    loop = HostLoop() if resume is None else resume
-    done, losses, row_losses = loop.done, loop.losses, loop.row_losses
-    b0 = _traffic(party)
-    t0 = time.perf_counter()
+    saved = dict(resume or {})
+    if saved:
+        load_torch_state(host.module, host.optimizers, saved["torch"])
+    done, first = int(saved.get("done", 0)), int(saved.get("epoch", 0))
+    losses, row_losses = list(saved.get("losses", [])), list(saved.get("row_losses", []))
+    batch_losses, sizes = list(saved.get("batch_losses", [])), list(saved.get("sizes", []))
+    prior_s, prior_bytes = float(saved.get("train_s", 0.0)), saved.get("train_bytes", (0, 0))
+    now = _traffic(party)
+    b0 = (now[0] - int(prior_bytes[0]), now[1] - int(prior_bytes[1]))
+    t0 = time.perf_counter() - prior_s
     host.module.train()
-    for epoch in range(loop.epochs if done < budget else schedule.epochs, schedule.epochs):
+    for epoch in range(first, schedule.epochs):
         if party is not None and schedule.round_per == "epoch":
             party.round = epoch + 1
-        batch_losses, sizes = [], []
-        for idx in batch_slices(epoch_permutation(schedule.order_key, epoch, n_train), bs):
+        if epoch > first:
+            batch_losses, sizes = [], []
+        # a resumed epoch goes on after the batches it had done
+        for idx in batch_slices(epoch_permutation(schedule.order_key, epoch, n_train), bs)[len(batch_losses):]:
             if done >= budget:
                 break
             if party is not None and schedule.round_per == "batch":
@@ -279,6 +292,12 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             batch_losses.append(host_step(host, links, xtr[idx], ytr[idx]))
             sizes.append(len(idx))
             done += 1
+            if checkpoint is not None:
+                b = _traffic(party)
+                checkpoint(done, {"torch": torch_state(host.module, host.optimizers), "done": done, "epoch": epoch,
+                                  "losses": losses, "row_losses": row_losses, "batch_losses": batch_losses,
+                                  "sizes": sizes, "train_s": time.perf_counter() - t0,
+                                  "train_bytes": (b[0] - b0[0], b[1] - b0[1])})
         if batch_losses:
             losses.append(float(np.mean(batch_losses)))
             total = 0.0
@@ -288,8 +307,6 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             if party is not None:
                 party.metric(epoch=epoch + 1, loss=losses[-1], s=round(time.perf_counter() - t0, 3))
                 party.progress(epoch + 1, total_epochs, loss=round(losses[-1], 4))
-        if on_epoch is not None:
-            on_epoch(HostLoop(epoch + 1, done, losses, row_losses))
         if done >= budget:
             break
     t_trained = time.perf_counter()
@@ -307,35 +324,30 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
             "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
 
 
-@dataclass
-class GuestCount:
-    """What a guest's loop has done: training and evaluation batches, the common rows trained on."""
-
-    train_batches: int = 0
-    eval_batches: int = 0
-    used: set[int] = field(default_factory=set)
-
-    def stats(self) -> dict[str, int]:
-        return {"train_batches": self.train_batches, "eval_batches": self.eval_batches,
-                "rows_trained_on": len(self.used)}
-
-
-def serve_guest(bottom: GuestBottom, link: GuestLink, count: GuestCount | None = None) -> dict[str, int]:
+def serve_guest(bottom: GuestBottom, link: GuestLink, resume: Mapping[str, Any] | None = None,
+                checkpoint: Checkpoint | None = None) -> dict[str, int]:
     """A guest's loop until the host stops it; returns batch counts and how many distinct common
-    rows it trained on.  ``count``: the loop counts into it (a resumed guest's goes on from its
-    checkpoint)."""
-    count = GuestCount() if count is None else count
+    rows it trained on.  ``checkpoint(k, state)`` is called after each training batch (k = batches
+    done); ``resume``: such a ``state``, to go on from there."""
+    saved = dict(resume or {})
+    if saved:
+        load_torch_state(bottom.model, [bottom.optimizer], saved["torch"])
+    n_train, n_eval = int(saved.get("train_batches", 0)), int(saved.get("eval_batches", 0))
+    used = np.array(saved.get("used", np.zeros(bottom.n_rows, dtype=bool)), dtype=bool)
     while (batch := link.next_batch()) is not None:
         rows, train = batch
         out = bottom.forward(rows, train)
         link.forward(out, train)
         if train:
             bottom.backward(link.backward())
-            count.train_batches += 1
-            count.used.update(np.asarray(rows).tolist())
+            n_train += 1
+            used[np.asarray(rows)] = True
+            if checkpoint is not None:
+                checkpoint(n_train, {"torch": torch_state(bottom.model, [bottom.optimizer]), "train_batches": n_train,
+                                     "eval_batches": n_eval, "used": used})
         else:
-            count.eval_batches += 1
-    return count.stats()
+            n_eval += 1
+    return {"train_batches": n_train, "eval_batches": n_eval, "rows_trained_on": int(used.sum())}
 
 
 # ------------------------------------------------------------------------------ clear links
@@ -344,9 +356,8 @@ def serve_guest(bottom: GuestBottom, link: GuestLink, count: GuestCount | None =
 @dataclass(frozen=True)
 class SplitKinds:
     """Message kinds of a clear link: the batch announcement (host -> guest: ``{"op": "train" |
-    "eval" | "stop", "rows": [positions]}``, or ``{"op": "epoch", "rows": []}`` at an epoch's end
-    when the host checkpoints; no arrays), the activation (guest -> host: ``{"a": float32 (batch,
-    width)}``) and the gradient (host -> guest: ``{"g": same shape}``)."""
+    "eval" | "stop", "rows": [positions]}``, no arrays), the activation (guest -> host: ``{"a":
+    float32 (batch, width)}``) and the gradient (host -> guest: ``{"g": same shape}``)."""
 
     batch: str
     activation: str
@@ -392,35 +403,23 @@ class ClearHostLink:
     def stop(self) -> None:
         self.party.send(self.guest, self.kinds.batch, {"op": "stop", "rows": []})
 
-    def end_epoch(self) -> None:
-        """Tell the guest an epoch is over (its link then calls its ``on_epoch``: both checkpoint)."""
-        self.party.send(self.guest, self.kinds.batch, {"op": "epoch", "rows": []})
-
 
 class ClearGuestLink:
     """Guest end of a clear link from ``host``; batches name positions among ``n_rows`` common
-    rows, at most ``batch_size`` of them.  ``party.round`` counts the training batches done.
-    At the host's ``end_epoch`` the link calls ``on_epoch(epochs done)`` (the guest's checkpoint);
-    a resumed guest's link starts from ``epochs`` and ``trained`` (training batches) done."""
+    rows, at most ``batch_size`` of them.  ``party.round`` counts the training batches done."""
 
     def __init__(self, party: PartyLike, host: str, kinds: SplitKinds, n_rows: int, batch_size: int,
-                 timeout: float | None = None, name: str = "split", on_epoch: Callable[[int], None] | None = None,
-                 epochs: int = 0, trained: int = 0):
+                 timeout: float | None = None, name: str = "split"):
         self.party, self.host, self.kinds = party, host, kinds
         self.n_rows, self.batch_size, self.timeout, self.name = int(n_rows), int(batch_size), timeout, name
-        self.on_epoch, self.epochs = on_epoch, int(epochs)
         self._shape: tuple[int, ...] = ()
-        self._trained = int(trained)
+        self._trained = 0
 
     def next_batch(self) -> tuple[np.ndarray, bool] | None:
         msg = self.party.recv(self.host, self.kinds.batch, timeout=self.timeout)
         op, rows = (msg.get("op"), msg.get("rows")) if isinstance(msg, dict) else (None, None)
         if op == "stop":
             return None
-        if op == "epoch" and self.on_epoch is not None and rows == []:
-            self.epochs += 1
-            self.on_epoch(self.epochs)
-            return self.next_batch()
         if op not in ("train", "eval") or not isinstance(rows, list) or not rows or len(rows) > self.batch_size \
                 or not all(isinstance(r, int) and 0 <= r < self.n_rows for r in rows):
             raise PartyError(f"{self.name}: bad {self.kinds.batch} from {self.host!r}: op {op!r}, rows must be "

@@ -305,6 +305,16 @@ def checkpoint_overhead(d: dict) -> list[str]:
                                               "party: checkpoint s of role s", "overhead", "role s, none"], rows)
 
 
+def predict_throughput(d: dict) -> list[str]:
+    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""), f"{r['rows_per_party']:,}",
+             f"{r['n_predicted']:,}", f"{r['n_missing']:,}", rate(r["federated_rows_per_s"]),
+             rate(r["label_role_rows_per_s"]), rate(r["plaintext_rows_per_s"]), f(r["slowdown_wall"], 0) + "x",
+             "yes" if r["identical"] else "NO", "ok" if r["audit_ok"] else "FAILED"] for r in d["runs"]]
+    return file_notes(d.get("note")) + table(["algorithm", "rows / party", "predicted", "missing", "job rows/s",
+                                              "label role rows/s", "plaintext rows/s", "job / plaintext",
+                                              "same predictions", "audit"], rows)
+
+
 SECTIONS = (
     Section("STFL Table I (accuracy) and the HE split network", "python -m benchmarks.stfl_table1; "
             "python -m benchmarks.he_split_table1", ("stfl_table1", "he_split_table1"),
@@ -384,6 +394,10 @@ SECTIONS = (
             "Each party checkpoints every step; the overhead is what the most burdened party's role waited for "
             "(encoding the state; the write and its fsync run on a writer thread) as a share of its role's time. "
             "The bound is 5 % of a round."),
+    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
+            ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
+            predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "
+            "plaintext is the same rows scored in one process with the exported modules."),
 )
 
 

@@ -12,8 +12,8 @@
   ``stfl`` preset passes ``fedhet audit``.
 * The exported parts compose: each guest's part on its raw rows gives the codes the host's part
   takes, and the host's part on its raw rows and those codes scores as the trained host did.
-* Hierarchical checkpoints at every epoch (the generic kill-and-resume tests run the STFL smoke
-  federation): killed at an epoch (host or guest, in memory; every party as processes) and
+* Hierarchical checkpoints after every training batch (the generic kill-and-resume tests run the
+  STFL smoke federation): killed at a batch (host or guest, in memory; every party as processes) and
   resumed, it trains the same networks as an uninterrupted run, and the audit passes.
 """
 from __future__ import annotations
@@ -255,14 +255,14 @@ def _same_training(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("victim, at", [("host", 2), ("guest2", 3)])
-def test_hierarchical_killed_at_an_epoch_resumes_bit_identically(victim, at, tmp_path):
+def test_hierarchical_killed_at_a_batch_resumes_bit_identically(victim, at, tmp_path):
     cfg, parties = {**HIER3, "n_guests": 2}, [("host", "host"), ("guest1", "guest"), ("guest2", "guest")]
     want_parts: dict = {}
     want = run_inmemory(S, parties, cfg, seed=4, run_id="h", timeout=60, models=want_parts)   # no checkpoints
     with pytest.raises(FederationFailed):
         run_inmemory(S, parties, cfg, seed=4, run_id="h", timeout=60, clock="virtual", checkpoint_dir=tmp_path,
                      kill={victim: at})
-    assert Checkpoints(tmp_path / victim).steps() == [at - 1, at]   # one checkpoint per epoch
+    assert Checkpoints(tmp_path / victim).steps() == [at - 1, at]   # one checkpoint per training batch
     parts: dict = {}
     resumed: dict = {}
     got = run_inmemory(S, parties, cfg, seed=4, run_id="h", timeout=60, checkpoint_dir=tmp_path, resume=True,
@@ -278,7 +278,7 @@ def test_hierarchical_killed_as_processes_resumes_and_passes_the_audit(tmp_path)
     cfg = {**fed.algorithm_cfg(), **HIER3}
     want = run_inmemory(S, [(p.name, p.role) for p in fed.parties], cfg, seed=fed.seed, timeout=60)
     run_dir = tmp_path / "run"
-    with pytest.raises(RunFailed):   # every party killed once the host has checkpointed epoch 2
+    with pytest.raises(RunFailed):   # every party killed once the host has checkpointed batch 2
         launch(fed, run_dir, progress=False, timeout=240, overrides=HIER3,
                env=dict(os.environ, **{KILL_ENV: "host:2:all"}))
     summary = launch(resume_federation(run_dir), run_dir, progress=False, timeout=240, resume=True)

@@ -8,6 +8,11 @@ go through the encrypted forward pass and the host reports the test accuracy.  T
 standardises its columns with statistics of its rows outside the intersection (``align_guest_rows``),
 or of all its rows if there are none.  The loops are ``split_driver``'s, over HE links
 (``HEHostLink`` / ``HEGuestLink`` around ``he_interactive``'s layers).
+
+Checkpoint step k: k training batches done; the host keeps its network and optimisers, its place in
+the batch order, the losses so far and its share W_g of each guest's weights, a guest its bottom model,
+optimiser, counters and its share eps (both shares as they are, though drawn from the OS CSPRNG, so a
+resumed run goes on with the same ones).  PSI and the guest's key pair are made afresh on a resumed run.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
     guests = party.peers_with_role(GUEST)
     if not guests:
         raise PartyError("he_split needs at least one guest")
+    start, saved = party.restore()
     t0 = time.perf_counter()
     ids = np.concatenate([data.ids_train, data.ids_test])
     res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=s.psi_timeout)
@@ -68,13 +74,23 @@ def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
     model, Ws = build_host(s, data.x_train.shape[1], widths, int(data.n_classes))
     spec = s.layer
     layers = [hei.host_layer(party, g, spec, W) for g, W in zip(guests, Ws)]
+    if start:   # the shares W_g the run had when it was stopped
+        for g, ly in zip(guests, layers):
+            ly.W = part.share(saved["shares"], f"share.{g}")
     for ly in layers:
         ly.setup()
     setup_s = time.perf_counter() - t1
     links = [HEHostLink(party, g, ly, Kind.BATCH) for g, ly in zip(guests, layers)]
     taps = [part.ForwardTap(ln) for ln in links]   # the guests' outputs for the part's check rows
+    for tap, kept in zip(taps, saved.get("taps", [])):
+        tap.rows, tap.z = kept["rows"], kept["z"]
+
+    def checkpoint(k: int, driver: dict[str, Any]) -> None:
+        shares = {n: a for g, ly in zip(guests, layers) for n, a in part.share_tensors(f"share.{g}", ly.W).items()}
+        party.checkpoint(k, {"driver": driver, "shares": shares, "taps": [{"rows": t.rows, "z": t.z} for t in taps]})
+
     try:
-        out = train_host(s, model, taps, hd, int(data.n_classes), party)
+        out = train_host(s, model, taps, hd, int(data.n_classes), party, saved.get("driver"), checkpoint)
     finally:
         for ln in links:
             ln.stop()
@@ -100,6 +116,7 @@ def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
 def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
     torch.set_num_threads(s.torch_threads)
     host = party.peer_with_role(HOST)
+    start, saved = party.restore()
     res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host, timeout=s.psi_timeout)
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
@@ -108,9 +125,18 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
     bottom = guest_bottom(s, x_common, party.name)
     party.send(host, Kind.WIDTH, {"width": s.guest_bottom_width})
     layer = hei.guest_layer(party, host, s.layer, s.guest_bottom_width, s.interactive_width)
+    if start:   # the share eps the run had when it was stopped
+        layer.eps = part.share(saved["share"])
+    # A new key pair on every start, resumed or not: no ciphertext outlives its batch, so a checkpoint
+    # holds no key (and a resumed run reuses none).
     layer.setup()
+
+    def checkpoint(k: int, driver: dict[str, Any]) -> None:
+        party.checkpoint(k, {"driver": driver, "share": part.share_tensors("share", layer.eps)})
+
     try:
-        batches = serve_guest(bottom, HEGuestLink(party, host, layer, Kind.BATCH, len(x_common)))["train_batches"]
+        batches = serve_guest(bottom, HEGuestLink(party, host, layer, Kind.BATCH, len(x_common)), saved.get("driver"),
+                              checkpoint)["train_batches"]
     finally:
         layer.close()
     out: dict[str, Any] = {"n_common": int(len(res.rows)), "batches": batches, "he": s.he, "bytes": traffic(party),

@@ -6,12 +6,12 @@ network, the tests' oracle.  IDs are aligned as PSI's sorted common order does.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from fedhet.algorithms import split_driver
-from fedhet.algorithms.split_driver import HostLink, LocalLink, PlainLinearLayer
+from fedhet.algorithms.split_driver import Checkpoint, HostLink, LocalLink, PlainLinearLayer
 from fedhet.algorithms.toolkit import HostRows, align_guest_rows, align_host_rows, sorted_intersection
 from fedhet.parties.contract import PartyLike
 
@@ -21,9 +21,11 @@ from .settings import Settings
 
 
 def train_host(s: Settings, model: HostModel, links: Sequence[HostLink], hd: HostRows, n_classes: int,
-               party: PartyLike | None = None) -> dict[str, Any]:
-    """The host's training and test pass (``split_driver.train_host``) with this network's schedule."""
-    out = split_driver.train_host(host_part(s, model), links, hd, n_classes, schedule(s), party)
+               party: PartyLike | None = None, resume: Mapping[str, Any] | None = None,
+               checkpoint: Checkpoint | None = None) -> dict[str, Any]:
+    """The host's training and test pass (``split_driver.train_host``) with this network's schedule;
+    ``checkpoint`` and ``resume`` as there."""
+    out = split_driver.train_host(host_part(s, model), links, hd, n_classes, schedule(s), party, resume, checkpoint)
     del out["t_trained"], out["row_losses"]
     return out
 

@@ -4,6 +4,11 @@ Each calls exactly the step functions :func:`~fedhet.algorithms.mmvfl.core.run_c
 so the federated run reproduces the centralised oracle (bit for bit with plain float64 aggregation,
 within the quantisation bound with secure aggregation); the package docstring lists the rounds and
 what leaves whom.
+
+Checkpoint step k: k rounds done (the server's STEP of round k-1 sent and received); the server keeps
+Z, the objective traces, the error bound and whether it stopped, a participant its W_k, Z_k (and
+X_k W_k), the last Z and its timings, and whether it stopped.  PSI and each round's aggregation
+masks are drawn afresh after a resume (PSI gives the same common rows).
 """
 from __future__ import annotations
 
@@ -49,15 +54,18 @@ def server(party: PartyLike, s: Settings, data: None) -> dict[str, Any]:
     n_rows, n_classes = sz["n_rows"], sz["n_classes"]
     z_agg = aggregation.make_aggregator(s.agg, z_aggregation_defaults(s))
     o_agg = aggregation.make_aggregator(objective_aggregation(s))
-    objective: list[float] = []
-    smoothed: list[float] = []
-    agg_z_s: list[float] = []
-    agg_o_s: list[float] = []
-    bound = 0.0
-    Z = core.initial_z(n_rows, n_classes)
-    converged = False
+    start, saved = party.restore()
+    objective: list[float] = list(saved.get("objective", []))
+    smoothed: list[float] = list(saved.get("smoothed", []))
+    agg_z_s: list[float] = list(saved.get("agg_z_s", []))
+    agg_o_s: list[float] = list(saved.get("agg_o_s", []))
+    bound = float(saved.get("bound", 0.0))
+    Z = saved.get("Z", core.initial_z(n_rows, n_classes))
+    converged, stop = bool(saved.get("converged", False)), bool(saved.get("stopped", False))
     with blas_one_thread():
-        for r in range(s.max_iter):
+        for r in range(start, s.max_iter):
+            if stop:   # resumed after the last round
+                break
             party.round = r
             t0 = time.perf_counter()
             res = z_agg.aggregate(party, participants, round=2 * r, length=n_rows * n_classes)
@@ -79,8 +87,8 @@ def server(party: PartyLike, s: Settings, data: None) -> dict[str, Any]:
             party.broadcast(Kind.STEP, {"r": r, "stop": bool(stop)}, to=participants)
             party.metric(objective=objective[-1])
             party.progress(r + 1, s.max_iter, objective=round(objective[-1], 4))
-            if stop:
-                break
+            party.checkpoint(r + 1, {"Z": Z, "objective": objective, "smoothed": smoothed, "agg_z_s": agg_z_s,
+                                     "agg_o_s": agg_o_s, "bound": bound, "converged": converged, "stopped": stop})
         reports = party.gather(Kind.REPORT, frm=participants)
     out = {"iterations": len(smoothed), "converged": converged, "objective": objective,
            "smoothed": smoothed, "n_rows": n_rows, "n_classes": n_classes, "percents": list(s.percents),
@@ -119,6 +127,7 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
                          f"order ({order[0]!r}); this party is participant {index} and "
                          f"{'holds' if holder else 'lacks'} labels")
     cs = s.core()
+    start, saved = party.restore()
     t_psi = time.perf_counter()
     if holder:
         res = psi.psi_label_owner(party, data.ids, others, reveal_to_all=True, order="sorted",
@@ -139,13 +148,18 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
     labels = np.asarray(data.y_train)[rows] if data.y_train is not None else None
     z_agg = aggregation.make_aggregator(s.agg, z_aggregation_defaults(s))
     o_agg = aggregation.make_aggregator(objective_aggregation(s))
-    solve_s: list[float] = []
-    zstep_s: list[float] = []
+    solve_s: list[float] = list(saved.get("solve_s", []))
+    zstep_s: list[float] = list(saved.get("zstep_s", []))
     with blas_one_thread():
         state = core.init_participant(index, X, n_classes, cs, labels=labels)
-        Z = core.initial_z(n_rows, n_classes)
-        rounds = 0
-        for r in range(s.max_iter):
+        if start:
+            state = replace(state, W=saved["W"], Z_k=saved["Z_k"], XW=saved["XW"],
+                            inner_iterations=int(saved["inner_iterations"]))
+        Z = saved.get("Z", core.initial_z(n_rows, n_classes))
+        rounds, stop = start, bool(saved.get("stopped", False))
+        for r in range(start, s.max_iter):
+            if stop:   # resumed after the last round
+                break
             party.round = r
             t0 = time.perf_counter()
             state, Z_k = core.participant_z_step(state, Z, cs)
@@ -160,9 +174,10 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
             o_agg.submit(party, srv, terms, weight=1.0, round=2 * r + 1)
             step = party.recv(srv, Kind.STEP)
             check_round(step, r, Kind.STEP)
-            rounds = r + 1
-            if step["stop"]:
-                break
+            rounds, stop = r + 1, bool(step["stop"])
+            party.checkpoint(rounds, {"W": state.W, "Z_k": state.Z_k, "XW": state.XW,
+                                      "inner_iterations": state.inner_iterations, "Z": Z, "solve_s": solve_s,
+                                      "zstep_s": zstep_s, "stopped": stop})
         scores = core.feature_scores(state.W)
         train_labels = labels if labels is not None else core.pseudo_labels(state.Z_k)
         acc = [core.selection_accuracy(X, train_labels, X_val, data.y_val, scores, p, s.knn_k)

@@ -44,9 +44,9 @@ def declarations(s: Settings) -> list[MessageDecl]:
     return psi.declarations(HOST, GUEST) + [
         declare(Kind.READY, GUEST, HOST, "hierarchical: a guest's index among the guests; no arrays",
                 payload=sch.Fields({"guest_index": guest_index})),
-        declare(Kind.BATCH, HOST, GUEST, "hierarchical: op (train/eval/stop, or epoch: an epoch is over, both "
-                "checkpoint) and the batch's positions in the common list as a plain list; no arrays",
-                payload=sch.Fields({"op": sch.Str(choices=("train", "eval", "stop", "epoch")),
+        declare(Kind.BATCH, HOST, GUEST, "hierarchical: op (train/eval/stop) and the batch's positions in the "
+                "common list as a plain list; no arrays",
+                payload=sch.Fields({"op": sch.Str(choices=("train", "eval", "stop")),
                                     "rows": sch.ListOf(sch.Int(lo=0), max_len=bs)})),
         declare(Kind.ACTIVATION, GUEST, HOST, "hierarchical: guest encoder outputs of one batch, plaintext: "
                 "float32 (batch <= batch_size, d_latent)", payload=sch.Fields({"a": _f32_rows(s, None, bs)})),

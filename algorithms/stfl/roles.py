@@ -17,9 +17,9 @@ training with the same initial weights and batch order (tested).
 
 Checkpoint step k: STFL, k = 1 only: PSI and the latent codes are over (the host keeps the PSI rows
 and the codes and trains its MLP again from its seed; a guest keeps the PSI rows, its results and
-its trained part); Hierarchical, k = epochs done (the host tells each guest at an epoch's end,
-``ClearHostLink.end_epoch``): each party keeps the PSI rows, its network and Adam, the host its
-loop (``split_driver.HostLoop``) and the guests' order, a guest its counts (``GuestCount``).
+its trained part); Hierarchical, k = training batches done (``split_driver``'s checkpoints, a true
+boundary on both sides): each party keeps the PSI rows and the driver's state (its network, Adam,
+counters; the host its place in the epoch order and losses), the host also the guests' order.
 """
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms import split_driver
-from fedhet.algorithms.split_driver import (ClearGuestLink, ClearHostLink, GuestBottom, GuestCount, HostLoop, HostPart,
-                                           Schedule, serve_guest)
+from fedhet.algorithms.split_driver import ClearGuestLink, ClearHostLink, GuestBottom, HostPart, Schedule, serve_guest
 from fedhet.algorithms.stfl import model
 from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, order_key, predict_host,
                                          train_host)
@@ -221,18 +220,12 @@ def _host_split(party: PartyLike, s: Settings, guests: list[str], rows: HostRows
     links = [_CheckedLink(party, g, w, s.recv_timeout)
              for g, w in zip(order, widths)]
     sched = Schedule(c.epochs, c.batch_size, order_key=order_key(c.seed), round_per="epoch")
-    loop = None
-    if run.start:
-        _load_net(run.saved, net, opt)
-        loop = HostLoop(**run.saved["loop"])
 
-    def on_epoch(at: HostLoop) -> None:
-        for ln in links:
-            ln.end_epoch()
-        party.checkpoint(at.epochs, {**run.keep, "order": order, **_net_state(net, opt),
-                                     "loop": dataclasses.asdict(at)})
+    def checkpoint(k: int, driver: dict) -> None:
+        party.checkpoint(k, {**run.keep, "order": order, "driver": driver})
 
-    res = split_driver.train_host(top, links, rows, data.n_classes, sched, party, on_epoch=on_epoch, resume=loop)
+    res = split_driver.train_host(top, links, rows, data.n_classes, sched, party,
+                                  resume=run.saved["driver"] if run.start else None, checkpoint=checkpoint)
     for ln in links:
         ln.stop()
     _save_host(party, s, data, net, rows, raw_test,
@@ -247,16 +240,6 @@ def _host_split(party: PartyLike, s: Settings, guests: list[str], rows: HostRows
 def _state(net: torch.nn.Module) -> dict:
     """Final weights as nested lists (for equality checks; small nets only)."""
     return {k: v.detach().cpu().tolist() for k, v in net.state_dict().items()}
-
-
-def _net_state(net: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
-    """A split party's network and Adam, as a checkpoint keeps them (:func:`_load_net`)."""
-    return {"net": net.state_dict(), "adam": opt.state_dict()}
-
-
-def _load_net(saved: dict, net: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    net.load_state_dict(saved["net"])
-    opt.load_state_dict(saved["adam"])
 
 
 def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
@@ -333,23 +316,14 @@ def _guest_split(party: PartyLike, s: Settings, h: str, data: GuestData, rows: G
     net = guest_net(x_common.shape[1], c, idx).to(resolve_device(party.device))
     opt = torch.optim.Adam(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
     bottom = GuestBottom(net, x_common, opt)
-    count, epochs = GuestCount(), 0
-    if run.start:
-        _load_net(run.saved, net, opt)
-        n = run.saved["count"]
-        count = GuestCount(n["train_batches"], n["eval_batches"], set(n["used"].tolist()))
-        epochs = run.start
-    else:
+    if not run.start:
         party.send(h, Kind.READY, {"guest_index": idx})
 
-    def on_epoch(ep: int) -> None:
-        party.checkpoint(ep, {**run.keep, **_net_state(net, opt), "count": {
-            "train_batches": count.train_batches, "eval_batches": count.eval_batches,
-            "used": np.array(sorted(count.used), dtype=np.int64)}})
+    def checkpoint(k: int, driver: dict) -> None:
+        party.checkpoint(k, {**run.keep, "driver": driver})
 
-    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl",
-                          on_epoch=on_epoch, epochs=epochs, trained=count.train_batches)
-    stats = serve_guest(bottom, link, count)
+    link = ClearGuestLink(party, h, SPLIT_KINDS, bottom.n_rows, c.batch_size, timeout=s.recv_timeout, name="stfl")
+    stats = serve_guest(bottom, link, run.saved["driver"] if run.start else None, checkpoint)
     party.save_model(*_guest_part(s, data, rows, common, model.cpu_copy(net)))
     return {**stats, "latent_dim": latent_width(x_common.shape[1], c.latent_frac),
             **({"guest_state": _state(net)} if s.return_weights else {})}
