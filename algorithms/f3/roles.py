@@ -79,6 +79,13 @@ def _pretrain_and_upload(party: PartyLike, s: Settings, data: dict, order: list[
     st = pretrain_owner(s, data, idx, len(order), party.device,
                         progress=lambda e, v: party.progress(e, s.local_epochs, val_loss=round(v, 4)))
     reps, yt = st.reps, data["splits"]["test"][2]
+    assert st.model is not None
+    raw_x, raw_len = data["raw_test"]
+    # its part: the frozen local model with its scaler, checked on its own first test rows (made before the
+    # upload, so that the checkpoint of step 1 follows the upload at once)
+    part = owner_part(st.model, mean=data["scaler"][0], std=data["scaler"][1], n_classes=data["n_classes"],
+                      feature_names=data["feature_names"], raw_x=raw_x, std_x=data["splits"]["test"][0],
+                      lengths=raw_len, dataset=s.dataset)
     t0 = time.perf_counter()
     if s.fusion == "shamir":
         holders = party.peers_with_role(HOLDER)
@@ -89,12 +96,6 @@ def _pretrain_and_upload(party: PartyLike, s: Settings, data: dict, order: list[
     if idx == 0:
         party.send(coord, Kind.LABELS, {"y": st.y})
     upload_s = time.perf_counter() - t0
-    assert st.model is not None
-    raw_x, raw_len = data["raw_test"]
-    # its part: the frozen local model with its scaler, checked on its own first test rows
-    part = owner_part(st.model, mean=data["scaler"][0], std=data["scaler"][1], n_classes=data["n_classes"],
-                      feature_names=data["feature_names"], raw_x=raw_x, std_x=data["splits"]["test"][0],
-                      lengths=raw_len, dataset=s.dataset)
     return {"index": idx, "width": st.info["width"], "local_epochs": st.info["epochs"],
             "local_val_loss": st.info["val_loss"], "local_test": scores(st.test_probabilities, yt, data["n_classes"]),
             "local_test_entropy": [float(v) for v in entropy(st.test_probabilities)],
