@@ -65,6 +65,7 @@ __all__ = [
     "SharedArray", "Reconstruction", "ShareInfo", "ShamirError", "ShareRangeError", "PUBLIC_FRAC_BITS",
     "holder_points", "share_array", "reconstruct_shares",
     "share_to_holders", "receive_shares", "send_to_coordinator", "reconstruct_at_coordinator",
+    "share_state", "share_from_state",
     "add", "sub", "neg", "sum_shares", "add_public", "scale", "matmul", "lmatmul", "batched_lmatmul", "stack",
     "concatenate", "lift", "declarations", "DECLARATIONS", "DEFAULT_PREFIX", "PROTOCOL_VERSION", "Kind",
 ]
@@ -123,6 +124,17 @@ def _parse(msg: dict, frm: str, kind: str, tag: str, fld: PrimeField) -> SharedA
     except ValueError as e:
         raise ShamirError(str(e)) from None
     return SharedArray(sh, msg["x"], msg["t"], msg["frac_bits"], msg["bound"], float(msg["err"]), fld)
+
+
+def share_state(a: SharedArray) -> dict:
+    """A holder's share as checkpoint state (the fields of its share message: an array and numbers).
+    Shares are secret: they go only into the holder's private checkpoints."""
+    return _meta(a, "")
+
+
+def share_from_state(state: dict, field: PrimeField = F61) -> SharedArray:
+    """The share :func:`share_state` gave, checked as a received one is."""
+    return _parse(state, "this party's checkpoint", "checkpoint", "", field)
 
 
 @dataclass

@@ -20,7 +20,9 @@ class Kind:
 
     REP = "f3/rep"              # trusted fusion: an owner's representations in the clear
     LABELS = "f3/labels"        # the label owner's labels of every sample
-    OP = "f3/op"                # one first-layer step on shares: forward, backward or stop
+    OP = "f3/op"                # one first-layer step on shares: forward, backward or stop; or an epoch's end
+    EPOCH = "f3/epoch"          # coordinator -> owner: a global epoch ended (checkpoint step, last or not)
+    EPOCH_DONE = "f3/epoch/done"  # owner -> coordinator: it has that step too
     SHARE_PREFIX = "f3"         # f3/share: an owner's Shamir shares of its representations
     PRE_PREFIX = "f3/pre"       # f3/pre/result: shares of U = Â H W_0
     GRAD_PREFIX = "f3/grad"     # f3/grad/result: shares of dC
@@ -37,29 +39,41 @@ def _op_schema(s: Settings) -> sch.Spec:
                     "C": sch.ListOf(f64_2d, max_len=100_000), "keep": sch.Bool()}),
         sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0), "E": per_sample,
                     "dU": sch.Optional(per_sample), "summed": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("epoch",)), "checkpoint": sch.Int(lo=2)}),
         sch.Fields({"op": sch.Str(choices=("stop",))}),
     ))
 
 
+def _epoch_declarations() -> list[MessageDecl]:
+    return [declare(Kind.EPOCH, COORDINATOR, OWNER, "a global epoch ended: its checkpoint step (1 + epochs done) "
+                    "and whether training stops there; no data", payload=sch.Fields({"checkpoint": sch.Int(lo=2),
+                                                                                     "last": sch.Bool()})),
+            declare(Kind.EPOCH_DONE, OWNER, COORDINATOR, "the owner has reached that checkpoint step too; no data",
+                    payload=sch.Fields({"checkpoint": sch.Int(lo=2)}))]
+
+
 def declarations(s: Settings) -> list[MessageDecl]:
-    """The kinds the settings allow: the labels, and either the clear representations (trusted fusion) or the
-    shares, the holders' result shares and the coordinator's step requests (Shamir fusion)."""
+    """The kinds the settings allow: the labels, the ends of the global epochs (so that every party checkpoints
+    at them), and either the clear representations (trusted fusion) or the shares, the holders' result shares
+    and the coordinator's step requests (Shamir fusion)."""
     total = sum(n_rows(s))
     width = s.local_hidden if s.owner_hidden is None else None
     labels = declare(Kind.LABELS, OWNER, COORDINATOR, "the label owner's labels of every sample (train, validation "
                      "and test: the latter two for model selection and scoring); int64 (n_rows,)",
                      payload=sch.Fields({"y": sch.Arr("<i8", (total,))}))
     if s.fusion == "trusted":
-        return [labels, declare(Kind.REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h^i of "
-                                "every sample IN THE CLEAR (the paper's base setting); float64 (n_rows, d_i)",
-                                payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}))]
+        return [labels, *_epoch_declarations(),
+                declare(Kind.REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h^i of "
+                        "every sample IN THE CLEAR (the paper's base setting); float64 (n_rows, d_i)",
+                        payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}))]
     share_decl, _ = ss.declarations(Kind.SHARE_PREFIX, OWNER, HOLDER, COORDINATOR,
                                     share_shape=(total, width))
     results = [ss.declarations(prefix, OWNER, HOLDER, COORDINATOR, result_shape=shape)[1]
                for prefix, shape in ((Kind.PRE_PREFIX, (None, None, s.hidden)), (Kind.GRAD_PREFIX, (None,)),
                                      (Kind.ADJ_PREFIX, (None, None)))]
-    return [labels, share_decl, *results,
+    return [labels, *_epoch_declarations(), share_decl, *results,
             declare(Kind.OP, COORDINATOR, HOLDER, "one step of the first layer on shares: forward (batch rows, "
                     "public Â float32, a graph per sample as its upper triangle, and C_i = P_iᵀW_0ᵀ) or backward (public "
-                    "E = Âᵀδ and, to t holders only, δ, both scaled by the batch size), or stop",
+                    "E = Âᵀδ and, to t holders only, δ, both scaled by the batch size), or stop; or the end of a "
+                    "global epoch (its checkpoint step, no data)",
                     payload=_op_schema(s))]

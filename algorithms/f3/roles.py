@@ -8,6 +8,12 @@ holder       the first layer and its gradients on its shares, one ``f3/op`` requ
              (:func:`~fedhet.algorithms.f3.core.holder_forward`, :func:`~fedhet.algorithms.f3.core.holder_backward`)
 coordinator  lines 5-10: eq. (8) trained and evaluated with the first layer asked of the holders
              (:class:`HolderLink` under :class:`~fedhet.algorithms.f3.core.SharedFirstLayer`)
+
+Checkpoint step 1: the owners' representations delivered; step 1 + e: e global epochs done (the coordinator tells
+the holders, ``f3/op`` "epoch", and the owners, ``f3/epoch``, which answer ``f3/epoch/done``, so every party
+checkpoints at every epoch).  An owner keeps its report and its trained part; a holder its shares (secret: its
+private checkpoint) and counters; the coordinator the labels (and, trusted, the representations), the global
+model, its optimizer, both generators, early stopping and history, and the holder link's counters.
 """
 from __future__ import annotations
 
@@ -48,30 +54,52 @@ def owner(party: PartyLike, s: Settings, data: dict) -> dict:
     _threads(s)
     order = owners_in_order(party)
     idx = order.index(party.name)
+    coord = party.peers_with_role(COORDINATOR)[0]
+    start, saved = party.restore()
+    if start == 0:
+        saved = {"report": _pretrain_and_upload(party, s, data, order, idx, coord), "last": False}
+        party.checkpoint(1, saved)
+    step = max(start, 1)
+    while not saved["last"]:   # the global epochs: checkpoint where the coordinator and the holders do
+        msg = party.recv(coord, Kind.EPOCH)
+        if msg["checkpoint"] != step + 1:
+            raise ValueError(f"f3 owner {party.name}: the coordinator ended checkpoint step {msg['checkpoint']}, "
+                             f"expected {step + 1}")
+        step = msg["checkpoint"]
+        party.send(coord, Kind.EPOCH_DONE, {"checkpoint": step})
+        saved = {**saved, "last": msg["last"]}
+        party.checkpoint(step, saved)
+    tensors, meta = saved["report"]["part"]
+    party.save_model(tensors, meta)
+    return {**{k: v for k, v in saved["report"].items() if k != "part"}, "bytes_sent": sum(party.bytes_sent.values())}
+
+
+def _pretrain_and_upload(party: PartyLike, s: Settings, data: dict, order: list[str], idx: int, coord: str) -> dict:
+    """An owner's Algorithm 1 lines 1-5: its local model, its representations sent; its report and its part."""
     st = pretrain_owner(s, data, idx, len(order), party.device,
                         progress=lambda e, v: party.progress(e, s.local_epochs, val_loss=round(v, 4)))
     reps, yt = st.reps, data["splits"]["test"][2]
+    assert st.model is not None
+    raw_x, raw_len = data["raw_test"]
+    # its part: the frozen local model with its scaler, checked on its own first test rows (made before the
+    # upload, so that the checkpoint of step 1 follows the upload at once)
+    part = owner_part(st.model, mean=data["scaler"][0], std=data["scaler"][1], n_classes=data["n_classes"],
+                      feature_names=data["feature_names"], raw_x=raw_x, std_x=data["splits"]["test"][0],
+                      lengths=raw_len, dataset=s.dataset)
     t0 = time.perf_counter()
     if s.fusion == "shamir":
         holders = party.peers_with_role(HOLDER)
         # |h| < 1 (an LSTM's hidden state): a public bound, so the holders learn nothing from max_abs
         ss.share_to_holders(party, reps, holders, s.t, Kind.SHARE_PREFIX, frac_bits=s.frac_bits, max_abs=1.0, tag="h")
     else:
-        party.send(party.peers_with_role(COORDINATOR)[0], Kind.REP, {"h": reps})
+        party.send(coord, Kind.REP, {"h": reps})
     if idx == 0:
-        party.send(party.peers_with_role(COORDINATOR)[0], Kind.LABELS, {"y": st.y})
+        party.send(coord, Kind.LABELS, {"y": st.y})
     upload_s = time.perf_counter() - t0
-    assert st.model is not None
-    raw_x, raw_len = data["raw_test"]
-    # its part: the frozen local model with its scaler, checked on its own first test rows
-    party.save_model(*owner_part(st.model, mean=data["scaler"][0], std=data["scaler"][1],
-                                 n_classes=data["n_classes"], feature_names=data["feature_names"],
-                                 raw_x=raw_x, std_x=data["splits"]["test"][0], lengths=raw_len, dataset=s.dataset))
     return {"index": idx, "width": st.info["width"], "local_epochs": st.info["epochs"],
             "local_val_loss": st.info["val_loss"], "local_test": scores(st.test_probabilities, yt, data["n_classes"]),
             "local_test_entropy": [float(v) for v in entropy(st.test_probabilities)],
-            "local_s": st.seconds, "upload_s": upload_s,
-            "bytes_sent": sum(party.bytes_sent.values())}
+            "local_s": st.seconds, "upload_s": upload_s, "part": list(part)}
 
 
 def holder(party: PartyLike, s: Settings, data: dict) -> dict:
@@ -82,20 +110,27 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
     _threads(s)
     order = owners_in_order(party)
     coord = party.peers_with_role(COORDINATOR)[0]
-    got = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
     total = sum(n_rows(s))
     widths = owner_widths(s, len(order))
-    for o, w in zip(order, widths):
-        if got[o].shape != (total, w):
-            raise ValueError(f"f3 holder {party.name}: {o!r} shared an array of shape {got[o].shape}, the settings "
-                             f"say ({total}, {w})")
-    shares = OwnerShares([got[o] for o in order])
+    start, saved = party.restore()
+    if start == 0:
+        got = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
+        for o, w in zip(order, widths):
+            if got[o].shape != (total, w):
+                raise ValueError(f"f3 holder {party.name}: {o!r} shared an array of shape {got[o].shape}, the "
+                                 f"settings say ({total}, {w})")
+        saved = {"shares": [ss.share_state(got[o]) for o in order], "steps": 0, "busy": 0.0}
+        party.checkpoint(1, saved)
+    shares = OwnerShares([ss.share_from_state(a) for a in saved["shares"]])
     n = len(order)
-    G, g_rows, g_step, steps, busy = None, None, None, 0, 0.0
+    G, g_rows, g_step, steps, busy = None, None, None, saved["steps"], saved["busy"]
     while True:
         msg = party.recv(coord, Kind.OP)
         if msg["op"] == "stop":
             break
+        if msg["op"] == "epoch":
+            party.checkpoint(msg["checkpoint"], {"shares": saved["shares"], "steps": steps, "busy": busy})
+            continue
         t0 = time.perf_counter()
         if msg["op"] == "forward":
             rows, A, C = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"]), msg["C"]
@@ -182,6 +217,16 @@ class HolderLink:
         self.wait_s += time.perf_counter() - t0
         return dC, dA
 
+    def epoch(self, step: int) -> None:
+        """A global epoch ended at checkpoint step ``step``: every holder checkpoints there too."""
+        self.party.broadcast(Kind.OP, {"op": "epoch", "checkpoint": step}, to=self.holders)
+
+    def state(self) -> dict:
+        return {"step": self.step, "max_err": self.max_err, "wait_s": self.wait_s}
+
+    def restore(self, state: dict) -> None:
+        self.step, self.max_err, self.wait_s = state["step"], state["max_err"], state["wait_s"]
+
     def stop(self):
         self.party.broadcast(Kind.OP, {"op": "stop"}, to=self.holders)
 
@@ -195,15 +240,19 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
         raise ValueError(f"f3: align 'none' stacks the representations as they are, so every d_i must equal "
                          f"d = {s.d}; got {widths}")
     tr, va, te = n_rows(s)
-    t0 = time.perf_counter()
-    y = np.asarray(party.recv(order[0], Kind.LABELS)["y"])
-    reps = None
-    if s.fusion == "trusted":
-        reps = [np.asarray(party.recv(o, Kind.REP)["h"]) for o in order]
-        for o, h, w in zip(order, reps, widths):
-            if h.shape[1] != w:   # rows, dtype and finite values: the schema's
-                raise ValueError(f"f3: {Kind.REP} from {o!r}: shape {h.shape}, expected ({tr + va + te}, {w})")
-    wait_upload_s = time.perf_counter() - t0
+    start, saved = party.restore()
+    if start == 0:
+        t0 = time.perf_counter()
+        y = np.asarray(party.recv(order[0], Kind.LABELS)["y"])
+        reps = None
+        if s.fusion == "trusted":
+            reps = [np.asarray(party.recv(o, Kind.REP)["h"]) for o in order]
+            for o, h, w in zip(order, reps, widths):
+                if h.shape[1] != w:   # rows, dtype and finite values: the schema's
+                    raise ValueError(f"f3: {Kind.REP} from {o!r}: shape {h.shape}, expected ({tr + va + te}, {w})")
+        saved = {"y": y, "reps": reps, "wait_upload_s": time.perf_counter() - t0, "training": {}, "link": None}
+        party.checkpoint(1, saved)
+    y, reps, wait_upload_s = saved["y"], saved["reps"], saved["wait_upload_s"]
     n_classes = int(y.max()) + 1 if s.dataset == "vowels" else 2
     n_classes = max(n_classes, 9 if s.dataset == "vowels" else 2)
     gcfg = GlobalConfig(d=s.d, hidden=s.hidden, align=s.align, graph=s.graph, tau=s.tau,
@@ -214,6 +263,8 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     first: FirstLayerFor
     if s.fusion == "shamir":
         link = HolderLink(party, s)
+        if saved["link"] is not None:
+            link.restore(saved["link"])
         first = SharedFirstLayer(model, link, widths)
     else:
         assert reps is not None
@@ -224,7 +275,18 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
         party.metric(val_loss=rec["val_loss"], val_f1=rec["val_f1"])
     pos = np.arange(tr + va + te)
     trp, vap, tep = pos[:tr], pos[tr:tr + va], pos[tr + va:]
-    history = train_global(model, first, y, trp, vap, gcfg, progress=progress)
+
+    def end_epoch(epoch: int, last: bool, training: dict) -> None:
+        step = 1 + epoch   # every party checkpoints here: the holders and the owners are told, the owners answer
+        if link is not None:
+            link.epoch(step)
+        party.broadcast(Kind.EPOCH, {"checkpoint": step, "last": last}, to=order)
+        for o, msg in party.gather(Kind.EPOCH_DONE, frm=order).items():
+            if msg["checkpoint"] != step:
+                raise ValueError(f"f3: {o!r} answered the end of checkpoint step {step} with {msg['checkpoint']}")
+        party.checkpoint(step, {**saved, "training": training, "link": None if link is None else link.state()})
+    history = train_global(model, first, y, trp, vap, gcfg, progress=progress, resume=saved["training"],
+                           end_epoch=end_epoch)
     t0 = time.perf_counter()
     p_test = predict(model, first, tep, s.batch)
     infer_s = time.perf_counter() - t0

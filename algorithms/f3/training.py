@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -187,11 +187,18 @@ def predict(model: GlobalGCN, first_layer_for: FirstLayerFor, positions: np.ndar
 
 def train_global(model: GlobalGCN, first_layer_for: FirstLayerFor, y: np.ndarray, train_pos: np.ndarray,
                  val_pos: np.ndarray, cfg: GlobalConfig,
-                 progress: Callable[[int, dict], None] | None = None) -> list[dict]:
+                 progress: Callable[[int, dict], None] | None = None,
+                 resume: Mapping[str, Any] | None = None,
+                 end_epoch: Callable[[int, bool, dict], None] | None = None) -> list[dict]:
     """Eq. (8) trained by Adam with NLL; ``y`` indexed by position; the best-validation state is kept.
 
     Batches come from a generator seeded with ``cfg.seed`` and the ICDF graphs from the model's own
     generator (seed + 1), so two runs whose first layers agree draw the same batches and graphs.
+
+    ``end_epoch(epoch, last, state)`` is called at the end of every epoch (``last``: training stops
+    there): ``state`` is everything the loop needs to go on as if never stopped (model, optimizer, both
+    generators, early stopping, history); given back as ``resume``, training goes on after that epoch
+    exactly as the uninterrupted loop would.
     """
     dev = next(model.parameters()).device
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long, device=dev)
@@ -199,7 +206,15 @@ def train_global(model: GlobalGCN, first_layer_for: FirstLayerFor, y: np.ndarray
     gen = torch.Generator().manual_seed(cfg.seed)
     stopper, history = EarlyStop(model, cfg.patience), []
     model.generator = torch.Generator(dev).manual_seed(cfg.seed + 1)
-    for ep in range(cfg.epochs):
+    stopped = False
+    if resume:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        gen.set_state(resume["batches"])
+        model.generator.set_state(resume["graphs"])
+        stopper.best, stopper.since, stopper.state = resume["best"], resume["since"], resume["best_state"]
+        history, stopped = list(resume["history"]), resume["stopped"]
+    for ep in range(len(history), 0 if stopped else cfg.epochs):
         t0 = time.perf_counter()
         model.train()
         total, count = 0.0, 0
@@ -220,7 +235,13 @@ def train_global(model: GlobalGCN, first_layer_for: FirstLayerFor, y: np.ndarray
         history.append(rec)
         if progress:
             progress(ep + 1, rec)
-        if stopper.step(val):
+        stopped = stopper.step(val)
+        if end_epoch:
+            end_epoch(ep + 1, stopped or ep + 1 == cfg.epochs,
+                      {"model": model.state_dict(), "optimizer": opt.state_dict(), "batches": gen.get_state(),
+                       "graphs": model.generator.get_state(), "best": stopper.best, "since": stopper.since,
+                       "best_state": stopper.state, "history": history, "stopped": stopped})
+        if stopped:
             break
     stopper.restore()
     return history

@@ -1,12 +1,29 @@
 """The PSI job's roles: the label owner and the feature parties run the chosen PSI protocol and check the
-common list they end with against the one the settings imply."""
+common list they end with against the one the settings imply.
+
+Checkpoint step 1: the PSI run (each role keeps what it ended with: the common IDs and their rows where
+revealed to it, and the run's statistics).  A PSI cut by a kill is run again after the resume with fresh
+secret exponents (drawn from the OS for every run; none is checkpointed)."""
 from __future__ import annotations
+
+from typing import Callable
 
 from fedhet.algorithms.psi_job.data import expected_common, ids_digest
 from fedhet.algorithms.psi_job.messages import FEATURE, LABEL_OWNER
 from fedhet.algorithms.psi_job.settings import Settings
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import psi
+
+
+def _once(party: PartyLike, run: Callable[[], psi.PSIResult]) -> psi.PSIResult:
+    """The PSI's result: run now, or, on a run resumed after it, the one checkpointed then (step 1)."""
+    start, saved = party.restore()
+    if start >= 1:
+        return psi.PSIResult(**saved["psi"])
+    res = run()
+    party.checkpoint(1, {"psi": {"role": res.role, "ids": res.ids, "rows": res.rows, "revealed": res.revealed,
+                                 "stats": res.stats}})
+    return res
 
 
 def _report(party: PartyLike, s: Settings, res: psi.PSIResult, data: dict, n_features: int) -> dict:
@@ -28,8 +45,9 @@ def _report(party: PartyLike, s: Settings, res: psi.PSIResult, data: dict, n_fea
 
 def label_owner(party: PartyLike, s: Settings, data: dict) -> dict:
     peers = party.peers_with_role(FEATURE)
-    res = psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=s.reveal, order=s.order,
-                              chunk=s.chunk, workers=s.workers, timeout=s.psi_timeout, backend=s.psi_backend)
+    res = _once(party, lambda: psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=s.reveal, order=s.order,
+                                                   chunk=s.chunk, workers=s.workers, timeout=s.psi_timeout,
+                                                   backend=s.psi_backend))
     return _report(party, s, res, data, len(peers))
 
 
@@ -37,8 +55,9 @@ def feature(party: PartyLike, s: Settings, data: dict) -> dict:
     owners = party.peers_with_role(LABEL_OWNER)
     if len(owners) != 1:
         raise ValueError(f"psi: needs exactly one label_owner party, found {owners}")
-    res = psi.psi_feature_party(party, data["ids"], owners[0], chunk=s.chunk, workers=s.workers,
-                                timeout=s.psi_timeout, backend=s.psi_backend)
+    res = _once(party, lambda: psi.psi_feature_party(party, data["ids"], owners[0], chunk=s.chunk,
+                                                     workers=s.workers, timeout=s.psi_timeout,
+                                                     backend=s.psi_backend))
     n_features = sum(1 for r in party.roles.values() if r == FEATURE)
     return _report(party, s, res, data, n_features)
 

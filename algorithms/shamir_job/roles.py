@@ -1,5 +1,10 @@
 """The Shamir job's roles: owners share X_i, holders compute Σ_i X_i P_i on their shares, the coordinator
-reconstructs it from any t holders and checks it against the plain computation."""
+reconstructs it from any t holders and checks it against the plain computation.
+
+Checkpoint step 1: the shares delivered (an owner keeps its report; a holder keeps its shares, secret, in its
+private checkpoint; the coordinator keeps nothing and writes it once it has reconstructed).  After a resume
+from it the holders compute and send their result shares again from the same shares, and the coordinator
+reconstructs again."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,15 +29,25 @@ def _owners(party: PartyLike) -> list[str]:
 
 
 def owner(party: PartyLike, s: Settings, data: dict) -> dict:
+    start, saved = party.restore()
+    if start >= 1:
+        return saved["report"]
     info = ss.share_to_holders(party, data["X"], _holders(party), s.t, Kind.PREFIX, frac_bits=s.frac_bits,
                                max_abs=s.max_abs)
     party.metric(shared_elements=int(data["X"].size))
-    return {"shape": list(info.shape), "points": info.points, "bound": info.bound}
+    out = {"shape": list(info.shape), "points": info.points, "bound": info.bound}
+    party.checkpoint(1, {"report": out})
+    return out
 
 
 def holder(party: PartyLike, s: Settings, data: dict) -> dict:
     owners = _owners(party)
-    shares = ss.receive_shares(party, owners, Kind.PREFIX, t=s.t)
+    start, saved = party.restore()
+    if start >= 1:
+        shares = {o: ss.share_from_state(saved["shares"][o]) for o in owners}
+    else:
+        shares = ss.receive_shares(party, owners, Kind.PREFIX, t=s.t)
+        party.checkpoint(1, {"shares": {o: ss.share_state(a) for o, a in shares.items()}})
     y = ss.sum_shares([ss.matmul(shares[o], public_matrix(s, i), frac_bits=s.public_frac_bits)
                        for i, o in enumerate(owners)])
     coordinator = party.peer_with_role(COORDINATOR)
@@ -44,7 +59,9 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
 
 def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     holders = _holders(party)
+    party.restore()   # step 1 holds nothing of its own: it reconstructs from the holders' result shares either way
     rec = ss.reconstruct_at_coordinator(party, holders, s.t, Kind.PREFIX, timeout=s.wait)
+    party.checkpoint(1, {})
     plain = plain_result(s, len(_owners(party)))
     max_err = float(np.max(np.abs(rec.value - plain))) if plain.size else 0.0
     # the bound is on exact arithmetic; allow float64 rounding of the plain computation
