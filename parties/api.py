@@ -645,7 +645,7 @@ class Party:
         """
         if self.declarations is None:
             return list(self.peers)
-        decls = [d for k, d in self.declarations.items() if k not in (BYE_KIND, ABORT_KIND)]
+        decls = [d for k, d in self.declarations.items() if k not in decl.BUILTIN_KINDS]
 
         def linked(role: str) -> bool:
             return any((decl.role_ok(self.role, d.sender) and decl.role_ok(role, d.receiver))

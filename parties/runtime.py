@@ -164,6 +164,7 @@ def keep_earlier_transcript(pdir: Path) -> Path | None:
     ``transcript.K.jsonl`` (K = 1, 2, ...) before the new one is opened."""
     t = pdir / "transcript.jsonl"
     if not t.exists() or t.stat().st_size == 0:
+        t.unlink(missing_ok=True)
         return None
     k = 1
     while (pdir / f"transcript.{k}.jsonl").exists():
@@ -288,11 +289,17 @@ class PartyRun:
         # a resumed party's transcript goes on from the earlier one's records (those the chain holds)
         self.earlier: list[dict] | None = None
         if resume:
-            if earlier is None:
-                raise NothingToResume(f"party {name!r}: nothing to resume in {self.pdir} (no transcript of an "
-                                   "earlier start): run it without --resume")
-            self.earlier = chain_prefix(earlier, name)
-            self.earlier_file = earlier.name
+            if earlier is None:   # killed before its transcript's first record: the newest kept one, if any
+                kept = sorted((f for f in self.pdir.glob("transcript.*.jsonl") if f.name.split(".")[1].isdigit()),
+                              key=lambda f: int(f.name.split(".")[1]))
+                earlier = kept[-1] if kept else None
+            if earlier is None and not (self.pdir / "stdout.log").exists() and not (self.pdir / "log.txt").exists():
+                raise NothingToResume(f"party {name!r}: nothing to resume in {self.pdir} (it never started "
+                                      "there): run it without --resume")
+            # a party killed before its first record holds no checkpoint: it resumes from none (the others
+            # then agree on step 0, and the run starts over, its transcript going on)
+            self.earlier = chain_prefix(earlier, name) if earlier is not None else []
+            self.earlier_file = earlier.name if earlier is not None else None
         self.checkpoints = Checkpoints(private_dir(self.pdir) / "checkpoints", background=True)
         self.log = _logger(name, self.pdir / "log.txt", echo, log_level)
         # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
