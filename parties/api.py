@@ -781,9 +781,9 @@ class Party:
             reason = env.payload.get("reason", "") if isinstance(env.payload, dict) else ""
             self._mailbox.abort(f"party {env.frm!r} announced its own failure: {str(reason)[:2000]}", env.frm)
             return True
-        refused = self._mailbox.put(env)
-        if refused is not None:
-            category, why = refused
+        queued = self._mailbox.put(env)
+        if queued is not None:
+            category, why = queued
             self._reject(why, env.frm, category)
             if category == "flood":
                 self._mailbox.poison(env.frm, env.kind, MessageRejected(self.name, env.frm, env.kind, why))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from safetensors.numpy import load as _load_arrays, save as _save_arrays   # at import: not in a round's time
 
 from .atomic import write_atomic
 
@@ -107,21 +108,17 @@ def _unpack(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 
 def encode(state: Mapping[str, Any], header: Mapping[str, Any]) -> bytes:
     """A checkpoint file's bytes: ``state`` (the role's and the party's) with ``header``."""
-    from safetensors.numpy import save
-
     arrays: dict[str, np.ndarray] = {}
     body = _pack(dict(state), arrays, "")
     meta = {"format": FORMAT, "header": json.dumps(dict(header), sort_keys=True),
             "state": json.dumps(body, separators=(",", ":"))}
-    return save(arrays, metadata=meta)
+    return _save_arrays(arrays, metadata=meta)
 
 
 def decode(raw: bytes, path: str | os.PathLike = "<bytes>") -> tuple[dict, dict]:
     """(state, header) of a checkpoint file's bytes; :class:`CheckpointError` naming ``path``."""
-    from safetensors.numpy import load
-
     try:
-        arrays = load(raw)
+        arrays = _load_arrays(raw)
         n = int.from_bytes(raw[:8], "little")
         meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
         if meta.get("format") != FORMAT:

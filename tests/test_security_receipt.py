@@ -156,7 +156,7 @@ def test_audit_checks_receive_records_against_the_declarations(fedavg_run, tmp_p
     shutil.copytree(fedavg_run, bad)
 
     def raw_features(r):
-        if r["dir"] == "recv" and r["kind"] == "agg/plain":
+        if r.get("dir") == "recv" and r["kind"] == "agg/plain":
             r["arrays"] = [["<f8", [142, 30]]]  # a client's raw feature table
         return r
 
@@ -171,7 +171,7 @@ def test_audit_declarations_are_exact_in_size(fedavg_run, tmp_path):
     shutil.copytree(fedavg_run, bad)
 
     def huge_model(r):
-        if r["dir"] == "send" and r["kind"] == "fedavg/model":
+        if r.get("dir") == "send" and r["kind"] == "fedavg/model":
             r["arrays"] = [["<f8", [1_000_000]]]
         return r
 

@@ -273,6 +273,7 @@ def test_hierarchical_killed_at_a_batch_resumes_bit_identically(victim, at, tmp_
         assert all(np.array_equal(parts[p].tensors[k], v) for k, v in part.tensors.items()), p
 
 
+@pytest.mark.slow   # the generic test kills STFL's smoke run as processes; this is the hierarchical variant
 def test_hierarchical_killed_as_processes_resumes_and_passes_the_audit(tmp_path):
     fed = load(presets.path("stfl"))
     cfg = {**fed.algorithm_cfg(), **HIER3}
