@@ -50,8 +50,9 @@ def private_dir(party_dir: str | os.PathLike) -> Path:
 
 
 # ------------------------------------------------------------ state <-> file
-def _pack(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
-    """``obj`` as JSON, its arrays moved to ``arrays`` (named by position)."""
+def _pack(obj: Any, arrays: dict[str, np.ndarray], where: str, copy: bool = False) -> Any:
+    """``obj`` as JSON, its arrays moved to ``arrays`` (named by position; ``copy``: copies, which
+    the caller may change at once, as a role's optimizer changes its tensors in place)."""
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -61,9 +62,9 @@ def _pack(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if isinstance(obj, bytes):
         return {"bytes": obj.hex()}
     if isinstance(obj, Mapping):
-        return {"map": [[_pack(k, arrays, where), _pack(v, arrays, f"{where}.{k}")] for k, v in obj.items()]}
+        return {"map": [[_pack(k, arrays, where), _pack(v, arrays, f"{where}.{k}", copy)] for k, v in obj.items()]}
     if isinstance(obj, (list, tuple)):
-        return {"tuple" if isinstance(obj, tuple) else "list": [_pack(v, arrays, f"{where}[{i}]")
+        return {"tuple" if isinstance(obj, tuple) else "list": [_pack(v, arrays, f"{where}[{i}]", copy)
                                                                 for i, v in enumerate(obj)]}
     if isinstance(obj, np.generic):
         obj, kind = np.asarray(obj), "scalar"
@@ -77,7 +78,7 @@ def _pack(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if obj.dtype == object:
         raise CheckpointError(f"checkpoint state at {where}: an object array cannot be checkpointed")
     name = str(len(arrays))
-    arrays[name] = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)   # (0-d stays 0-d)
+    arrays[name] = np.array(obj, order="C") if copy or not obj.flags.c_contiguous else obj   # (0-d stays 0-d)
     return {kind: name}
 
 
@@ -106,12 +107,18 @@ def _unpack(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     return a.copy()
 
 
+def snapshot(state: Mapping[str, Any], header: Mapping[str, Any], copy: bool = False
+             ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """``state`` taken apart for a file: its arrays (copies with ``copy``) and the JSON of the rest."""
+    arrays: dict[str, np.ndarray] = {}
+    body = _pack(dict(state), arrays, "", copy)
+    return arrays, {"format": FORMAT, "header": json.dumps(dict(header), sort_keys=True),
+                    "state": json.dumps(body, separators=(",", ":"))}
+
+
 def encode(state: Mapping[str, Any], header: Mapping[str, Any]) -> bytes:
     """A checkpoint file's bytes: ``state`` (the role's and the party's) with ``header``."""
-    arrays: dict[str, np.ndarray] = {}
-    body = _pack(dict(state), arrays, "")
-    meta = {"format": FORMAT, "header": json.dumps(dict(header), sort_keys=True),
-            "state": json.dumps(body, separators=(",", ":"))}
+    arrays, meta = snapshot(state, header)
     return _save_arrays(arrays, metadata=meta)
 
 
@@ -160,20 +167,21 @@ class Checkpoints:
 
     def submit(self, step: int, state: Mapping[str, Any], header: Mapping[str, Any],
                done: Callable[[str, int, float], None]) -> None:
-        """Encode step ``step`` now; write it (now, or on the writer thread with ``background``) and
-        then call ``done(sha256, bytes, seconds the write took)``.  A write that failed on the writer
-        thread is raised here, at the next submit (or at :meth:`flush`)."""
-        raw = encode(state, dict(header, step=int(step)))
+        """Take step ``step``'s state now (with ``background``, a copy of its arrays: the rest, the
+        file's encoding, its write and fsync, happen on the writer thread) and write it; then call
+        ``done(sha256, bytes, seconds the write took)``.  A write that failed on the writer thread
+        is raised here, at the next submit (or at :meth:`flush`)."""
         if self._pending is None:
             t0 = time.perf_counter()
-            digest, n = self._store(step, raw)
+            digest, n = self._store(step, encode(state, dict(header, step=int(step))))
             done(digest, n, time.perf_counter() - t0)
             return
+        taken = snapshot(state, dict(header, step=int(step)), copy=True)
         self._raise_failure()
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name=f"checkpoints-{self.folder}", daemon=True)
             self._writer.start()
-        self._pending.put((step, raw, done))
+        self._pending.put((step, taken, done))
 
     def flush(self) -> None:
         """Wait until every submitted checkpoint is written (and its ``done`` called)."""
@@ -189,10 +197,10 @@ class Checkpoints:
     def _write_loop(self) -> None:
         assert self._pending is not None
         while True:
-            step, raw, done = self._pending.get()
+            step, (arrays, meta), done = self._pending.get()
             try:
                 t0 = time.perf_counter()
-                digest, n = self._store(step, raw)
+                digest, n = self._store(step, _save_arrays(arrays, metadata=meta))
                 done(digest, n, time.perf_counter() - t0)
             except BaseException as e:   # noqa: BLE001 - handed to the role's thread
                 self._failed = e
