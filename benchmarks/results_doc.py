@@ -390,7 +390,7 @@ SECTIONS = (
     Section("Many parties in host processes", "python -m benchmarks.hosts_scale", ("hosts_scale",),
             f"{SYNTHETIC}: the shamir job's seeded random matrices", hosts_scale),
     Section("Checkpoint overhead", "python -m benchmarks.checkpoint_overhead", ("checkpoint_overhead",),
-            "each preset's own: packaged (scikit-learn's sets) or synthetic, as the table says", checkpoint_overhead,
+            f"{REAL} (scikit-learn's packaged sets) and {SYNTHETIC}, as each row says", checkpoint_overhead,
             "Each party checkpoints every step; the overhead is what the most burdened party's role waited for "
             "(encoding the state; the write and its fsync run on a writer thread) as a share of its role's time. "
             "The bound is 5 % of a round."),

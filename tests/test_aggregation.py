@@ -1,6 +1,8 @@
 """The aggregator interface (protocols/aggregation.py): plain and secure behind one call, and FedAvg on both."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import types
 
 import numpy as np
@@ -146,7 +148,7 @@ def test_fedavg_in_memory_plain_and_secure_agree():
 
 
 def test_fedavg_as_processes_plain_and_secure_reach_the_same_accuracy_and_secure_passes_the_audit(tmp_path):
-    fed = federation.load(presets.path("demo"))
+    fed = replace(federation.load(presets.path("demo")), hosts=1)   # one host process: one torch import
     runs = {}
     for method in ("plain", "secure"):
         summary = launch(fed, run_dir=tmp_path / method, progress=False, overrides={"aggregation": method})

@@ -146,6 +146,9 @@ def _resign(run_dir: Path, name: str, mutate) -> None:
     t = Transcript(path, name, config["run_id"], keyfiles.load_signing_key(key_dir, name))
     for r in recs:
         r = mutate(dict(r))
+        if r.get("type", "msg") != "msg":   # a checkpoint record: kept as it was
+            t.mark(r["type"], **{k: v for k, v in r.items() if k not in ("type", "i", "t", "party", "prev")})
+            continue
         t.record(r["dir"], r["peer"], r["kind"], r["round"], r["seq"], r["bytes"], r["sha256"],
                  [(dt, tuple(sh)) for dt, sh in r["arrays"]], paths=r.get("paths"))
     t.close()
