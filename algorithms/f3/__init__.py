@@ -1,7 +1,7 @@
 """F³ as a federation (f3.txt, Algorithm 1): n owners, m share holders, one coordinator.
 
 Roles: ``owner`` (n; the first in federation order is the label owner), ``holder`` (m, fusion =
-"shamir" only) and ``coordinator`` (:mod:`.roles`).  Modules: :mod:`.settings` (the one parser),
+"shamir_linear" or "mpc") and ``coordinator`` (:mod:`.roles`).  Modules: :mod:`.settings` (the one parser),
 :mod:`.data` (with :mod:`.vowels`, :mod:`.traffic`), :mod:`.models` (eqs. 3, 8, 9), :mod:`.training` (the
 loops), :mod:`.core` (the first layer on shares), :mod:`.messages` (kinds and schemas), :mod:`.roles`,
 :mod:`.baselines` (Tables 2 and 3, plaintext), :mod:`.model` (the trained parts as they leave the run: an owner's

@@ -157,6 +157,24 @@ class InProcessHolders:
         pass
 
 
+def first_layer_grads(layer, dC: np.ndarray, W, Ps, summed: bool) -> tuple:
+    """(dW_0, [dP_i]) from dC (every owner's Σ_b h_bᵀ E_b[i], flattened and concatenated, or their sum):
+    with C_i = P_iᵀ Wᵀ (W = W_0.weight, hidden x d),  dP_i = Wᵀ dC_iᵀ  and  dW = (Σ_i P_i dC_i)ᵀ."""
+    hidden = W.shape[0]
+    dev, dt = W.device, W.dtype
+    if summed:
+        dCs = [torch.as_tensor(dC, dtype=dt, device=dev).reshape(-1, hidden)]
+    else:
+        cuts = np.cumsum([0] + [w * hidden for w in layer.widths])
+        dCs = [torch.as_tensor(dC[a:b], dtype=dt, device=dev).reshape(-1, hidden)
+               for a, b in zip(cuts[:-1], cuts[1:])]
+    if layer.align == "none":
+        return dCs[0].T, []
+    if layer.align == "tied":
+        return (Ps[0] @ dCs[0]).T, [W.T @ dCs[0].T]
+    return sum(P @ c for P, c in zip(Ps, dCs)).T, [W.T @ c.T for c in dCs]
+
+
 class _OnShares(torch.autograd.Function):
     """U = Â H W_0 from the holders; its backward asks them for dC (-> dW_0, dP_i) and dÂ (module docstring)."""
 
@@ -183,22 +201,7 @@ class _OnShares(torch.autograd.Function):
         scale = float(B)        # δ of a batch-mean loss is O(1/B): scaled so its fixed point keeps precision
         dC, dA = layer.link.backward((E * scale).double().cpu().numpy(),
                                      (dU * scale).double().cpu().numpy() if need_A else None, summed)
-        hidden = W.shape[0]
-        dev, dt = W.device, W.dtype
-        if summed:
-            dCs = [torch.as_tensor(dC / scale, dtype=dt, device=dev).reshape(-1, hidden)]
-        else:
-            cuts = np.cumsum([0] + [w * hidden for w in layer.widths])
-            dCs = [torch.as_tensor(dC[a:b] / scale, dtype=dt, device=dev).reshape(-1, hidden)
-                   for a, b in zip(cuts[:-1], cuts[1:])]
-        # C_i = P_iᵀ Wᵀ (W = W_0.weight, hidden x d):  dP_i = Wᵀ dC_iᵀ,  dW = (Σ_i P_i dC_i)ᵀ
-        if layer.align == "none":
-            dW, dPs = dCs[0].T, []
-        elif layer.align == "tied":
-            dW, dPs = (Ps[0] @ dCs[0]).T, [W.T @ dCs[0].T]
-        else:
-            dW = sum(P @ c for P, c in zip(Ps, dCs)).T
-            dPs = [W.T @ c.T for c in dCs]
+        dW, dPs = first_layer_grads(layer, dC / scale, W, Ps, summed)
         gA = None
         if need_A:
             gA = torch.as_tensor(dA / scale, dtype=A.dtype, device=A.device)

@@ -144,15 +144,21 @@ class GlobalGCN(nn.Module):
         """Eq. (8) given the first layer's pre-activations: ``first_layer(A)`` -> Â H W_0, (batch, n, hidden).
 
         Split out so that Â H W_0, the only part linear in the owners' representations, can be computed
-        elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3.core`) while the rest runs here.
+        elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3.core`) while the rest runs here.  A
+        ``first_layer`` with ``pooled = True`` returns (1/n) 1ᵀ Â ReLU(Â H W_0) itself, (batch, hidden)
+        (:mod:`fedhet.algorithms.f3.mpc`: ReLU and pooling on shares too).
         """
         reps = self.test_samples if (self.graph in ("icdf", "gumbel") and not self.training) else 1
         out: torch.Tensor | int = 0
         for _ in range(reps):
             A = self.adj(batch)
-            Z = torch.relu(first_layer(A))
-            # (1/n) 1ᵀ Â Z as one row vector times Z: the same sum without the (n, n) x (n, hidden) product
-            out = out + torch.softmax(self.W1((A.mean(-2, keepdim=True) @ Z).squeeze(-2)), -1)
+            if getattr(first_layer, "pooled", False):   # computed elsewhere up to the pooling (F³'s mpc fusion)
+                pooled = first_layer(A)
+            else:
+                Z = torch.relu(first_layer(A))
+                # (1/n) 1ᵀ Â Z as one row vector times Z: the same sum without the (n, n) x (n, hidden) product
+                pooled = (A.mean(-2, keepdim=True) @ Z).squeeze(-2)
+            out = out + torch.softmax(self.W1(pooled), -1)
         return out / reps          # class probabilities
 
     def forward(self, hs):

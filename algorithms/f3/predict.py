@@ -2,14 +2,14 @@
 
 Vertical (:class:`fedhet.algorithms.predict.Vertical`): the owners align their new series by PSI (the first
 owner, the label owner, as label owner).  Each owner runs its part (its frozen LSTM behind its scaler) on its
-common rows and hands its representations h on as training does: with ``fusion = "shamir"`` as t-of-m Shamir
+common rows and hands its representations h on as training does: with ``fusion = "shamir_linear"`` (or "mpc") as t-of-m Shamir
 shares to the holders (``f3p/share``), who compute the first layer ``Â_k H W_0`` for each of the coordinator's
 part's graphs on request (``f3/op``, ``f3/pre/result``: the kinds of training); with ``"trusted"`` in the
 clear to the coordinator (``f3/predict_rep``).  The first owner tells the coordinator how many rows there are
 (``f3/predict_rows``); the coordinator finishes eq. (8) with its part (:meth:`FusionScorer.fused`) and sends
 the class probabilities to the first owner only (``f3/predictions``), which writes them.
 
-Numbers: "trusted" gives exactly the coordinator part's output on the owners' h.  "shamir" reconstructs the
+Numbers: "trusted" gives exactly the coordinator part's output on the owners' h.  "shamir_linear" reconstructs the
 first layer from fixed-point shares (``frac_bits`` / ``public_frac_bits``), so its probabilities differ from
 the part's on h in the clear by the fixed-point error (the run's ``max_fixed_point_err`` bounds the first
 layer; the tests check the probabilities to 1e-4).
@@ -47,7 +47,7 @@ def _h(data: PartData, rows: Rows) -> np.ndarray:
 
 
 def _upload(party: PartyLike, s: Settings, h: np.ndarray) -> None:
-    if s.fusion == "shamir":   # |h| < 1 (an LSTM's hidden state): a public bound, as in training
+    if s.fusion != "trusted":   # |h| < 1 (an LSTM's hidden state): a public bound, as in training
         ss.share_to_holders(party, h, party.peers_with_role(HOLDER), s.t, SHARE_PREFIX, frac_bits=s.frac_bits,
                             max_abs=1.0, tag="h")
     else:
@@ -105,7 +105,7 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
 
 def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
     """The first layer on this holder's shares of the owners' new h, one forward request at a time."""
-    if s.fusion != "shamir":
+    if s.fusion == "trusted":
         return {"role": HOLDER, "steps": 0}
     order = owners_in_order(party)
     coord = party.peer_with_role(COORDINATOR)

@@ -1,5 +1,5 @@
 """F³'s roles (f3.txt, Algorithm 1): ``owner`` (n; the first in federation order is the label owner),
-``holder`` (m, fusion = "shamir" only) and ``coordinator``.
+``holder`` (m, fusion "shamir_linear" or "mpc") and ``coordinator``.
 
 owner        lines 1-4: :func:`~fedhet.algorithms.f3.training.pretrain_owner` on its own series, then its
              representations to the holders as t-of-m Shamir shares (``f3/share``) or, with fusion
@@ -87,7 +87,7 @@ def _pretrain_and_upload(party: PartyLike, s: Settings, data: dict, order: list[
                       feature_names=data["feature_names"], raw_x=raw_x, std_x=data["splits"]["test"][0],
                       lengths=raw_len, dataset=s.dataset)
     t0 = time.perf_counter()
-    if s.fusion == "shamir":
+    if s.fusion != "trusted":
         holders = party.peers_with_role(HOLDER)
         # |h| < 1 (an LSTM's hidden state): a public bound, so the holders learn nothing from max_abs
         ss.share_to_holders(party, reps, holders, s.t, Kind.SHARE_PREFIX, frac_bits=s.frac_bits, max_abs=1.0, tag="h")
@@ -106,7 +106,7 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
     if s.fusion == "trusted":   # nothing would ever reach it: say so now, not after the receive timeout
         raise SettingsError(f"f3: party {party.name!r} is a holder, but fusion = 'trusted' has no holders "
                             f"(the owners send their representations to the coordinator); remove the holders "
-                            f"or set fusion = 'shamir'")
+                            f"or set fusion = 'shamir_linear' or 'mpc'")
     _threads(s)
     order = owners_in_order(party)
     coord = party.peers_with_role(COORDINATOR)[0]
@@ -261,7 +261,7 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     model = build_global(n, widths, n_classes, gcfg, given=data.get("adj"))
     link = None
     first: FirstLayerFor
-    if s.fusion == "shamir":
+    if s.fusion != "trusted":
         link = HolderLink(party, s)
         if saved["link"] is not None:
             link.restore(saved["link"])

@@ -29,9 +29,12 @@ class Settings:
     split_seed: int = setting(123, "seed of the train/validation split (traffic: the reference 70/10/20)", lo=0)
     val_fraction: float = setting(0.2, "vowels: part of the TRAIN file held out for validation", lo=0, hi=1,
                                   lo_open=True)
-    fusion: Literal["shamir", "trusted"] = setting(
-        "shamir", "shamir: representations Shamir-shared to the holders; trusted: sent in the clear to the "
-                  "coordinator (the paper's base setting)")
+    fusion: Literal["mpc", "shamir_linear", "trusted", "shamir"] = setting(
+        "shamir_linear", "mpc: representations secret-shared (2-of-3 replicated) to three holders, which compute the "
+                         "first layer, ReLU and pooling on shares; the coordinator receives only pooled vectors and "
+                         "batch-summed gradients; shamir_linear: Shamir-shared to the holders, which compute the "
+                         "linear first layer only: the coordinator reconstructs it and RECOVERS the representations; "
+                         "trusted: sent in the clear to the coordinator (the paper's base setting)")
     t: int = setting(2, "Shamir threshold: any t holders reconstruct, t - 1 learn nothing", lo=1)
     ask: Literal["t", "all"] = setting(
         "t", "holders asked for each training and inference step: 't' (t of the m, rotating from step to step, "
@@ -63,6 +66,13 @@ class Settings:
                                     "parties share a process; 0: leave torch's default)", lo=0)
 
     def validate(self) -> None:
+        if self.fusion == "shamir":
+            raise ValueError("f3: fusion 'shamir' is now called 'shamir_linear' (the holders compute the linear "
+                             "first layer and the coordinator reconstructs it, which reveals the representations to "
+                             "the coordinator); 'mpc' also computes ReLU and pooling on shares and hides them")
+        if self.fusion == "mpc" and self.t != 2:
+            raise ValueError(f"f3: fusion 'mpc' is 2-of-3 replicated sharing among exactly three holders: t must "
+                             f"be 2, got {self.t}")
         if (self.speeds_file is None) != (self.labels_file is None):
             raise ValueError("f3: speeds_file and labels_file go together (real speeds need the user's labels)")
         if self.speeds_file is not None and self.dataset not in ("metr_la", "pems_bay"):

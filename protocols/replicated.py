@@ -1,0 +1,360 @@
+"""Three-party replicated secret sharing over Z_2^64: the arithmetic of one holder, no parties.
+
+Sharing (2-of-3, honest majority; the CNF form of a 2-of-3 threshold sharing, as in ABY3 / Araki et al.)
+  arithmetic  x = x_0 + x_1 + x_2 (mod 2^64); holder i holds the pair (x_i, x_{i+1})   (indices mod 3)
+  binary      x = x_0 ^ x_1 ^ x_2 (64-bit words); the same pairs
+One holder's pair misses one component, which is uniform: one holder learns nothing; any two hold all three.
+
+Randomness without messages.  Holder i shares one 256-bit key with its successor (k_i) and one with its
+predecessor (k_{i-1}); the zero sharing α_i = F(k_i) - F(k_{i-1}) (binary: F(k_i) ^ F(k_{i-1})) sums to 0 over the
+three holders, is uniform to any one of them, and keeps the holders in lockstep: every holder draws the same
+sizes in the same order (:class:`Holder`).
+
+Rounds.  Every interactive step is one :meth:`Holder.exchange`: holder i sends one array to holder i - 1 and
+receives one from holder i + 1.
+
+  operation                              rounds   words each holder sends        exact?
+  public linear map, add, add_public     0        0                              exactly, mod 2^64
+  mul / bilinear (then reshare)          1        one per output element         exactly, mod 2^64
+  a2b (carry-save + Kogge-Stone adder)   8        13 per element                 exactly
+  msb (the sign bit of a two's-complement value)  = a2b's bit 63
+  b2a of a shared bit                    2        2 per bit                      exactly
+  ltz (x < 0 as an arithmetic 0/1)       10       15 per element                 exactly for |x| < 2^63
+  trunc (x >> d, floor)                  10       13 + 2 (64 - d) per element    exactly for |x| < 2^63
+  relu (x, [x >= 0])                     11       16 per element                 exactly
+
+Fixed point is the caller's: a value with f fractional bits is round(v 2^f) as a two's-complement word; a public
+operand with g bits multiplies it into f + g bits.  Nothing here truncates unless asked (:func:`trunc`), so the
+caller keeps every intermediate below 2^63 in magnitude (:func:`encode` refuses a public operand that does not
+fit).  What is opened: :func:`open_pairs` sums the three components of a reshared value; each component is
+uniform given the sum (the reshare's zero sharing), so an opening shows the value and nothing else.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from fedhet.crypto.prg import PRG, SEED_BYTES
+
+__all__ = ["Rss", "Brss", "Holder", "encode", "decode", "share", "expand", "lin", "add", "sub", "add_public",
+           "mul", "bilinear", "cross", "a2b", "msb", "b2a", "ltz", "relu", "trunc", "open_pairs", "OpenError",
+           "in_process", "in_process_holders", "KEY_BYTES", "ROUNDS"]
+
+KEY_BYTES = SEED_BYTES
+_U = np.uint64
+ROUNDS = {"mul": 1, "a2b": 8, "b2a": 2, "ltz": 10, "trunc": 10, "relu": 11}
+
+
+@dataclass
+class Rss:
+    """One holder's pair of an arithmetic sharing: (x_i, x_{i+1}), uint64 arrays of one shape."""
+    a: np.ndarray
+    b: np.ndarray
+
+    @property
+    def shape(self) -> tuple:
+        return self.a.shape
+
+    def __getitem__(self, idx) -> "Rss":
+        return Rss(self.a[idx], self.b[idx])
+
+
+@dataclass
+class Brss:
+    """One holder's pair of a binary (XOR) sharing of 64-bit words."""
+    a: np.ndarray
+    b: np.ndarray
+
+    def __xor__(self, o: "Brss") -> "Brss":
+        return Brss(self.a ^ o.a, self.b ^ o.b)
+
+    def __lshift__(self, k: int) -> "Brss":
+        return Brss(self.a << _U(k), self.b << _U(k))
+
+    def __rshift__(self, k: int) -> "Brss":
+        return Brss(self.a >> _U(k), self.b >> _U(k))
+
+
+class Holder:
+    """Holder ``index`` (0, 1 or 2) of a three-party computation: its two pairwise keys and its ``exchange``
+    (send one array to the predecessor, return the successor's array of the same shape)."""
+
+    def __init__(self, index: int, key_next: bytes, key_prev: bytes, exchange: Callable[[np.ndarray], np.ndarray]):
+        if index not in (0, 1, 2):
+            raise ValueError(f"holder index must be 0, 1 or 2, got {index!r}")
+        self.i = index
+        self._nxt, self._prv = PRG(bytes(key_next), 1), PRG(bytes(key_prev), 1)
+        self._exchange = exchange
+        self.rounds = 0
+        self.words_sent = 0
+
+    def exchange(self, words: np.ndarray) -> np.ndarray:
+        words = np.ascontiguousarray(words, dtype=_U)
+        got = self._exchange(words)
+        if got.shape != words.shape or got.dtype != _U:
+            raise ValueError(f"holder {self.i}: the successor's reply has shape {got.shape} {got.dtype}, "
+                             f"expected {words.shape} uint64")
+        self.rounds += 1
+        self.words_sent += words.size
+        return got
+
+    def zero(self, shape) -> np.ndarray:
+        """This holder's term of a fresh arithmetic sharing of zero."""
+        return self._nxt.uint64(shape) - self._prv.uint64(shape)
+
+    def zero_xor(self, shape) -> np.ndarray:
+        return self._nxt.uint64(shape) ^ self._prv.uint64(shape)
+
+    def reshare(self, t: np.ndarray) -> Rss:
+        """A 3-out-of-3 sum term (one per holder, e.g. a product's) -> a fresh 2-of-3 pair: one round."""
+        mine = t + self.zero(t.shape)
+        return Rss(mine, self.exchange(mine))
+
+    def reshare_xor(self, t: np.ndarray) -> Brss:
+        mine = t ^ self.zero_xor(t.shape)
+        return Brss(mine, self.exchange(mine))
+
+
+# ----------------------------------------------------------------- fixed point and sharing
+def encode(x, bits: int, what: str = "value") -> np.ndarray:
+    """round(x 2^bits) as int64; refuses values whose encoding reaches 2^62 (no room left for sums)."""
+    v = np.rint(np.ldexp(np.asarray(x, dtype=np.float64), bits))
+    if v.size and not np.all(np.abs(v) < 2.0 ** 62):
+        raise ValueError(f"{what}: |value| * 2^{bits} reaches 2^62 (max |value| {np.abs(x).max():.4g})")
+    return v.astype(np.int64)
+
+
+def decode(words: np.ndarray, bits: int) -> np.ndarray:
+    """Two's-complement words with ``bits`` fractional bits -> float64."""
+    return np.ldexp(np.asarray(words).view(np.int64).astype(np.float64), -bits)
+
+
+def share(words: np.ndarray, seeds: Sequence[bytes] | None = None) -> list[tuple]:
+    """A dealer's (an owner's) sharing of uint64 ``words``: the three holders' pairs.  x_0 and x_1 are PRG
+    expansions of two fresh seeds, x_2 = x - x_0 - x_1; a pair gives a seed (32 bytes) in place of a component
+    that is one (holder 0 gets two seeds, holders 1 and 2 one seed and x_2): about 2x the array's bytes in all."""
+    words = np.ascontiguousarray(words).view(_U)
+    s0, s1 = seeds if seeds is not None else (os.urandom(KEY_BYTES), os.urandom(KEY_BYTES))
+    x2 = words - expand(s0, words.shape) - expand(s1, words.shape)
+    return [(s0, s1), (s1, x2), (x2, s0)]
+
+
+def expand(part, shape) -> np.ndarray:
+    """A pair's component: the array itself, or its seed's expansion."""
+    if isinstance(part, (bytes, bytearray)):
+        return PRG(bytes(part), 2).uint64(tuple(shape))
+    a = np.asarray(part)
+    if a.dtype != _U or a.shape != tuple(shape):
+        raise ValueError(f"share component: {a.dtype} {a.shape}, expected uint64 {tuple(shape)}")
+    return a
+
+
+# ----------------------------------------------------------------- local operations
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a).view(np.int64))
+
+
+def _n(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.contiguous().numpy()).view(_U)
+
+
+def lin(x: Rss, f: Callable[[torch.Tensor], torch.Tensor]) -> Rss:
+    """A public linear map (int64 torch ops wrap mod 2^64) applied to both components: no messages."""
+    return Rss(_n(f(_t(x.a))), _n(f(_t(x.b))))
+
+
+def add(x: Rss, y: Rss) -> Rss:
+    return Rss(x.a + y.a, x.b + y.b)
+
+
+def sub(x: Rss, y: Rss) -> Rss:
+    return Rss(x.a - y.a, x.b - y.b)
+
+
+def add_public(h: Holder, x: Rss, c) -> Rss:
+    """x + c for a public c (int64 words): c joins component 0 (held by holders 0 and 2)."""
+    c = np.asarray(c).astype(np.int64).view(_U)
+    return Rss(x.a + c if h.i == 0 else x.a.copy(), x.b + c if h.i == 2 else x.b.copy())
+
+
+def _pair(h: Holder, a: np.ndarray, b: np.ndarray, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """This holder's pair of the sharing whose components are those of (a, b) in ``keep`` and zero elsewhere."""
+    z = np.zeros_like(a)
+    return (a if h.i in keep else z), (b if (h.i + 1) % 3 in keep else z)
+
+
+def mul(h: Holder, x: Rss, y: Rss) -> Rss:
+    """Elementwise x y: the nine cross products split over the holders, then one reshare (one round)."""
+    return h.reshare(x.a * y.a + x.a * y.b + x.b * y.a)
+
+
+def bilinear(h: Holder, x: Rss, y: Rss, f: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+             reshare: bool = True):
+    """f(x, y) for a bilinear f in int64 torch ops (a matrix product, an inner product over a batch): the products
+    are summed locally and only f's outputs are reshared (one round, one word per output element).  With
+    ``reshare=False`` the holder's 3-out-of-3 term plus its zero-sharing term is returned (to be sent to a
+    party that adds the three)."""
+    t = cross(x, y, f)
+    return h.reshare(t) if reshare else t + h.zero(t.shape)
+
+
+def cross(x: Rss, y: Rss, f: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> np.ndarray:
+    """This holder's 3-out-of-3 term of f(x, y) (f bilinear): f(x_i, y_i) + f(x_i, y_i+1) + f(x_i+1, y_i), before
+    any reshare (several products' terms can share one :meth:`Holder.reshare`)."""
+    xa, xb, ya, yb = _t(x.a), _t(x.b), _t(y.a), _t(y.b)
+    return _n(f(xa, ya) + f(xa, yb) + f(xb, ya))
+
+
+# ----------------------------------------------------------------- binary circuits
+def and_(h: Holder, x: Brss, y: Brss) -> Brss:
+    return h.reshare_xor((x.a & y.a) ^ (x.a & y.b) ^ (x.b & y.a))
+
+
+def a2b(h: Holder, x: Rss) -> Brss:
+    """The binary sharing of x's 64 bits (x_0 + x_1 + x_2 in a carry-save adder, then a Kogge-Stone prefix
+    adder): 8 rounds, 13 words per element."""
+    s = Brss(x.a, x.b)                                              # x_0 ^ x_1 ^ x_2
+    c02, c12, c2 = (Brss(*_pair(h, x.a, x.b, k)) for k in ({0, 2}, {1, 2}, {2}))
+    c = (and_(h, c02, c12) ^ c2) << 1                              # 2 maj(x_0, x_1, x_2)
+    g, p = and_(h, s, c), s ^ c                                     # generate, propagate per bit
+    p0 = p
+    for k in (1, 2, 4, 8, 16, 32):
+        if k < 32:                                                  # both ANDs of a level in one round
+            both = and_(h, Brss(np.stack([p.a, p.a]), np.stack([p.b, p.b])),
+                        Brss(np.stack([(g << k).a, (p << k).a]), np.stack([(g << k).b, (p << k).b])))
+            g, p = g ^ Brss(both.a[0], both.b[0]), Brss(both.a[1], both.b[1])
+        else:
+            g = g ^ and_(h, p, g << k)
+    return p0 ^ (g << 1)
+
+
+def msb(h: Holder, x: Rss) -> Brss:
+    """The sign bit of x (two's complement) as a binary sharing of 0/1 words."""
+    return a2b(h, x) >> 63
+
+
+def b2a(h: Holder, bits: Brss) -> Rss:
+    """Arithmetic sharing of shared bits (0/1 words): b_0 ^ b_1 ^ b_2 by a ^ b = a + b - 2ab, two rounds."""
+    b0, b1, b2 = (Rss(*_pair(h, bits.a, bits.b, {k})) for k in range(3))
+    e = sub(add(b0, b1), _times(mul(h, b0, b1), 2))
+    return sub(add(e, b2), _times(mul(h, e, b2), 2))
+
+
+def _times(x: Rss, k: int) -> Rss:
+    return Rss(x.a * _U(k), x.b * _U(k))
+
+
+def ltz(h: Holder, x: Rss) -> Rss:
+    """[x < 0] as an arithmetic 0/1 sharing (exact for |x| < 2^63)."""
+    return b2a(h, msb(h, x))
+
+
+def relu(h: Holder, x: Rss) -> tuple[Rss, Rss]:
+    """(max(x, 0), [x >= 0]): the comparison and one multiplication, 11 rounds."""
+    pos = add_public(h, _neg(ltz(h, x)), np.ones(x.shape, np.int64))
+    return mul(h, pos, x), pos
+
+
+def _neg(x: Rss) -> Rss:
+    return Rss(-x.a, -x.b)
+
+
+def trunc(h: Holder, x: Rss, d: int) -> Rss:
+    """floor(x / 2^d), exact for |x| < 2^63: x's bits (a2b), an arithmetic shift of each binary component
+    (which commutes with XOR), and the 64 - d remaining bits back to arithmetic (the top one with weight
+    -2^(63-d): two's complement)."""
+    if not 0 < d < 63:
+        raise ValueError(f"trunc: d must be in 1..62, got {d}")
+    bits = a2b(h, x)
+    sa, sb = (bits.a.view(np.int64) >> d).view(_U), (bits.b.view(np.int64) >> d).view(_U)
+    keep = 64 - d
+    pos = np.arange(keep, dtype=_U)
+    ea = (sa[..., None] >> pos) & _U(1)
+    eb = (sb[..., None] >> pos) & _U(1)
+    ar = b2a(h, Brss(ea, eb))
+    w = (np.ones(keep, dtype=_U) << pos)
+    w[-1:] = -w[-1:]                                               # -2^(63-d): the sign bit
+    return Rss((ar.a * w).sum(-1, dtype=_U), (ar.b * w).sum(-1, dtype=_U))
+
+
+# ----------------------------------------------------------------- opening
+class OpenError(ValueError):
+    """Two holders sent different copies of the same component: one of the two deviated (which, the opening
+    cannot tell)."""
+
+    def __init__(self, component: int, holders: tuple[int, int], count: int):
+        self.component, self.holders = component, holders
+        super().__init__(f"holders {holders[0]} and {holders[1]} disagree on component {component} of an opened "
+                         f"value ({count} elements differ): one of them deviated from the protocol")
+
+
+def open_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The value from all three holders' pairs (index order); every component arrives twice and is checked."""
+    if len(pairs) != 3:
+        raise ValueError(f"open_pairs needs the three holders' pairs, got {len(pairs)}")
+    for i in range(3):
+        a_next, b_mine = pairs[(i + 1) % 3][0], pairs[i][1]
+        if a_next.shape != b_mine.shape:
+            raise OpenError((i + 1) % 3, (i, (i + 1) % 3), int(np.prod(a_next.shape)))
+        bad = int(np.count_nonzero(a_next != b_mine))
+        if bad:
+            raise OpenError((i + 1) % 3, (i, (i + 1) % 3), bad)
+    return pairs[0][0] + pairs[1][0] + pairs[2][0]
+
+
+# ----------------------------------------------------------------- three holders in one process
+def in_process(fn: Callable[[Holder], object], holders: Sequence[Holder] | None = None) -> list:
+    """Run ``fn(holder)`` for the three holders in three threads of this process (tests, benchmarks): the same
+    code as between processes, with queues for the exchanges.  ``holders`` from :func:`in_process_holders`
+    carry their generators from call to call (as a federation's holders do from step to step)."""
+    hs = list(holders) if holders is not None else in_process_holders()
+    out: list = [None] * 3
+    errs: list = []
+
+    def run(i):
+        try:
+            out[i] = fn(hs[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs.append(e)
+            for q in hs[i].inboxes:
+                q.put(None)   # unblock the others
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for q in hs[0].inboxes:   # a failure's unblocking markers must not reach the next call
+        while not q.empty():
+            q.get_nowait()
+    if errs:
+        raise errs[0]
+    return out
+
+
+class _QueueHolder(Holder):
+    inboxes: list
+
+
+def in_process_holders(keys: Sequence[bytes] | None = None) -> list[Holder]:
+    """Three holders wired to each other by queues (keys k_0, k_1, k_2: holder i shares k_i with its successor)."""
+    keys = list(keys) if keys is not None else [os.urandom(KEY_BYTES) for _ in range(3)]
+    inbox: list[queue.Queue] = [queue.Queue() for _ in range(3)]
+
+    def exch(i):
+        def f(words):
+            inbox[(i - 1) % 3].put(words)
+            got = inbox[i].get()
+            if got is None:
+                raise RuntimeError("another holder failed")
+            return got
+        return f
+    hs = [_QueueHolder(i, keys[i], keys[(i - 1) % 3], exch(i)) for i in range(3)]
+    for h in hs:
+        h.inboxes = inbox
+    return hs
