@@ -80,8 +80,8 @@ def render(doc) -> str:
         lines += [f"**Note:** {doc['note']}", ""]
     for n in sorted({r["n_owners"] for r in doc["runs"]}):
         by = {r["fusion"]: r for r in doc["runs"] if r["n_owners"] == n}
-        if {"shamir", "trusted"} <= set(by):
-            s, t = by["shamir"], by["trusted"]
+        if {"shamir_linear", "trusted"} <= set(by):
+            s, t = by["shamir_linear"], by["trusted"]
             lines.append(f"- {n} owners: shamir / trusted fusion time per epoch {s['train_s_per_epoch'] / t['train_s_per_epoch']:.2f}x "
                          f"(goal ≤ 5x); upload bytes per owner {s['bytes_per_owner'] / t['bytes_per_owner']:.3f}x the "
                          "plaintext upload (goal ≤ m + 5 % = 3.15x)")
@@ -114,7 +114,7 @@ def main(argv=None):
     except (FileNotFoundError, ValueError):
         pass
     for n in owners:
-        for fusion in ("trusted", "shamir"):
+        for fusion in ("trusted", "shamir_linear"):
             doc["runs"].append(one(n, fusion, a.local_epochs, a.epochs, a.graph))
             doc["runs"].sort(key=lambda r: (r["n_owners"], r["fusion"] != "trusted"))
             doc["environment"] = sess.finish()

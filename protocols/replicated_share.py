@@ -48,20 +48,26 @@ def share_to_holders(party: PartyLike, words: np.ndarray, holders: Sequence[str]
     parts = rs.share(words)
     for h, i in idx.items():
         a, b = parts[i]
-        party.send(h, kind, {"v": VERSION, "frac_bits": int(frac_bits), "a": a, "b": b})
+        party.send(h, kind, {"v": VERSION, "frac_bits": int(frac_bits), "shape": [int(v) for v in words.shape],
+                             "a": a, "b": b})
 
 
 def receive_shares(party: PartyLike, owners: Sequence[str], kind: str, shape_of: dict[str, tuple],
                    frac_bits: int) -> dict[str, rs.Rss]:
-    """Holder side: each owner's pair, expanded, checked against the shape the settings give."""
+    """Holder side: each owner's pair, expanded, checked against the shape the settings give (None: any)."""
     out = {}
     for o in owners:
         msg = party.recv(o, kind)
         if msg["v"] != VERSION or msg["frac_bits"] != frac_bits:
             raise ValueError(f"{kind} from {o!r}: version {msg['v']} / frac_bits {msg['frac_bits']}, expected "
                              f"{VERSION} / {frac_bits}")
+        shape = tuple(msg["shape"])
+        want = tuple(shape_of[o])
+        if len(shape) != len(want) or any(w is not None and w != v for v, w in zip(shape, want)) \
+                or any(v > MAX_ROUND_WORDS for v in shape):
+            raise ValueError(f"{kind} from {o!r}: an array of shape {shape}, expected {want}")
         try:
-            out[o] = rs.Rss(rs.expand(msg["a"], shape_of[o]), rs.expand(msg["b"], shape_of[o]))
+            out[o] = rs.Rss(rs.expand(msg["a"], shape), rs.expand(msg["b"], shape))
         except ValueError as e:
             raise ValueError(f"{kind} from {o!r}: {e}") from None
     return out
@@ -123,7 +129,9 @@ def declarations(prefix: str, owner: str, holder: str, share_shape: tuple, width
         declare(f"{prefix}/share", owner, holder, "one holder's pair of an owner's 2-of-3 replicated sharing over "
                 "Z_2^64 of its fixed-point array: each component a uint64 array or the 32-byte seed of its PRG "
                 "expansion; uniform to the holder alone",
-                payload=sch.Fields({"v": sch.Int(), "frac_bits": sch.Int(lo=0, hi=62), "a": comp, "b": comp})),
+                payload=sch.Fields({"v": sch.Int(), "frac_bits": sch.Int(lo=0, hi=62),
+                                    "shape": sch.ListOf(sch.Int(lo=0), max_len=len(share_shape)), "a": comp,
+                                    "b": comp})),
         declare(f"{prefix}/key", holder, holder, "a fresh 256-bit key shared with the next holder (its zero "
                 "sharings); never leaves the two", payload=sch.Fields({"key": sch.Bytes(length=rs.KEY_BYTES)})),
         declare(f"{prefix}/round", holder, holder, "one round of the holders' computation: a reshared product, "

@@ -225,7 +225,7 @@ def _grid_parts(fusion, graph):
     from fedhet.parties.inmemory import run_inmemory
     fed = load(presets.path("f3_grid"))
     cfg = {**fed.algorithm_cfg(), "local_epochs": 2, "epochs": 2, "test_samples": 2, "fusion": fusion, "graph": graph}
-    parties = [(p.name, p.role) for p in fed.parties if fusion == "shamir" or p.role != f3.HOLDER]
+    parties = [(p.name, p.role) for p in fed.parties if fusion != "trusted" or p.role != f3.HOLDER]
     models: dict = {}
     out = run_inmemory("f3", parties, cfg, seed=fed.seed, timeout=240, models=models)
     return out, models
@@ -271,10 +271,10 @@ def test_a_shamir_coordinator_part_takes_h_it_never_held_and_holders_save_none()
     """In shamir fusion the coordinator held no h: its part is checked on synthetic h, and scoring real rows
     takes the owners' h (federated prediction); the chained parts give the run's predictions up to the
     fixed-point error of the shares.  Holders hold shares only: no part."""
-    out, models = _grid_parts("shamir", "none")
+    out, models = _grid_parts("shamir_linear", "none")
     assert not {"h1", "h2", "h3"} & set(models)
     coord = models["coordinator"]
-    assert coord.meta["fusion"] == "shamir" and "synthetic" in coord.meta["check_inputs"]
+    assert coord.meta["fusion"] == "shamir_linear" and "synthetic" in coord.meta["check_inputs"]
     probs, hs = _chain(models)
     for name, rows in coord.meta["check"]["inputs"].items():
         assert not np.allclose(np.asarray(rows, dtype=np.float32), hs[name])

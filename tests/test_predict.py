@@ -128,8 +128,8 @@ def trained(request, tmp_path_factory) -> Trained:
 
 
 def fixed_point(t: Trained) -> bool:
-    """F³ with fusion "shamir" reconstructs its first layer from fixed-point shares: not bit-exact."""
-    return t.name == "f3" and t.fed.algorithm_cfg().get("fusion", "shamir") == "shamir"
+    """F³ on shares (fusion "shamir_linear" or "mpc") computes its first layer in fixed point: not bit-exact."""
+    return t.name == "f3" and t.fed.algorithm_cfg().get("fusion", "shamir_linear") != "trusted"
 
 
 def check_predictions(t: Trained, out: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fedhet.algorithms.f3.settings import MAX_BATCH, Settings, n_rows
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
+from fedhet.protocols import replicated_share as rsh
 from fedhet.protocols import shamir_share as ss
 
 OWNER, HOLDER, COORDINATOR = "owner", "holder", "coordinator"
@@ -27,6 +28,9 @@ class Kind:
     PRE_PREFIX = "f3/pre"       # f3/pre/result: shares of U = Â H W_0
     GRAD_PREFIX = "f3/grad"     # f3/grad/result: shares of dC
     ADJ_PREFIX = "f3/adj"       # f3/adj/result: shares of the upper triangle of dÂ + dÂᵀ
+    RSS_PREFIX = "f3/rss"       # mpc: f3/rss/share (owner -> holder), f3/rss/key and f3/rss/round (holder <-> holder)
+    MPC_POOLED = "f3/mpc/pooled"  # mpc: a holder's pair of a batch's pooled vectors, to the coordinator
+    MPC_GRAD = "f3/mpc/grad"      # mpc: a holder's pair of the batch-summed dC, to the coordinator
 
 
 def _op_schema(s: Settings) -> sch.Spec:
@@ -44,6 +48,35 @@ def _op_schema(s: Settings) -> sch.Spec:
     ))
 
 
+def _mpc_op_schema(s: Settings) -> sch.Spec:
+    return sch.OneOf((
+        sch.Fields({"op": sch.Str(choices=("forward",)), "step": sch.Int(lo=0),
+                    "rows": sch.Arr("<u4", (None,), max_elems=MAX_BATCH), "A": sch.Arr("<f4", (None, None)),
+                    "C": sch.ListOf(sch.Arr("<f8", (None, s.hidden)), max_len=100_000), "keep": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0),
+                    "g": sch.Arr("<f8", (None, s.hidden), max_elems=MAX_BATCH * s.hidden), "summed": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("epoch",)), "checkpoint": sch.Int(lo=2)}),
+        sch.Fields({"op": sch.Str(choices=("stop",))}),
+    ))
+
+
+def _mpc_declarations(s: Settings, total: int, width: int | None) -> list[MessageDecl]:
+    pair = sch.Arr("<u8", (None, s.hidden), max_elems=MAX_BATCH * s.hidden)
+    flat = sch.Arr("<u8", (None,), max_elems=1 << 26)
+    return [*rsh.declarations(Kind.RSS_PREFIX, OWNER, HOLDER, (total, width)),
+            declare(Kind.MPC_POOLED, HOLDER, COORDINATOR, "mpc: a holder's pair of the pooled vectors "
+                    "p_b = (1/n) 1ᵀ Â ReLU(Â H W_0) of one batch (uint64, 52 fractional bits): per sample one "
+                    "vector pooled over ALL owners after the non-linearity, nothing per owner",
+                    payload=sch.Fields({"step": sch.Int(lo=0), "a": pair, "b": pair})),
+            declare(Kind.MPC_GRAD, HOLDER, COORDINATOR, "mpc: a holder's pair of dC = Σ_b h_bᵀ E_b[i], the first "
+                    "layer's gradient SUMMED over the batch (per owner, or over the owners too with align tied / "
+                    "none; uint64, 40 fractional bits)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat})),
+            declare(Kind.OP, COORDINATOR, HOLDER, "mpc: one step on shares: forward (batch rows, the public Â "
+                    "float32 and C_i = P_iᵀW_0ᵀ) or backward (g = dL/dp per sample times the batch size: the "
+                    "coordinator's own gradient of the pooled vectors), or stop; or the end of a global epoch",
+                    payload=_mpc_op_schema(s))]
+
+
 def _epoch_declarations() -> list[MessageDecl]:
     return [declare(Kind.EPOCH, COORDINATOR, OWNER, "a global epoch ended: its checkpoint step (1 + epochs done) "
                     "and whether training stops there; no data", payload=sch.Fields({"checkpoint": sch.Int(lo=2),
@@ -54,8 +87,9 @@ def _epoch_declarations() -> list[MessageDecl]:
 
 def declarations(s: Settings) -> list[MessageDecl]:
     """The kinds the settings allow: the labels, the ends of the global epochs (so that every party checkpoints
-    at them), and either the clear representations (trusted fusion) or the shares, the holders' result shares
-    and the coordinator's step requests (Shamir fusion)."""
+    at them), and either the clear representations (trusted fusion), or the shares, the holders' result shares
+    and the coordinator's step requests (shamir_linear), or the replicated shares, the holders' rounds, the
+    pooled vectors and summed gradients, and the step requests (mpc)."""
     total = sum(n_rows(s))
     width = s.local_hidden if s.owner_hidden is None else None
     labels = declare(Kind.LABELS, OWNER, COORDINATOR, "the label owner's labels of every sample (train, validation "
@@ -66,6 +100,8 @@ def declarations(s: Settings) -> list[MessageDecl]:
                 declare(Kind.REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h^i of "
                         "every sample IN THE CLEAR (the paper's base setting); float64 (n_rows, d_i)",
                         payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}))]
+    if s.fusion == "mpc":
+        return [labels, *_epoch_declarations(), *_mpc_declarations(s, total, width)]
     share_decl, _ = ss.declarations(Kind.SHARE_PREFIX, OWNER, HOLDER, COORDINATOR,
                                     share_shape=(total, width))
     results = [ss.declarations(prefix, OWNER, HOLDER, COORDINATOR, result_shape=shape)[1]

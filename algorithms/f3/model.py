@@ -147,13 +147,12 @@ class FusionScorer(nn.Module):
         return self.fused(lambda A: A @ XW)
 
     def fused(self, first: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Eq. (8) from its first layer ``first(Â_k) = Â_k H W_0`` (here, or on shares by the holders)."""
+        """Eq. (8) from its first layer ``first(Â_k) = Â_k H W_0`` (here, or on shares by the holders; or the
+        pooled vector, mpc: :meth:`GlobalGCN.pool`)."""
         g = self.gcn
         out: torch.Tensor | int = 0
         for k in range(self.graphs.shape[0]):
-            A = self.graphs[k]
-            Z = torch.relu(first(A))
-            out = out + torch.softmax(g.W1((A.mean(-2, keepdim=True) @ Z).squeeze(-2)), -1)
+            out = out + torch.softmax(g.W1(g.pool(first, self.graphs[k])), -1)
         assert isinstance(out, torch.Tensor)
         return out / self.graphs.shape[0]
 

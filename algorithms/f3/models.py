@@ -151,15 +151,18 @@ class GlobalGCN(nn.Module):
         reps = self.test_samples if (self.graph in ("icdf", "gumbel") and not self.training) else 1
         out: torch.Tensor | int = 0
         for _ in range(reps):
-            A = self.adj(batch)
-            if getattr(first_layer, "pooled", False):   # computed elsewhere up to the pooling (F³'s mpc fusion)
-                pooled = first_layer(A)
-            else:
-                Z = torch.relu(first_layer(A))
-                # (1/n) 1ᵀ Â Z as one row vector times Z: the same sum without the (n, n) x (n, hidden) product
-                pooled = (A.mean(-2, keepdim=True) @ Z).squeeze(-2)
-            out = out + torch.softmax(self.W1(pooled), -1)
+            out = out + torch.softmax(self.W1(self.pool(first_layer, self.adj(batch))), -1)
         return out / reps          # class probabilities
+
+    @staticmethod
+    def pool(first_layer, A):
+        """(1/n) 1ᵀ Â ReLU(first_layer(Â)), (batch, hidden); a ``first_layer`` marked ``pooled`` returns it itself
+        (computed elsewhere up to the pooling: F³'s mpc fusion)."""
+        if getattr(first_layer, "pooled", False):
+            return first_layer(A)
+        Z = torch.relu(first_layer(A))
+        # (1/n) 1ᵀ Â Z as one row vector times Z: the same sum without the (n, n) x (n, hidden) product
+        return (A.mean(-2, keepdim=True) @ Z).squeeze(-2)
 
     def forward(self, hs):
         H = self.stack(hs)

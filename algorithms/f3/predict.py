@@ -25,16 +25,20 @@ from fedhet.algorithms.export import score
 from fedhet.algorithms.f3.core import OwnerShares, SharedFirstLayer, holder_forward, unpack_symmetric
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
 from fedhet.algorithms.f3.messages import declarations as training_declarations
-from fedhet.algorithms.f3.roles import HolderLink, owners_in_order
-from fedhet.algorithms.f3.settings import MAX_BATCH, Settings
+from fedhet.algorithms.f3.roles import HolderLink, MpcLink, owners_in_order
+from fedhet.algorithms.f3.settings import MAX_BATCH, Settings, owner_widths
 from fedhet.algorithms.predict import Exchange, PartData, Rows, Vertical
 from fedhet.parties import schema as sch
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.declare import MessageDecl, declare
+from fedhet.algorithms.f3 import mpc
+from fedhet.protocols import replicated as rs
+from fedhet.protocols import replicated_share as rsh
 from fedhet.protocols import shamir_share as ss
 
 SHARE_PREFIX = "f3p"                 # f3p/share: an owner's shares of its new rows' h
+RSS_PREFIX = "f3p/rss"               # mpc: f3p/rss/share, f3p/rss/key, f3p/rss/round
 ROWS = "f3/predict_rows"             # first owner -> coordinator: how many common rows
 REP = "f3/predict_rep"               # trusted: an owner's h of the common rows in the clear
 PREDICTIONS = "f3/predictions"       # coordinator -> first owner: the class probabilities
@@ -47,7 +51,10 @@ def _h(data: PartData, rows: Rows) -> np.ndarray:
 
 
 def _upload(party: PartyLike, s: Settings, h: np.ndarray) -> None:
-    if s.fusion != "trusted":   # |h| < 1 (an LSTM's hidden state): a public bound, as in training
+    if s.fusion == "mpc":
+        rsh.share_to_holders(party, rs.encode(h, mpc.H_BITS, "h").view(np.uint64), party.peers_with_role(HOLDER),
+                             RSS_PREFIX + "/share", mpc.H_BITS)
+    elif s.fusion != "trusted":   # |h| < 1 (an LSTM's hidden state): a public bound, as in training
         ss.share_to_holders(party, h, party.peers_with_role(HOLDER), s.t, SHARE_PREFIX, frac_bits=s.frac_bits,
                             max_abs=1.0, tag="h")
     else:
@@ -94,8 +101,9 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
                 hs.append(torch.as_tensor(h))
             p = scorer(*hs).numpy()
         else:
-            link = HolderLink(party, s)
-            layer = SharedFirstLayer(scorer.gcn, link, [int(w) for w in meta["widths"]])
+            widths = [int(w) for w in meta["widths"]]
+            link: HolderLink | MpcLink = MpcLink(party, s) if s.fusion == "mpc" else HolderLink(party, s)
+            layer = (mpc.SharedPooled if s.fusion == "mpc" else SharedFirstLayer)(scorer.gcn, link, widths)
             parts = [scorer.fused(layer(np.arange(a, min(a + MAX_BATCH, n)))).numpy() for a in range(0, n, MAX_BATCH)]
             link.stop()
             p = np.concatenate(parts) if parts else np.zeros((0, len(meta["classes"])), dtype=np.float32)
@@ -109,6 +117,8 @@ def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
         return {"role": HOLDER, "steps": 0}
     order = owners_in_order(party)
     coord = party.peer_with_role(COORDINATOR)
+    if s.fusion == "mpc":
+        return _mpc_holder(party, s, order, coord)
     got = ss.receive_shares(party, order, SHARE_PREFIX, t=s.t, tag="h")
     if len({got[o].shape[0] for o in order}) != 1:
         raise PartyError(f"f3 holder {party.name}: the owners shared different row counts "
@@ -132,6 +142,36 @@ def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
         steps += 1
 
 
+def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> dict:
+    """Training's mpc forward step on this holder's pairs of the owners' new h; only pooled vectors are opened."""
+    widths = owner_widths(s, len(order))
+    holders = [p for p, r in party.roles.items() if r == HOLDER]
+    got = rsh.receive_shares(party, order, RSS_PREFIX + "/share", {o: (None, w) for o, w in zip(order, widths)},
+                             mpc.H_BITS)
+    if len({got[o].shape[0] for o in order}) != 1:
+        raise PartyError(f"f3 holder {party.name}: the owners shared different row counts "
+                         f"{ {o: got[o].shape for o in order} }")
+    total, n = got[order[0]].shape[0], len(order)
+    shares = mpc.MpcShares([got[o] for o in order])
+    h = rsh.connect(party, holders, RSS_PREFIX)
+    steps = 0
+    while True:
+        msg = party.recv(coord, Kind.OP)
+        if msg["op"] == "stop":
+            return {"role": HOLDER, "steps": steps, "rounds": h.rounds}
+        if msg["op"] != "forward":
+            raise PartyError(f"f3 holder {party.name}: prediction asks for forward steps only, got {msg['op']!r}")
+        rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"], dtype=np.float64)
+        C = [np.asarray(c) for c in msg["C"]]
+        if rows.size == 0 or int(rows.max()) >= total or A.shape != (n, n) or len(C) != n:
+            raise PartyError(f"f3 holder {party.name}: {Kind.OP} asks for rows outside 0..{total - 1} or sends Â "
+                             f"{A.shape} / {len(C)} C_i for {n} owners")
+        mpc.check_room(A, C)
+        p, _ = mpc.forward(h, shares, rows, A, C)
+        rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
+        steps += 1
+
+
 def declarations(s: Settings) -> list[MessageDecl]:
     width = s.local_hidden if s.owner_hidden is None else None
     out = [declare(ROWS, OWNER, COORDINATOR, "the number of common new rows (the first owner's PSI result's "
@@ -143,8 +183,11 @@ def declarations(s: Settings) -> list[MessageDecl]:
         return out + [declare(REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h of the common "
                               "new rows IN THE CLEAR (as training's f3/rep); float32 (n_common, d_i)",
                               payload=sch.Fields({"h": sch.Arr("<f4", (None, width))}))]
-    share_decl, _ = ss.declarations(SHARE_PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=(None, width))
     train = {d.kind: d for d in training_declarations(s)}
+    if s.fusion == "mpc":
+        return out + [*rsh.declarations(RSS_PREFIX, OWNER, HOLDER, (None, width)), train[Kind.OP],
+                      train[Kind.MPC_POOLED]]
+    share_decl, _ = ss.declarations(SHARE_PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=(None, width))
     return out + [share_decl, train[Kind.OP], train[ss.Kind.of(Kind.PRE_PREFIX)[1]]]
 
 

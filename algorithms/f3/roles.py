@@ -32,6 +32,9 @@ from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_glo
     pretrain_owner, scores, train_global
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.settings import SettingsError
+from fedhet.algorithms.f3 import mpc
+from fedhet.protocols import replicated as rs
+from fedhet.protocols import replicated_share as rsh
 from fedhet.protocols import shamir_share as ss
 
 
@@ -87,7 +90,10 @@ def _pretrain_and_upload(party: PartyLike, s: Settings, data: dict, order: list[
                       feature_names=data["feature_names"], raw_x=raw_x, std_x=data["splits"]["test"][0],
                       lengths=raw_len, dataset=s.dataset)
     t0 = time.perf_counter()
-    if s.fusion != "trusted":
+    if s.fusion == "mpc":
+        rsh.share_to_holders(party, rs.encode(reps, mpc.H_BITS, "h").view(np.uint64), party.peers_with_role(HOLDER),
+                             Kind.RSS_PREFIX + "/share", mpc.H_BITS)
+    elif s.fusion != "trusted":
         holders = party.peers_with_role(HOLDER)
         # |h| < 1 (an LSTM's hidden state): a public bound, so the holders learn nothing from max_abs
         ss.share_to_holders(party, reps, holders, s.t, Kind.SHARE_PREFIX, frac_bits=s.frac_bits, max_abs=1.0, tag="h")
@@ -112,6 +118,8 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
     coord = party.peers_with_role(COORDINATOR)[0]
     total = sum(n_rows(s))
     widths = owner_widths(s, len(order))
+    if s.fusion == "mpc":
+        return _mpc_holder(party, s, order, coord, total, widths)
     start, saved = party.restore()
     if start == 0:
         got = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
@@ -164,6 +172,100 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
         busy += time.perf_counter() - t0
     return {"steps": steps, "compute_s": busy, "bytes_sent": sum(party.bytes_sent.values()),
             "bytes_received": sum(party.bytes_received.values())}
+
+
+def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, total: int, widths: list[int]) -> dict:
+    """A holder of fusion "mpc": its pairs of every owner's h, then one forward / backward step at a time, each a
+    computation with the two other holders (:mod:`fedhet.algorithms.f3.mpc`)."""
+    holders = [p for p, r in party.roles.items() if r == HOLDER]
+    start, saved = party.restore()
+    if start == 0:
+        got = rsh.receive_shares(party, order, Kind.RSS_PREFIX + "/share", {o: (total, w) for o, w in zip(order, widths)},
+                                 mpc.H_BITS)
+        saved = {"pairs": [{"a": got[o].a, "b": got[o].b} for o in order], "steps": 0, "busy": 0.0}
+        party.checkpoint(1, saved)
+    shares = mpc.MpcShares([rs.Rss(np.asarray(p["a"]), np.asarray(p["b"])) for p in saved["pairs"]])
+    h = rsh.connect(party, holders, Kind.RSS_PREFIX)     # fresh keys in every incarnation
+    n = len(order)
+    kept, k_step, A, steps, busy = None, None, None, saved["steps"], saved["busy"]
+    while True:
+        msg = party.recv(coord, Kind.OP)
+        if msg["op"] == "stop":
+            break
+        if msg["op"] == "epoch":
+            party.checkpoint(msg["checkpoint"], {**saved, "steps": steps, "busy": busy})
+            continue
+        t0 = time.perf_counter()
+        if msg["op"] == "forward":
+            rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"], dtype=np.float64)
+            C = [np.asarray(c) for c in msg["C"]]
+            if rows.size == 0 or int(rows.max()) >= total:
+                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']} asks for rows outside "
+                                 f"0..{total - 1}")
+            if A.shape != (n, n) or len(C) != n or any(c.shape[0] != w for c, w in zip(C, widths)):
+                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
+                                 f"do not fit {n} owners of widths {sorted(set(widths))}")
+            mpc.check_room(A, C)
+            p, kept = mpc.forward(h, shares, rows, A, C)
+            k_step = msg["step"] if msg["keep"] else None
+            rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
+        else:
+            g = np.asarray(msg["g"])
+            if kept is None or msg["step"] != k_step or A is None or g.shape[0] != kept["rows"].size:
+                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']} without its forward")
+            mpc.check_room(A, [np.zeros((1, 1))], g)
+            rsh.send_open(party, coord, Kind.MPC_GRAD, mpc.backward(h, shares, kept, g, A, msg["summed"]), msg["step"])
+            kept = None
+        steps += 1
+        busy += time.perf_counter() - t0
+    return {"steps": steps, "compute_s": busy, "rounds": h.rounds, "words_sent": h.words_sent,
+            "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())}
+
+
+class MpcLink:
+    """The coordinator's side of the three mpc holders: it sends the public operands and opens only the pooled
+    vectors and the batch-summed gradients."""
+
+    def __init__(self, party: PartyLike, s: Settings):
+        self.party, self.s = party, s
+        self.holders = party.peers_with_role(HOLDER)
+        rsh.holder_index(self.holders)   # exactly three
+        self.step, self.max_err, self.wait_s = 0, 0.0, 0.0
+        self._A: np.ndarray | None = None
+
+    def forward(self, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray], keep: bool) -> np.ndarray:
+        self.step += 1
+        t0 = time.perf_counter()
+        A32 = np.asarray(A, dtype=np.float32)
+        self._A = A32.astype(np.float64)      # what the holders encode
+        mpc.check_room(self._A, C)
+        self.party.broadcast(Kind.OP, {"op": "forward", "step": self.step, "rows": rows.astype(np.uint32), "A": A32,
+                                       "C": C, "keep": keep}, to=self.holders)
+        p = rs.decode(rsh.open_at(self.party, self.holders, Kind.MPC_POOLED, self.step), mpc.P_BITS)
+        self.wait_s += time.perf_counter() - t0
+        return p
+
+    def backward(self, g: np.ndarray, summed: bool) -> np.ndarray:
+        t0 = time.perf_counter()
+        assert self._A is not None
+        mpc.check_room(self._A, [np.zeros((1, 1))], g)
+        self.party.broadcast(Kind.OP, {"op": "backward", "step": self.step, "g": np.ascontiguousarray(g),
+                                       "summed": summed}, to=self.holders)
+        dC = rs.decode(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), mpc.DC_BITS)
+        self.wait_s += time.perf_counter() - t0
+        return dC
+
+    def epoch(self, step: int) -> None:
+        self.party.broadcast(Kind.OP, {"op": "epoch", "checkpoint": step}, to=self.holders)
+
+    def state(self) -> dict:
+        return {"step": self.step, "max_err": self.max_err, "wait_s": self.wait_s}
+
+    def restore(self, state: dict) -> None:
+        self.step, self.max_err, self.wait_s = state["step"], state["max_err"], state["wait_s"]
+
+    def stop(self):
+        self.party.broadcast(Kind.OP, {"op": "stop"}, to=self.holders)
 
 
 class HolderLink:
@@ -259,9 +361,17 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
                         test_samples=s.test_samples, epochs=s.epochs, patience=s.patience, lr=s.lr,
                         batch=s.batch, seed=s.seed, device=party.device)
     model = build_global(n, widths, n_classes, gcfg, given=data.get("adj"))
-    link = None
     first: FirstLayerFor
-    if s.fusion != "trusted":
+    link: HolderLink | MpcLink | None = None
+    if s.fusion == "mpc":
+        if s.graph not in ("given", "none"):
+            raise SettingsError(f"f3: fusion 'mpc' needs a public fixed graph (graph 'given' or 'none'), got "
+                                f"{s.graph!r}: the learned graph's gradient is not computed on shares")
+        link = MpcLink(party, s)
+        if saved["link"] is not None:
+            link.restore(saved["link"])
+        first = mpc.SharedPooled(model, link, widths)
+    elif s.fusion != "trusted":
         link = HolderLink(party, s)
         if saved["link"] is not None:
             link.restore(saved["link"])
