@@ -1,5 +1,7 @@
 """F³ at 207 and 325 owners as real parties (presets f3_metr_la, f3_pems_bay: owners in 4 host processes,
-coordinator and holders in their own), shamir vs trusted fusion side by side, every run audited.
+coordinator and holders in their own), trusted, shamir_linear and (graph given / none) mpc fusion side by side,
+every run audited; for mpc also the bytes and rounds per holder per step, and how one step grows with owners and
+batch size (in process).
 
 Reported per run: upload wall time (slowest owner: share + send, or send in the clear), bytes each owner
 sent and the total, peak RSS per process (hosts' own reports, the coordinator's and holders' from the
@@ -23,7 +25,7 @@ PRESETS = {207: "f3_metr_la", 325: "f3_pems_bay"}
 
 def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str) -> dict:
     fed = harness.preset(PRESETS[n])
-    if fusion == "trusted":
+    if fusion == "trusted":   # (mpc needs the preset's three holders: exactly three)
         from dataclasses import replace
         fed = replace(fed, parties=[p for p in fed.parties if p.role != "holder"])
     over = {"fusion": fusion, "local_epochs": local_epochs, "epochs": epochs, "patience": epochs, "graph": graph,
@@ -34,6 +36,8 @@ def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str) -> dict
     res = run.results
     owners = {k: v for k, v in res.items() if k.startswith("s")}
     coord = res["coordinator"]
+    holders = [v for k, v in res.items() if k.startswith("h")]
+    steps = max(coord.get("steps", 0), 1)
     hosts = {}
     for f in sorted((rdir / "hosts").glob("*.json")):
         try:
@@ -50,7 +54,38 @@ def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str) -> dict
             "train_s_per_epoch": float(np.mean([h["train_s"] for h in coord["history"]])),
             "epoch_s": float(np.mean(coord["epoch_s"])), "test_f1": coord["test"]["f1"],
             "test_auc": coord["test"]["auc"], "max_fixed_point_err": coord.get("max_fixed_point_err"),
-            "rss_mb_hosts": rss_hosts, "rss_mb_total_hosts": float(sum(v for v in rss_hosts.values() if v))}
+            "rss_mb_hosts": rss_hosts, "rss_mb_total_hosts": float(sum(v for v in rss_hosts.values() if v)),
+            "steps": coord.get("steps", 0),
+            "holder_bytes_sent_per_step": float(np.mean([h["bytes_sent"] for h in holders])) / steps if holders else 0.0,
+            "holder_rounds_per_step": float(np.mean([h.get("rounds", 0) for h in holders])) / steps if holders else 0.0}
+
+
+def growth(owners: list[int], batches: list[int], hidden: int = 16, d: int = 16) -> list[dict]:
+    """One mpc training step in process per (n, B): rounds, words each holder sent, wall time."""
+    import time
+
+    import torch
+
+    from fedhet.algorithms.f3 import mpc
+    rng = np.random.default_rng(0)
+    out = []
+    for n in owners:
+        reps = [np.tanh(rng.normal(size=(max(batches), d))) for _ in range(n)]
+        link = mpc.InProcessMpc(reps)
+        a = (rng.random((n, n)) < 0.1).astype(float)
+        a = np.maximum(a, a.T) + np.eye(n)
+        dg = a.sum(1) ** -0.5
+        A = dg[:, None] * a * dg[None, :]
+        C = [rng.normal(size=(d, hidden)) * 0.2 for _ in range(n)]
+        torch.set_num_threads(1)
+        for B in batches:
+            r0, w0 = link.holders[0].rounds, link.holders[0].words_sent
+            t0 = time.perf_counter()
+            link.forward(np.arange(B), A, C, keep=True)
+            link.backward(rng.normal(size=(B, hidden)), summed=False)
+            out.append({"n": n, "batch": B, "rounds": link.holders[0].rounds - r0,
+                        "words": int(link.holders[0].words_sent - w0), "wall_s": time.perf_counter() - t0})
+    return out
 
 
 def _rss_mb(h: dict) -> float | None:
@@ -63,18 +98,19 @@ def _rss_mb(h: dict) -> float | None:
 
 
 def render(doc) -> str:
-    lines = ["# F³ at scale: shamir vs trusted fusion as processes", "",
+    lines = ["# F³ at scale: trusted, shamir_linear and mpc fusion as processes", "",
              "Traffic windows SIMULATED on the real METR-LA (207) / PEMS-BAY (325) road graphs (synthetic data); "
              f"owners in 4 host processes; local pre-training {doc['local_epochs']} epochs, global "
-             f"{doc['epochs']} epochs, graph {doc['graph']}, batch 100, 2-of-3 Shamir.  Accuracy is incidental "
+             f"{doc['epochs']} epochs, graph {doc['graph']}, batch 100, 2-of-3 sharing.  Accuracy is incidental "
              "here (short training); the tables of merit are benchmarks/results/f3_tables.md.", "",
              "| owners | fusion | upload (slowest owner) s | bytes / owner | bytes all owners | fusion train s / epoch | "
-             "epoch s (with validation) | RSS of owner hosts, total MiB | audit |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "epoch s (with validation) | RSS of owner hosts, total MiB | bytes / holder / step | rounds / step | audit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         lines.append(f"| {r['n_owners']} | {r['fusion']} | {r['upload_max_s']:.2f} | {r['bytes_per_owner']:,.0f} | "
                      f"{r['bytes_owners_total']:,} | {r['train_s_per_epoch']:.2f} | {r['epoch_s']:.2f} | "
-                     f"{r['rss_mb_total_hosts']:.0f} | {'ok' if r['audit_ok'] else r['audit_problems']} |")
+                     f"{r['rss_mb_total_hosts']:.0f} | {r.get('holder_bytes_sent_per_step', 0):,.0f} | "
+                     f"{r.get('holder_rounds_per_step', 0):.0f} | {'ok' if r['audit_ok'] else r['audit_problems']} |")
     lines.append("")
     if doc.get("note"):
         lines += [f"**Note:** {doc['note']}", ""]
@@ -82,9 +118,23 @@ def render(doc) -> str:
         by = {r["fusion"]: r for r in doc["runs"] if r["n_owners"] == n}
         if {"shamir_linear", "trusted"} <= set(by):
             s, t = by["shamir_linear"], by["trusted"]
-            lines.append(f"- {n} owners: shamir / trusted fusion time per epoch {s['train_s_per_epoch'] / t['train_s_per_epoch']:.2f}x "
+            lines.append(f"- {n} owners: shamir_linear / trusted fusion time per epoch {s['train_s_per_epoch'] / t['train_s_per_epoch']:.2f}x "
                          f"(goal ≤ 5x); upload bytes per owner {s['bytes_per_owner'] / t['bytes_per_owner']:.3f}x the "
                          "plaintext upload (goal ≤ m + 5 % = 3.15x)")
+        if {"mpc", "trusted"} <= set(by):
+            m, t = by["mpc"], by["trusted"]
+            r = m["train_s_per_epoch"] / t["train_s_per_epoch"]
+            lines.append(f"- {n} owners: mpc / trusted fusion time per epoch {r:.2f}x (goal ≤ 25x: "
+                         f"{'met' if r <= 25 else 'NOT met'}); per holder and training step "
+                         f"{m['holder_bytes_sent_per_step'] / 2 ** 20:.1f} MiB sent in {m['holder_rounds_per_step']:.0f} rounds")
+    if doc.get("growth"):
+        lines += ["", "mpc cost of one training step (forward and backward) by owners n and batch B, three holders in "
+                  "one process (threads; synthetic h, a random given graph, hidden 16): words each holder sends "
+                  "(analytically 16 B n hidden + the gradient) and wall time", "",
+                  "| owners n | batch B | rounds | words / holder | MiB / holder | wall s |", "|---|---|---|---|---|---|"]
+        for g in doc["growth"]:
+            lines.append(f"| {g['n']} | {g['batch']} | {g['rounds']} | {g['words']:,} | {g['words'] * 8 / 2 ** 20:.1f} | "
+                         f"{g['wall_s']:.2f} |")
     lines += ["", harness.environment_line(doc["environment"])]
     return "\n".join(lines) + "\n"
 
@@ -95,8 +145,11 @@ def main(argv=None):
     ap.add_argument("--local-epochs", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--graph", default="icdf", choices=("none", "given", "icdf"))
+    ap.add_argument("--fusions", nargs="+", default=None, choices=("trusted", "shamir_linear", "mpc"),
+                    help="default: trusted and shamir_linear; with --graph given or none also mpc")
     a = ap.parse_args(argv)
-    out = harness.Output("f3_scale", a.quick, a.out)
+    fusions = a.fusions or (["trusted", "shamir_linear"] + ([] if a.graph == "icdf" else ["mpc"]))
+    out = harness.Output("f3_scale" if a.graph == "icdf" else f"f3_scale_{a.graph}", a.quick, a.out)
     if a.render_only:
         doc = out.read()
         out.write(doc, render(doc))
@@ -113,10 +166,12 @@ def main(argv=None):
                 doc["note"] = old.get("note")
     except (FileNotFoundError, ValueError):
         pass
+    if "mpc" in fusions:
+        doc["growth"] = growth([16, 64] if a.quick else [16, 64, 207], [50, 100] if a.quick else [50, 100, 200])
     for n in owners:
-        for fusion in ("trusted", "shamir_linear"):
+        for fusion in fusions:
             doc["runs"].append(one(n, fusion, a.local_epochs, a.epochs, a.graph))
-            doc["runs"].sort(key=lambda r: (r["n_owners"], r["fusion"] != "trusted"))
+            doc["runs"].sort(key=lambda r: (r["n_owners"], ["trusted", "shamir_linear", "mpc"].index(r["fusion"])))
             doc["environment"] = sess.finish()
             out.write(doc, render(doc))        # partial results survive an interrupted sweep
             print(render(doc), flush=True)

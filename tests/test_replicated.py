@@ -146,3 +146,13 @@ def test_the_mpc_coordinator_receives_only_pooled_vectors_and_summed_gradients()
     s = parse_settings(f3.Settings, {"fusion": "mpc", "graph": "none"}, "f3")
     to_coord = {d.kind for d in f3.declarations(s) if f3.COORDINATOR in d.receiver}
     assert to_coord == {f3.Kind.LABELS, f3.Kind.EPOCH_DONE, f3.Kind.MPC_POOLED, f3.Kind.MPC_GRAD}
+
+
+@pytest.mark.parametrize("coef", [1 << 12, 1 << 40])
+def test_public_products_through_float64_limbs_equal_int64_arithmetic(coef):
+    rng = np.random.default_rng(6)
+    M = rng.integers(-coef, coef, (30, 30), dtype=np.int64)
+    x = rs.Rss(*(rng.integers(0, 1 << 63, (4, 30, 5), dtype=np.int64).view(np.uint64) * np.uint64(3) for _ in range(2)))
+    fast = rs.lin_public(x, M, torch.matmul, float(np.abs(M).sum(1).max()))
+    slow = rs.lin(x, lambda t: torch.matmul(torch.from_numpy(M), t))
+    assert np.array_equal(fast.a, slow.a) and np.array_equal(fast.b, slow.b)

@@ -93,19 +93,20 @@ def _first(shares: MpcShares, rows: np.ndarray, C: list[np.ndarray]) -> rs.Rss:
     """G_b[i] = h_b^i C_i for the batch, (B, n, hidden)."""
     Ce = [rs.encode(c, C_BITS, "C_i") for c in C]
     X = shares.rows(rows)
+    colsum = max(float(np.abs(c).sum(0).max()) for c in Ce)
     if isinstance(X, rs.Rss):
-        Ct = _tt(np.stack(Ce))
-        return rs.lin(X, lambda t: torch.bmm(t, Ct).transpose(0, 1))
-    parts = [rs.lin(x, lambda t, c=_tt(c): t @ c) for x, c in zip(X, Ce)]
+        G = rs.lin_public(X, np.stack(Ce), lambda m, t: torch.bmm(t, m), colsum)    # (n, B, hidden)
+        return rs.Rss(np.ascontiguousarray(G.a.transpose(1, 0, 2)), np.ascontiguousarray(G.b.transpose(1, 0, 2)))
+    parts = [rs.lin_public(x, c, lambda m, t: t @ m, colsum) for x, c in zip(X, Ce)]
     return rs.Rss(np.stack([p.a for p in parts], 1), np.stack([p.b for p in parts], 1))
 
 
 def forward(h: rs.Holder, shares: MpcShares, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray]) -> tuple:
     """One holder's forward step: its pair of the pooled p (B, hidden; P_BITS) and what the backward keeps."""
-    Ae = _tt(rs.encode(A, A_BITS, "Â"))
+    Ae = rs.encode(A, A_BITS, "Â")
     ae = _tt(rs.encode(pooling_weights(A), A_BITS, "a"))
     G = _first(shares, rows, C)
-    U = rs.lin(G, lambda t: torch.matmul(Ae, t))
+    U = rs.lin_public(G, Ae, torch.matmul, float(np.abs(Ae).sum(1).max()))
     Z, pos = rs.relu(h, U)
     p = rs.lin(Z, lambda t: torch.matmul(ae, t))
     return p, {"rows": rows, "pos": pos}
@@ -118,8 +119,8 @@ def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: np.ndarray, A: np.n
     dz = rs.encode(a[None, :, None] * np.asarray(g, dtype=np.float64)[:, None, :], GRAD_BITS, "dL/dZ").view(np.uint64)
     pos = kept["pos"]
     delta = rs.Rss(pos.a * dz, pos.b * dz)                        # public x shared bit: local
-    AeT = _tt(np.ascontiguousarray(rs.encode(A, A_BITS, "Â").T))
-    E = rs.lin(delta, lambda t: torch.matmul(AeT, t))             # (B, n, hidden)
+    AeT = np.ascontiguousarray(rs.encode(A, A_BITS, "Â").T)
+    E = rs.lin_public(delta, AeT, torch.matmul, float(np.abs(AeT).sum(1).max()))   # (B, n, hidden)
     X = shares.rows(kept["rows"])
     Et = rs.Rss(np.ascontiguousarray(E.a.transpose(1, 0, 2)), np.ascontiguousarray(E.b.transpose(1, 0, 2)))
     if isinstance(X, rs.Rss):
