@@ -82,7 +82,7 @@ def check_room(A: np.ndarray, C: list[np.ndarray], g: np.ndarray | None = None) 
         raise ValueError(f"f3 mpc: the pooled vectors could reach {pmax:.3g}, beyond the 2^{62 - P_BITS} the "
                          f"fixed point of {P_BITS} fractional bits leaves (the first layer's weights grew too large)")
     if g is not None:
-        e = float(np.abs(A).sum(0).max()) * float(np.abs(pooling_weights(A)).max()) * float(np.abs(g).max())
+        e = float(np.abs(A).sum(0).max()) * A.shape[-1] * float(np.abs(pooling_weights(A)).max()) * float(np.abs(g).max())
         dmax = e * g.shape[0] * A.shape[-1]   # summed over the batch (and at most the owners)
         if dmax * 2.0 ** DC_BITS >= ROOM:
             raise ValueError(f"f3 mpc: the summed gradients could reach {dmax:.3g}, beyond the fixed point's "
@@ -113,10 +113,11 @@ def forward(h: rs.Holder, shares: MpcShares, rows: np.ndarray, A: np.ndarray, C:
 
 
 def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: np.ndarray, A: np.ndarray, summed: bool) -> rs.Rss:
-    """One holder's backward step from the public g = dL/dp (B, hidden, scaled by the batch): its pair of dC,
-    every owner's Σ_b h_bᵀ E_b[i] flattened and concatenated (or summed over the owners), DC_BITS."""
-    a = pooling_weights(A)
-    dz = rs.encode(a[None, :, None] * np.asarray(g, dtype=np.float64)[:, None, :], GRAD_BITS, "dL/dZ").view(np.uint64)
+    """One holder's backward step from the public g = dL/dp (B, hidden, scaled by the batch): its pair of n dC
+    (scaled by the number of owners n, :func:`decode_grad`), every owner's Σ_b h_bᵀ E_b[i] flattened and
+    concatenated (or summed over the owners)."""
+    na = pooling_weights(A) * A.shape[-1]     # n a = Âᵀ1, O(1): dL/dZ scaled by n keeps GRAD_BITS of precision
+    dz = rs.encode(na[None, :, None] * np.asarray(g, dtype=np.float64)[:, None, :], GRAD_BITS, "dL/dZ").view(np.uint64)
     pos = kept["pos"]
     delta = rs.Rss(pos.a * dz, pos.b * dz)                        # public x shared bit: local
     AeT = np.ascontiguousarray(rs.encode(A, A_BITS, "Â").T)
@@ -130,6 +131,11 @@ def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: np.ndarray, A: np.n
         terms = [rs.cross(x, Et[i], lambda x_, e: x_.T @ e) for i, x in enumerate(X)]
         t = np.sum(terms, axis=0, dtype=np.uint64) if summed else np.concatenate([v.reshape(-1) for v in terms])
     return h.reshare(np.ascontiguousarray(t).reshape(-1))
+
+
+def decode_grad(words: np.ndarray, n: int) -> np.ndarray:
+    """dC (scaled by the batch only) from the opened words of :func:`backward`."""
+    return rs.decode(words, DC_BITS) / n
 
 
 class MpcSteps(Protocol):
@@ -177,7 +183,7 @@ class InProcessMpc:
         check_room(self._A, [np.zeros((1, 1))], g)
         outs = rs.in_process(lambda h: backward(h, self.shares[h.i], self._kept[h.i], g, self._A, summed),
                              self.holders)
-        dC = rs.decode(rs.open_pairs([(o.a, o.b) for o in outs]), DC_BITS)
+        dC = decode_grad(rs.open_pairs([(o.a, o.b) for o in outs]), self._A.shape[-1])
         if self.record:
             self.seen.append({"kind": "grad", "g": np.array(g), "dC": dC.copy(), "summed": summed})
         self.wait_s += time.perf_counter() - t0

@@ -251,7 +251,7 @@ class MpcLink:
         mpc.check_room(self._A, [np.zeros((1, 1))], g)
         self.party.broadcast(Kind.OP, {"op": "backward", "step": self.step, "g": np.ascontiguousarray(g),
                                        "summed": summed}, to=self.holders)
-        dC = rs.decode(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), mpc.DC_BITS)
+        dC = mpc.decode_grad(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), self._A.shape[-1])
         self.wait_s += time.perf_counter() - t0
         return dC
 
