@@ -22,7 +22,11 @@ Paper -> functions
   Alg. 1 lines 8-10           inference: the same share -> holders -> coordinator path
                               (:func:`~fedhet.algorithms.f3.training.predict`)
 
-What runs on shares: :mod:`fedhet.algorithms.f3.core`.
+What runs on shares: :mod:`fedhet.algorithms.f3.core` (``fusion = "shamir_linear"``: the linear first layer) and
+:mod:`fedhet.algorithms.f3.mpc` (``fusion = "mpc"``: the first layer, ReLU and pooling, three holders computing
+together on 2-of-3 replicated shares; the coordinator receives only pooled vectors and batch-summed gradients).
+
+What the coordinator learns with ``fusion = "shamir_linear"`` follows; for "mpc" see :mod:`.mpc`.
 
 What the coordinator learns (stated honestly; ``benchmarks/f3_leakage.py`` measures it).  U_b = Â_b G_b
 for every sample of every training step and of inference; Â_b is invertible in practice (self-loops,
@@ -61,8 +65,8 @@ __all__ = ["ALGORITHM", "COORDINATOR", "HOLDER", "InProcessHolders", "Kind", "OW
            "owners_in_order", "pretrain_owner"]
 
 ALGORITHM = Algorithm(
-    name=NAME, summary="F³: frozen local LSTMs, representations Shamir-shared to holders, a GCN over a learned "
-                       "consensus graph trained by the coordinator on reconstructed linear results",
+    name=NAME, summary="F³: frozen local LSTMs, representations secret-shared to holders, a GCN over a consensus "
+                       "graph trained by the coordinator on what the holders compute on shares",
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",),
     load_model=load_model)
 ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "F³ prediction: training's inference path on the owners' "
