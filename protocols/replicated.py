@@ -18,9 +18,12 @@ receives one from holder i + 1.
                                          (lin_public: float64 BLAS on limbs, exact)
   mul / bilinear (then reshare)          1        one per output element         exactly, mod 2^64
   a2b (carry-save + Kogge-Stone adder)   8        13 per element                 exactly
+  shrink (floor(x / 2^k) to uint32)      1        1/2 per element (holder 0)     up to -1, in 32 bits
+  a2b of uint32 words                    7        11/2 per element               exactly
   msb (the sign bit of a two's-complement value)  = a2b's bit 63
   b2a of a shared bit                    2        2 per bit                      exactly
   ltz (x < 0 as an arithmetic 0/1)       10       15 per element                 exactly for |x| < 2^63
+  ltz with cut = k (shrink, 32-bit a2b)  10       8.5 per element                for |x| < 2^(30+k); 0 <= x < 2^k may say 1
   trunc (x >> d, floor)                  10       13 + 2 (64 - d) per element    exactly for |x| < 2^63
   relu (x, [x >= 0])                     11       16 per element                 exactly
 
@@ -44,7 +47,7 @@ import torch
 from fedhet.crypto.prg import PRG, SEED_BYTES
 
 __all__ = ["Rss", "Brss", "Holder", "encode", "decode", "share", "expand", "lin", "lin_public", "add", "sub", "add_public",
-           "mul", "bilinear", "cross", "a2b", "msb", "b2a", "ltz", "relu", "trunc", "open_pairs", "OpenError",
+           "mul", "bilinear", "cross", "a2b", "shrink", "msb", "b2a", "ltz", "relu", "trunc", "open_pairs", "OpenError",
            "in_process", "in_process_holders", "KEY_BYTES", "ROUNDS"]
 
 KEY_BYTES = SEED_BYTES
@@ -76,10 +79,13 @@ class Brss:
         return Brss(self.a ^ o.a, self.b ^ o.b)
 
     def __lshift__(self, k: int) -> "Brss":
-        return Brss(self.a << _U(k), self.b << _U(k))
+        return Brss(self.a << self.a.dtype.type(k), self.b << self.b.dtype.type(k))
 
     def __rshift__(self, k: int) -> "Brss":
-        return Brss(self.a >> _U(k), self.b >> _U(k))
+        return Brss(self.a >> self.a.dtype.type(k), self.b >> self.b.dtype.type(k))
+
+    def __getitem__(self, idx) -> "Brss":
+        return Brss(self.a[idx], self.b[idx])
 
 
 class Holder:
@@ -96,21 +102,36 @@ class Holder:
         self.words_sent = 0
 
     def exchange(self, words: np.ndarray) -> np.ndarray:
-        words = np.ascontiguousarray(words, dtype=_U)
-        got = self._exchange(words)
-        if got.shape != words.shape or got.dtype != _U:
-            raise ValueError(f"holder {self.i}: the successor's reply has shape {got.shape} {got.dtype}, "
-                             f"expected {words.shape} uint64")
+        """Send ``words`` (uint64 or uint32) to the predecessor, return the successor's of the same shape."""
+        words = np.ascontiguousarray(words)
+        if words.dtype not in (np.uint64, np.uint32):
+            raise TypeError(f"exchange: uint64 or uint32 words, got {words.dtype}")
+        got = self._exchange(words.view(_U) if words.dtype == _U else _as_u64(words)).reshape(-1)
+        got = got if words.dtype == _U else got.view(np.uint32)[:words.size]
+        if got.size != words.size:
+            raise ValueError(f"holder {self.i}: the successor's reply has {got.size} words, expected {words.size}")
         self.rounds += 1
-        self.words_sent += words.size
-        return got
+        self.words_sent += words.size * words.itemsize // 8
+        return got.reshape(words.shape)
+
+    def exchange32(self, words: np.ndarray) -> np.ndarray:
+        return self.exchange(np.ascontiguousarray(words, dtype=np.uint32))
+
+    def draw_next32(self, shape) -> np.ndarray:
+        """Words shared with the successor (the key k_i)."""
+        return self._nxt.uint32(shape)
+
+    def draw_prev32(self, shape) -> np.ndarray:
+        """Words shared with the predecessor (the key k_(i-1))."""
+        return self._prv.uint32(shape)
 
     def zero(self, shape) -> np.ndarray:
         """This holder's term of a fresh arithmetic sharing of zero."""
         return self._nxt.uint64(shape) - self._prv.uint64(shape)
 
-    def zero_xor(self, shape) -> np.ndarray:
-        return self._nxt.uint64(shape) ^ self._prv.uint64(shape)
+    def zero_xor(self, shape, dtype=np.uint64) -> np.ndarray:
+        bits = np.dtype(dtype).itemsize * 8
+        return self._nxt.integers_pow2(shape, bits) ^ self._prv.integers_pow2(shape, bits)
 
     def reshare(self, t: np.ndarray) -> Rss:
         """A 3-out-of-3 sum term (one per holder, e.g. a product's) -> a fresh 2-of-3 pair: one round."""
@@ -118,8 +139,16 @@ class Holder:
         return Rss(mine, self.exchange(mine))
 
     def reshare_xor(self, t: np.ndarray) -> Brss:
-        mine = t ^ self.zero_xor(t.shape)
+        mine = t ^ self.zero_xor(t.shape, t.dtype)
         return Brss(mine, self.exchange(mine))
+
+
+def _as_u64(w32: np.ndarray) -> np.ndarray:
+    """uint32 words packed two to a uint64 (zero-padded) for the wire."""
+    flat = w32.reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint32)])
+    return flat.view(_U)
 
 
 # ----------------------------------------------------------------- fixed point and sharing
@@ -239,35 +268,61 @@ def cross(x: Rss, y: Rss, f: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
 
 # ----------------------------------------------------------------- binary circuits
 def and_(h: Holder, x: Brss, y: Brss) -> Brss:
+    """x AND y (numpy broadcasting between the two): one round, one word per output word."""
     return h.reshare_xor((x.a & y.a) ^ (x.a & y.b) ^ (x.b & y.a))
 
 
 def a2b(h: Holder, x: Rss) -> Brss:
-    """The binary sharing of x's 64 bits (x_0 + x_1 + x_2 in a carry-save adder, then a Kogge-Stone prefix
-    adder): 8 rounds, 13 words per element."""
+    """The binary sharing of x's bits, in x's word size (uint64, or uint32 after :func:`shrink`): x_0 + x_1 + x_2
+    in a carry-save adder, then a Kogge-Stone prefix adder; uint64: 8 rounds, 13 words per element; uint32:
+    7 rounds, 11 words."""
+    w = x.a.dtype.itemsize * 8
     s = Brss(x.a, x.b)                                              # x_0 ^ x_1 ^ x_2
     c02, c12, c2 = (Brss(*_pair(h, x.a, x.b, k)) for k in ({0, 2}, {1, 2}, {2}))
     c = (and_(h, c02, c12) ^ c2) << 1                              # 2 maj(x_0, x_1, x_2)
-    g, p = and_(h, s, c), s ^ c                                     # generate, propagate per bit
-    p0 = p
-    for k in (1, 2, 4, 8, 16, 32):
-        if k < 32:                                                  # both ANDs of a level in one round
-            both = and_(h, Brss(np.stack([p.a, p.a]), np.stack([p.b, p.b])),
-                        Brss(np.stack([(g << k).a, (p << k).a]), np.stack([(g << k).b, (p << k).b])))
-            g, p = g ^ Brss(both.a[0], both.b[0]), Brss(both.a[1], both.b[1])
-        else:
-            g = g ^ and_(h, p, g << k)
+    g = and_(h, s, c)                                               # generate and propagate per bit
+    p0 = s ^ c
+    gp = Brss(np.stack([g.a, p0.a]), np.stack([g.b, p0.b]))         # [G; P], both ANDs of a level in one round
+    k = 1
+    while k < w // 2:
+        both = and_(h, gp[1:2], gp << k)                            # [P & (G << k); P & (P << k)]
+        gp = Brss(np.stack([gp.a[0] ^ both.a[0], both.a[1]]), np.stack([gp.b[0] ^ both.b[0], both.b[1]]))
+        k *= 2
+    g = gp[0] ^ and_(h, gp[1], gp[0] << k)                          # the last level needs G only
     return p0 ^ (g << 1)
 
 
+def shrink(h: Holder, x: Rss, k: int) -> Rss:
+    """A uint32 sharing of floor(x / 2^k) - c, c in {0, 1} (mod 2^32), for 1 <= k <= 32: holder 0 cuts its
+    x_0 + x_1, holders 1 and 2 cut x_2 (a 2-out-of-2 view; the error of cutting two summands is the carry c of
+    their low bits, and the wrap of their sum vanishes mod 2^(64 - k)), then holder 0 re-randomises with a word
+    it shares with holder 1 and sends one uint32 word per element to holder 2: one round.  For |x| < 2^(30 + k)
+    the result's sign is x's, except that 0 <= x < 2^k may come out as -1."""
+    if not 1 <= k <= 32:
+        raise ValueError(f"shrink: k must be in 1..32, got {k}")
+    cut = (lambda v: (v >> _U(k)).astype(np.uint32))
+    if h.i == 0:
+        r = h.draw_next32(x.shape)
+        mine = cut(x.a + x.b) - r
+        h.exchange32(mine)
+        return Rss(mine, r)
+    if h.i == 1:
+        r = h.draw_prev32(x.shape)
+        h.exchange32(np.zeros(x.shape, np.uint32))
+        return Rss(r, cut(x.b))
+    got = h.exchange32(np.zeros(x.shape, np.uint32))               # holder 0's x'_0
+    return Rss(cut(x.a), got)
+
+
 def msb(h: Holder, x: Rss) -> Brss:
-    """The sign bit of x (two's complement) as a binary sharing of 0/1 words."""
-    return a2b(h, x) >> 63
+    """The sign bit of x (two's complement, its word size) as a binary sharing of 0/1 words."""
+    return a2b(h, x) >> (x.a.dtype.itemsize * 8 - 1)
 
 
 def b2a(h: Holder, bits: Brss) -> Rss:
-    """Arithmetic sharing of shared bits (0/1 words): b_0 ^ b_1 ^ b_2 by a ^ b = a + b - 2ab, two rounds."""
-    b0, b1, b2 = (Rss(*_pair(h, bits.a, bits.b, {k})) for k in range(3))
+    """Arithmetic sharing (uint64) of shared bits (0/1 words): b_0 ^ b_1 ^ b_2 by a ^ b = a + b - 2ab, two rounds."""
+    a, b = bits.a.astype(_U), bits.b.astype(_U)
+    b0, b1, b2 = (Rss(*_pair(h, a, b, {k})) for k in range(3))
     e = sub(add(b0, b1), _times(mul(h, b0, b1), 2))
     return sub(add(e, b2), _times(mul(h, e, b2), 2))
 
@@ -276,14 +331,16 @@ def _times(x: Rss, k: int) -> Rss:
     return Rss(x.a * _U(k), x.b * _U(k))
 
 
-def ltz(h: Holder, x: Rss) -> Rss:
-    """[x < 0] as an arithmetic 0/1 sharing (exact for |x| < 2^63)."""
-    return b2a(h, msb(h, x))
+def ltz(h: Holder, x: Rss, cut: int | None = None) -> Rss:
+    """[x < 0] as an arithmetic 0/1 sharing: exact for |x| < 2^63; with ``cut = k`` the comparison runs on
+    :func:`shrink`'s 32-bit words (half the words), for |x| < 2^(30 + k), and may also report 0 <= x < 2^k."""
+    return b2a(h, msb(h, x if cut is None else shrink(h, x, cut)))
 
 
-def relu(h: Holder, x: Rss) -> tuple[Rss, Rss]:
-    """(max(x, 0), [x >= 0]): the comparison and one multiplication, 11 rounds."""
-    pos = add_public(h, _neg(ltz(h, x)), np.ones(x.shape, np.int64))
+def relu(h: Holder, x: Rss, cut: int | None = None) -> tuple[Rss, Rss]:
+    """(max(x, 0), [x >= 0]): the comparison (:func:`ltz`, ``cut`` as there: values in [0, 2^k) may become 0) and
+    one multiplication, 11 rounds."""
+    pos = add_public(h, _neg(ltz(h, x, cut)), np.ones(x.shape, np.int64))
     return mul(h, pos, x), pos
 
 
