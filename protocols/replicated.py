@@ -100,6 +100,7 @@ class Holder:
         self._exchange = exchange
         self.rounds = 0
         self.words_sent = 0
+        self.inboxes: list = []       # in_process_holders: the three holders' queues
 
     def exchange(self, words: np.ndarray) -> np.ndarray:
         """Send ``words`` (uint64 or uint32) to the predecessor, return the successor's of the same shape."""
@@ -420,10 +421,6 @@ def in_process(fn: Callable[[Holder], object], holders: Sequence[Holder] | None 
     return out
 
 
-class _QueueHolder(Holder):
-    inboxes: list
-
-
 def in_process_holders(keys: Sequence[bytes] | None = None) -> list[Holder]:
     """Three holders wired to each other by queues (keys k_0, k_1, k_2: holder i shares k_i with its successor)."""
     keys = list(keys) if keys is not None else [os.urandom(KEY_BYTES) for _ in range(3)]
@@ -437,7 +434,7 @@ def in_process_holders(keys: Sequence[bytes] | None = None) -> list[Holder]:
                 raise RuntimeError("another holder failed")
             return got
         return f
-    hs = [_QueueHolder(i, keys[i], keys[(i - 1) % 3], exch(i)) for i in range(3)]
+    hs = [Holder(i, keys[i], keys[(i - 1) % 3], exch(i)) for i in range(3)]
     for h in hs:
         h.inboxes = inbox
     return hs

@@ -208,12 +208,18 @@ class _OnShares(torch.autograd.Function):
         return (None, None, gA, dW, *dPs)
 
 
-class SharedFirstLayer:
-    """``rows -> (A -> Â H W_0)`` computed by the share holders (:func:`fedhet.algorithms.f3.training.train_global`)."""
+class LayerOnShares:
+    """What the coordinator's layers computed on shares have alike: the model, the owners' widths, the public
+    C_i = P_iᵀ W_0ᵀ (:class:`SharedFirstLayer`, :class:`fedhet.algorithms.f3.mpc.SharedPooled`)."""
 
-    def __init__(self, model, link: HolderSteps, widths: list[int]):
-        self.model, self.link, self.widths = model, link, widths
+    def __init__(self, model, widths: list[int]):
+        self.model, self.widths = model, widths
         self.align, self.n = model.align, model.n
+
+    def alignments(self) -> list:
+        """The P_i the first layer uses: none, the one tied P, or every owner's."""
+        model = self.model
+        return [] if self.align == "none" else ([model.P] if self.align == "tied" else model.alignments())
 
     def publics(self, W, Ps):
         if self.align == "none":
@@ -222,16 +228,15 @@ class SharedFirstLayer:
             return [Ps[0].T @ W.T] * self.n
         return [P.T @ W.T for P in Ps]
 
-    def __call__(self, rows: np.ndarray):
-        model = self.model
 
+class SharedFirstLayer(LayerOnShares):
+    """``rows -> (A -> Â H W_0)`` computed by the share holders (:func:`fedhet.algorithms.f3.training.train_global`)."""
+
+    def __init__(self, model, link: HolderSteps, widths: list[int]):
+        super().__init__(model, widths)
+        self.link = link
+
+    def __call__(self, rows: np.ndarray):
         def first(A):
-            W = model.W0.weight
-            if self.align == "none":
-                Ps = []
-            elif self.align == "tied":
-                Ps = [model.P]
-            else:
-                Ps = model.alignments()
-            return _OnShares.apply(self, np.asarray(rows), A, W, *Ps)
+            return _OnShares.apply(self, np.asarray(rows), A, self.model.W0.weight, *self.alignments())
         return first

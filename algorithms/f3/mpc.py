@@ -39,7 +39,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedhet.algorithms.f3.core import SharedFirstLayer, first_layer_grads
+from fedhet.algorithms.f3.core import LayerOnShares, first_layer_grads
 from fedhet.protocols import replicated as rs
 
 H_BITS, C_BITS, A_BITS, GRAD_BITS = 14, 14, 12, 14
@@ -135,10 +135,11 @@ def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: np.ndarray, A: np.n
     Et = rs.Rss(np.ascontiguousarray(E.a.transpose(1, 0, 2)), np.ascontiguousarray(E.b.transpose(1, 0, 2)))
     if isinstance(X, rs.Rss):
         t = rs.cross(X, Et, lambda x, e: torch.bmm(x.transpose(1, 2), e))       # (n, d, hidden)
-        t = t.sum(0, dtype=np.uint64) if summed else t.reshape(-1)
+        t = np.asarray(t.sum(0, dtype=np.uint64) if summed else t.reshape(-1))
     else:
         terms = [rs.cross(x, Et[i], lambda x_, e: x_.T @ e) for i, x in enumerate(X)]
-        t = np.sum(terms, axis=0, dtype=np.uint64) if summed else np.concatenate([v.reshape(-1) for v in terms])
+        t = np.asarray(np.sum(terms, axis=0, dtype=np.uint64) if summed
+                       else np.concatenate([v.reshape(-1) for v in terms]))
     return h.reshare(np.ascontiguousarray(t).reshape(-1))
 
 
@@ -168,7 +169,8 @@ class InProcessMpc:
                                   for p, r in zip(parts, reps)]) for i in range(3)]
         self.holders = holders
         self.step, self.wait_s, self.max_err = 0, 0.0, 0.0
-        self.record, self.seen, self.compare = record, [], compare
+        self.record, self.compare = record, compare
+        self.seen: list[dict] = []
         self._kept: list = [None] * 3
         self._A = None
 
@@ -226,19 +228,20 @@ class _PooledOnShares(torch.autograd.Function):
         return (None, None, None, None, dW, *dPs)
 
 
-class SharedPooled(SharedFirstLayer):
+class SharedPooled(LayerOnShares):
     """``rows -> (A -> (1/n) 1ᵀ Â ReLU(Â H W_0))`` computed by the three holders (marked ``pooled`` for
     :meth:`~fedhet.algorithms.f3.models.GlobalGCN.fuse`)."""
 
-    def __call__(self, rows: np.ndarray):
-        model = self.model
+    def __init__(self, model, link: MpcSteps, widths: list[int]):
+        super().__init__(model, widths)
+        self.link = link
 
+    def __call__(self, rows: np.ndarray):
         def pooled(A):
             if A.requires_grad:
                 raise ValueError("f3 mpc: the graph must be public and fixed (graph 'given' or 'none')")
-            W = model.W0.weight
-            Ps = [] if self.align == "none" else ([model.P] if self.align == "tied" else model.alignments())
+            W = self.model.W0.weight
             keep = torch.is_grad_enabled() and W.requires_grad
-            return _PooledOnShares.apply(self, np.asarray(rows), keep, A, W, *Ps)
+            return _PooledOnShares.apply(self, np.asarray(rows), keep, A, W, *self.alignments())
         pooled.pooled = True   # type: ignore[attr-defined]
         return pooled

@@ -102,8 +102,14 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
             p = scorer(*hs).numpy()
         else:
             widths = [int(w) for w in meta["widths"]]
-            link: HolderLink | MpcLink = MpcLink(party, s) if s.fusion == "mpc" else HolderLink(party, s)
-            layer = (mpc.SharedPooled if s.fusion == "mpc" else SharedFirstLayer)(scorer.gcn, link, widths)
+            link: HolderLink | MpcLink
+            layer: SharedFirstLayer | mpc.SharedPooled
+            if s.fusion == "mpc":
+                link = MpcLink(party, s)
+                layer = mpc.SharedPooled(scorer.gcn, link, widths)
+            else:
+                link = HolderLink(party, s)
+                layer = SharedFirstLayer(scorer.gcn, link, widths)
             parts = [scorer.fused(layer(np.arange(a, min(a + MAX_BATCH, n)))).numpy() for a in range(0, n, MAX_BATCH)]
             link.stop()
             p = np.concatenate(parts) if parts else np.zeros((0, len(meta["classes"])), dtype=np.float32)

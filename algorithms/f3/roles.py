@@ -222,7 +222,29 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
             "bytes_sent": sum(party.bytes_sent.values()), "bytes_received": sum(party.bytes_received.values())}
 
 
-class MpcLink:
+class _Link:
+    """What both of the coordinator's holder links do alike: the ends of epochs and of the run, their counters."""
+    party: PartyLike
+    holders: list[str]
+    step: int
+    max_err: float
+    wait_s: float
+
+    def epoch(self, step: int) -> None:
+        """A global epoch ended at checkpoint step ``step``: every holder checkpoints there too."""
+        self.party.broadcast(Kind.OP, {"op": "epoch", "checkpoint": step}, to=self.holders)
+
+    def state(self) -> dict:
+        return {"step": self.step, "max_err": self.max_err, "wait_s": self.wait_s}
+
+    def restore(self, state: dict) -> None:
+        self.step, self.max_err, self.wait_s = state["step"], state["max_err"], state["wait_s"]
+
+    def stop(self):
+        self.party.broadcast(Kind.OP, {"op": "stop"}, to=self.holders)
+
+
+class MpcLink(_Link):
     """The coordinator's side of the three mpc holders: it sends the public operands and opens only the pooled
     vectors and the batch-summed gradients."""
 
@@ -255,20 +277,8 @@ class MpcLink:
         self.wait_s += time.perf_counter() - t0
         return dC
 
-    def epoch(self, step: int) -> None:
-        self.party.broadcast(Kind.OP, {"op": "epoch", "checkpoint": step}, to=self.holders)
 
-    def state(self) -> dict:
-        return {"step": self.step, "max_err": self.max_err, "wait_s": self.wait_s}
-
-    def restore(self, state: dict) -> None:
-        self.step, self.max_err, self.wait_s = state["step"], state["max_err"], state["wait_s"]
-
-    def stop(self):
-        self.party.broadcast(Kind.OP, {"op": "stop"}, to=self.holders)
-
-
-class HolderLink:
+class HolderLink(_Link):
     """The coordinator's side of the holders: one forward / backward request, one reconstruction each."""
 
     def __init__(self, party: PartyLike, s: Settings):
@@ -318,19 +328,6 @@ class HolderLink:
             dA = unpack_symmetric(r.value, E.shape[1]) * 0.5
         self.wait_s += time.perf_counter() - t0
         return dC, dA
-
-    def epoch(self, step: int) -> None:
-        """A global epoch ended at checkpoint step ``step``: every holder checkpoints there too."""
-        self.party.broadcast(Kind.OP, {"op": "epoch", "checkpoint": step}, to=self.holders)
-
-    def state(self) -> dict:
-        return {"step": self.step, "max_err": self.max_err, "wait_s": self.wait_s}
-
-    def restore(self, state: dict) -> None:
-        self.step, self.max_err, self.wait_s = state["step"], state["max_err"], state["wait_s"]
-
-    def stop(self):
-        self.party.broadcast(Kind.OP, {"op": "stop"}, to=self.holders)
 
 
 def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
