@@ -49,12 +49,13 @@ def _op_schema(s: Settings) -> sch.Spec:
 
 
 def _mpc_op_schema(s: Settings) -> sch.Spec:
+    g_part = sch.OneOf((sch.Bytes(length=32), sch.Arr("<u8", (None, s.hidden), max_elems=MAX_BATCH * s.hidden)))
     return sch.OneOf((
         sch.Fields({"op": sch.Str(choices=("forward",)), "step": sch.Int(lo=0),
                     "rows": sch.Arr("<u4", (None,), max_elems=MAX_BATCH), "A": sch.Arr("<f4", (None, None)),
                     "C": sch.ListOf(sch.Arr("<f8", (None, s.hidden)), max_len=100_000), "keep": sch.Bool()}),
-        sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0),
-                    "g": sch.Arr("<f8", (None, s.hidden), max_elems=MAX_BATCH * s.hidden), "summed": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0), "ga": g_part, "gb": g_part,
+                    "summed": sch.Bool()}),
         sch.Fields({"op": sch.Str(choices=("epoch",)), "checkpoint": sch.Int(lo=2)}),
         sch.Fields({"op": sch.Str(choices=("stop",))}),
     ))
@@ -72,8 +73,8 @@ def _mpc_declarations(s: Settings, total: int, width: int | None) -> list[Messag
                     "layer's gradient SUMMED over the batch (per owner, or over the owners too with align tied / "
                     "none; uint64, 40 fractional bits)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat})),
             declare(Kind.OP, COORDINATOR, HOLDER, "mpc: one step on shares: forward (batch rows, the public Â "
-                    "float32 and C_i = P_iᵀW_0ᵀ) or backward (g = dL/dp per sample times the batch size: the "
-                    "coordinator's own gradient of the pooled vectors), or stop; or the end of a global epoch",
+                    "float32 and C_i = P_iᵀW_0ᵀ) or backward (the holder's pair of a 2-of-3 sharing of g = dL/dp per "
+                    "sample times the batch size: uniform words or a seed), or stop; or the end of a global epoch",
                     payload=_mpc_op_schema(s))]
 
 

@@ -12,7 +12,8 @@ the coordinator sends.  Per sample b (n owners, ``hidden`` units):
                                                                           may count as negative)
   pooling              p_b = (1/n) 1ᵀ Â Z_b = a Z_b  (hidden,)           -> local; OPENED to the coordinator
   head                 softmax(W_1 p_b), the loss, g_b = dL/dp_b         -> the coordinator (W_1 is its own)
-  backward             δ_b = (a ⊗ g_b) ⊙ s_b,  E_b = Âᵀ δ_b              -> :func:`backward` (local: g public)
+  backward             δ_b = (a ⊗ g_b) ⊙ s_b,  E_b = Âᵀ δ_b              -> :func:`backward` (g shared by the
+                                                                          coordinator: one product)
                        dC_i = Σ_b h_b^iᵀ E_b[i]  (d_i x hidden)          -> one product per output element,
                                                                           reshared once, OPENED (summed over the
                                                                           batch; over owners too with align
@@ -28,8 +29,9 @@ dÂ_b weighted by per-sample public coefficients on shares, whose fixed point do
 truncation per sample and owner pair (n² per sample); graph "given" and "none" have a public Â.
 
 Fixed point (no truncation needed: one multiplicative layer).  U has H_BITS + C_BITS + A_BITS = 40 fractional
-bits, p has 52 and dC has H_BITS + GRAD_BITS + A_BITS = 40; :func:`check_room` bounds |p| and |dC| from the public
-operands (|h| < 1) and refuses a step whose values could reach 2^62 (a model whose weights grew that far).
+bits, p has 52 and dC has DC_BASE = 36 plus g's bits (:func:`grad_bits`, at most 12, fewer when the bound needs
+room); :func:`check_room` bounds |U| and |p| from the public operands (|h| < 1) and refuses a step whose values
+could leave the ring (a model whose weights grew that far).
 """
 from __future__ import annotations
 
@@ -42,10 +44,10 @@ import torch
 from fedhet.algorithms.f3.core import LayerOnShares, first_layer_grads
 from fedhet.protocols import replicated as rs
 
-H_BITS, C_BITS, A_BITS, GRAD_BITS = 14, 14, 12, 14
+H_BITS, C_BITS, A_BITS, NA_BITS, G_BITS_MAX = 14, 14, 12, 10, 12
 U_BITS = H_BITS + C_BITS + A_BITS        # 40
 P_BITS = U_BITS + A_BITS                 # 52: the opened pooled vectors
-DC_BITS = H_BITS + GRAD_BITS + A_BITS    # 40: the opened gradients
+DC_BASE = H_BITS + NA_BITS + A_BITS      # 36: the opened gradients have DC_BASE + g's bits (grad_bits)
 CUT = 24   # compare "32bit": floor(U 2^40 / 2^24) on 32-bit words: |U| < 2^14; U in [0, 2^-16) may give 0
 ROOM = 2.0 ** 62
 
@@ -74,9 +76,9 @@ def pooling_weights(A: np.ndarray) -> np.ndarray:
     return np.asarray(A, dtype=np.float64).mean(-2)
 
 
-def check_room(A: np.ndarray, C: list[np.ndarray], g: np.ndarray | None = None) -> None:
+def check_room(A: np.ndarray, C: list[np.ndarray]) -> None:
     """Refuse operands whose results could overflow the ring: |U| <= max_i Σ_j |Â_ij| · max_j Σ_k |C_j[k, .]|
-    (|h| < 1), |p| <= Σ_k |a_k| |U|max, and with the backward's g, |dC| <= B · max |E|."""
+    (|h| < 1) and |p| <= Σ_k |a_k| |U|max."""
     A = np.asarray(A, dtype=np.float64)
     colsum = max(float(np.abs(c).sum(0).max()) for c in C) + 1.0
     u = float(np.abs(A).sum(-1).max()) * colsum
@@ -87,12 +89,19 @@ def check_room(A: np.ndarray, C: list[np.ndarray], g: np.ndarray | None = None) 
     if pmax * 2.0 ** P_BITS >= ROOM:
         raise ValueError(f"f3 mpc: the pooled vectors could reach {pmax:.3g}, beyond the 2^{62 - P_BITS} the "
                          f"fixed point of {P_BITS} fractional bits leaves (the first layer's weights grew too large)")
-    if g is not None:
-        e = float(np.abs(A).sum(0).max()) * A.shape[-1] * float(np.abs(pooling_weights(A)).max()) * float(np.abs(g).max())
-        dmax = e * g.shape[0] * A.shape[-1]   # summed over the batch (and at most the owners)
-        if dmax * 2.0 ** DC_BITS >= ROOM:
-            raise ValueError(f"f3 mpc: the summed gradients could reach {dmax:.3g}, beyond the fixed point's "
-                             f"2^{62 - DC_BITS}")
+
+
+def grad_bits(A: np.ndarray, g: np.ndarray, summed: bool) -> int:
+    """The fractional bits of the shared g (at most G_BITS_MAX): as many as leave n dC below 2^62, where
+    |E_b[i]| <= Σ_k |Â_ki| |n a_k| max|g| and |n dC_i| <= B max|E| (|h| < 1), times n summed over the owners."""
+    A = np.asarray(A, dtype=np.float64)
+    na = np.abs(pooling_weights(A)) * A.shape[-1]
+    e = float((np.abs(A) * na[:, None]).sum(0).max()) * max(float(np.abs(g).max()), 2.0 ** -G_BITS_MAX)
+    dmax = e * g.shape[0] * (A.shape[-1] if summed else 1)
+    bits = min(G_BITS_MAX, int(np.floor(np.log2(ROOM / dmax))) - DC_BASE - 1)
+    if bits < 4:
+        raise ValueError(f"f3 mpc: the summed gradients could reach {dmax:.3g}: too large for the 64-bit fixed point")
+    return bits
 
 
 def _first(shares: MpcShares, rows: np.ndarray, C: list[np.ndarray]) -> rs.Rss:
@@ -121,14 +130,15 @@ def forward(h: rs.Holder, shares: MpcShares, rows: np.ndarray, A: np.ndarray, C:
     return p, {"rows": rows, "pos": pos}
 
 
-def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: np.ndarray, A: np.ndarray, summed: bool) -> rs.Rss:
-    """One holder's backward step from the public g = dL/dp (B, hidden, scaled by the batch): its pair of n dC
-    (scaled by the number of owners n, :func:`decode_grad`), every owner's Σ_b h_bᵀ E_b[i] flattened and
-    concatenated (or summed over the owners)."""
-    na = pooling_weights(A) * A.shape[-1]     # n a = Âᵀ1, O(1): dL/dZ scaled by n keeps GRAD_BITS of precision
-    dz = rs.encode(na[None, :, None] * np.asarray(g, dtype=np.float64)[:, None, :], GRAD_BITS, "dL/dZ").view(np.uint64)
-    pos = kept["pos"]
-    delta = rs.Rss(pos.a * dz, pos.b * dz)                        # public x shared bit: local
+def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: rs.Rss, A: np.ndarray, summed: bool) -> rs.Rss:
+    """One holder's backward step from its pair of g = dL/dp (B, hidden, scaled by the batch; shared by the
+    coordinator, so that the holders do not see its per-sample gradients): its pair of n dC (scaled by the
+    number of owners n, :func:`decode_grad`), every owner's Σ_b h_bᵀ E_b[i] flattened and concatenated (or summed
+    over the owners).  δ = (n a ⊗ g) ⊙ [U >= 0] is one product (one round)."""
+    # n a = Âᵀ1 is O(1): dL/dZ scaled by n keeps its bits of precision at any number of owners
+    na = rs.encode(pooling_weights(A) * A.shape[-1], NA_BITS, "n a").view(np.uint64)[None, :, None]
+    dz = rs.Rss(g.a[:, None, :] * na, g.b[:, None, :] * na)       # (B, n, hidden): public x shared, local
+    delta = rs.mul(h, dz, kept["pos"])
     AeT = np.ascontiguousarray(rs.encode(A, A_BITS, "Â").T)
     E = rs.lin_public(delta, AeT, torch.matmul, float(np.abs(AeT).sum(1).max()))   # (B, n, hidden)
     X = shares.rows(kept["rows"])
@@ -143,9 +153,14 @@ def backward(h: rs.Holder, shares: MpcShares, kept: dict, g: np.ndarray, A: np.n
     return h.reshare(np.ascontiguousarray(t).reshape(-1))
 
 
-def decode_grad(words: np.ndarray, n: int) -> np.ndarray:
-    """dC (scaled by the batch only) from the opened words of :func:`backward`."""
-    return rs.decode(words, DC_BITS) / n
+def decode_grad(words: np.ndarray, n: int, g_bits: int) -> np.ndarray:
+    """dC (scaled by the batch only) from the opened words of :func:`backward` (g shared with ``g_bits``)."""
+    return rs.decode(words, DC_BASE + g_bits) / n
+
+
+def share_g(g: np.ndarray, bits: int) -> list[tuple]:
+    """The coordinator's 2-of-3 sharing of g for the holders (:func:`fedhet.protocols.replicated.share`)."""
+    return rs.share(rs.encode(g, bits, "dL/dp").view(np.uint64))
 
 
 class MpcSteps(Protocol):
@@ -192,10 +207,13 @@ class InProcessMpc:
 
     def backward(self, g, summed):
         t0 = time.perf_counter()
-        check_room(self._A, [np.zeros((1, 1))], g)
-        outs = rs.in_process(lambda h: backward(h, self.shares[h.i], self._kept[h.i], g, self._A, summed),
-                             self.holders)
-        dC = decode_grad(rs.open_pairs([(o.a, o.b) for o in outs]), self._A.shape[-1])
+        g = np.asarray(g, dtype=np.float64)
+        bits = grad_bits(self._A, g, summed)
+        parts = share_g(g, bits)
+        outs = rs.in_process(lambda h: backward(h, self.shares[h.i], self._kept[h.i],
+                                                rs.Rss(rs.expand(parts[h.i][0], g.shape), rs.expand(parts[h.i][1], g.shape)),
+                                                self._A, summed), self.holders)
+        dC = decode_grad(rs.open_pairs([(o.a, o.b) for o in outs]), self._A.shape[-1], bits)
         if self.record:
             self.seen.append({"kind": "grad", "g": np.array(g), "dC": dC.copy(), "summed": summed})
         self.wait_s += time.perf_counter() - t0

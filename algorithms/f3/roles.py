@@ -210,10 +210,13 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
             k_step = msg["step"] if msg["keep"] else None
             rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
         else:
-            g = np.asarray(msg["g"])
-            if kept is None or msg["step"] != k_step or A is None or g.shape[0] != kept["rows"].size:
+            if kept is None or msg["step"] != k_step or A is None:
                 raise ValueError(f"f3 holder {party.name}: backward step {msg['step']} without its forward")
-            mpc.check_room(A, [np.zeros((1, 1))], g)
+            try:
+                shape = (kept["rows"].size, s.hidden)
+                g = rs.Rss(rs.expand(msg["ga"], shape), rs.expand(msg["gb"], shape))
+            except ValueError as e:
+                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']}: g {e}") from None
             rsh.send_open(party, coord, Kind.MPC_GRAD, mpc.backward(h, shares, kept, g, A, msg["summed"]), msg["step"])
             kept = None
         steps += 1
@@ -270,10 +273,12 @@ class MpcLink(_Link):
     def backward(self, g: np.ndarray, summed: bool) -> np.ndarray:
         t0 = time.perf_counter()
         assert self._A is not None
-        mpc.check_room(self._A, [np.zeros((1, 1))], g)
-        self.party.broadcast(Kind.OP, {"op": "backward", "step": self.step, "g": np.ascontiguousarray(g),
-                                       "summed": summed}, to=self.holders)
-        dC = mpc.decode_grad(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), self._A.shape[-1])
+        bits = mpc.grad_bits(self._A, g, summed)
+        parts = mpc.share_g(g, bits)       # the holders get g shared: its per-sample values stay here
+        for holder, i in rsh.holder_index(self.holders).items():
+            self.party.send(holder, Kind.OP, {"op": "backward", "step": self.step, "ga": parts[i][0],
+                                              "gb": parts[i][1], "summed": summed})
+        dC = mpc.decode_grad(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), self._A.shape[-1], bits)
         self.wait_s += time.perf_counter() - t0
         return dC
 
