@@ -21,15 +21,15 @@ import numpy as np
 from benchmarks import harness
 
 PRESETS = {207: "f3_metr_la", 325: "f3_pems_bay"}
-ORDER = ("trusted", "shamir_linear", "mpc", "mpc-32bit")
+ORDER = ("trusted", "shamir_linear", "mpc")
 
 
-def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str, compare: str = "exact") -> dict:
+def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str) -> dict:
     fed = harness.preset(PRESETS[n])
     if fusion == "trusted":   # (mpc needs the preset's three holders: exactly three)
         from dataclasses import replace
         fed = replace(fed, parties=[p for p in fed.parties if p.role != "holder"])
-    over = {"fusion": fusion, "mpc_compare": compare, "local_epochs": local_epochs, "epochs": epochs, "patience": epochs, "graph": graph,
+    over = {"fusion": fusion, "local_epochs": local_epochs, "epochs": epochs, "patience": epochs, "graph": graph,
             "test_samples": 2}
     import tempfile
     rdir = Path(tempfile.mkdtemp(prefix=f"f3-scale-{n}-{fusion}-"))
@@ -48,8 +48,7 @@ def one(n: int, fusion: str, local_epochs: int, epochs: int, graph: str, compare
         hosts[f.stem] = h
     rss_hosts = {k: _rss_mb(h) for k, h in hosts.items()}
     sent = [o["bytes_sent"] for o in owners.values()]
-    label = fusion if compare == "exact" or fusion != "mpc" else f"mpc-{compare}"
-    return {"n_owners": n, "fusion": label, "graph": graph, "audit_ok": run.audit_ok,
+    return {"n_owners": n, "fusion": fusion, "graph": graph, "audit_ok": run.audit_ok,
             "audit_problems": run.audit_problems[:5], "wall_s": run.wall_s, "cpu_s": run.cpu_s,
             "upload_max_s": max(o["upload_s"] for o in owners.values()),
             "bytes_per_owner": float(np.mean(sent)), "bytes_owners_total": int(np.sum(sent)),
@@ -71,9 +70,9 @@ def growth(owners: list[int], batches: list[int], hidden: int = 16, d: int = 16)
     from fedhet.algorithms.f3 import mpc
     rng = np.random.default_rng(0)
     out = []
-    for n, compare in [(n, c) for n in owners for c in ("exact", "32bit")]:
+    for n in owners:
         reps = [np.tanh(rng.normal(size=(max(batches), d))) for _ in range(n)]
-        link = mpc.InProcessMpc(reps, compare=compare)
+        link = mpc.InProcessMpc(reps)
         a = (rng.random((n, n)) < 0.1).astype(float)
         a = np.maximum(a, a.T) + np.eye(n)
         dg = a.sum(1) ** -0.5
@@ -85,7 +84,7 @@ def growth(owners: list[int], batches: list[int], hidden: int = 16, d: int = 16)
             t0 = time.perf_counter()
             link.forward(np.arange(B), A, C, keep=True)
             link.backward(rng.normal(size=(B, hidden)), summed=False)
-            out.append({"n": n, "batch": B, "compare": compare, "rounds": link.holders[0].rounds - r0,
+            out.append({"n": n, "batch": B, "rounds": link.holders[0].rounds - r0,
                         "words": int(link.holders[0].words_sent - w0), "wall_s": time.perf_counter() - t0})
     return out
 
@@ -123,22 +122,20 @@ def render(doc) -> str:
             lines.append(f"- {n} owners: shamir_linear / trusted fusion time per epoch {s['train_s_per_epoch'] / t['train_s_per_epoch']:.2f}x "
                          f"(goal ≤ 5x); upload bytes per owner {s['bytes_per_owner'] / t['bytes_per_owner']:.3f}x the "
                          "plaintext upload (goal ≤ m + 5 % = 3.15x)")
-        for mode in ("mpc", "mpc-32bit"):
-            if not {mode, "trusted"} <= set(by):
-                continue
-            m, t = by[mode], by["trusted"]
+        if {"mpc", "trusted"} <= set(by):
+            m, t = by["mpc"], by["trusted"]
             r = m["train_s_per_epoch"] / t["train_s_per_epoch"]
-            lines.append(f"- {n} owners: {mode} / trusted fusion time per epoch {r:.2f}x (goal ≤ 25x: "
+            lines.append(f"- {n} owners: mpc / trusted fusion time per epoch {r:.2f}x (goal ≤ 25x: "
                          f"{'met' if r <= 25 else 'NOT met'}); per holder and training step "
                          f"{m['holder_bytes_sent_per_step'] / 2 ** 20:.1f} MiB sent in {m['holder_rounds_per_step']:.0f} rounds")
     if doc.get("growth"):
         lines += ["", "mpc cost of one training step (forward and backward) by owners n and batch B, three holders in "
                   "one process (threads; synthetic h, a random given graph, hidden 16): words each holder sends "
-                  "(exact: 16 B n hidden + the gradient; 32bit: about 9 B n hidden + the gradient) and wall time", "",
-                  "| owners n | batch B | compare | rounds | words / holder | MiB / holder | wall s |",
-                  "|---|---|---|---|---|---|---|"]
+                  "(about 8.5 B n hidden + the gradient) and wall time", "",
+                  "| owners n | batch B | rounds | words / holder | MiB / holder | wall s |",
+                  "|---|---|---|---|---|---|"]
         for g in doc["growth"]:
-            lines.append(f"| {g['n']} | {g['batch']} | {g.get('compare', 'exact')} | {g['rounds']} | {g['words']:,} | {g['words'] * 8 / 2 ** 20:.1f} | "
+            lines.append(f"| {g['n']} | {g['batch']} | {g['rounds']} | {g['words']:,} | {g['words'] * 8 / 2 ** 20:.1f} | "
                          f"{g['wall_s']:.2f} |")
     lines += ["", harness.environment_line(doc["environment"])]
     return "\n".join(lines) + "\n"
@@ -151,10 +148,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--graph", default="icdf", choices=("none", "given", "icdf"))
     ap.add_argument("--fusions", nargs="+", default=None, choices=ORDER,
-                    help="default: trusted and shamir_linear; with --graph given or none also mpc and mpc-32bit "
-                         "(mpc with mpc_compare = '32bit')")
+                    help="default: trusted and shamir_linear; with --graph given or none also mpc")
     a = ap.parse_args(argv)
-    fusions = a.fusions or (["trusted", "shamir_linear"] + ([] if a.graph == "icdf" else ["mpc", "mpc-32bit"]))
+    fusions = a.fusions or (["trusted", "shamir_linear"] + ([] if a.graph == "icdf" else ["mpc"]))
     out = harness.Output("f3_scale" if a.graph == "icdf" else f"f3_scale_{a.graph}", a.quick, a.out)
     if a.render_only:
         doc = out.read()
@@ -177,8 +173,7 @@ def main(argv=None):
     for n in owners:
         for fusion in fusions:
             doc["runs"] = [r for r in doc["runs"] if (r["n_owners"], r["fusion"]) != (n, fusion)]
-            doc["runs"].append(one(n, fusion.split("-")[0], a.local_epochs, a.epochs, a.graph,
-                                   fusion.split("-")[1] if "-" in fusion else "exact"))
+            doc["runs"].append(one(n, fusion, a.local_epochs, a.epochs, a.graph))
             doc["runs"].sort(key=lambda r: (r["n_owners"], ORDER.index(r["fusion"])))
             doc["environment"] = sess.finish()
             out.write(doc, render(doc))        # partial results survive an interrupted sweep

@@ -18,14 +18,11 @@ receives one from holder i + 1.
                                          (lin_public: float64 BLAS on limbs, exact)
   mul / bilinear (then reshare)          1        one per output element         exactly, mod 2^64
   a2b (carry-save + Kogge-Stone adder)   8        13 per element                 exactly
-  shrink (floor(x / 2^k) to uint32)      1        1/2 per element (holder 0)     up to -1, in 32 bits
-  a2b of uint32 words                    7        11/2 per element               exactly
-  msb (the sign bit of a two's-complement value)  = a2b's bit 63
+  msb (the carry into the top bit only)  8        about 4.4 per element          exactly
   b2a of a shared bit                    2        2 per bit                      exactly
-  ltz (x < 0 as an arithmetic 0/1)       10       15 per element                 exactly for |x| < 2^63
-  ltz with cut = k (shrink, 32-bit a2b)  10       8.5 per element                for |x| < 2^(30+k); 0 <= x < 2^k may say 1
+  ltz (x < 0 as an arithmetic 0/1)       10       about 6.4 per element          exactly for |x| < 2^63
   trunc (x >> d, floor)                  10       13 + 2 (64 - d) per element    exactly for |x| < 2^63
-  relu (x, [x >= 0])                     11       16 per element                 exactly
+  relu (x, [x >= 0])                     11       about 7.4 per element          exactly
 
 Fixed point is the caller's: a value with f fractional bits is round(v 2^f) as a two's-complement word; a public
 operand with g bits multiplies it into f + g bits.  Nothing here truncates unless asked (:func:`trunc`), so the
@@ -47,7 +44,7 @@ import torch
 from fedhet.crypto.prg import PRG, SEED_BYTES
 
 __all__ = ["Rss", "Brss", "Holder", "encode", "decode", "share", "expand", "lin", "lin_public", "add", "sub", "add_public",
-           "mul", "bilinear", "cross", "a2b", "shrink", "msb", "b2a", "ltz", "relu", "trunc", "open_pairs", "OpenError",
+           "mul", "bilinear", "cross", "a2b", "msb", "b2a", "ltz", "relu", "trunc", "open_pairs", "OpenError",
            "in_process", "in_process_holders", "KEY_BYTES", "ROUNDS"]
 
 KEY_BYTES = SEED_BYTES
@@ -103,28 +100,21 @@ class Holder:
         self.inboxes: list = []       # in_process_holders: the three holders' queues
 
     def exchange(self, words: np.ndarray) -> np.ndarray:
-        """Send ``words`` (uint64 or uint32) to the predecessor, return the successor's of the same shape."""
+        """Send ``words`` (an unsigned integer array: uint64, or smaller words packed into uint64 for the wire)
+        to the predecessor, return the successor's of the same shape and type."""
         words = np.ascontiguousarray(words)
-        if words.dtype not in (np.uint64, np.uint32):
-            raise TypeError(f"exchange: uint64 or uint32 words, got {words.dtype}")
-        got = self._exchange(words.view(_U) if words.dtype == _U else _as_u64(words)).reshape(-1)
-        got = got if words.dtype == _U else got.view(np.uint32)[:words.size]
+        if words.dtype not in (np.uint64, np.uint32, np.uint16, np.uint8):
+            raise TypeError(f"exchange: unsigned integer words, got {words.dtype}")
+        got = self._exchange(words.reshape(-1) if words.dtype == _U else _as_u64(words)).reshape(-1)
+        if words.dtype != _U:
+            got = got.view(np.uint8)[:words.nbytes].view(words.dtype) if got.nbytes >= words.nbytes else got[:0]
         if got.size != words.size:
             raise ValueError(f"holder {self.i}: the successor's reply has {got.size} words, expected {words.size}")
         self.rounds += 1
-        self.words_sent += words.size * words.itemsize // 8
+        self.words_sent += -(-words.nbytes // 8)
         return got.reshape(words.shape)
 
-    def exchange32(self, words: np.ndarray) -> np.ndarray:
-        return self.exchange(np.ascontiguousarray(words, dtype=np.uint32))
 
-    def draw_next32(self, shape) -> np.ndarray:
-        """Words shared with the successor (the key k_i)."""
-        return self._nxt.uint32(shape)
-
-    def draw_prev32(self, shape) -> np.ndarray:
-        """Words shared with the predecessor (the key k_(i-1))."""
-        return self._prv.uint32(shape)
 
     def zero(self, shape) -> np.ndarray:
         """This holder's term of a fresh arithmetic sharing of zero."""
@@ -144,12 +134,12 @@ class Holder:
         return Brss(mine, self.exchange(mine))
 
 
-def _as_u64(w32: np.ndarray) -> np.ndarray:
-    """uint32 words packed two to a uint64 (zero-padded) for the wire."""
-    flat = w32.reshape(-1)
-    if flat.size % 2:
-        flat = np.concatenate([flat, np.zeros(1, np.uint32)])
-    return flat.view(_U)
+def _as_u64(small: np.ndarray) -> np.ndarray:
+    """Smaller words packed into uint64 (zero-padded) for the wire."""
+    raw = small.reshape(-1).view(np.uint8)
+    if raw.size % 8:
+        raw = np.concatenate([raw, np.zeros(8 - raw.size % 8, np.uint8)])
+    return raw.view(_U)
 
 
 # ----------------------------------------------------------------- fixed point and sharing
@@ -274,9 +264,8 @@ def and_(h: Holder, x: Brss, y: Brss) -> Brss:
 
 
 def a2b(h: Holder, x: Rss) -> Brss:
-    """The binary sharing of x's bits, in x's word size (uint64, or uint32 after :func:`shrink`): x_0 + x_1 + x_2
-    in a carry-save adder, then a Kogge-Stone prefix adder; uint64: 8 rounds, 13 words per element; uint32:
-    7 rounds, 11 words."""
+    """The binary sharing of x's bits, in x's word size: x_0 + x_1 + x_2 in a carry-save adder, then a
+    Kogge-Stone prefix adder; uint64: 8 rounds, 13 words per element."""
     w = x.a.dtype.itemsize * 8
     s = Brss(x.a, x.b)                                              # x_0 ^ x_1 ^ x_2
     c02, c12, c2 = (Brss(*_pair(h, x.a, x.b, k)) for k in ({0, 2}, {1, 2}, {2}))
@@ -293,31 +282,58 @@ def a2b(h: Holder, x: Rss) -> Brss:
     return p0 ^ (g << 1)
 
 
-def shrink(h: Holder, x: Rss, k: int) -> Rss:
-    """A uint32 sharing of floor(x / 2^k) - c, c in {0, 1} (mod 2^32), for 1 <= k <= 32: holder 0 cuts its
-    x_0 + x_1, holders 1 and 2 cut x_2 (a 2-out-of-2 view; the error of cutting two summands is the carry c of
-    their low bits, and the wrap of their sum vanishes mod 2^(64 - k)), then holder 0 re-randomises with a word
-    it shares with holder 1 and sends one uint32 word per element to holder 2: one round.  For |x| < 2^(30 + k)
-    the result's sign is x's, except that 0 <= x < 2^k may come out as -1."""
-    if not 1 <= k <= 32:
-        raise ValueError(f"shrink: k must be in 1..32, got {k}")
-    cut = (lambda v: (v >> _U(k)).astype(np.uint32))
-    if h.i == 0:
-        r = h.draw_next32(x.shape)
-        mine = cut(x.a + x.b) - r
-        h.exchange32(mine)
-        return Rss(mine, r)
-    if h.i == 1:
-        r = h.draw_prev32(x.shape)
-        h.exchange32(np.zeros(x.shape, np.uint32))
-        return Rss(r, cut(x.b))
-    got = h.exchange32(np.zeros(x.shape, np.uint32))               # holder 0's x'_0
-    return Rss(cut(x.a), got)
+_EVEN = [0x5555555555555555, 0x3333333333333333, 0x0F0F0F0F0F0F0F0F, 0x00FF00FF00FF00FF, 0x0000FFFF0000FFFF,
+         0x00000000FFFFFFFF]
+_LANES = {32: np.uint32, 16: np.uint16, 8: np.uint8, 4: np.uint8, 2: np.uint8, 1: np.uint8}
+
+
+def _even(x: np.ndarray, w: int) -> np.ndarray:
+    """Bits 0, 2, 4, ... of each ``w``-bit lane word, compressed into w / 2 low bits (the next, smaller dtype)."""
+    t = x.dtype.type
+    x = x & t(_EVEN[0] & ((1 << w) - 1))
+    j = 1
+    while (1 << j) < w:
+        x = (x | (x >> t(1 << (j - 1)))) & t(_EVEN[j] & ((1 << w) - 1))
+        j += 1
+    return x.astype(_LANES[w // 2])
+
+
+def _halve(b: Brss, w: int) -> tuple[Brss, Brss]:
+    """(even lanes, odd lanes) of every word: the lower and upper bit of each pair."""
+    one = b.a.dtype.type(1)
+    return (Brss(_even(b.a, w), _even(b.b, w)), Brss(_even(b.a >> one, w), _even(b.b >> one, w)))
 
 
 def msb(h: Holder, x: Rss) -> Brss:
-    """The sign bit of x (two's complement, its word size) as a binary sharing of 0/1 words."""
-    return a2b(h, x) >> (x.a.dtype.itemsize * 8 - 1)
+    """The sign bit of x (two's complement, its word size) as a binary
+    sharing of 0/1 bytes: the carry-save layer and the bits' generate / propagate as in :func:`a2b`, then only the
+    carry into the top bit, by a tree that halves the lanes each level (uint64: 8 rounds, about 4.5 words per
+    element instead of a2b's 13)."""
+    w = x.a.dtype.itemsize * 8
+    t = x.a.dtype.type
+    s = Brss(x.a, x.b)                                              # x_0 ^ x_1 ^ x_2
+    c02, c12, c2 = (Brss(*_pair(h, x.a, x.b, k)) for k in ({0, 2}, {1, 2}, {2}))
+    c = (and_(h, c02, c12) ^ c2) << 1                              # 2 maj(x_0, x_1, x_2)
+    p0 = s ^ c
+    g = and_(h, s, c)
+    top = t(1 << (w - 1))
+    keep = t(~top & ((1 << w) - 1))
+    # the top bit as a pure propagate (G = 0, P = 1): the whole word's carry out is then the carry into it
+    g = Brss(g.a & keep, g.b & keep)
+    p = Brss((p0.a & keep) | (top if h.i == 0 else t(0)), (p0.b & keep) | (top if h.i == 2 else t(0)))
+    lanes = w
+    while lanes > 1:
+        (ge, go), (pe, po) = _halve(g, lanes), _halve(p, lanes)
+        lanes //= 2
+        if lanes > 1:                                               # G' = Go ^ Po & Ge, P' = Po & Pe: one round
+            both = and_(h, Brss(po.a[None], po.b[None]), Brss(np.stack([ge.a, pe.a]), np.stack([ge.b, pe.b])))
+            g, p = go ^ both[0], both[1]
+        else:
+            g = go ^ and_(h, po, ge)
+    one = t(1)
+    sign = Brss(((p0.a >> t(w - 1)) & one).astype(np.uint8), ((p0.b >> t(w - 1)) & one).astype(np.uint8))
+    out = sign ^ g            # the value's upper bits are 0, its components' need not be: keep bit 0 alone
+    return Brss(out.a & np.uint8(1), out.b & np.uint8(1))
 
 
 def b2a(h: Holder, bits: Brss) -> Rss:
@@ -332,16 +348,14 @@ def _times(x: Rss, k: int) -> Rss:
     return Rss(x.a * _U(k), x.b * _U(k))
 
 
-def ltz(h: Holder, x: Rss, cut: int | None = None) -> Rss:
-    """[x < 0] as an arithmetic 0/1 sharing: exact for |x| < 2^63; with ``cut = k`` the comparison runs on
-    :func:`shrink`'s 32-bit words (half the words), for |x| < 2^(30 + k), and may also report 0 <= x < 2^k."""
-    return b2a(h, msb(h, x if cut is None else shrink(h, x, cut)))
+def ltz(h: Holder, x: Rss) -> Rss:
+    """[x < 0] as an arithmetic 0/1 sharing (exact for |x| < 2^63)."""
+    return b2a(h, msb(h, x))
 
 
-def relu(h: Holder, x: Rss, cut: int | None = None) -> tuple[Rss, Rss]:
-    """(max(x, 0), [x >= 0]): the comparison (:func:`ltz`, ``cut`` as there: values in [0, 2^k) may become 0) and
-    one multiplication, 11 rounds."""
-    pos = add_public(h, _neg(ltz(h, x, cut)), np.ones(x.shape, np.int64))
+def relu(h: Holder, x: Rss) -> tuple[Rss, Rss]:
+    """(max(x, 0), [x >= 0]): the comparison and one multiplication, 11 rounds."""
+    pos = add_public(h, _neg(ltz(h, x)), np.ones(x.shape, np.int64))
     return mul(h, pos, x), pos
 
 

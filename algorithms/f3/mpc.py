@@ -7,9 +7,7 @@ Public operands (Â, C_i = P_iᵀW_0ᵀ, a = (1/n) Âᵀ1, the backward's dL/dZ)
 the coordinator sends.  Per sample b (n owners, ``hidden`` units):
 
   eq. (8) first layer  G_b[i] = h_b^i C_i,  U_b = Â G_b                -> :func:`forward` (local, public x shared)
-  ReLU                 Z_b = ReLU(U_b), s_b = [U_b >= 0]                 -> replicated.relu on 32-bit words
-                                                                          (11 rounds; CUT: values below 2^-16
-                                                                          may count as negative)
+  ReLU                 Z_b = ReLU(U_b), s_b = [U_b >= 0]                 -> replicated.relu (11 rounds, exact)
   pooling              p_b = (1/n) 1ᵀ Â Z_b = a Z_b  (hidden,)           -> local; OPENED to the coordinator
   head                 softmax(W_1 p_b), the loss, g_b = dL/dp_b         -> the coordinator (W_1 is its own)
   backward             δ_b = (a ⊗ g_b) ⊙ s_b,  E_b = Âᵀ δ_b              -> :func:`backward` (g shared by the
@@ -48,7 +46,6 @@ H_BITS, C_BITS, A_BITS, NA_BITS, G_BITS_MAX = 14, 14, 12, 10, 12
 U_BITS = H_BITS + C_BITS + A_BITS        # 40
 P_BITS = U_BITS + A_BITS                 # 52: the opened pooled vectors
 DC_BASE = H_BITS + NA_BITS + A_BITS      # 36: the opened gradients have DC_BASE + g's bits (grad_bits)
-CUT = 24   # compare "32bit": floor(U 2^40 / 2^24) on 32-bit words: |U| < 2^14; U in [0, 2^-16) may give 0
 ROOM = 2.0 ** 62
 
 
@@ -83,9 +80,6 @@ def check_room(A: np.ndarray, C: list[np.ndarray]) -> None:
     colsum = max(float(np.abs(c).sum(0).max()) for c in C) + 1.0
     u = float(np.abs(A).sum(-1).max()) * colsum
     pmax = float(np.abs(pooling_weights(A)).sum()) * u
-    if u * 2.0 ** U_BITS >= 2.0 ** (30 + CUT):
-        raise ValueError(f"f3 mpc: the first layer's values could reach {u:.3g}, beyond the 2^{30 + CUT - U_BITS} its "
-                         f"32-bit comparison allows (the first layer's weights grew too large)")
     if pmax * 2.0 ** P_BITS >= ROOM:
         raise ValueError(f"f3 mpc: the pooled vectors could reach {pmax:.3g}, beyond the 2^{62 - P_BITS} the "
                          f"fixed point of {P_BITS} fractional bits leaves (the first layer's weights grew too large)")
@@ -116,16 +110,13 @@ def _first(shares: MpcShares, rows: np.ndarray, C: list[np.ndarray]) -> rs.Rss:
     return rs.Rss(np.stack([p.a for p in parts], 1), np.stack([p.b for p in parts], 1))
 
 
-def forward(h: rs.Holder, shares: MpcShares, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray],
-            compare: str = "exact") -> tuple:
-    """One holder's forward step: its pair of the pooled p (B, hidden; P_BITS) and what the backward keeps.
-    ``compare``: "exact" (the 64-bit adder: results do not depend on the shares' randomness) or "32bit"
-    (:func:`fedhet.protocols.replicated.shrink` first, CUT: about half the words)."""
+def forward(h: rs.Holder, shares: MpcShares, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray]) -> tuple:
+    """One holder's forward step: its pair of the pooled p (B, hidden; P_BITS) and what the backward keeps."""
     Ae = rs.encode(A, A_BITS, "Â")
     ae = _tt(rs.encode(pooling_weights(A), A_BITS, "a"))
     G = _first(shares, rows, C)
     U = rs.lin_public(G, Ae, torch.matmul, float(np.abs(Ae).sum(1).max()))
-    Z, pos = rs.relu(h, U, cut=CUT if compare == "32bit" else None)
+    Z, pos = rs.relu(h, U)
     p = rs.lin(Z, lambda t: torch.matmul(ae, t))
     return p, {"rows": rows, "pos": pos}
 
@@ -177,14 +168,14 @@ class InProcessMpc:
     """The three holders in this process (threads; the same functions as the federation's holders), for tests
     and the leakage benchmark: ``seen`` records what the coordinator received, step by step, when asked."""
 
-    def __init__(self, reps: list[np.ndarray], record: bool = False, compare: str = "exact"):
+    def __init__(self, reps: list[np.ndarray], record: bool = False):
         holders = rs.in_process_holders()
         parts = [rs.share(rs.encode(r, H_BITS, "h").view(np.uint64)) for r in reps]
         self.shares = [MpcShares([rs.Rss(rs.expand(p[i][0], r.shape), rs.expand(p[i][1], r.shape))
                                   for p, r in zip(parts, reps)]) for i in range(3)]
         self.holders = holders
         self.step, self.wait_s, self.max_err = 0, 0.0, 0.0
-        self.record, self.compare = record, compare
+        self.record = record
         self.seen: list[dict] = []
         self._kept: list = [None] * 3
         self._A = None
@@ -194,8 +185,7 @@ class InProcessMpc:
         t0 = time.perf_counter()
         A = np.asarray(A, dtype=np.float64)
         check_room(A, C)
-        outs = rs.in_process(lambda h: forward(h, self.shares[h.i], np.asarray(rows), A, C, self.compare),
-                             self.holders)
+        outs = rs.in_process(lambda h: forward(h, self.shares[h.i], np.asarray(rows), A, C), self.holders)
         self._kept = [k for _, k in outs]
         self._A = A
         p = rs.decode(rs.open_pairs([(o.a, o.b) for o, _ in outs]), P_BITS)

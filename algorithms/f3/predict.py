@@ -173,7 +173,7 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> 
             raise PartyError(f"f3 holder {party.name}: {Kind.OP} asks for rows outside 0..{total - 1} or sends Â "
                              f"{A.shape} / {len(C)} C_i for {n} owners")
         mpc.check_room(A, C)
-        p, _ = mpc.forward(h, shares, rows, A, C, s.mpc_compare)
+        p, _ = mpc.forward(h, shares, rows, A, C)
         rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
         steps += 1
 

@@ -206,7 +206,7 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
                 raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
                                  f"do not fit {n} owners of widths {sorted(set(widths))}")
             mpc.check_room(A, C)
-            p, kept = mpc.forward(h, shares, rows, A, C, s.mpc_compare)
+            p, kept = mpc.forward(h, shares, rows, A, C)
             k_step = msg["step"] if msg["keep"] else None
             rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
         else:

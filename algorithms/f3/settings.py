@@ -36,11 +36,6 @@ class Settings:
                          "linear first layer only: the coordinator reconstructs it and RECOVERS the representations; "
                          "trusted: sent in the clear to the coordinator (the paper's base setting)")
     t: int = setting(2, "Shamir threshold: any t holders reconstruct, t - 1 learn nothing", lo=1)
-    mpc_compare: Literal["exact", "32bit"] = setting(
-        "exact", "mpc: how the holders compare for ReLU: exact (a 64-bit adder circuit; results do not depend on "
-                 "the shares' randomness, so a resumed or repeated run is bit for bit the same) or 32bit (the "
-                 "values first cut to 32-bit words: about half the holders' traffic; first-layer values in "
-                 "[0, 2^-16) may count as negative, which ones depends on the randomness)")
     ask: Literal["t", "all"] = setting(
         "t", "holders asked for each training and inference step: 't' (t of the m, rotating from step to step, "
         "the others idle) or 'all' (every share beyond the first t is checked to lie on the same polynomial, "
