@@ -114,18 +114,18 @@ def test_mpc_gradients_and_probabilities_equal_plain_autograd(graph, align):
     rows = np.arange(20)
     link = mpc.InProcessMpc(reps)
     shared.train()
-    pr_mpc = shared.fuse(mpc.SharedPooled(shared, link, [d] * n)(rows), len(rows))
+    pr_mpc = shared.fuse(mpc.SharedLogits(shared, link, [d] * n)(rows), len(rows))
     T.nll(pr_mpc, y[rows]).backward()
     bits = torch.as_tensor(_open([k["pos"] for k in link._kept]).astype(np.float32))   # the test may look
     U = None
 
-    def pooled(A):
+    def logits(A):
         nonlocal U
         U = T.plain_first_layer(plain, reps)(rows)(A)
-        return (A.mean(-2, keepdim=True) @ (U * bits)).squeeze(-2)
-    pooled.pooled = True
+        return plain.W1((A.mean(-2, keepdim=True) @ (U * bits)).squeeze(-2))
+    logits.logits = True
     plain.train()
-    pr = plain.fuse(pooled, len(rows))
+    pr = plain.fuse(logits, len(rows))
     T.nll(pr, y[rows]).backward()
     flips = (U.detach() >= 0).float() != bits
     assert not bool(flips.any()) or float(U.detach().abs()[flips].max()) < 1e-3    # only at kinks
@@ -142,10 +142,10 @@ def test_mpc_settings_errors_name_the_problem():
         parse_settings(f3.Settings, {"fusion": "mpc", "t": 3}, "f3")
 
 
-def test_the_mpc_coordinator_receives_only_pooled_vectors_and_summed_gradients():
+def test_the_mpc_coordinator_receives_only_logits_and_summed_gradients():
     s = parse_settings(f3.Settings, {"fusion": "mpc", "graph": "none"}, "f3")
     to_coord = {d.kind for d in f3.declarations(s) if f3.COORDINATOR in d.receiver}
-    assert to_coord == {f3.Kind.LABELS, f3.Kind.EPOCH_DONE, f3.Kind.MPC_POOLED, f3.Kind.MPC_GRAD}
+    assert to_coord == {f3.Kind.LABELS, f3.Kind.EPOCH_DONE, f3.Kind.MPC_LOGITS, f3.Kind.MPC_GRAD}
 
 
 @pytest.mark.parametrize("coef", [1 << 12, 1 << 40])

@@ -23,8 +23,8 @@ Paper -> functions
                               (:func:`~fedhet.algorithms.f3.training.predict`)
 
 What runs on shares: :mod:`fedhet.algorithms.f3.core` (``fusion = "shamir_linear"``: the linear first layer) and
-:mod:`fedhet.algorithms.f3.mpc` (``fusion = "mpc"``: the first layer, ReLU and pooling, three holders computing
-together on 2-of-3 replicated shares; the coordinator receives only pooled vectors and batch-summed gradients).
+:mod:`fedhet.algorithms.f3.mpc` (``fusion = "mpc"``: the first layer, ReLU, pooling and W_1, three holders computing
+together on 2-of-3 replicated shares; the coordinator receives only each sample's logits and batch-summed gradients).
 
 What the coordinator learns with ``fusion = "shamir_linear"`` follows; for "mpc" see :mod:`.mpc`.
 

@@ -210,7 +210,7 @@ class _OnShares(torch.autograd.Function):
 
 class LayerOnShares:
     """What the coordinator's layers computed on shares have alike: the model, the owners' widths, the public
-    C_i = P_iᵀ W_0ᵀ (:class:`SharedFirstLayer`, :class:`fedhet.algorithms.f3.mpc.SharedPooled`)."""
+    C_i = P_iᵀ W_0ᵀ (:class:`SharedFirstLayer`, :class:`fedhet.algorithms.f3.mpc.SharedLogits`)."""
 
     def __init__(self, model, widths: list[int]):
         self.model, self.widths = model, widths

@@ -29,8 +29,8 @@ class Kind:
     GRAD_PREFIX = "f3/grad"     # f3/grad/result: shares of dC
     ADJ_PREFIX = "f3/adj"       # f3/adj/result: shares of the upper triangle of dÂ + dÂᵀ
     RSS_PREFIX = "f3/rss"       # mpc: f3/rss/share (owner -> holder), f3/rss/key and f3/rss/round (holder <-> holder)
-    MPC_POOLED = "f3/mpc/pooled"  # mpc: a holder's pair of a batch's pooled vectors, to the coordinator
-    MPC_GRAD = "f3/mpc/grad"      # mpc: a holder's pair of the batch-summed dC, to the coordinator
+    MPC_LOGITS = "f3/mpc/logits"  # mpc: a holder's pair of a batch's logits, to the coordinator
+    MPC_GRAD = "f3/mpc/grad"      # mpc: a holder's pair of the batch-summed dC and dW_1, to the coordinator
 
 
 def _op_schema(s: Settings) -> sch.Spec:
@@ -49,11 +49,12 @@ def _op_schema(s: Settings) -> sch.Spec:
 
 
 def _mpc_op_schema(s: Settings) -> sch.Spec:
-    g_part = sch.OneOf((sch.Bytes(length=32), sch.Arr("<u8", (None, s.hidden), max_elems=MAX_BATCH * s.hidden)))
+    g_part = sch.OneOf((sch.Bytes(length=32), sch.Arr("<u8", (None, None), max_elems=MAX_BATCH * 4096)))
     return sch.OneOf((
         sch.Fields({"op": sch.Str(choices=("forward",)), "step": sch.Int(lo=0),
                     "rows": sch.Arr("<u4", (None,), max_elems=MAX_BATCH), "A": sch.Arr("<f4", (None, None)),
-                    "C": sch.ListOf(sch.Arr("<f8", (None, s.hidden)), max_len=100_000), "keep": sch.Bool()}),
+                    "C": sch.ListOf(sch.Arr("<f8", (None, s.hidden)), max_len=100_000),
+                    "W1": sch.Arr("<f8", (None, s.hidden), max_elems=1 << 16), "keep": sch.Bool()}),
         sch.Fields({"op": sch.Str(choices=("backward",)), "step": sch.Int(lo=0), "ga": g_part, "gb": g_part,
                     "summed": sch.Bool()}),
         sch.Fields({"op": sch.Str(choices=("epoch",)), "checkpoint": sch.Int(lo=2)}),
@@ -62,19 +63,19 @@ def _mpc_op_schema(s: Settings) -> sch.Spec:
 
 
 def _mpc_declarations(s: Settings, total: int, width: int | None) -> list[MessageDecl]:
-    pair = sch.Arr("<u8", (None, s.hidden), max_elems=MAX_BATCH * s.hidden)
+    pair = sch.Arr("<u8", (None, None), max_elems=MAX_BATCH * 4096)
     flat = sch.Arr("<u8", (None,), max_elems=1 << 26)
     return [*rsh.declarations(Kind.RSS_PREFIX, OWNER, HOLDER, (total, width)),
-            declare(Kind.MPC_POOLED, HOLDER, COORDINATOR, "mpc: a holder's pair of the pooled vectors "
-                    "p_b = (1/n) 1ᵀ Â ReLU(Â H W_0) of one batch (uint64, 52 fractional bits): per sample one "
-                    "vector pooled over ALL owners after the non-linearity, nothing per owner",
+            declare(Kind.MPC_LOGITS, HOLDER, COORDINATOR, "mpc: a holder's pair of the logits "
+                    "W_1 (1/n) 1ᵀ Â ReLU(Â H W_0) of one batch (uint64, 38 fractional bits): per sample one number "
+                    "per class, a function of ALL owners' h after the non-linearity, nothing per owner",
                     payload=sch.Fields({"step": sch.Int(lo=0), "a": pair, "b": pair})),
             declare(Kind.MPC_GRAD, HOLDER, COORDINATOR, "mpc: a holder's pair of dC = Σ_b h_bᵀ E_b[i], the first "
-                    "layer's gradient SUMMED over the batch (per owner, or over the owners too with align tied / "
-                    "none; uint64, 40 fractional bits)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat})),
+                    "layer's gradient, and dW_1 = Σ_b dℓ_b p_bᵀ, both SUMMED over the batch (dC per owner, or over "
+                    "the owners too with align tied / none; uint64)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat})),
             declare(Kind.OP, COORDINATOR, HOLDER, "mpc: one step on shares: forward (batch rows, the public Â "
-                    "float32 and C_i = P_iᵀW_0ᵀ) or backward (the holder's pair of a 2-of-3 sharing of g = dL/dp per "
-                    "sample times the batch size: uniform words or a seed), or stop; or the end of a global epoch",
+                    "float32, C_i = P_iᵀW_0ᵀ and W_1) or backward (the holder's pair of a 2-of-3 sharing of dℓ = dL/dlogits "
+                    "per sample times the batch size: uniform words or a seed), or stop; or the end of a global epoch",
                     payload=_mpc_op_schema(s))]
 
 
@@ -90,7 +91,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
     """The kinds the settings allow: the labels, the ends of the global epochs (so that every party checkpoints
     at them), and either the clear representations (trusted fusion), or the shares, the holders' result shares
     and the coordinator's step requests (shamir_linear), or the replicated shares, the holders' rounds, the
-    pooled vectors and summed gradients, and the step requests (mpc)."""
+    logits and summed gradients, and the step requests (mpc)."""
     total = sum(n_rows(s))
     width = s.local_hidden if s.owner_hidden is None else None
     labels = declare(Kind.LABELS, OWNER, COORDINATOR, "the label owner's labels of every sample (train, validation "

@@ -148,11 +148,11 @@ class FusionScorer(nn.Module):
 
     def fused(self, first: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Eq. (8) from its first layer ``first(Â_k) = Â_k H W_0`` (here, or on shares by the holders; or the
-        pooled vector, mpc: :meth:`GlobalGCN.pool`)."""
+        logits, mpc: :meth:`GlobalGCN.logits`)."""
         g = self.gcn
         out: torch.Tensor | int = 0
         for k in range(self.graphs.shape[0]):
-            out = out + torch.softmax(g.W1(g.pool(first, self.graphs[k])), -1)
+            out = out + torch.softmax(g.logits(first, self.graphs[k]), -1)
         assert isinstance(out, torch.Tensor)
         return out / self.graphs.shape[0]
 

@@ -145,24 +145,23 @@ class GlobalGCN(nn.Module):
 
         Split out so that Â H W_0, the only part linear in the owners' representations, can be computed
         elsewhere (on Shamir shares, :mod:`fedhet.algorithms.f3.core`) while the rest runs here.  A
-        ``first_layer`` with ``pooled = True`` returns (1/n) 1ᵀ Â ReLU(Â H W_0) itself, (batch, hidden)
-        (:mod:`fedhet.algorithms.f3.mpc`: ReLU and pooling on shares too).
+        ``first_layer`` with ``logits = True`` returns W_1 (1/n) 1ᵀ Â ReLU(Â H W_0) itself, (batch, classes)
+        (:mod:`fedhet.algorithms.f3.mpc`: ReLU, pooling and W_1 on shares too).
         """
         reps = self.test_samples if (self.graph in ("icdf", "gumbel") and not self.training) else 1
         out: torch.Tensor | int = 0
         for _ in range(reps):
-            out = out + torch.softmax(self.W1(self.pool(first_layer, self.adj(batch))), -1)
+            out = out + torch.softmax(self.logits(first_layer, self.adj(batch)), -1)
         return out / reps          # class probabilities
 
-    @staticmethod
-    def pool(first_layer, A):
-        """(1/n) 1ᵀ Â ReLU(first_layer(Â)), (batch, hidden); a ``first_layer`` marked ``pooled`` returns it itself
-        (computed elsewhere up to the pooling: F³'s mpc fusion)."""
-        if getattr(first_layer, "pooled", False):
+    def logits(self, first_layer, A):
+        """W_1 (1/n) 1ᵀ Â ReLU(first_layer(Â)), (batch, classes); a ``first_layer`` marked ``logits`` returns them
+        itself (computed elsewhere up to W_1: F³'s mpc fusion)."""
+        if getattr(first_layer, "logits", False):
             return first_layer(A)
         Z = torch.relu(first_layer(A))
         # (1/n) 1ᵀ Â Z as one row vector times Z: the same sum without the (n, n) x (n, hidden) product
-        return (A.mean(-2, keepdim=True) @ Z).squeeze(-2)
+        return self.W1((A.mean(-2, keepdim=True) @ Z).squeeze(-2))
 
     def forward(self, hs):
         H = self.stack(hs)

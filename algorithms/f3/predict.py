@@ -103,10 +103,10 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
         else:
             widths = [int(w) for w in meta["widths"]]
             link: HolderLink | MpcLink
-            layer: SharedFirstLayer | mpc.SharedPooled
+            layer: SharedFirstLayer | mpc.SharedLogits
             if s.fusion == "mpc":
                 link = MpcLink(party, s)
-                layer = mpc.SharedPooled(scorer.gcn, link, widths)
+                layer = mpc.SharedLogits(scorer.gcn, link, widths)
             else:
                 link = HolderLink(party, s)
                 layer = SharedFirstLayer(scorer.gcn, link, widths)
@@ -149,7 +149,7 @@ def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
 
 
 def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> dict:
-    """Training's mpc forward step on this holder's pairs of the owners' new h; only pooled vectors are opened."""
+    """Training's mpc forward step on this holder's pairs of the owners' new h; only the logits are opened."""
     widths = owner_widths(s, len(order))
     holders = [p for p, r in party.roles.items() if r == HOLDER]
     got = rsh.receive_shares(party, order, RSS_PREFIX + "/share", {o: (None, w) for o, w in zip(order, widths)},
@@ -168,13 +168,13 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> 
         if msg["op"] != "forward":
             raise PartyError(f"f3 holder {party.name}: prediction asks for forward steps only, got {msg['op']!r}")
         rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"], dtype=np.float64)
-        C = [np.asarray(c) for c in msg["C"]]
+        C, W1 = [np.asarray(c) for c in msg["C"]], np.asarray(msg["W1"])
         if rows.size == 0 or int(rows.max()) >= total or A.shape != (n, n) or len(C) != n:
             raise PartyError(f"f3 holder {party.name}: {Kind.OP} asks for rows outside 0..{total - 1} or sends Â "
                              f"{A.shape} / {len(C)} C_i for {n} owners")
-        mpc.check_room(A, C)
-        p, _ = mpc.forward(h, shares, rows, A, C)
-        rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
+        mpc.check_room(A, C, W1)
+        logits, _ = mpc.forward(h, shares, rows, A, C, W1)
+        rsh.send_open(party, coord, Kind.MPC_LOGITS, logits, msg["step"])
         steps += 1
 
 
@@ -192,7 +192,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
     train = {d.kind: d for d in training_declarations(s)}
     if s.fusion == "mpc":
         return out + [*rsh.declarations(RSS_PREFIX, OWNER, HOLDER, (None, width)), train[Kind.OP],
-                      train[Kind.MPC_POOLED]]
+                      train[Kind.MPC_LOGITS]]
     share_decl, _ = ss.declarations(SHARE_PREFIX, OWNER, HOLDER, COORDINATOR, share_shape=(None, width))
     return out + [share_decl, train[Kind.OP], train[ss.Kind.of(Kind.PRE_PREFIX)[1]]]
 

@@ -187,7 +187,7 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
     shares = mpc.MpcShares([rs.Rss(np.asarray(p["a"]), np.asarray(p["b"])) for p in saved["pairs"]])
     h = rsh.connect(party, holders, Kind.RSS_PREFIX)     # fresh keys in every incarnation
     n = len(order)
-    kept, k_step, A, steps, busy = None, None, None, saved["steps"], saved["busy"]
+    kept, k_step, A, W1, steps, busy = None, None, None, np.zeros((0, 0)), saved["steps"], saved["busy"]
     while True:
         msg = party.recv(coord, Kind.OP)
         if msg["op"] == "stop":
@@ -198,26 +198,27 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
         t0 = time.perf_counter()
         if msg["op"] == "forward":
             rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"], dtype=np.float64)
-            C = [np.asarray(c) for c in msg["C"]]
+            C, W1 = [np.asarray(c) for c in msg["C"]], np.asarray(msg["W1"])
             if rows.size == 0 or int(rows.max()) >= total:
                 raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']} asks for rows outside "
                                  f"0..{total - 1}")
             if A.shape != (n, n) or len(C) != n or any(c.shape[0] != w for c, w in zip(C, widths)):
                 raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
                                  f"do not fit {n} owners of widths {sorted(set(widths))}")
-            mpc.check_room(A, C)
-            p, kept = mpc.forward(h, shares, rows, A, C)
+            mpc.check_room(A, C, W1)
+            logits, kept = mpc.forward(h, shares, rows, A, C, W1)
             k_step = msg["step"] if msg["keep"] else None
-            rsh.send_open(party, coord, Kind.MPC_POOLED, p, msg["step"])
+            rsh.send_open(party, coord, Kind.MPC_LOGITS, logits, msg["step"])
         else:
             if kept is None or msg["step"] != k_step or A is None:
                 raise ValueError(f"f3 holder {party.name}: backward step {msg['step']} without its forward")
             try:
-                shape = (kept["rows"].size, s.hidden)
-                g = rs.Rss(rs.expand(msg["ga"], shape), rs.expand(msg["gb"], shape))
+                shape = (kept["rows"].size, W1.shape[0])
+                dl = rs.Rss(rs.expand(msg["ga"], shape), rs.expand(msg["gb"], shape))
             except ValueError as e:
-                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']}: g {e}") from None
-            rsh.send_open(party, coord, Kind.MPC_GRAD, mpc.backward(h, shares, kept, g, A, msg["summed"]), msg["step"])
+                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']}: dℓ {e}") from None
+            rsh.send_open(party, coord, Kind.MPC_GRAD, mpc.backward(h, shares, kept, dl, W1, A, msg["summed"]),
+                          msg["step"])
             kept = None
         steps += 1
         busy += time.perf_counter() - t0
@@ -248,39 +249,39 @@ class _Link:
 
 
 class MpcLink(_Link):
-    """The coordinator's side of the three mpc holders: it sends the public operands and opens only the pooled
-    vectors and the batch-summed gradients."""
+    """The coordinator's side of the three mpc holders: it sends the public operands and opens only the logits and
+    the batch-summed gradients."""
 
     def __init__(self, party: PartyLike, s: Settings):
         self.party, self.s = party, s
         self.holders = party.peers_with_role(HOLDER)
         rsh.holder_index(self.holders)   # exactly three
         self.step, self.max_err, self.wait_s = 0, 0.0, 0.0
-        self._A: np.ndarray | None = None
+        self._A, self._W1 = np.zeros((0, 0)), np.zeros((0, 0))
 
-    def forward(self, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray], keep: bool) -> np.ndarray:
+    def forward(self, rows: np.ndarray, A: np.ndarray, C: list[np.ndarray], W1: np.ndarray, keep: bool) -> np.ndarray:
         self.step += 1
         t0 = time.perf_counter()
         A32 = np.asarray(A, dtype=np.float32)
-        self._A = A32.astype(np.float64)      # what the holders encode
-        mpc.check_room(self._A, C)
+        self._A, self._W1 = A32.astype(np.float64), np.asarray(W1, dtype=np.float64)   # what the holders encode
+        mpc.check_room(self._A, C, self._W1)
         self.party.broadcast(Kind.OP, {"op": "forward", "step": self.step, "rows": rows.astype(np.uint32), "A": A32,
-                                       "C": C, "keep": keep}, to=self.holders)
-        p = rs.decode(rsh.open_at(self.party, self.holders, Kind.MPC_POOLED, self.step), mpc.P_BITS)
+                                       "C": C, "W1": self._W1, "keep": keep}, to=self.holders)
+        logits = rs.decode(rsh.open_at(self.party, self.holders, Kind.MPC_LOGITS, self.step), mpc.LOGIT_BITS)
         self.wait_s += time.perf_counter() - t0
-        return p
+        return logits
 
-    def backward(self, g: np.ndarray, summed: bool) -> np.ndarray:
+    def backward(self, dl: np.ndarray, summed: bool) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
-        assert self._A is not None
-        bits = mpc.grad_bits(self._A, g, summed)
-        parts = mpc.share_g(g, bits)       # the holders get g shared: its per-sample values stay here
+        bits = mpc.grad_bits(self._A, dl @ self._W1, summed)
+        parts = mpc.share_dl(dl, bits)       # the holders get dℓ shared: its per-sample values stay here
         for holder, i in rsh.holder_index(self.holders).items():
             self.party.send(holder, Kind.OP, {"op": "backward", "step": self.step, "ga": parts[i][0],
                                               "gb": parts[i][1], "summed": summed})
-        dC = mpc.decode_grad(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), self._A.shape[-1], bits)
+        out = mpc.decode_grads(rsh.open_at(self.party, self.holders, Kind.MPC_GRAD, self.step), self._A.shape[-1],
+                               bits, self._W1.shape)
         self.wait_s += time.perf_counter() - t0
-        return dC
+        return out
 
 
 class HolderLink(_Link):
@@ -372,7 +373,7 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
         link = MpcLink(party, s)
         if saved["link"] is not None:
             link.restore(saved["link"])
-        first = mpc.SharedPooled(model, link, widths)
+        first = mpc.SharedLogits(model, link, widths)
     elif s.fusion != "trusted":
         link = HolderLink(party, s)
         if saved["link"] is not None:
