@@ -78,12 +78,13 @@ def growth(owners: list[int], batches: list[int], hidden: int = 16, d: int = 16)
         dg = a.sum(1) ** -0.5
         A = dg[:, None] * a * dg[None, :]
         C = [rng.normal(size=(d, hidden)) * 0.2 for _ in range(n)]
+        W1 = rng.normal(size=(2, hidden)) * 0.3
         torch.set_num_threads(1)
         for B in batches:
             r0, w0 = link.holders[0].rounds, link.holders[0].words_sent
             t0 = time.perf_counter()
-            link.forward(np.arange(B), A, C, keep=True)
-            link.backward(rng.normal(size=(B, hidden)), summed=False)
+            link.forward(np.arange(B), A, C, W1, keep=True)
+            link.backward(rng.normal(size=(B, 2)) * 0.5, summed=False)
             out.append({"n": n, "batch": B, "rounds": link.holders[0].rounds - r0,
                         "words": int(link.holders[0].words_sent - w0), "wall_s": time.perf_counter() - t0})
     return out
@@ -131,7 +132,7 @@ def render(doc) -> str:
     if doc.get("growth"):
         lines += ["", "mpc cost of one training step (forward and backward) by owners n and batch B, three holders in "
                   "one process (threads; synthetic h, a random given graph, hidden 16): words each holder sends "
-                  "(about 8.5 B n hidden + the gradient) and wall time", "",
+                  "(about 8.5 B n hidden + the gradients) and wall time", "",
                   "| owners n | batch B | rounds | words / holder | MiB / holder | wall s |",
                   "|---|---|---|---|---|---|"]
         for g in doc["growth"]:
