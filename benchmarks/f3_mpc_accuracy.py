@@ -18,7 +18,7 @@ on the real road graph).  Time per epoch is measured in this process (three hold
 information only: the cost of mpc as processes is measured elsewhere.
 
 The results are written after every seed; ``--resume`` keeps the seeds already in the JSON (same settings)
-and runs the rest; ``--budget-min`` starts no seed that would, by the previous seed's time, end past it.
+and runs the rest; ``--only NAME`` runs one data set and keeps the other's results; ``--budget-min`` starts no seed that would, by the previous seed's time, end past it.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from fedhet.parties.settings import parse_settings, settings_dict
 
 TOLERANCE = 0.02
 MODES = ("trusted", "mpc", "trusted_icdf")
+CONTROL = "trusted_rounded"     # trusted on h rounded to mpc's fixed point: how far a tiny perturbation moves F1
 
 
 def plans(quick: bool, a) -> dict:
@@ -124,6 +125,10 @@ def run_seed(name: str, plan: dict, seed: int, log) -> dict:
     for mode in ("trusted", "mpc"):
         modes[mode] = train_one(mode, s, cfg, init, reps, y, adj, n_classes)
         log(f"{name} seed {seed}: {mode} {_brief(modes[mode])}")
+    rounded = [np.ldexp(np.rint(np.ldexp(r, mpc.H_BITS)), -mpc.H_BITS) for r in reps]
+    modes[CONTROL] = train_one("trusted", s, cfg, init, rounded, y, adj, n_classes)
+    modes[CONTROL].pop("probs", None)
+    log(f"{name} seed {seed}: trusted on rounded h {_brief(modes[CONTROL])}")
     pt, pm = (modes[m].pop("probs", None) for m in ("trusted", "mpc"))
     prob_diff = float(np.abs(pt - pm).max()) if pt is not None and pm is not None else None
     icfg = global_config(s, "icdf")
@@ -160,6 +165,9 @@ def summarise(ds: dict) -> dict:
                            "epoch_s": _mean([x["epoch_s"] for x in ok])}
     diffs = [_f1(r["modes"]["mpc"]) - _f1(r["modes"]["trusted"]) for r in runs]
     out["delta_f1"] = diffs
+    ctrl = [_f1(r["modes"][CONTROL]) - _f1(r["modes"]["trusted"]) for r in runs if CONTROL in r["modes"]]
+    out["control_delta_f1"] = ctrl
+    out["control_max_abs_delta_f1"] = float(np.max(np.abs(ctrl))) if ctrl else None
     out["max_abs_delta_f1"] = float(np.max(np.abs(diffs))) if diffs else float("nan")
     out["within"] = bool(diffs) and bool(np.all(np.abs(diffs) <= TOLERANCE))   # nan (an error) fails
     t, p = out["modes"]["trusted"], out["modes"]["mpc"]
@@ -204,14 +212,14 @@ def render(doc: dict) -> str:
                          f"{x['epochs_mean']:.1f} | {x['train_s_per_epoch']:.3f} | {x['epoch_s']:.3f} |")
     lines += ["", "## Per seed", "",
               "| data | data set | seed | F1 trusted | F1 mpc | ΔF1 (mpc - trusted) | AUC trusted | AUC mpc | "
-              "max |Δ test probability| | F1 trusted, icdf | epochs trusted / mpc | local pre-training s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              f"ΔF1 control (trusted on h rounded to 2^-{mpc.H_BITS} - trusted) | |Δ validation loss| after epoch 1 | max |Δ test probability| | F1 trusted, icdf | epochs (best) trusted / mpc "
+              "| local pre-training s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, ds in doc["datasets"].items():
         for r in ds["runs"]:
             t, p, i = (r["modes"][m] for m in MODES)
             lines.append(f"| {ds['data']} | {name} | {r['seed']} | {_cell(t, 'f1')} | {_cell(p, 'f1')} | "
-                         f"{_f1(p) - _f1(t):+.4f} | {_cell(t, 'auc')} | {_cell(p, 'auc')} | {_diff(r)} | {_cell(i, 'f1')} | "
-                         f"{t.get('epochs', '-')} / {p.get('epochs', '-')} | {r['local']['seconds']:.0f} |")
+                         f"{_f1(p) - _f1(t):+.4f} | {_cell(t, 'auc')} | {_cell(p, 'auc')} | {_control(r)} | {_first_gap(t, p)} | {_diff(r)} | "
+                         f"{_cell(i, 'f1')} | {_epochs(t)} / {_epochs(p)} | {r['local']['seconds']:.0f} |")
     lines += ["", "## Settings", ""]
     for name, ds in doc["datasets"].items():
         st = ds["settings"]
@@ -226,6 +234,21 @@ def render(doc: dict) -> str:
 
 def _cell(r: dict, key: str) -> str:
     return "error" if "error" in r else f"{r['test'][key]:.4f}"
+
+
+def _control(r: dict) -> str:
+    c = r["modes"].get(CONTROL)
+    return "-" if c is None else f"{_f1(c) - _f1(r['modes']['trusted']):+.4f}"
+
+
+def _first_gap(t: dict, p: dict) -> str:
+    if "error" in t or "error" in p:
+        return "-"
+    return f"{abs(t['first_epoch_val_loss'] - p['first_epoch_val_loss']):.1e}"
+
+
+def _epochs(r: dict) -> str:
+    return "-" if "error" in r else f"{r['epochs']} ({r['best_epoch']})"
 
 
 def _diff(r: dict) -> str:
@@ -249,7 +272,20 @@ def reading(doc: dict) -> list[str]:
         if len(sm["seeds"]) < len(ds["seeds_planned"]):
             line += f" (only {len(sm['seeds'])} of the {len(ds['seeds_planned'])} planned seeds finished)"
         same = sum(1 for d in sm["delta_f1"] if d == 0.0)
-        line += (f"; {same} of {len(sm['delta_f1'])} seeds give exactly the same F1.  In this process mpc takes "
+        ok = [r for r in ds["runs"] if "error" not in r["modes"]["trusted"] and "error" not in r["modes"]["mpc"]]
+        gap1 = max((abs(r["modes"]["trusted"]["first_epoch_val_loss"] - r["modes"]["mpc"]["first_epoch_val_loss"])
+                    for r in ok), default=float("nan"))
+        moved = sum(1 for r in ok if r["modes"]["trusted"]["best_epoch"] != r["modes"]["mpc"]["best_epoch"])
+        line += (f"; {same} of {len(sm['delta_f1'])} seeds give exactly the same F1.  After the first epoch the "
+                 f"two validation losses differ by at most {gap1:.1e} (the fixed point's error); ")
+        line += (f"the trajectories then drift apart (Adam, lr {ds['settings']['lr']:g}) and on {moved} of {len(ok)} "
+                 "seeds early stopping keeps a different epoch." if moved else
+                 "early stopping keeps the same epoch on every seed.")
+        if sm.get("control_max_abs_delta_f1") is not None:
+            line += (f"  For scale, trusted fusion on h merely rounded to mpc's fixed point (2^-{mpc.H_BITS}) moves "
+                     f"F1 by up to {sm['control_max_abs_delta_f1']:.4f} on the same seeds "
+                     f"({len(sm['control_delta_f1'])} of them).")
+        line += ("  In this process mpc takes "
                  f"{sm['time_ratio']:.0f}x trusted's training time per epoch.  The learned ICDF graph (trusted "
                  f"only) scores {i['f1_mean']:.4f}: ")
         gap = sm["icdf_minus_mpc_f1"]
@@ -265,7 +301,8 @@ def main(argv=None):
     ap = harness.add_common_args(argparse.ArgumentParser(description=__doc__), render_only=True,
                                  quick_help="vowels 1 seed and METR-LA at 8 sensors, a few epochs")
     ap.add_argument("--resume", action="store_true", help="keep the seeds already in the JSON")
-    ap.add_argument("--only", choices=("vowels", "metr_la"), default=None, help="one data set")
+    ap.add_argument("--only", choices=("vowels", "metr_la"), default=None,
+                    help="run one data set (from scratch unless --resume); the others' results stay as in the JSON")
     ap.add_argument("--vowels-seeds", type=int, default=5)
     ap.add_argument("--vowels-local-epochs", type=int, default=200)
     ap.add_argument("--vowels-epochs", type=int, default=100)
@@ -286,7 +323,8 @@ def main(argv=None):
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:7.0f} s] {msg}", flush=True)
 
-    old = out.read() if a.resume else {"datasets": {}}
+    keep = (a.resume or a.only) and out.path("json").exists()
+    old = out.read() if keep else {"datasets": {}}
     doc = {"datasets": {}, "tolerance": TOLERANCE, "quick": a.quick}
     for name, plan in plans(a.quick, a).items():
         if a.only and name != a.only:
@@ -295,7 +333,7 @@ def main(argv=None):
             continue
         s = parse_settings(f3.Settings, plan["settings"], "f3")
         st = {k: v for k, v in settings_dict(s).items() if k != "seed"}
-        prev = old["datasets"].get(name)
+        prev = old["datasets"].get(name) if a.resume else None
         runs = list(prev["runs"]) if prev and prev["settings"] == st else []
         ds = {"data": provenance(s), "n_owners": f3.n_owners(s), "mpc_graph": plan["mpc_graph"], "settings": st,
               "seeds_planned": plan["seeds"], "runs": runs}
