@@ -229,6 +229,10 @@ def render(doc: dict) -> str:
                      f"align {st['align']}; seeds planned {ds['seeds_planned']}, done {len(ds['runs'])}."
                      + (f"  {ds['note']}" if ds.get("note") else ""))
     lines += ["", "## Reading", ""] + reading(doc) + ["", harness.environment_line(doc.get("environment"))]
+    for name, ds in doc["datasets"].items():     # a data set kept from an earlier session (--only, --resume)
+        env = ds.get("environment")
+        if env and env.get("started") != (doc.get("environment") or {}).get("started"):
+            lines += ["", f"{name}: " + harness.environment_line(env)]
     return "\n".join(lines) + "\n"
 
 
@@ -329,7 +333,7 @@ def main(argv=None):
     for name, plan in plans(a.quick, a).items():
         if a.only and name != a.only:
             if name in old["datasets"]:
-                doc["datasets"][name] = old["datasets"][name]
+                doc["datasets"][name] = {"environment": old.get("environment"), **old["datasets"][name]}
             continue
         s = parse_settings(f3.Settings, plan["settings"], "f3")
         st = {k: v for k, v in settings_dict(s).items() if k != "seed"}
@@ -351,7 +355,7 @@ def main(argv=None):
             runs.append(run_seed(name, plan, seed, log))
             last_s = time.perf_counter() - t0
             ds["summary"] = summarise(ds)
-            doc["environment"] = sess.finish()
+            doc["environment"] = ds["environment"] = sess.finish()
             out.write(doc, render(doc))
             log(f"{name} seed {seed} done in {last_s:.0f} s; ΔF1 {ds['summary']['delta_f1'][-1]:+.4f}")
         if runs:
