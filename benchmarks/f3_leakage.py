@@ -14,23 +14,29 @@ graph "none") and ``f3_small`` (the first 4 sensors of METR-LA, traffic SIMULATE
   least squares of h C_i = G_b[i]; *whole run*, per row every step that contained it stacked (the public C_i
   change every step, so hidden < d_i suffices after a few steps).
 * **mpc** (:class:`fedhet.algorithms.f3.mpc.InProcessMpc` with ``record=True``: per training step the rows, Â,
-  C_i, the opened pooled vectors p_b = a ReLU(Â G_b) and, from the backward, g_b and the batch-summed dC):
+  C_i, W_1, the opened logits ℓ_b = W_1 a ReLU(Â G_b) and, from the backward, its own dℓ_b (so g_b = W_1ᵀ dℓ_b)
+  and the batch-summed dC; the attacker also knows every training row's label, as the coordinator does):
+
+  0. *label only* (a baseline with no protocol message): h predicted by the class mean of shadow
+     representations (below), from the label the coordinator holds in every mode.
 
   1. *oracle-bits linear* (an UPPER BOUND, not a real attack): the attacker is GIVEN the true ReLU bits
      [U_b ≥ 0] of every step (computed here from the true h).  Then E_b = Âᵀ((a ⊗ g_b) ⊙ bits) is known and
      dC_i = Σ_b h_b^iᵀ E_b[i] is linear in the batch's h: the whole run stacked, solved by least squares
      (min-norm where under-determined).  Two variants: dC alone (per owner, dense), and dC together with every
-     p_b (with known bits p_b is linear in h_b too; one matrix-free CGLS over all owners).
-  2. *optimisation* (no oracle): H (train rows x n x d) = tanh(θ), fitted by Adam to every recorded p_b and
+     ℓ_b (with known bits ℓ_b is linear in h_b too; one matrix-free CGLS over all owners).
+  2. *optimisation* (no oracle): H (train rows x n x d) = tanh(θ), fitted by Adam to every recorded ℓ_b and
      dC of the run (the bits of dC from the current estimate), several restarts from random θ; the restart with
      the lowest loss (the attacker cannot see R²) is scored.
   3. *learned* (non-linear, no oracle): the attacker trains shadow LSTMs (the same architecture, settings and
      seeds: the settings are public) on a data split disjoint from the attacked rows (vowels: the TEST file;
      traffic: windows it simulates itself with another data seed), pushes their representations through the
-     SAME recorded public operands of every step (Â, C_i) into synthetic p, and trains an MLP from one row's
-     features (its p at every step that contained it, in epoch order, and which batch of each epoch that was)
-     to its h (all owners); applied to the real observations.
+     SAME recorded public operands of every step (Â, C_i, W_1) into synthetic logits, and trains an MLP from one
+     row's features (its logits at every step that contained it, in epoch order, which batch of each epoch that
+     was, and its label) to its h (all owners); applied to the real observations.
   4. attacks 1 and 2 after the first 1, 2, 5, ... epochs of the transcript only (a series).
+  5. the same attacks on mpc with align "tied" (one P for every owner: dC is opened summed over the owners too;
+     the paper's parameter tying, row J), at the wide first layer.
 
   Beside them, one holder: a regression of h on one holder's two share components (centred uniform words)
   fitted on half of the rows, scored on the other half; the worst of the three holders, per owner.
@@ -99,7 +105,7 @@ def representations(s: f3.Settings, data_dir) -> tuple[list[np.ndarray], np.ndar
     return [st.reps for st in stages], stages[0].y
 
 
-def shadow_representations(s: f3.Settings, data_dir) -> np.ndarray:
+def shadow_representations(s: f3.Settings, data_dir) -> tuple[np.ndarray, np.ndarray]:
     """The learned attacker's synthetic h, (rows, n, d): LSTMs of the same architecture, settings and seeds
     trained on data disjoint from the attacked training rows (vowels: the TEST file, validation rows for early
     stopping; traffic: windows simulated with another data seed), and their representations of that data."""
@@ -110,15 +116,17 @@ def shadow_representations(s: f3.Settings, data_dir) -> np.ndarray:
             sp = d["splits"]
             swapped = {**d, "splits": {"train": sp["test"], "val": sp["val"], "test": sp["val"]}}
             st = f3.pretrain_owner(s, swapped, i, len(datas))
-            reps.append(st.reps[:len(sp["test"][2]) + len(sp["val"][2])])
+            k = len(sp["test"][2]) + len(sp["val"][2])
+            reps.append(st.reps[:k])
+            labels = st.y[:k]
     else:
         other = parse_settings(f3.Settings, {**settings_dict(s), "data_seed": s.data_seed + 1}, "f3")
-        reps = representations(other, data_dir)[0]
-    return np.stack(reps, 1)
+        reps, labels = representations(other, data_dir)
+    return np.stack(reps, 1), np.asarray(labels)
 
 
-def global_config(hidden: int, graph: str, epochs: int, test_samples: int = 10) -> T.GlobalConfig:
-    return T.GlobalConfig(d=16, hidden=hidden, align="soft", graph=graph, epochs=epochs, patience=epochs,
+def global_config(hidden: int, graph: str, epochs: int, test_samples: int = 10, align: str = "soft") -> T.GlobalConfig:
+    return T.GlobalConfig(d=16, hidden=hidden, align=align, graph=graph, epochs=epochs, patience=epochs,
                           batch=100, seed=0, test_samples=test_samples)
 
 
@@ -220,8 +228,9 @@ class Transcript:
     A: np.ndarray        # (S, n, n) Â, A_BITS
     a: np.ndarray        # (S, n) pooling weights, A_BITS
     C: np.ndarray        # (S, n, d, k) C_i, C_BITS
-    dz: np.ndarray       # (S, B, n, k) encoded a ⊗ g_b (the backward's public operand), GRAD_BITS
-    p: np.ndarray        # (S, B, k) opened pooled vectors
+    dz: np.ndarray       # (S, B, n, k) a ⊗ g_b, g_b = W_1ᵀ dℓ_b (the coordinator's own per-sample gradient)
+    l: np.ndarray        # (S, B, c) opened logits
+    W1: np.ndarray       # (S, c, k) the coordinator's W_1 at each step
     dC: np.ndarray       # (S, n, d, k) opened gradients ((S, d, k) when summed over owners)
     summed: bool
     epoch: np.ndarray    # (S,) epoch of each step
@@ -229,7 +238,7 @@ class Transcript:
 
     def first_epochs(self, k: int) -> "Transcript":
         keep = self.epoch < k
-        f = {name: getattr(self, name)[keep] for name in ("rows", "mask", "A", "a", "C", "dz", "p", "dC", "epoch")}
+        f = {name: getattr(self, name)[keep] for name in ("rows", "mask", "A", "a", "C", "dz", "l", "W1", "dC", "epoch")}
         return Transcript(**f, summed=self.summed, n_rows=self.n_rows)
 
     @property
@@ -240,16 +249,18 @@ class Transcript:
 def transcript(seen: list[dict], n_rows: int, batch: int) -> Transcript:
     steps = []
     for e in seen:
-        if e["kind"] == "pooled" and e["train"]:
+        if e["kind"] == "logits" and e["train"]:
             steps.append({"pooled": e})
         elif e["kind"] == "grad":
             steps[-1]["grad"] = e
     S, B = len(steps), max(len(st["pooled"]["rows"]) for st in steps)
-    n, d, k = len(steps[0]["pooled"]["C"]), steps[0]["pooled"]["C"][0].shape[0], steps[0]["pooled"]["p"].shape[1]
+    n, d, k = len(steps[0]["pooled"]["C"]), steps[0]["pooled"]["C"][0].shape[0], steps[0]["pooled"]["W1"].shape[1]
+    c = steps[0]["pooled"]["W1"].shape[0]
     if any(c.shape[0] != d for st in steps for c in st["pooled"]["C"]):
         raise ValueError("this benchmark's mpc attacks assume every owner has the same width d_i")
     t = {"rows": np.zeros((S, B), np.int64), "mask": np.zeros((S, B), bool), "A": np.zeros((S, n, n)),
-         "a": np.zeros((S, n)), "C": np.zeros((S, n, d, k)), "dz": np.zeros((S, B, n, k)), "p": np.zeros((S, B, k))}
+         "a": np.zeros((S, n)), "C": np.zeros((S, n, d, k)), "dz": np.zeros((S, B, n, k)), "l": np.zeros((S, B, c)),
+         "W1": np.zeros((S, c, k))}
     dCs = []
     for s, st in enumerate(steps):
         po, gr = st["pooled"], st["grad"]
@@ -257,8 +268,8 @@ def transcript(seen: list[dict], n_rows: int, batch: int) -> Transcript:
         t["rows"][s, :m], t["mask"][s, :m] = po["rows"], True
         t["A"][s], t["a"][s] = fixed(po["A"], mpc.A_BITS), fixed(mpc.pooling_weights(po["A"]), mpc.A_BITS)
         t["C"][s] = fixed(np.stack(po["C"]), mpc.C_BITS)
-        t["dz"][s, :m] = fixed(mpc.pooling_weights(po["A"])[None, :, None] * gr["g"][:, None, :], mpc.GRAD_BITS)
-        t["p"][s, :m] = po["p"]
+        t["dz"][s, :m] = mpc.pooling_weights(po["A"])[None, :, None] * (gr["dl"] @ po["W1"])[:, None, :]
+        t["l"][s, :m], t["W1"][s] = po["logits"], po["W1"]
         dCs.append(gr["dC"].reshape((d, k) if gr["summed"] else (n, d, k)))
     per_epoch = math.ceil(n_rows / batch)
     return Transcript(**t, dC=np.stack(dCs), summed=bool(steps[0]["grad"]["summed"]),
@@ -266,10 +277,10 @@ def transcript(seen: list[dict], n_rows: int, batch: int) -> Transcript:
 
 
 def simulate(H: torch.Tensor, t: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mpc forward of every step on representations H (rows, n, d): U (S, B, n, k) and p (S, B, k)."""
+    """The mpc forward of every step on representations H (rows, n, d): U (S, B, n, k) and the logits (S, B, c)."""
     Hr = H[t["rows"]]
     U = torch.einsum("sij,sbjk->sbik", t["A"], torch.einsum("sbnd,sndk->sbnk", Hr, t["C"]))
-    return U, torch.einsum("sj,sbjk->sbk", t["a"], torch.relu(U))
+    return U, torch.einsum("sbk,sck->sbc", torch.einsum("sj,sbjk->sbk", t["a"], torch.relu(U)), t["W1"])
 
 
 def gradients(H: torch.Tensor, U: torch.Tensor, t: dict, summed: bool) -> torch.Tensor:
@@ -281,7 +292,7 @@ def gradients(H: torch.Tensor, U: torch.Tensor, t: dict, summed: bool) -> torch.
 
 
 def tensors(tr: Transcript, dtype=torch.float64) -> dict:
-    out = {k: torch.as_tensor(getattr(tr, k), dtype=dtype) for k in ("A", "a", "C", "dz", "p", "dC")}
+    out = {k: torch.as_tensor(getattr(tr, k), dtype=dtype) for k in ("A", "a", "C", "dz", "l", "W1", "dC")}
     return {**out, "rows": torch.as_tensor(tr.rows), "mask": torch.as_tensor(tr.mask, dtype=dtype)}
 
 
@@ -316,18 +327,18 @@ def oracle_dc(tr: Transcript, H: np.ndarray) -> np.ndarray:
 
 
 def oracle_dc_p(tr: Transcript, H: np.ndarray, iters: int) -> np.ndarray:
-    """Oracle bound from dC and every p_b together (with the bits known, p_b = Σ_j a_j bits_bj ⊙ (Â G_b)_j is
-    linear in h_b): one least-squares system over every unknown (rows x n x d), each block of equations scaled
+    """Oracle bound from dC and every logit ℓ_b together (with the bits known, ℓ_b = W_1 Σ_j a_j bits_bj ⊙ (Â G_b)_j
+    is linear in h_b): one least-squares system over every unknown (rows x n x d), each block of equations scaled
     by its observations' deviation, solved matrix-free by CGLS from zero (-> the min-norm solution)."""
     bits, E = true_bits_E(tr, H)
     t = tensors(tr)
     bits, E, valid = torch.as_tensor(bits), torch.as_tensor(E), t["mask"].bool()
-    w_dc, w_p = 1.0 / (float(t["dC"].std()) or 1.0), 1.0 / (float(t["p"][valid].std()) or 1.0)
+    w_dc, w_p = 1.0 / (float(t["dC"].std()) or 1.0), 1.0 / (float(t["l"][valid].std()) or 1.0)
 
     def M(X):                                       # the linear map X -> (dC, p) with the bits fixed
         Xr = X[t["rows"]]
         U = torch.einsum("sij,sbjk->sbik", t["A"], torch.einsum("sbnd,sndk->sbnk", Xr, t["C"]))
-        p = torch.einsum("sj,sbjk->sbk", t["a"], bits * U)[valid]
+        p = torch.einsum("sbk,sck->sbc", torch.einsum("sj,sbjk->sbk", t["a"], bits * U), t["W1"])[valid]
         dC = torch.einsum("sbnd,sbnk->sndk", Xr, E)
         return torch.cat([(dC.sum(1) if tr.summed else dC).ravel() * w_dc, p.ravel() * w_p])
 
@@ -335,7 +346,7 @@ def oracle_dc_p(tr: Transcript, H: np.ndarray, iters: int) -> np.ndarray:
         X = torch.zeros(H.shape, dtype=torch.float64, requires_grad=True)
         return torch.autograd.grad(M(X), X, grad_outputs=r)[0]
 
-    b = torch.cat([t["dC"].ravel() * w_dc, t["p"][valid].ravel() * w_p])
+    b = torch.cat([t["dC"].ravel() * w_dc, t["l"][valid].ravel() * w_p])
     x = torch.zeros(H.shape, dtype=torch.float64)
     r, s = b.clone(), Mt(b)
     q, gamma = s.clone(), float((s * s).sum())
@@ -356,14 +367,14 @@ def oracle_dc_p(tr: Transcript, H: np.ndarray, iters: int) -> np.ndarray:
 
 def optimise(tr: Transcript, shape: tuple, restarts: int, iters: int, seed: int,
              start: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """Attack 2: H = tanh(θ) fitted by Adam to every p_b and dC of the transcript (the bits of dC from the
+    """Attack 2: H = tanh(θ) fitted by Adam to every logit ℓ_b and dC of the transcript (the bits of dC from the
     current estimate, no gradient through them); the restart with the lowest loss.  θ starts random, or at
     ``start`` (one run from an estimate the attacker already has, e.g. the learned attacker's)."""
     t = tensors(tr, torch.float32)
     mask = t["mask"]
-    var_p = float(t["p"][mask.bool()].var()) or 1.0
+    var_p = float(t["l"][mask.bool()].var()) or 1.0
     var_c = float(t["dC"].var()) or 1.0
-    n_p = float(mask.sum()) * t["p"].shape[-1]
+    n_p = float(mask.sum()) * t["l"].shape[-1]
     gen = torch.Generator().manual_seed(seed)
     best, losses = None, []
     for _ in range(1 if start is not None else restarts):
@@ -376,7 +387,7 @@ def optimise(tr: Transcript, shape: tuple, restarts: int, iters: int, seed: int,
         for _ in range(iters):
             H = torch.tanh(theta)
             U, p = simulate(H, t)
-            loss = ((((p - t["p"]) ** 2) * mask[..., None]).sum() / n_p / var_p
+            loss = ((((p - t["l"]) ** 2) * mask[..., None]).sum() / n_p / var_p
                     + ((gradients(H, U, t, tr.summed) - t["dC"]) ** 2).mean() / var_c)
             opt.zero_grad()
             loss.backward()
@@ -385,19 +396,30 @@ def optimise(tr: Transcript, shape: tuple, restarts: int, iters: int, seed: int,
         with torch.no_grad():
             H = torch.tanh(theta)
             U, p = simulate(H, t)
-            lp = float((((p - t["p"]) ** 2) * mask[..., None]).sum() / n_p / var_p)
+            lp = float((((p - t["l"]) ** 2) * mask[..., None]).sum() / n_p / var_p)
             lc = float(((gradients(H, U, t, tr.summed) - t["dC"]) ** 2).mean() / var_c)
-        losses.append({"p": lp, "dC": lc})
+        losses.append({"logits": lp, "dC": lc})
         if best is None or lp + lc < best[0]:
             best = (lp + lc, H.double().numpy())
     return best[1], {"restart_losses": losses}
 
 
-def learned(tr: Transcript, shadow: np.ndarray, draws: int, epochs: int, seed: int) -> tuple[np.ndarray, dict]:
-    """Attack 3: an MLP from one row's observations (its p at each step that contained it, and which batch of
-    its epoch that was) to its h, trained on shadow representations pushed through the same public operands."""
+def label_only(shadow: np.ndarray, shadow_y: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Baseline without any protocol message: the coordinator knows each training row's label (the label owner
+    sends them, in every mode) and predicts h by the shadow representations' mean for that class."""
+    means = {c: shadow[shadow_y == c].mean(0) for c in np.unique(shadow_y)}
+    fallback = shadow.mean(0)
+    return np.stack([means.get(c, fallback) for c in y])
+
+
+def learned(tr: Transcript, shadow: np.ndarray, shadow_y: np.ndarray, y: np.ndarray, draws: int, epochs: int,
+            seed: int) -> tuple[np.ndarray, dict]:
+    """Attack 3: an MLP from one row's observations (its logits at each step that contained it, which batch of its
+    epoch that was, and its label) to its h, trained on shadow representations (with their labels) pushed through
+    the same public operands."""
     rng = np.random.default_rng(seed)
     R, (_, n, d) = tr.n_rows, shadow.shape
+    classes = int(max(shadow_y.max(), y.max())) + 1
     E, per_epoch = tr.epochs, int(tr.epoch.tolist().count(0))
     occ = np.zeros((R, E, 2), np.int64)            # (step, slot) of row r in each epoch
     for s, b in zip(*np.nonzero(tr.mask)):
@@ -406,16 +428,18 @@ def learned(tr: Transcript, shadow: np.ndarray, draws: int, epochs: int, seed: i
     which[np.arange(R)[:, None], np.arange(E)[None, :], occ[..., 0] - np.arange(E)[None, :] * per_epoch] = 1.0
     t = tensors(tr, torch.float32)
 
-    def features(p: np.ndarray) -> np.ndarray:
-        return np.concatenate([p[occ[..., 0], occ[..., 1]].reshape(R, -1), which.reshape(R, -1)], 1)
+    def features(obs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        return np.concatenate([obs[occ[..., 0], occ[..., 1]].reshape(R, -1), which.reshape(R, -1),
+                               np.eye(classes)[labels]], 1)
 
     def synthetic(count):
         X, Y = [], []
         for _ in range(count):
-            Hs = shadow[rng.choice(len(shadow), R, replace=len(shadow) < R)]
+            pick = rng.choice(len(shadow), R, replace=len(shadow) < R)
+            Hs = shadow[pick]
             with torch.no_grad():
-                p = simulate(torch.as_tensor(fixed(Hs, mpc.H_BITS), dtype=torch.float32), t)[1].double().numpy()
-            X.append(features(p))
+                obs = simulate(torch.as_tensor(fixed(Hs, mpc.H_BITS), dtype=torch.float32), t)[1].double().numpy()
+            X.append(features(obs, shadow_y[pick]))
             Y.append(Hs.reshape(R, -1))
         return np.concatenate(X), np.concatenate(Y)
 
@@ -438,7 +462,7 @@ def learned(tr: Transcript, shadow: np.ndarray, draws: int, epochs: int, seed: i
             return net(torch.as_tensor((x - mu) / sd, dtype=torch.float32)).double().numpy().reshape(len(x), n, d)
 
     held = predict(Xv)
-    return predict(features(tr.p)), {"synthetic_heldout_r2": float(np.mean(
+    return predict(features(tr.l, y)), {"synthetic_heldout_r2": float(np.mean(
         [r2(held[:, i], Yv.reshape(-1, n, d)[:, i]) for i in range(n)])), "examples": len(X)}
 
 
@@ -452,14 +476,16 @@ def mpc_holder_view(link: mpc.InProcessMpc, reps) -> list[float]:
     return out
 
 
-def run_mpc(size: str, s: f3.Settings, hidden: int, reps, y, shadow, epochs: int, effort: dict, data_dir) -> dict:
+def run_mpc(size: str, s: f3.Settings, hidden: int, reps, y, shadow, epochs: int, effort: dict, data_dir,
+            align: str = "soft") -> dict:
     tr_rows, va, _ = f3.n_rows(s)
     graph = SIZES[size]["graph_mpc"]
-    cfg = global_config(hidden, graph, epochs)
+    cfg = global_config(hidden, graph, epochs, align=align)
+    shadow, shadow_y = shadow
     widths = [r.shape[1] for r in reps]
     model = T.build_global(len(reps), widths, int(y.max()) + 1, cfg, given=given_graph(s, graph, data_dir))
     link = mpc.InProcessMpc(reps, record=True)
-    first = mpc.SharedPooled(model, link, widths)
+    first = mpc.SharedLogits(model, link, widths)
     pos = np.arange(tr_rows + va)
     t0 = time.perf_counter()
     hist = T.train_global(model, first, y, pos[:tr_rows], pos[tr_rows:], cfg)
@@ -471,18 +497,19 @@ def run_mpc(size: str, s: f3.Settings, hidden: int, reps, y, shadow, epochs: int
     def score(est):
         return owner_r2([est[:, i] for i in range(est.shape[1])], true)
 
-    out: dict = {"graph": graph, "steps": len(tr.epoch), "epochs": tr.epochs, "train_s": train_s,
+    out: dict = {"graph": graph, "align": align, "steps": len(tr.epoch), "epochs": tr.epochs, "train_s": train_s,
                  "val_f1_last": hist[-1]["val_f1"]}
     t0 = time.perf_counter()
+    out["label_only"] = stats(score(label_only(shadow, shadow_y, y[:tr_rows])))
     out["oracle_dc"] = stats(score(oracle_dc(tr, H)))
     out["oracle_dc_p"] = stats(score(oracle_dc_p(tr, H, effort["cgls_iters"])))
     est, info = optimise(tr, H.shape, effort["restarts"], effort["iters"], seed=1)
     out["optimise"] = stats(score(est), **info)
-    est, info = learned(tr, shadow, effort["draws"], effort["mlp_epochs"], seed=2)
+    est, info = learned(tr, shadow, shadow_y, y[:tr_rows], effort["draws"], effort["mlp_epochs"], seed=2)
     out["learned"] = stats(score(est), **info)
     out["learned_optimise"] = stats(score(optimise(tr, H.shape, 1, effort["iters"], seed=1, start=est)[0]))
     series = []
-    for k in sorted({k for k in effort["series"] if k < tr.epochs} | {tr.epochs}):
+    for k in ([] if align != "soft" else sorted({k for k in effort["series"] if k < tr.epochs} | {tr.epochs})):
         part = tr.first_epochs(k)
         row = {"epochs": k, "oracle_dc": stats(score(oracle_dc(part, H))),
                "optimise": stats(score(optimise(part, H.shape, effort["restarts"], effort["iters"], seed=1)[0]))}
@@ -498,13 +525,23 @@ ATTACKS = [  # (mode, attacker, attack, key in the run's results)
     ("shamir_linear", "coordinator", "one step: G = Â⁻¹U, least squares of h C_i", "one_step"),
     ("shamir_linear", "coordinator", "whole run: every step of a row stacked", "whole_run"),
     ("shamir_linear", "1 holder", "regression on its shares (held out)", "holder"),
+    ("mpc", "coordinator", "label only: shadow h's class mean (no protocol message at all)", "label_only"),
     ("mpc", "coordinator", "ORACLE bound: true ReLU bits given, dC linear, least squares", "oracle_dc"),
-    ("mpc", "coordinator", "ORACLE bound: true ReLU bits given, dC + p linear, CGLS", "oracle_dc_p"),
-    ("mpc", "coordinator", "optimisation: tanh(θ) fitted to all p and dC (best of restarts)", "optimise"),
-    ("mpc", "coordinator", "learned: MLP on shadow-LSTM h through the same operands", "learned"),
+    ("mpc", "coordinator", "ORACLE bound: true ReLU bits given, dC + logits linear, CGLS", "oracle_dc_p"),
+    ("mpc", "coordinator", "optimisation: tanh(θ) fitted to all logits and dC (best of restarts)", "optimise"),
+    ("mpc", "coordinator", "learned: MLP on shadow-LSTM h (and labels) through the same operands", "learned"),
     ("mpc", "coordinator", "learned, then optimisation started from its estimate", "learned_optimise"),
     ("mpc", "1 holder", "regression on its pair of shares (held out)", "holder"),
 ]
+
+
+def beyond_labels(r: dict, base: dict | None) -> float | None:
+    """The largest share, over the owners, of the label-only baseline's remaining error that an attack removes:
+    1 - SSE(attack) / SSE(labels) = 1 - (1 - R²) / (1 - R²_labels), per owner (what the messages add to what the
+    coordinator's labels already give)."""
+    if base is None or "per_owner" not in r:
+        return None
+    return float(max(1 - (1 - a) / max(1 - b, 1e-12) for a, b in zip(r["per_owner"], base["per_owner"])))
 
 
 def table_rows(doc) -> list[dict]:
@@ -512,20 +549,27 @@ def table_rows(doc) -> list[dict]:
     for size, per in doc["sizes"].items():
         for hidden in doc["hiddens"]:
             runs = {"shamir_linear": per["shamir_linear"][str(hidden)], "mpc": per["mpc"][str(hidden)]}
+            tied = per.get("mpc_tied", {}).get(str(hidden))
             rows.append({"mode": "trusted", "attacker": "coordinator", "attack": "h^i itself (by construction)",
                          "size": size, "hidden": hidden, "graph": "any", "data": per["data"],
                          "mean": 1.0, "min": 1.0, "max": 1.0})
-            for mode, who, what, key in ATTACKS:
-                r = runs[mode][key]
+            for mode, who, what, key in ATTACKS + [("mpc, align tied", w, a, k) for m, w, a, k in ATTACKS
+                                                   if m == "mpc" and tied is not None]:
+                run = tied if mode == "mpc, align tied" else runs[mode]
+                r = run[key]
                 rows.append({"mode": mode, "attacker": who, "attack": what, "size": size, "hidden": hidden,
-                             "graph": runs[mode]["graph"], "data": per["data"], "key": key,
-                             "mean": r["mean"], "min": r["min"], "max": r["max"]})
+                             "graph": run["graph"], "data": per["data"], "key": key,
+                             "mean": r["mean"], "min": r["min"], "max": r["max"],
+                             "beyond": beyond_labels(r, run.get("label_only"))})
     return rows
 
 
 def reading(doc, rows) -> str:
     mpc_rows = [r for r in rows if r["mode"] == "mpc" and r["attacker"] == "coordinator"]
-    real = [r for r in mpc_rows if not r["key"].startswith("oracle")]
+    real = [r for r in mpc_rows if not r["key"].startswith("oracle") and r["key"] != "label_only"]
+    base = {(r["size"], r["hidden"]): r for r in mpc_rows if r["key"] == "label_only"}
+    tied = [r for r in rows if r["mode"] == "mpc, align tied" and r["attacker"] == "coordinator"
+            and not r["key"].startswith("oracle") and r["key"] != "label_only"]
     oracle = [r for r in mpc_rows if r["key"].startswith("oracle")]
     holders = [r for r in rows if r["attacker"] == "1 holder"]
     lin = [r for r in rows if r["mode"] == "shamir_linear" and r["key"] == "whole_run"]
@@ -548,6 +592,23 @@ def reading(doc, rows) -> str:
         out.append(f"mpc, real attacks (no oracle): the target holds for all {len(real)} attack runs (largest "
                    f"max over owners {max(r['max'] for r in real):.3f}, "
                    f"{max(real, key=lambda r: r['max'])['key']}).")
+    if base:
+        out.append("Labels alone (no message; the coordinator holds them in every mode): R² max "
+                   + ", ".join(f"{k[0]}/h{k[1]} {v['max']:.3f}" for k, v in base.items())
+                   + ("; ABOVE the target already, so no protocol can meet it against an attacker who knows the "
+                      "labels" if any(v["max"] > TARGET for v in base.values()) else "") + ".")
+    bl = [r for r in real if r.get("beyond") is not None]
+    if bl:
+        worst = max(bl, key=lambda r: r["beyond"])
+        out.append(f"Beyond the labels, the real attacks on mpc remove at most {worst['beyond']:.3f} of the label "
+                   f"baseline's remaining error for an owner ({worst['key']} at {worst['size']}, hidden "
+                   f"{worst['hidden']}).")
+    if tied:
+        bt = [r for r in tied if r["max"] > TARGET]
+        out.append("mpc with align tied (dC summed over the owners): real attacks "
+                   + (f"above the target in {len(bt)} of {len(tied)}: {where(bt)}" if bt else
+                      f"within the target in all {len(tied)} (largest max {max(r['max'] for r in tied):.3f})") + ".")
+    oracle = [r for r in oracle if r["mode"] == "mpc"]
     bad_o = [r for r in oracle if r["max"] > TARGET]
     if bad_o:
         out.append(f"mpc, oracle bound (the attacker is GIVEN the true ReLU bits, which it does not receive): "
@@ -581,14 +642,19 @@ def render(doc) -> str:
              "R² per owner = 1 - SSE/SST pooled over the dimensions of h^i, on the TRAINING rows; mean, min and "
              "max over the owners.  Target: max ≤ 0.1 (every owner).  Sizes: "
              + "; ".join(f"`{k}` = {v['description']}" for k, v in doc["sizes"].items())
-             + f".  Global model: soft alignment, {doc['epochs']} epochs, batch 100.  ORACLE rows are upper "
-             "bounds (the attacker is given the true ReLU bits), not attacks.", "",
-             "| data | mode | attacker | attack | size | hidden | graph | R² mean | R² min | R² max | max ≤ 0.1 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             + f".  Global model: soft alignment (tied where the mode says so), {doc['epochs']} epochs, batch 100.  "
+             "ORACLE rows are upper bounds (the attacker is given the true ReLU bits), not attacks.  'Beyond "
+             "labels' is the largest share over the owners of the label-only baseline's remaining error that the "
+             "attack removes, 1 - SSE(attack) / SSE(labels): what the messages add to what the coordinator's "
+             "labels already tell.", "",
+             "| data | mode | attacker | attack | size | hidden | graph | R² mean | R² min | R² max | max ≤ 0.1 | "
+             "beyond labels, max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = "yes" if r["max"] <= TARGET else "NO"
+        extra = "-" if r.get("beyond") is None else f"{r['beyond']:.3f}"
         lines.append(f"| {r['data']} | {r['mode']} | {r['attacker']} | {r['attack']} | {r['size']} | {r['hidden']} | "
-                     f"{r['graph']} | {r['mean']:.3f} | {r['min']:.3f} | {r['max']:.3f} | {ok} |")
+                     f"{r['graph']} | {r['mean']:.3f} | {r['min']:.3f} | {r['max']:.3f} | {ok} | {extra} |")
     lines += ["", "mpc, coordinator: R² max over owners (mean in brackets) from the first k epochs of the transcript "
               "only.", "", "| data | size | hidden | epochs seen | steps | ORACLE dC | optimisation |",
               "|---|---|---|---|---|---|---|"]
@@ -614,13 +680,14 @@ def measure_size(size: str, hiddens, local_epochs: int, epochs: int, effort: dic
     s = settings_for(size, local_epochs=local_epochs)
     reps, y = representations(s, data_dir)
     shadow = shadow_representations(s, data_dir)
+    tied_hidden = max(hiddens)
     data = provenance(s)
     label = "real" if data.startswith("real") else "synthetic"
     out = {"data": label, "provenance": data, "owners": len(reps), "d_i": reps[0].shape[1],
-           "train_rows": f3.n_rows(s)[0], "local_epochs": local_epochs, "shadow_rows": len(shadow),
+           "train_rows": f3.n_rows(s)[0], "local_epochs": local_epochs, "shadow_rows": len(shadow[0]),
            "shadow": ("shadow LSTMs on the TEST file" if s.dataset == "vowels"
                       else f"shadow LSTMs on windows simulated with data seed {s.data_seed + 1}"),
-           "shamir_linear": {}, "mpc": {}}
+           "shamir_linear": {}, "mpc": {}, "mpc_tied": {}}
     out["description"] = (f"{'Japanese Vowels' if s.dataset == 'vowels' else 'METR-LA first 4 sensors'} ({label}), "
                           f"{len(reps)} owners, d_i = {reps[0].shape[1]}, {out['train_rows']} training rows, "
                           f"local LSTMs {local_epochs} epochs")
@@ -628,6 +695,8 @@ def measure_size(size: str, hiddens, local_epochs: int, epochs: int, effort: dic
         t0 = time.perf_counter()
         out["shamir_linear"][str(h)] = run_shamir(size, s, h, reps, y, epochs, data_dir)
         out["mpc"][str(h)] = run_mpc(size, s, h, reps, y, shadow, epochs, effort, data_dir)
+        if h == tied_hidden:   # the opened gradient summed over the owners too (the paper's parameter tying, J)
+            out["mpc_tied"][str(h)] = run_mpc(size, s, h, reps, y, shadow, epochs, effort, data_dir, align="tied")
         m = out["mpc"][str(h)]
         print(f"{size} hidden {h}: {time.perf_counter() - t0:.0f} s; mpc max R² oracle dC {m['oracle_dc']['max']:.3f} "
               f"dC+p {m['oracle_dc_p']['max']:.3f} optimise {m['optimise']['max']:.3f} learned "

@@ -7,7 +7,7 @@ trained from ONE initial state twice, with the same batches:
 
 * **trusted**: the representations in the clear at the coordinator (``training.plain_first_layer``);
 * **mpc**: the three holders in this process (``mpc.InProcessMpc``, the federation's holder code in threads)
-  behind ``mpc.SharedPooled``; the coordinator sees pooled vectors and batch-summed gradients only.
+  behind ``mpc.SharedLogits``; the coordinator sees logits and batch-summed gradients only.
 
 Both use the graph mpc supports: "none" (Japanese Vowels has no given graph) or "given" (the METR-LA road
 graph).  A third row, trusted with the learned ICDF graph (eq. 9, the preset's), is the reference: what mpc
@@ -39,7 +39,7 @@ from fedhet.parties.contract import PartyContext
 from fedhet.parties.settings import parse_settings, settings_dict
 
 TOLERANCE = 0.02
-MODES = ("trusted", "mpc", "trusted_icdf")
+MODES = ("trusted", "shamir_linear", "mpc", "trusted_icdf")   # shamir_linear: in the summary where measured
 CONTROL = "trusted_rounded"     # trusted on h rounded to mpc's fixed point: how far a tiny perturbation moves F1
 
 
@@ -87,9 +87,13 @@ def train_one(mode: str, s: f3.Settings, cfg: T.GlobalConfig, init: dict, reps, 
     model = T.build_global(len(reps), widths, n_classes, cfg, given=adj if cfg.graph == "given" else None)
     model.load_state_dict(init)
     link = None
+    link: mpc.InProcessMpc | f3.InProcessHolders | None = None
     if mode == "mpc":
         link = mpc.InProcessMpc(reps)
-        first = mpc.SharedPooled(model, link, widths)
+        first = mpc.SharedLogits(model, link, widths)
+    elif mode == "shamir_linear":
+        link = f3.InProcessHolders(reps, s, m=3, seed=s.seed)
+        first = f3.SharedFirstLayer(model, link, widths)
     else:
         first = T.plain_first_layer(model, reps)
     tr, va, te = f3.n_rows(s)
@@ -122,9 +126,10 @@ def run_seed(name: str, plan: dict, seed: int, log) -> dict:
     cfg = global_config(s, plan["mpc_graph"])
     init = copy.deepcopy(T.build_global(len(reps), widths, n_classes, cfg, given=adj).state_dict())
     modes = {}
-    for mode in ("trusted", "mpc"):
+    for mode in ("trusted", "shamir_linear", "mpc"):
         modes[mode] = train_one(mode, s, cfg, init, reps, y, adj, n_classes)
         log(f"{name} seed {seed}: {mode} {_brief(modes[mode])}")
+    modes["shamir_linear"].pop("probs", None)
     rounded = [np.ldexp(np.rint(np.ldexp(r, mpc.H_BITS)), -mpc.H_BITS) for r in reps]
     modes[CONTROL] = train_one("trusted", s, cfg, init, rounded, y, adj, n_classes)
     modes[CONTROL].pop("probs", None)
@@ -155,7 +160,9 @@ def summarise(ds: dict) -> dict:
     runs = ds["runs"]
     out = {"seeds": [r["seed"] for r in runs], "modes": {}}
     for m in MODES:
-        ok = [r["modes"][m] for r in runs if "error" not in r["modes"][m]]
+        if not any(m in r["modes"] for r in runs):
+            continue
+        ok = [r["modes"][m] for r in runs if m in r["modes"] and "error" not in r["modes"][m]]
         f1 = [x["test"]["f1"] for x in ok]
         auc = [x["test"]["auc"] for x in ok]
         out["modes"][m] = {"n": len(ok), "errors": len(runs) - len(ok),
@@ -191,7 +198,8 @@ def _pm(m: float, s: float) -> str:
 def render(doc: dict) -> str:
     lines = ["# F³ accuracy: mpc fusion vs trusted fusion", "",
              "The global GCN of eq. (8) (ReLU, soft alignment) trained per seed from ONE initial state and the same "
-             "frozen local representations, with the first layer, ReLU and pooling in the clear (trusted) or on "
+             "frozen local representations, with the first layer, ReLU and pooling in the clear (trusted), the "
+             "first layer on Shamir shares (shamir_linear, where measured) or everything up to the logits on "
              "2-of-3 replicated shares (mpc, three holders in this process).  Graph: the one mpc supports (none: "
              "Japanese Vowels has no given graph; given: the road graph).  Reference: trusted with the learned ICDF "
              f"graph (not possible with mpc).  Target: |ΔF1| = |F1(mpc) - F1(trusted)| ≤ {TOLERANCE} on every seed.",
@@ -202,7 +210,7 @@ def render(doc: dict) -> str:
         sm = ds.get("summary")
         if not sm:
             continue
-        for m in MODES:
+        for m in (m for m in MODES if m in sm["modes"]):
             x = sm["modes"][m]
             graph = "icdf" if m == "trusted_icdf" else ds["mpc_graph"]
             label = "trusted (reference)" if m == "trusted_icdf" else m
@@ -216,7 +224,7 @@ def render(doc: dict) -> str:
               "| local pre-training s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, ds in doc["datasets"].items():
         for r in ds["runs"]:
-            t, p, i = (r["modes"][m] for m in MODES)
+            t, p, i = (r["modes"][m] for m in ("trusted", "mpc", "trusted_icdf"))
             lines.append(f"| {ds['data']} | {name} | {r['seed']} | {_cell(t, 'f1')} | {_cell(p, 'f1')} | "
                          f"{_f1(p) - _f1(t):+.4f} | {_cell(t, 'auc')} | {_cell(p, 'auc')} | {_control(r)} | {_first_gap(t, p)} | {_diff(r)} | "
                          f"{_cell(i, 'f1')} | {_epochs(t)} / {_epochs(p)} | {r['local']['seconds']:.0f} |")
@@ -267,7 +275,7 @@ def reading(doc: dict) -> list[str]:
         if not sm:
             out.append(f"- {name} ({ds['data']}): no seed finished.")
             continue
-        t, p, i = (sm["modes"][m] for m in MODES)
+        t, p, i = (sm["modes"][m] for m in ("trusted", "mpc", "trusted_icdf"))
         verdict = "within" if sm["within"] else "NOT within"
         line = (f"- {name} ({ds['data']}, {ds['n_owners']} owners, graph {ds['mpc_graph']}, {len(sm['seeds'])} "
                 f"seed{'s' if len(sm['seeds']) != 1 else ''}): mpc F1 {p['f1_mean']:.4f} vs trusted "
