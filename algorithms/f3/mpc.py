@@ -194,7 +194,7 @@ class InProcessMpc:
         self.shares = [MpcShares([rs.Rss(rs.expand(p[i][0], r.shape), rs.expand(p[i][1], r.shape))
                                   for p, r in zip(parts, reps)]) for i in range(3)]
         self.holders = holders
-        self.step, self.wait_s, self.max_err = 0, 0.0, 0.0
+        self.step, self.wait_s = 0, 0.0
         self.record = record
         self.seen: list[dict] = []
         self._kept: list = [None] * 3
