@@ -139,7 +139,9 @@ def test_mpc_settings_errors_name_the_problem():
     with pytest.raises(ValueError, match="renamed|now called 'shamir_linear'"):
         parse_settings(f3.Settings, {"fusion": "shamir"}, "f3")
     with pytest.raises(ValueError, match="exactly three holders"):
-        parse_settings(f3.Settings, {"fusion": "mpc", "t": 3}, "f3")
+        parse_settings(f3.Settings, {"fusion": "mpc", "t": 3, "graph": "none"}, "f3")
+    with pytest.raises(ValueError, match="graph 'given' or 'none'"):
+        parse_settings(f3.Settings, {"fusion": "mpc", "graph": "icdf"}, "f3")
 
 
 def test_the_mpc_coordinator_receives_only_logits_and_summed_gradients():

@@ -366,10 +366,7 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     model = build_global(n, widths, n_classes, gcfg, given=data.get("adj"))
     first: FirstLayerFor
     link: HolderLink | MpcLink | None = None
-    if s.fusion == "mpc":
-        if s.graph not in ("given", "none"):
-            raise SettingsError(f"f3: fusion 'mpc' needs a public fixed graph (graph 'given' or 'none'), got "
-                                f"{s.graph!r}: the learned graph's gradient is not computed on shares")
+    if s.fusion == "mpc":   # (graph given or none: Settings.validate)
         link = MpcLink(party, s)
         if saved["link"] is not None:
             link.restore(saved["link"])

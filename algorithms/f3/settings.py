@@ -70,6 +70,9 @@ class Settings:
             raise ValueError("f3: fusion 'shamir' is now called 'shamir_linear' (the holders compute the linear "
                              "first layer and the coordinator reconstructs it, which reveals the representations to "
                              "the coordinator); 'mpc' also computes ReLU and pooling on shares and hides them")
+        if self.fusion == "mpc" and self.graph not in ("given", "none"):
+            raise ValueError(f"f3: fusion 'mpc' needs a public fixed graph (graph 'given' or 'none'), got graph "
+                             f"{self.graph!r}: the learned graph's gradient is not computed on shares")
         if self.fusion == "mpc" and self.t != 2:
             raise ValueError(f"f3: fusion 'mpc' is 2-of-3 replicated sharing among exactly three holders: t must "
                              f"be 2, got {self.t}")
