@@ -14,6 +14,22 @@ from typing import Iterable, Sequence
 
 from . import schema as sch
 
+# What protects a message's values on the wire beyond CURVE (which every message has), in the
+# order of the report's legend.  ``fedhet report`` colours the message map by it; a kind whose
+# declaration does not say is shown as "not stated".
+PROTECTIONS = {
+    "shares": "secret shares (Shamir or replicated): one share alone reveals nothing",
+    "paillier": "Paillier ciphertexts: only the key holder can read them",
+    "ckks": "CKKS ciphertexts: only the key holder can read them",
+    "masked": "masked for secure aggregation: only the sum over the parties is revealed",
+    "blinded": "blinded or keyed identifiers (PSI): only the intersection is revealed",
+    "derived": "declared latent or derived values (not raw rows; what they reveal is declared)",
+    "clear": "values in the clear (beyond the transport's encryption)",
+    "control": "control data: no training data or model values",
+}
+NOT_STATED = "not stated"
+
+
 @dataclass(frozen=True)
 class MessageDecl:
     kind: str
@@ -21,18 +37,24 @@ class MessageDecl:
     receiver: tuple[str, ...]        # roles allowed to receive it
     what: str                        # plain words: what the payload is
     payload: sch.Spec | None = field(default=None, compare=False)   # the payload's schema (checked on receipt)
+    protects: str | None = None      # a key of PROTECTIONS: what protects the values (None: not stated)
 
     def __post_init__(self):
         for attr in ("sender", "receiver"):
             v = getattr(self, attr)
             if isinstance(v, str):
                 object.__setattr__(self, attr, (v,))
+        if self.protects is not None and self.protects not in PROTECTIONS:
+            raise ValueError(f"message kind {self.kind!r}: protects={self.protects!r}, expected one of "
+                             f"{', '.join(PROTECTIONS)}")
 
 
-def declare(kind: str, sender, receiver, what: str, payload: sch.Spec | None = None) -> MessageDecl:
+def declare(kind: str, sender, receiver, what: str, payload: sch.Spec | None = None,
+            protects: str | None = None) -> MessageDecl:
     """One message kind.  ``payload`` is its schema (:mod:`fedhet.parties.schema`): the
-    receiver validates every message against it and the audit checks every record."""
-    return MessageDecl(kind, sender, receiver, what, payload)
+    receiver validates every message against it and the audit checks every record.
+    ``protects``: what protects its values (a key of :data:`PROTECTIONS`)."""
+    return MessageDecl(kind, sender, receiver, what, payload, protects)
 
 
 ANY_ROLE = "*"
@@ -43,15 +65,16 @@ MAX_HELD = 64   # checkpoint steps a party may list in its resume offer (it keep
 
 BUILTIN = [
     # The closing barrier every party sends once to every peer; it carries no data.
-    declare(BYE_KIND, ANY_ROLE, ANY_ROLE, "end-of-run barrier, empty payload", payload=sch.Null()),
+    declare(BYE_KIND, ANY_ROLE, ANY_ROLE, "end-of-run barrier, empty payload", payload=sch.Null(),
+            protects="control"),
     # A failing party tells its peers why, so they stop within seconds and blame the right party.
     declare(ABORT_KIND, ANY_ROLE, ANY_ROLE, "a party failed: its one-line reason (no data)",
-            payload=sch.Fields({"reason": sch.Str(max_len=sch.MAX_TEXT)})),
+            payload=sch.Fields({"reason": sch.Str(max_len=sch.MAX_TEXT)}), protects="control"),
     # A resumed party's first message to every peer: the checkpoint steps it holds (step numbers only,
     # no state); each party resumes from the newest step every party holds.
     declare(RESUME_KIND, ANY_ROLE, ANY_ROLE, "resume offer: the checkpoint steps the party holds",
             payload=sch.Fields({"held": sch.ListOf(sch.Int(lo=0), max_len=MAX_HELD),
-                                "incarnation": sch.Int(lo=1)})),
+                                "incarnation": sch.Int(lo=1)}), protects="control"),
 ]
 
 BUILTIN_KINDS = frozenset(d.kind for d in BUILTIN)
