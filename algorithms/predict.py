@@ -102,7 +102,9 @@ class Vertical:
 
     ``contribution(module, meta, rows)``: what a feature party's part gives for the common rows (an
     array, sent to the label party under ``<name>/predict``; None: a feature party sends nothing
-    but PSI); ``schema(train_settings)``: that array's schema; ``what``: its declaration's words.
+    but PSI); ``schema(train_settings)``: that array's schema; ``what``: its declaration's words;
+    ``protects``: what protects it (a key of :data:`fedhet.parties.declare.PROTECTIONS`, or a function
+    of the training settings giving one).
     ``exchange`` (instead of a contribution): an interactive exchange per feature party; ``others``
     and ``part_roles``: the roles that take part without rows of their own (F³'s coordinator and holders).
     ``combine(module, meta, rows, contributions)``: the label party's class probabilities (rows,
@@ -114,6 +116,7 @@ class Vertical:
     contribution: Callable[[Any, Mapping[str, Any], Rows], np.ndarray] | None = None
     schema: Callable[[Any], sch.Spec] | None = None
     what: str = ""
+    protects: str | Callable[[Any], str] | None = None
     exchange: Exchange | None = None
     # roles that hold a part but no rows (they load it, checked, without a data file) and the role
     # functions of the parties that neither label nor align (``fn(party, train_settings, data)``)
@@ -453,8 +456,9 @@ def prediction_job(training: Algorithm, settings: type, layout: Layout, summary:
         elif layout.contribution is not None:
             if layout.schema is None:
                 raise TypeError(f"{training.name}: a contribution needs its schema")
+            protects = layout.protects(s.train) if callable(layout.protects) else layout.protects
             decls.append(declare(kind, layout.feature_roles, layout.label_role, layout.what,
-                                 payload=sch.Fields({"out": layout.schema(s.train)})))
+                                 payload=sch.Fields({"out": layout.schema(s.train)}), protects=protects))
         return decls
 
     return Algorithm(name=training.name + PREDICT_SUFFIX, summary=summary, roles=_roles(training, layout, kind),

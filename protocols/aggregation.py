@@ -311,7 +311,10 @@ def declarations(length: int | None = None, max_length: int | None = None,
                          "x": sch.Arr(dtype, (None if length is None else int(length),), max_elems=cap, finite=False),
                          # Values are the server's own per-round checks (check_update): a NaN, an inf or
                          # an out-of-range weight drops that update and names its sender.
-                         "w": sch.Float(finite=False), "amax": sch.Float(finite=False)}))]
+                         "w": sch.Float(finite=False), "amax": sch.Float(finite=False)}),
+                     # The aggregated vectors are model parameters/updates or predictions, not raw rows
+                     # (each algorithm declares what it aggregates); nothing but CURVE hides them.
+                     protects="derived")]
     secure = secagg.declarations(length, max_length, ring_bits)
     return (plain if method in (None, "plain") else []) + (secure if method in (None, "secure") else [])
 

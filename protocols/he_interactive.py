@@ -157,24 +157,30 @@ def declarations(spec: LayerSpec, d: int, K: int, host: str = "host", guest: str
                    "per row, plus shape metadata")
         masked_text = (f"uint8 ({{dims}}, {w}) two's complement integers ({w} = (slot_bits + 16) // 8 bytes for "
                        "the slot width both sides resolve from the settings)")
+    # The ciphertext kinds are the scheme's ("naive" is Paillier too, one value per ciphertext).
+    he = "ckks" if spec.scheme == "ckks" else "paillier"
     ct_what = "; " + ct_text
     masked_what = "; " + masked_text
     return [
         declare(Kind.PUBKEY, guest, host, "guest's public key: Paillier n as uint8 (key_bits/8,), or a TenSEAL "
                 "context without the secret key as 1-D uint8",
-                payload=sch.Fields({"scheme": sch.Str(max_len=32), "key": key})),
+                payload=sch.Fields({"scheme": sch.Str(max_len=32), "key": key}), protects="control"),
         declare(Kind.ACTS, guest, host, "guest's bottom-model output encrypted under its own key, packed along "
-                "the batch and (training) along the features" + ct_what, payload=acts),
+                "the batch and (training) along the features" + ct_what, payload=acts, protects=he),
         declare(Kind.NOISE, guest, host, "guest's accumulated weight noise eps, encrypted under its own key"
-                + ct_what, payload=ct),
+                + ct_what, payload=ct, protects=he),
         declare(Kind.FWD_CT, host, guest, "[[A_g W_g + e_B]]: host's product on the guest's ciphertexts plus "
-                "the host's mask, rerandomized" + ct_what, payload=ct),
+                "the host's mask, rerandomized" + ct_what, payload=ct, protects=he),
         declare(Kind.FWD_MASKED, guest, host, "A_g W + e_B: the layer output still masked by the host's noise"
-                + masked_what.format(dims="K, rows", ck="(rows, K)"), payload=fwd_masked),
+                + masked_what.format(dims="K, rows", ck="(rows, K)"), payload=fwd_masked,
+                # The host removes its own e_B: it learns A_g W, the layer output the protocol declares it learns.
+                protects="derived"),
         declare(Kind.GRAD_CT, host, guest, "[[A_g^T delta + e_W]]: weight gradient masked by the host, "
-                "rerandomized" + ct_what, payload=ct),
+                "rerandomized" + ct_what, payload=ct, protects=he),
         declare(Kind.GRAD_MASKED, guest, host, "G + e_W + nu: weight gradient masked by both parties' noise"
-                + masked_what.format(dims="K, d", ck="(K, d)"), payload=grad_masked),
+                + masked_what.format(dims="K, d", ck="(K, d)"), payload=grad_masked,
+                # The host removes its own e_W: G + nu stays hidden by the guest's mask nu.
+                protects="masked"),
         declare(Kind.INGRAD_CT, host, guest, "[[delta (W_g + eps)^T]]: the guest's input gradient, encrypted, "
-                "rerandomized" + ct_what, payload=ct),
+                "rerandomized" + ct_what, payload=ct, protects=he),
     ]

@@ -131,10 +131,12 @@ def declarations(prefix: str, owner: str, holder: str, share_shape: tuple, width
                 "expansion; uniform to the holder alone",
                 payload=sch.Fields({"v": sch.Int(), "frac_bits": sch.Int(lo=0, hi=62),
                                     "shape": sch.ListOf(sch.Int(lo=0), max_len=len(share_shape)), "a": comp,
-                                    "b": comp})),
+                                    "b": comp}), protects="shares"),
         declare(f"{prefix}/key", holder, holder, "a fresh 256-bit key shared with the next holder (its zero "
-                "sharings); never leaves the two", payload=sch.Fields({"key": sch.Bytes(length=rs.KEY_BYTES)})),
+                "sharings); never leaves the two", payload=sch.Fields({"key": sch.Bytes(length=rs.KEY_BYTES)}),
+                protects="control"),
         declare(f"{prefix}/round", holder, holder, "one round of the holders' computation: a reshared product, "
                 "AND or comparison term (uint64, uniform to the receiver)",
-                payload=sch.Fields({"r": sch.Int(lo=0), "w": sch.Arr("<u8", (None,), max_elems=MAX_ROUND_WORDS)})),
+                payload=sch.Fields({"r": sch.Int(lo=0), "w": sch.Arr("<u8", (None,), max_elems=MAX_ROUND_WORDS)}),
+                protects="shares"),
     ]

@@ -220,23 +220,23 @@ def declarations(length: int | None = None, max_length: int | None = None,
     ``max_length + 1`` elements), ``ring_bits`` the ring of the masked vectors (None: unknown)."""
     return [
         declare(Kind.IDENT, "client", "client", "a client's per-run Ed25519 identity public key (32 bytes)",
-                payload=sch.Fields({"pk": sch.Bytes(length=32)})),
+                payload=sch.Fields({"pk": sch.Bytes(length=32)}), protects="control"),
         declare(Kind.KEYS, "client", "server",
                 "two X25519 public keys, a hash of the self-mask seed, an Ed25519 signature",
-                payload=SCHEMAS[Kind.KEYS]),
+                payload=SCHEMAS[Kind.KEYS], protects="control"),
         declare(Kind.KEYLIST, "server", "client", "the signed public keys of the client's neighbours, or a "
-                "dropped/abort notice", payload=SCHEMAS[Kind.KEYLIST]),
+                "dropped/abort notice", payload=SCHEMAS[Kind.KEYLIST], protects="control"),
         declare(Kind.SHARES, "client", "server",
                 "Shamir shares of the self-mask seed and mask key, AES-GCM sealed to each neighbour",
-                payload=SCHEMAS[Kind.SHARES]),
+                payload=SCHEMAS[Kind.SHARES], protects="shares"),
         declare(Kind.RELAY, "server", "client", "sealed shares addressed to the client, and U2",
-                payload=SCHEMAS[Kind.RELAY]),
+                payload=SCHEMAS[Kind.RELAY], protects="shares"),
         declare(Kind.MASKED, "client", "server", "the masked, quantised, weighted input (a uniform ring vector)",
-                payload=masked_schema(max_length, length, ring_bits)),
+                payload=masked_schema(max_length, length, ring_bits), protects="masked"),
         declare(Kind.UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived",
-                payload=SCHEMAS[Kind.UNMASK_REQUEST]),
+                payload=SCHEMAS[Kind.UNMASK_REQUEST], protects="control"),
         declare(Kind.UNMASK, "client", "server",
-                "self-mask seed shares of U3 and mask-key shares of U2 minus U3", payload=SCHEMAS[Kind.UNMASK]),
+                "self-mask seed shares of U3 and mask-key shares of U2 minus U3", payload=SCHEMAS[Kind.UNMASK], protects="shares"),
     ]
 
 

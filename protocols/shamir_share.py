@@ -328,9 +328,10 @@ def declarations(kind_prefix: str = DEFAULT_PREFIX, owner: str | Sequence[str] =
     return [
         declare(k_share, owner, holder, "one holder's Shamir share of an owner's fixed-point array (uniform "
                 "field elements, uint64) with public metadata: point, t, p, frac_bits, bound, err, tag",
-                payload=share_schema(share_shape)),
+                payload=share_schema(share_shape), protects="shares"),
         declare(k_result, holder, coordinator, "one holder's share of a linear function of the shared arrays "
-                "(uint64 field elements) with the same public metadata", payload=share_schema(result_shape)),
+                "(uint64 field elements) with the same public metadata", payload=share_schema(result_shape),
+                protects="shares"),
     ]
 
 

@@ -30,12 +30,13 @@ def sizes(s: Settings) -> dict[str, int]:
 def declarations(s: Settings) -> list[MessageDecl]:
     result = declare(Kind.RESULT, "client", "server",
                      "final scalars: per-client test accuracies, chosen lr/mu/round, test count, timings",
-                     payload=sch.Scalars())
+                     payload=sch.Scalars(), protects="derived")
     if s.method == "local":  # no parameter leaves a client: no global model, no aggregation message
         return [result]
     glob = declare(Kind.GLOBAL, "server", "client",
                    "the averaged common column theta_c, one float32 (P_c,) vector per lr",
                    payload=sch.Fields({"r": sch.Int(lo=0),
-                                       "theta": sch.ListOf(sch.Arr("<f4", ("P_c",)), length="G")}))
+                                       "theta": sch.ListOf(sch.Arr("<f4", ("P_c",)), length="G")}),
+                   protects="derived")
     P = s.common_params
     return [glob, result] + aggregation.declarations(P, P, s.agg, AGG_DEFAULTS)

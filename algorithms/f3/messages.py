@@ -69,22 +69,25 @@ def _mpc_declarations(s: Settings, total: int, width: int | None) -> list[Messag
             declare(Kind.MPC_LOGITS, HOLDER, COORDINATOR, "mpc: a holder's pair of the logits "
                     "W_1 (1/n) 1ᵀ Â ReLU(Â H W_0) of one batch (uint64, 38 fractional bits): per sample one number "
                     "per class, a function of ALL owners' h after the non-linearity, nothing per owner",
-                    payload=sch.Fields({"step": sch.Int(lo=0), "a": pair, "b": pair})),
+                    payload=sch.Fields({"step": sch.Int(lo=0), "a": pair, "b": pair}), protects="shares"),
             declare(Kind.MPC_GRAD, HOLDER, COORDINATOR, "mpc: a holder's pair of dC = Σ_b h_bᵀ E_b[i], the first "
                     "layer's gradient, and dW_1 = Σ_b dℓ_b p_bᵀ, both SUMMED over the batch (dC per owner, or over "
-                    "the owners too with align tied / none; uint64)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat})),
+                    "the owners too with align tied / none; uint64)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat}),
+                    protects="shares"),
             declare(Kind.OP, COORDINATOR, HOLDER, "mpc: one step on shares: forward (batch rows, the public Â "
                     "float32, C_i = P_iᵀW_0ᵀ and W_1) or backward (the holder's pair of a 2-of-3 sharing of dℓ = dL/dlogits "
                     "per sample times the batch size: uniform words or a seed), or stop; or the end of a global epoch",
-                    payload=_mpc_op_schema(s))]
+                    # dℓ travels as shares, but Â, C_i and W_1 (model values) in the clear: the weaker of the two.
+                    payload=_mpc_op_schema(s), protects="derived")]
 
 
 def _epoch_declarations() -> list[MessageDecl]:
     return [declare(Kind.EPOCH, COORDINATOR, OWNER, "a global epoch ended: its checkpoint step (1 + epochs done) "
                     "and whether training stops there; no data", payload=sch.Fields({"checkpoint": sch.Int(lo=2),
-                                                                                     "last": sch.Bool()})),
+                                                                                     "last": sch.Bool()}),
+                    protects="control"),
             declare(Kind.EPOCH_DONE, OWNER, COORDINATOR, "the owner has reached that checkpoint step too; no data",
-                    payload=sch.Fields({"checkpoint": sch.Int(lo=2)}))]
+                    payload=sch.Fields({"checkpoint": sch.Int(lo=2)}), protects="control")]
 
 
 def declarations(s: Settings) -> list[MessageDecl]:
@@ -96,12 +99,13 @@ def declarations(s: Settings) -> list[MessageDecl]:
     width = s.local_hidden if s.owner_hidden is None else None
     labels = declare(Kind.LABELS, OWNER, COORDINATOR, "the label owner's labels of every sample (train, validation "
                      "and test: the latter two for model selection and scoring); int64 (n_rows,)",
-                     payload=sch.Fields({"y": sch.Arr("<i8", (total,))}))
+                     payload=sch.Fields({"y": sch.Arr("<i8", (total,))}), protects="clear")
     if s.fusion == "trusted":
         return [labels, *_epoch_declarations(),
                 declare(Kind.REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h^i of "
                         "every sample IN THE CLEAR (the paper's base setting); float64 (n_rows, d_i)",
-                        payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}))]
+                        # The owners' local representations (declared latent values, not raw rows).
+                        payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}), protects="derived")]
     if s.fusion == "mpc":
         return [labels, *_epoch_declarations(), *_mpc_declarations(s, total, width)]
     share_decl, _ = ss.declarations(Kind.SHARE_PREFIX, OWNER, HOLDER, COORDINATOR,
@@ -114,4 +118,5 @@ def declarations(s: Settings) -> list[MessageDecl]:
                     "public Â float32, a graph per sample as its upper triangle, and C_i = P_iᵀW_0ᵀ) or backward (public "
                     "E = Âᵀδ and, to t holders only, δ, both scaled by the batch size), or stop; or the end of a "
                     "global epoch (its checkpoint step, no data)",
-                    payload=_op_schema(s))]
+                    # backward sends E = Âᵀδ and δ per sample in plaintext: values in the clear.
+                    payload=_op_schema(s), protects="clear")]

@@ -181,14 +181,14 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> 
 def declarations(s: Settings) -> list[MessageDecl]:
     width = s.local_hidden if s.owner_hidden is None else None
     out = [declare(ROWS, OWNER, COORDINATOR, "the number of common new rows (the first owner's PSI result's "
-                   "size); no arrays", payload=sch.Fields({"n": sch.Int(lo=0)})),
+                   "size); no arrays", payload=sch.Fields({"n": sch.Int(lo=0)}), protects="control"),
            declare(PREDICTIONS, COORDINATOR, OWNER, "the class probabilities of the common new rows, to the first "
                    "owner (the label owner) only: float32 (n_common, classes)",
-                   payload=sch.Fields({"p": sch.Arr("<f4", (None, None))}))]
+                   payload=sch.Fields({"p": sch.Arr("<f4", (None, None))}), protects="derived")]
     if s.fusion == "trusted":
         return out + [declare(REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h of the common "
                               "new rows IN THE CLEAR (as training's f3/rep); float32 (n_common, d_i)",
-                              payload=sch.Fields({"h": sch.Arr("<f4", (None, width))}))]
+                              payload=sch.Fields({"h": sch.Arr("<f4", (None, width))}), protects="derived")]
     train = {d.kind: d for d in training_declarations(s)}
     if s.fusion == "mpc":
         return out + [*rsh.declarations(RSS_PREFIX, OWNER, HOLDER, (None, width)), train[Kind.OP],

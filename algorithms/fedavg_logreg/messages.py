@@ -21,7 +21,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
     updates = aggregation.declarations(n, n, s.agg, AGGREGATION_DEFAULTS)
     return [
         declare(Kind.MODEL, "server", "client", "global weights (d+1 floats)",
-                payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))})),
+                payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))}), protects="derived"),
         declare(Kind.EVAL, "client", "server", "test accuracy counts of the global model (no arrays)",
-                payload=sch.Fields({"correct": sch.Int(lo=0), "count": sch.Int(lo=0)})),
+                payload=sch.Fields({"correct": sch.Int(lo=0), "count": sch.Int(lo=0)}), protects="derived"),
     ] + updates  # the clients' updates, plain or secure

@@ -26,8 +26,8 @@ def declarations(s: Settings) -> list[MessageDecl]:
         psi.declarations(HOST, GUEST)
         + [declare(Kind.BATCH, HOST, GUEST, "positions, in the PSI common list, of the next batch's rows "
                    "(uint32, <= batch_size), train/eval flag, or stop",
-                   payload=sch.OneOf((batch, sch.Fields({"stop": sch.Bool()})))),
+                   payload=sch.OneOf((batch, sch.Fields({"stop": sch.Bool()}))), protects="control"),
            declare(Kind.WIDTH, GUEST, HOST, "the guest's bottom-model output width; no arrays",
-                   payload=sch.Fields({"width": sch.Int(lo=1)}))]
+                   payload=sch.Fields({"width": sch.Int(lo=1)}), protects="control")]
         + hei.declarations(s.layer, s.guest_bottom_width, s.interactive_width, HOST, GUEST)
     )

@@ -32,19 +32,24 @@ def declarations(s: Settings) -> list[MessageDecl]:
     lengths = [extractor_size(e) for e in model_spec(s).extractors]
     theta = [declare(Kind.theta(d), "server", "client", f"theta_0,{d}: view {d}'s averaged extractor",
                      payload=sch.Fields({"round": sch.Int(lo=0),
-                                         "theta": sch.Arr("<f4", (f"ext{d}",))})) for d in range(D)]
+                                         "theta": sch.Arr("<f4", (f"ext{d}",))}),
+                     protects="derived") for d in range(D)]
     decls = theta + [
         declare(Kind.HELLO, "client", "server", "the client's index and the views it holds (D_m)",
                 payload=sch.Fields({"index": sch.Int(lo=0),
-                                    "views": sch.ListOf(sch.Int(lo=0, hi=D - 1), max_len=D)})),
+                                    "views": sch.ListOf(sch.Int(lo=0, hi=D - 1), max_len=D)}),
+                protects="control"),
         declare(Kind.W, "server", "client", "w_m = Pi_m theta_0 on the client's views, flat float32",
-                payload=sch.Fields({"round": sch.Int(lo=0), "w": sch.Arr("<f4", ("n_inference",))})),
+                payload=sch.Fields({"round": sch.Int(lo=0), "w": sch.Arr("<f4", ("n_inference",))}),
+                protects="derived"),
         declare(Kind.INFERENCE, "client", "server",
                 "DISCLOSED: the client's trained inference model w_m in the clear (eq. 8 matching is "
                 "not linear), flat float32",
-                payload=sch.Fields({"round": sch.Int(lo=0), "w": sch.Arr("<f4", ("n_inference",))})),
+                payload=sch.Fields({"round": sch.Int(lo=0), "w": sch.Arr("<f4", ("n_inference",))}),
+                protects="derived"),
         declare(Kind.REPORT, "client", "server", "scores of the received local model on the evaluation "
-                "rows (scalars) and the round's training loss", payload=sch.Scalars()),
+                "rows (scalars) and the round's training loss", payload=sch.Scalars(),
+                protects="derived"),
     ]
     if s.allow_plain_views and s.aggregation() == "secure":
         sized = tuple(sch.Arr("<f4", (n,)) for n in sorted(set(lengths)))
@@ -53,6 +58,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
             "DISCLOSED (allow_plain_views only): the extractor of a view too few clients hold for "
             "secure aggregation, in the clear",
             payload=sch.Fields({"round": sch.Int(lo=0), "view": sch.Int(lo=0, hi=D - 1),
-                                "theta": sized[0] if len(sized) == 1 else sch.OneOf(sized)})))
+                                "theta": sized[0] if len(sized) == 1 else sch.OneOf(sized)}),
+            protects="derived"))
     # per-view extractors, lengths ext<d> (views differ): bounded by the longest
     return decls + aggregation.declarations(None, max(lengths), s.agg, AGGREGATION_DEFAULTS)

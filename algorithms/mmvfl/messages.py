@@ -42,7 +42,7 @@ def _as_participant(d: MessageDecl, vector: tuple[str, sch.Spec]) -> MessageDecl
     if d.kind in (aggregation.Kind.PLAIN, secagg.Kind.MASKED) and isinstance(payload, sch.Fields):
         field, spec = vector
         payload = sch.Fields({**payload.fields, field: spec}, payload.optional)
-    return declare(d.kind, role(d.sender), role(d.receiver), d.what, payload)
+    return declare(d.kind, role(d.sender), role(d.receiver), d.what, payload, protects=d.protects)
 
 
 def declarations(s: Settings) -> list[MessageDecl]:
@@ -53,12 +53,14 @@ def declarations(s: Settings) -> list[MessageDecl]:
     return [
         declare(Kind.Z, SERVER, PARTICIPANT, "the combined pseudo-labels Z = sum zeta_k Z_k / sum zeta_k (eq. 8) "
                 "of the common training rows; approximates the labels Y by design",
-                payload=sch.Fields({"r": sch.Int(lo=0), "Z": sch.Arr("<f8", ("n_rows", "n_classes"))})),
+                payload=sch.Fields({"r": sch.Int(lo=0), "Z": sch.Arr("<f8", ("n_rows", "n_classes"))}),
+                # The opened aggregate of the participants' pseudo-labels (what it approximates is declared).
+                protects="derived"),
         declare(Kind.STEP, SERVER, PARTICIPANT, "go on or stop (from the aggregated objective); no arrays",
-                payload=sch.Fields({"r": sch.Int(lo=0), "stop": sch.Bool()})),
+                payload=sch.Fields({"r": sch.Int(lo=0), "stop": sch.Bool()}), protects="control"),
         declare(Kind.REPORT, PARTICIPANT, SERVER, "a participant's validation accuracy for each p, its "
                 "reweighting steps and solver; scalars only",
                 payload=sch.Fields({"accuracy": sch.ListOf(sch.Float(), length="n_percents"),
                                     "inner_iterations": sch.Int(lo=0), "n_features": sch.Int(lo=1),
-                                    "solver": sch.Str(max_len=16)})),
+                                    "solver": sch.Str(max_len=16)}), protects="derived"),
     ] + psi.declarations(PARTICIPANT, PARTICIPANT) + [_as_participant(d, vector) for d in agg]

@@ -18,8 +18,10 @@ class Kind:
 
 def declarations(s: Settings) -> list[MessageDecl]:
     return [
-        declare(Kind.GO, SERVER, CLIENT, "the round number (start signal)", payload=sch.Int(lo=0)),
+        declare(Kind.GO, SERVER, CLIENT, "the round number (start signal)", payload=sch.Int(lo=0),
+                protects="control"),
         declare(Kind.DONE, CLIENT, SERVER, "the client's CPU seconds (its thread, its process) and bytes in the "
                 "round (scalars)", payload=sch.Fields({"cpu": sch.Float(), "pcpu": sch.Float(), "up": sch.Int(lo=0),
-                                                       "down": sch.Int(lo=0)})),
+                                                       "down": sch.Int(lo=0)}),
+                protects="control"),
     ] + aggregation.declarations(s.m, s.m, s.agg, DEFAULTS)

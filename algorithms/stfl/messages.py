@@ -38,18 +38,21 @@ def declarations(s: Settings) -> list[MessageDecl]:
         return psi.declarations(HOST, GUEST) + [
             declare(Kind.LATENT, GUEST, HOST, "STFL: a guest's frozen-encoder latent means of exactly the "
                     "intersected rows, once: float32 (n_common, d_latent = guest input width * latent_frac)",
-                    payload=sch.Fields({"z": _f32_rows(s, s.expected_common()), "guest_index": guest_index})),
+                    payload=sch.Fields({"z": _f32_rows(s, s.expected_common()), "guest_index": guest_index}),
+                    protects="derived"),
         ]
     bs = s.model.batch_size
     return psi.declarations(HOST, GUEST) + [
         declare(Kind.READY, GUEST, HOST, "hierarchical: a guest's index among the guests; no arrays",
-                payload=sch.Fields({"guest_index": guest_index})),
+                payload=sch.Fields({"guest_index": guest_index}), protects="control"),
         declare(Kind.BATCH, HOST, GUEST, "hierarchical: op (train/eval/stop) and the batch's positions in the "
                 "common list as a plain list; no arrays",
                 payload=sch.Fields({"op": sch.Str(choices=("train", "eval", "stop")),
-                                    "rows": sch.ListOf(sch.Int(lo=0), max_len=bs)})),
+                                    "rows": sch.ListOf(sch.Int(lo=0), max_len=bs)}), protects="control"),
         declare(Kind.ACTIVATION, GUEST, HOST, "hierarchical: guest encoder outputs of one batch, plaintext: "
-                "float32 (batch <= batch_size, d_latent)", payload=sch.Fields({"a": _f32_rows(s, None, bs)})),
+                "float32 (batch <= batch_size, d_latent)", payload=sch.Fields({"a": _f32_rows(s, None, bs)}),
+                protects="clear"),
         declare(Kind.GRADIENT, HOST, GUEST, "hierarchical: d loss / d activation of one batch, plaintext: "
-                "float32 (batch <= batch_size, d_latent)", payload=sch.Fields({"g": _f32_rows(s, None, bs)})),
+                "float32 (batch <= batch_size, d_latent)", payload=sch.Fields({"g": _f32_rows(s, None, bs)}),
+                protects="clear"),
     ]

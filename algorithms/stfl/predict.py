@@ -41,4 +41,6 @@ def schema(s: Settings) -> sch.Spec:
 
 LAYOUT = Vertical(label_role=HOST, feature_roles=(GUEST,), combine=probabilities, contribution=codes,
                   schema=schema, what="a guest's part's codes z of the common new rows (its encoder's latent means, "
-                  "or its bottom network's output): float32 (n_common, d_latent), as training's latent codes")
+                  "or its bottom network's output): float32 (n_common, d_latent), as training's latent codes",
+                  # as training's: declared latent codes (stfl), plaintext bottom-network outputs (hierarchical)
+                  protects=lambda s: "derived" if s.variant == "stfl" else "clear")

@@ -73,16 +73,16 @@ def _ecdh(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
     return [
         declare(Kind.SETUP, lo, fe, "protocol version, label owner's set size, reveal mode, hash context; no arrays",
                 payload=sch.Fields({"v": sch.Int(), "n": sch.Int(lo=0, hi=MAX_ITEMS), "reveal": sch.Bool(),
-                                    "ctx": _CTX})),
+                                    "ctx": _CTX}), protects="control"),
         declare(Kind.SIZE, fe, lo, "feature party's set size; no arrays",
-                payload=sch.Fields({"n": sch.Int(lo=0, hi=MAX_ITEMS)})),
+                payload=sch.Fields({"n": sch.Int(lo=0, hi=MAX_ITEMS)}), protects="control"),
         declare(Kind.BLIND_L, lo, fe, "label owner's IDs hashed to Curve25519 and blinded by its secret "
-                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", payload=pts),
+                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", payload=pts, protects="blinded"),
         declare(Kind.BLIND_F, fe, lo, "feature party's IDs hashed to Curve25519 and blinded by its secret "
-                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", payload=pts),
+                "scalar, in secret random order: uint8 (n<=MAX_CHUNK, 32)", payload=pts, protects="blinded"),
         declare(Kind.DOUBLE_L, fe, lo, "the label owner's blinded points re-blinded by the feature party's "
-                "scalar, same order: uint8 (n<=MAX_CHUNK, 32)", payload=pts),
-        declare(Kind.RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS),
+                "scalar, same order: uint8 (n<=MAX_CHUNK, 32)", payload=pts, protects="blinded"),
+        declare(Kind.RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS, protects="clear"),
     ]
 
 
@@ -96,22 +96,23 @@ def _kkrt(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
                 payload=sch.Fields({"v": sch.Int(), "n": sch.Int(lo=0, hi=KKRT_MAX_ITEMS), "reveal": sch.Bool(),
                                     "ctx": _CTX, "seed": sch.Bytes(length=cuckoo.SEED_BYTES),
                                     "bins": sch.Int(lo=cuckoo.BIN_ALIGN, hi=2 * KKRT_MAX_ITEMS),
-                                    "A": sch.Bytes(length=ot.POINT_BYTES)})),
+                                    "A": sch.Bytes(length=ot.POINT_BYTES)}), protects="control"),
         declare(Kind.KKRT_REPLY, fe, lo, "feature party's set size, its Chou-Orlandi receiver points (one per base "
                 "OT, hiding its secret choice bits): uint8 (512, 32), and the pseudorandom code's seed",
                 payload=sch.Fields({"n": sch.Int(lo=0, hi=KKRT_MAX_ITEMS), "code": sch.Bytes(length=ot.BLOCK),
-                                    "B": sch.Arr("|u1", (ot.CODE_BITS, ot.POINT_BYTES))})),
+                                    "B": sch.Arr("|u1", (ot.CODE_BITS, ot.POINT_BYTES))}), protects="control"),
         declare(Kind.KKRT_U, lo, fe, "OT-extension rows u_b = t_b ^ g1_b ^ C(x_b) for a range of cuckoo bins, "
                 "masked by PRG output the feature party cannot compute: uint8 (n<=MAX_U_ROWS, 64), n a multiple "
                 "of 128 (checked by the receiver)",
                 payload=sch.Fields({"i": sch.Int(lo=0), "u": sch.Arr("|u1", (None, ot.CODE_BYTES),
-                                                                     max_elems=MAX_U_ROWS * ot.CODE_BYTES)})),
+                                                                     max_elems=MAX_U_ROWS * ot.CODE_BYTES)}),
+                protects="blinded"),
         declare(Kind.KKRT_ACK, fe, lo, "flow control: number of the U chunk the feature party has processed; "
-                "no arrays", payload=sch.Fields({"i": sch.Int(lo=0)})),
+                "no arrays", payload=sch.Fields({"i": sch.Int(lo=0)}), protects="control"),
         declare(Kind.KKRT_OPRF, fe, lo, "feature party's OPRF values, 3 per ID (one per cuckoo hash function), "
                 "IDs in secret random order: uint8 (n<=MAX_CHUNK, 3, 8..16)",
-                payload=sch.Fields({"i": sch.Int(lo=0), "v": oprf})),
-        declare(Kind.KKRT_RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS),
+                payload=sch.Fields({"i": sch.Int(lo=0), "v": oprf}), protects="blinded"),
+        declare(Kind.KKRT_RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS, protects="clear"),
     ]
 
 

@@ -13,4 +13,4 @@ class Kind:
 
 def declarations(s: Settings) -> list[MessageDecl]:
     return [declare(Kind.NUMBER, "adder", "summer", "an adder's number",
-                    payload=sch.Fields({"value": sch.Float()}))]
+                    payload=sch.Fields({"value": sch.Float()}), protects="clear")]
