@@ -7,7 +7,7 @@
     fedhet host FILE --host H           run the parties of one host in one process (`run` starts it)
     fedhet audit RUN_DIR [--federation F] verify transcripts and declared disclosures
     fedhet predict FILE --model RUN --out PRED  score new rows with RUN's trained parts (a federation job)
-    fedhet messages ALGO                every message kind: sender, receiver, payload schema
+    fedhet messages ALGO                every message kind: sender, receiver, protection, payload schema
     fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
     fedhet demo [--out D]               the headline job, end to end
     fedhet --version                    the installed version
@@ -136,6 +136,7 @@ def cmd_messages(args) -> int:
     from rich.table import Table
 
     from .contract import prepare
+    from .declare import NOT_STATED
 
     algo, fed = _algorithm_of(args.algorithm)
     table = dict(fed.algorithm_cfg()) if fed is not None else {}
@@ -145,15 +146,16 @@ def cmd_messages(args) -> int:
         raise ValueError(f"{algo.name} declares no message kinds")
     if args.json:
         print(json.dumps({k: {"sender": list(d.sender), "receiver": list(d.receiver), "what": d.what,
-                              "payload": d.payload.render() if d.payload is not None else None}
+                              "payload": d.payload.render() if d.payload is not None else None,
+                              "protects": d.protects}   # a key of declare.PROTECTIONS; null: not stated
                           for k, d in declared.items()}, indent=2))
         return 0
     t = Table(title=Text(f"message kinds of {algo.name}" + (f" ({args.algorithm})" if fed is not None else ""),
                          style="italic"))
-    for c in ("kind", "sender", "receiver", "payload", "what"):
+    for c in ("kind", "sender", "receiver", "protects", "payload", "what"):
         t.add_column(c, overflow="fold")
     for k, d in declared.items():
-        t.add_row(*(Text(v) for v in (k, ", ".join(d.sender), ", ".join(d.receiver),
+        t.add_row(*(Text(v) for v in (k, ", ".join(d.sender), ", ".join(d.receiver), d.protects or NOT_STATED,
                                       d.payload.render() if d.payload is not None else "(arrays checked by the audit)",
                                       d.what)))
     console.print(t)
@@ -373,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--describe", metavar="ALGO_OR_PRESET",
                    help="list every [algorithm] setting of an algorithm with type, default and meaning")
     p.set_defaults(fn=cmd_presets)
-    p = sub.add_parser("messages", help="list an algorithm's message kinds with sender, receiver and schema")
+    p = sub.add_parser("messages", help="list an algorithm's message kinds with sender, receiver, what protects "
+                       "them and schema")
     p.add_argument("algorithm", help="algorithm name, preset or federation file (its settings size the schemas)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] setting")
     p.add_argument("--json", action="store_true")
