@@ -57,6 +57,12 @@ class AuditReport:
     table: list[dict] = field(default_factory=list)  # party, kind, sent, sent_bytes, received, received_bytes
     messages: int = 0
     keys_trusted: bool = False  # signing keys from a federation file, or the folder's accepted explicitly
+    marks: list[dict] = field(default_factory=list)   # {"party", "i", "problem"}: the record a problem is at
+
+    def flag(self, party: str, i: Any, problem: str) -> None:
+        """A problem of record ``i`` of ``party``'s transcript: listed, and marked at that record."""
+        self.problems.append(problem)
+        self.marks.append({"party": party, "i": i, "problem": problem})
 
     @property
     def ok(self) -> bool:
@@ -129,6 +135,7 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
             continue
         v = verify(tpath, name, run_id, sign_keys.get(name))
         rep.problems += [f"{name}: {msg}" for msg in v.problems]
+        rep.marks += [{"party": name, "i": i, "problem": f"{name}: record {i}: {t}"} for i, ts in v.at.items() for t in ts]
         inc = 0
         checkpoints: set[tuple] = set()
         for r in v.records:
@@ -138,14 +145,14 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
                 continue
             fault = record_problem(r)
             if fault is not None:
-                rep.problems.append(f"{name}: record {short(r.get('i'))}: {fault}")
+                rep.flag(name, r.get("i"), f"{name}: record {short(r.get('i'))}: {fault}")
                 continue
             rep.messages += 1
             c = counts[(name, r.get("kind"))]
             if r.get("dir") == "send":
                 key = (inc, name, r.get("peer"), r.get("seq"))
                 if key in sends:
-                    rep.problems.append(f"{name}: two sends to {r.get('peer')} with seq {r.get('seq')}{_inc(inc)}")
+                    rep.flag(name, r.get("i"), f"{name}: two sends to {r.get('peer')} with seq {r.get('seq')}{_inc(inc)}")
                 sends[key] = r
                 c[0] += 1
                 c[1] += int(r.get("bytes", 0))
@@ -153,14 +160,15 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
             elif r.get("dir") == "recv":
                 key = (inc, r.get("peer"), name, r.get("seq"))
                 if key in recvs:
-                    rep.problems.append(f"{name}: two receipts from {r.get('peer')} with seq {r.get('seq')}{_inc(inc)}")
+                    rep.flag(name, r.get("i"),
+                             f"{name}: two receipts from {r.get('peer')} with seq {r.get('seq')}{_inc(inc)}")
                 recvs[key] = r
                 c[2] += 1
                 c[3] += int(r.get("bytes", 0))
                 # Both ends are checked: a receipt re-signed with other shapes must fail too.
                 _check_declared(rep, declared, roles, alg_cfg, sizes, name, r, r.get("peer"), name)
             else:
-                rep.problems.append(f"{name}: record {r.get('i')} has direction {r.get('dir')!r}")
+                rep.flag(name, r.get("i"), f"{name}: record {r.get('i')} has direction {r.get('dir')!r}")
         last_incarnation[name] = inc
     final = max(last_incarnation.values(), default=0)
     behind = sorted(n for n, i in last_incarnation.items() if i != final)
@@ -178,16 +186,18 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
             if inc < final:
                 in_flight[inc] += 1
             else:
-                rep.problems.append(f"{frm} -> {to} seq {seq} ({s.get('kind')}){_inc(inc)}: sent but never received")
+                rep.flag(frm, s.get("i"), f"{frm} -> {to} seq {seq} ({s.get('kind')}){_inc(inc)}: sent but never received")
         elif (r.get("sha256"), r.get("kind"), r.get("bytes")) != (s.get("sha256"), s.get("kind"), s.get("bytes")):
-            rep.problems.append(f"{frm} -> {to} seq {seq}{_inc(inc)}: what was received differs from what was sent")
+            text = f"{frm} -> {to} seq {seq}{_inc(inc)}: what was received differs from what was sent"
+            rep.flag(frm, s.get("i"), text)
+            rep.marks.append({"party": to, "i": r.get("i"), "problem": text})
     for key, r in recvs.items():
         if key not in sends:
             inc, frm, to, seq = key
             if inc < final:
                 in_flight[inc] += 1
             else:
-                rep.problems.append(f"{frm} -> {to} seq {seq} ({r.get('kind')}){_inc(inc)}: received but never sent")
+                rep.flag(to, r.get("i"), f"{frm} -> {to} seq {seq} ({r.get('kind')}){_inc(inc)}: received but never sent")
     for inc, n in sorted(in_flight.items()):
         rep.warnings.append(f"incarnation {inc} was cut short (the run resumed after it): {n} message(s) only one "
                             "end recorded, in flight when it stopped")
@@ -367,13 +377,13 @@ def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, siz
     d = declared.get(kind)
     where = f"{name}: {sender} -> {receiver} seq {r.get('seq')} ({kind}, {r.get('dir')} record)"
     if d is None:
-        rep.problems.append(f"{where}: message kind not declared by the protocol")
+        rep.flag(name, r.get("i"), f"{where}: message kind not declared by the protocol")
         return
     srole, rrole = roles.get(sender, "?"), roles.get(receiver, "?")
     if not decl.role_ok(srole, d.sender):
-        rep.problems.append(f"{where}: sent by role {srole!r}, declared only for {list(d.sender)}")
+        rep.flag(name, r.get("i"), f"{where}: sent by role {srole!r}, declared only for {list(d.sender)}")
     if not decl.role_ok(rrole, d.receiver):
-        rep.problems.append(f"{where}: received by role {rrole!r}, declared only for {list(d.receiver)}")
+        rep.flag(name, r.get("i"), f"{where}: received by role {rrole!r}, declared only for {list(d.receiver)}")
     arrays = r.get("arrays", [])
     paths = r.get("paths")
     try:
@@ -384,7 +394,7 @@ def _check_declared(rep: AuditReport, declared: dict, roles: dict, cfg: Any, siz
     except Exception as e:  # a malformed record or a broken check is a failed check, not a crash
         msg = f"arrays cannot be checked ({type(e).__name__}: {e})"
     if msg:
-        rep.problems.append(f"{where}: {msg}")
+        rep.flag(name, r.get("i"), f"{where}: {msg}")
 
 
 def render(rep: AuditReport, console: Any = None) -> None:

@@ -9,6 +9,8 @@
     fedhet predict FILE --model RUN --out PRED  score new rows with RUN's trained parts (a federation job)
     fedhet messages ALGO                every message kind: sender, receiver, protection, payload schema
     fedhet presets --describe ALGO      every [algorithm] setting with type, default and meaning
+    fedhet report RUN [--compare RUN2]  RUN/report.html: one self-contained page of a run
+    fedhet board [--runs DIR]           a read-only local web page of the runs under DIR, live
     fedhet demo [--out D]               the headline job, end to end
     fedhet --version                    the installed version
 
@@ -359,6 +361,28 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .report import write
+
+    path = write(args.run_dir, compare=args.compare, lookup=_registry().get_algorithm, federation=args.federation,
+                 out=args.out)
+    console.print(f"report: {path}", markup=False, highlight=False)
+    return 0
+
+
+def cmd_board(args) -> int:
+    from .board import serve
+
+    if not Path(args.runs).is_dir():
+        raise FileNotFoundError(f"--runs {args.runs}: no such folder")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[bold red]WARNING[/bold red]: the board listens on {escape(args.host)}: anyone who can "
+                      "reach it and has the token can read the runs' results", highlight=False)
+    serve(args.runs, host=args.host, port=args.port, lookup=_registry().get_algorithm,
+          announce=lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from . import demo
 
@@ -447,6 +471,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=cmd_predict)
+    p = sub.add_parser("report", help="write RUN/report.html: summary, audit, message map, curves, time and bytes")
+    p.add_argument("run_dir")
+    p.add_argument("--compare", metavar="RUN2", help="a second run shown side by side, with ratios")
+    p.add_argument("--federation", metavar="FED_TOML",
+                   help="the federation file whose signing keys the audit trusts (else the folder's own)")
+    p.add_argument("--out", help="the HTML file to write (default RUN/report.html)")
+    p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("board", help="a read-only local web page of the runs under a folder, live while they run")
+    p.add_argument("--runs", default="runs", help="folder of run folders (default runs)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.set_defaults(fn=cmd_board)
     p = sub.add_parser("demo", help="run the headline job on bundled data, all parties as local processes")
     p.add_argument("--out", help="run folder (default runs/demo-TIME)")
     p.add_argument("--he-epochs", type=int, default=3,

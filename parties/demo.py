@@ -13,7 +13,9 @@ CURVE-encrypted ZeroMQ:
   encrypted or noise-masked.
 
 Both runs are audited (signed transcripts against each protocol's declared
-disclosures) and one table shows accuracy, time, bytes and the ratios.  The HE
+disclosures) and one table shows accuracy, time, bytes and the ratios; the demo
+ends with the path of ``stfl/report.html``, the report of both runs side by side
+(:mod:`fedhet.parties.report`).  The HE
 run does ``he_epochs`` epochs (default 3, to keep the demo near a minute); its
 100-epoch time is extrapolated from the measured epochs and marked so.
 """
@@ -98,4 +100,9 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
     for r in rows:
         for p in r["audit"].problems[:5]:
             console.print(f"  - {r['label']}: {p}", markup=False)
+    from fedhet.parties.report import write
+
+    page = write(stfl["run_dir"], compare=he["run_dir"], lookup=lookup)
+    console.print(f"\nReport of both runs (STFL compared with HE; open it in a browser, it needs no network): {page}",
+                  markup=False, highlight=False, soft_wrap=True)
     return 0 if all(r["audit"].ok for r in rows) else 1

@@ -8,15 +8,21 @@ written its checkpoint of step STEP, it sends SIGKILL to WHO:
 - ``all``: every party of the run folder (each holds its pid in ``parties/N/.lock``), itself last.
 
 Nothing is written first: the point is a process that ends between two instructions.
+
+``FEDHET_PAUSE_AT="NAME:STEP:FILE"``: once party NAME has reported progress step STEP (its
+``status.json`` says so), it waits until FILE exists, then goes on; for tests of what watches a
+run in progress (``fedhet board``), which then see the run mid-way for as long as they need.
 """
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 KILL_ENV = "FEDHET_KILL_AT"
+PAUSE_ENV = "FEDHET_PAUSE_AT"
 WHO = ("self", "launcher", "all")
 
 
@@ -85,5 +91,32 @@ def raise_at(step_of: Mapping[str, int], name: str) -> Callable[[int], None] | N
     def hook(step: int) -> None:
         if step == at:
             raise Killed(f"party {name!r} killed after its checkpoint of step {at}")
+
+    return hook
+
+
+def pause_hook(name: str, env: Mapping[str, str] | None = None,
+               poll_s: float = 0.05) -> Callable[[dict], None] | None:
+    """The status hook for party ``name`` that ``FEDHET_PAUSE_AT`` asks for (None: no pause): after
+    the status of step STEP is written, it waits (once) until FILE exists."""
+    env = os.environ if env is None else env
+    spec = env.get(PAUSE_ENV)
+    if not spec:
+        return None
+    parts = spec.split(":", 2)
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2]:
+        raise ValueError(f"{PAUSE_ENV}={spec!r}: expected NAME:STEP:FILE")
+    if parts[0] != name:
+        return None
+    at, release = int(parts[1]), Path(parts[2])
+    paused = [False]
+
+    def hook(status: dict) -> None:
+        done = status.get("done")
+        if paused[0] or status.get("state", "running") != "running" or not isinstance(done, int) or done < at:
+            return
+        paused[0] = True
+        while not release.exists():
+            time.sleep(poll_s)
 
     return hook

@@ -38,7 +38,7 @@ from . import failure
 from . import keys as keyfiles
 from .api import PartyAborted
 from .checkpoint import Checkpoints, private_dir
-from .faults import kill_hook
+from .faults import kill_hook, pause_hook
 from .atomic import write_json_atomic
 from .contract import Algorithm, prepare
 from .federation import Federation, check_keys_present
@@ -305,6 +305,7 @@ class PartyRun:
         # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
         self._lines = LinePrinter() if echo else None
         self._logged = LinePrinter(stream=_LogStream(self.log))
+        self._pause = pause_hook(name)   # FEDHET_PAUSE_AT (tests of what watches a run in progress)
         self._stage_t = time.perf_counter()
         self.stage_at: dict[str, float] = {}  # stage -> when it ended (perf_counter)
         self.run_id = run_id or fed.derived_run_id()
@@ -329,6 +330,8 @@ class PartyRun:
         except OSError as e:  # progress is advisory: out of descriptors must not fail the party
             if not _out_of_descriptors(e):
                 raise
+        if self._pause is not None:
+            self._pause(st)
 
     def record_stop(self, why: str) -> None:
         """Write the "stopped" records (error.json and status) of a party stopped from outside."""

@@ -14,7 +14,7 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,7 @@ class Verified:
     records: list
     ok: bool
     problems: list
+    at: dict = field(default_factory=dict)   # record index -> the problems of that record (line problems)
 
 
 def verify(path: str | Path, party: str, run_id: str, public_key: Ed25519PublicKey | None) -> Verified:
@@ -148,31 +149,40 @@ def verify(path: str | Path, party: str, run_id: str, public_key: Ed25519PublicK
         lines = Path(path).read_bytes().split(b"\n")
     except OSError as e:
         return Verified(party, [], False, [f"cannot read transcript: {e}"])
+    at: dict[int, list[str]] = {}
+
+    def bad(n: int, text: str, back: int = 0) -> None:
+        """A problem of line n + 1, marked at the record numbered len(records) - back."""
+        problems.append(f"line {n + 1}: {text}")
+        at.setdefault(max(0, len(records) - back), []).append(text)
+
     for n, raw in enumerate(lines):
         if not raw:
             continue
         if head is not None:
-            problems.append(f"line {n + 1}: data after the signed head")
+            bad(n, "data after the signed head")
             break
         try:
             rec = json.loads(raw)
         except ValueError:
-            problems.append(f"line {n + 1}: not JSON")
+            bad(n, "not JSON")
             break
         if not isinstance(rec, dict):
-            problems.append(f"line {n + 1}: not a record")
+            bad(n, "not a record")
             break
         if canonical(rec) != raw:
-            problems.append(f"line {n + 1}: not in canonical form (edited?)")
+            bad(n, "not in canonical form (edited?)")
         if rec.get("type") == "head":
             head = rec
             continue
         if rec.get("prev") != prev:
-            problems.append(f"line {n + 1}: hash chain broken (record removed, reordered or edited)")
+            # the link of this line does not match the hash of the record before it: that record was
+            # edited, or records between the two removed or reordered; marked at the one before
+            bad(n, "hash chain broken (record removed, reordered or edited)", back=1)
         if rec.get("i") != len(records):
-            problems.append(f"line {n + 1}: record index {rec.get('i')} where {len(records)} was expected")
+            bad(n, f"record index {rec.get('i')} where {len(records)} was expected")
         if rec.get("party") != party:
-            problems.append(f"line {n + 1}: record of party {rec.get('party')!r} in {party!r}'s transcript")
+            bad(n, f"record of party {rec.get('party')!r} in {party!r}'s transcript")
         prev = hashlib.sha256(raw).hexdigest()
         records.append(rec)
     if head is None:
@@ -192,4 +202,4 @@ def verify(path: str | Path, party: str, run_id: str, public_key: Ed25519PublicK
                 public_key.verify(bytes.fromhex(sig), head_message(run_id, party, len(records), prev))
             except (InvalidSignature, ValueError):
                 problems.append("head signature does not verify")
-    return Verified(party, records, not problems, problems)
+    return Verified(party, records, not problems, problems, at)

@@ -331,7 +331,8 @@ def declarations(kind_prefix: str = DEFAULT_PREFIX, owner: str | Sequence[str] =
                 payload=share_schema(share_shape), protects="shares"),
         declare(k_result, holder, coordinator, "one holder's share of a linear function of the shared arrays "
                 "(uint64 field elements) with the same public metadata", payload=share_schema(result_shape),
-                protects="shares"),
+                # a share, but the coordinator receives t of them and opens the declared result
+                protects="derived"),
     ]
 
 

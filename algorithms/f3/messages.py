@@ -69,11 +69,12 @@ def _mpc_declarations(s: Settings, total: int, width: int | None) -> list[Messag
             declare(Kind.MPC_LOGITS, HOLDER, COORDINATOR, "mpc: a holder's pair of the logits "
                     "W_1 (1/n) 1ᵀ Â ReLU(Â H W_0) of one batch (uint64, 38 fractional bits): per sample one number "
                     "per class, a function of ALL owners' h after the non-linearity, nothing per owner",
-                    payload=sch.Fields({"step": sch.Int(lo=0), "a": pair, "b": pair}), protects="shares"),
+                    # shares, but the coordinator gets all three and opens them: it learns the declared logits
+                    payload=sch.Fields({"step": sch.Int(lo=0), "a": pair, "b": pair}), protects="derived"),
             declare(Kind.MPC_GRAD, HOLDER, COORDINATOR, "mpc: a holder's pair of dC = Σ_b h_bᵀ E_b[i], the first "
                     "layer's gradient, and dW_1 = Σ_b dℓ_b p_bᵀ, both SUMMED over the batch (dC per owner, or over "
                     "the owners too with align tied / none; uint64)", payload=sch.Fields({"step": sch.Int(lo=0), "a": flat, "b": flat}),
-                    protects="shares"),
+                    protects="derived"),   # opened by the coordinator, as the logits
             declare(Kind.OP, COORDINATOR, HOLDER, "mpc: one step on shares: forward (batch rows, the public Â "
                     "float32, C_i = P_iᵀW_0ᵀ and W_1) or backward (the holder's pair of a 2-of-3 sharing of dℓ = dL/dlogits "
                     "per sample times the batch size: uniform words or a seed), or stop; or the end of a global epoch",
