@@ -422,10 +422,12 @@ def figures(doc: dict):
 def write_all(doc: dict, quick: bool, out: Path) -> None:
     t2, t3 = render(doc)
     figs = figures(doc)
+    # Table 3 and Fig. 3 are drawn from f3_table2.json's runs: they name that file's run (commit, machine).
+    source = {"environment": doc["environment"]} if "environment" in doc else {}
     harness.Output("f3_table2", quick, out).write(doc, t2, figs["t2"])
-    harness.Output("f3_table3", quick, out).write({"see": "f3_table2.json"}, t3, figs["t3"])
+    harness.Output("f3_table3", quick, out).write({"see": "f3_table2.json", **source}, t3, figs["t3"])
     harness.Output("f3_fig3", quick, out).write(
-        {d: {"entropy_summary": _summary(r.get("entropy", []))} for d, r in doc["datasets"].items()},
+        {**{d: {"entropy_summary": _summary(r.get("entropy", []))} for d, r in doc["datasets"].items()}, **source},
         "# F³ Fig. 3: entropy of the owners' predicted labels per test sample\n\n" + "\n".join(
             f"- {LABELS[d]}: " + ", ".join(f"{k} {v:.3f}" for k, v in _summary(r.get("entropy", [])).items())
             for d, r in doc["datasets"].items()) + f"\n\n{SIMULATED}\n", figs["fig3"])
