@@ -368,20 +368,31 @@ def figures(doc: dict):
     res = doc["datasets"]
     dss = [d for d in DATASETS if d in res]
     figs = {}
-    fig, axes = plt.subplots(1, len(dss), figsize=(5 * len(dss), 3.6), squeeze=False)
+    # Table 2: one horizontal bar per row A-M, named by its method (on the left, shared by the panels).
+    fig, axes = plt.subplots(1, len(dss), figsize=(3.6 + 3.6 * len(dss), 6.4), squeeze=False, sharey=True,
+                             layout="constrained")
+    y = np.arange(len(TABLE2))
+    bars = {}
     for ax, d in zip(axes[0], dss):
-        keys = [ROW_RUN.get(k, k) for k, _ in TABLE2]
-        mus = [agg(res[d]["runs"].get(k, {})).get("f1", (np.nan, 0))[0] for k in keys]
-        sds = [agg(res[d]["runs"].get(k, {})).get("f1", (np.nan, 0))[1] for k in keys]
-        x = np.arange(len(keys))
-        ax.bar(x - 0.2, mus, 0.4, yerr=sds, label="ours")
-        if d in ("metr_la", "pems_bay"):
-            ax.bar(x + 0.2, [PAPER2[k][d][0][0] for k, _ in TABLE2], 0.4, label="paper (real data)", alpha=0.6)
-        ax.set_xticks(x, [k for k, _ in TABLE2])
-        ax.set_title(f"Table 2, {LABELS[d]}")
-        ax.set_ylabel("macro F1")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        a = [agg(res[d]["runs"].get(ROW_RUN.get(k, k), {})) for k, _ in TABLE2]
+        mus = [x.get("f1", (np.nan, 0))[0] for x in a]
+        sds = [x.get("f1", (np.nan, 0))[1] for x in a]
+        paper = d in ("metr_la", "pems_bay")
+        h = 0.4 if paper else 0.7
+        bars["ours"] = ax.barh(y - (h / 2 if paper else 0), mus, h, xerr=sds, color="C0", capsize=2)
+        if paper:
+            bars["paper"] = ax.barh(y + h / 2, [PAPER2[k][d][0][0] for k, _ in TABLE2], h, color="C1", alpha=0.6)
+        for yi, x in zip(y, a):
+            if "f1" not in x:   # a row this data set does not have (C: binary tasks only) or not computed
+                ax.text(0.01, yi, x.get("na", "not computed"), va="center", fontsize=9, color="0.35")
+        ax.set_title(f"Table 2, {LABELS[d]}", fontsize=12)
+        ax.set_xlabel("macro F1")
+        ax.set_xlim(0, 1)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(y, [f"{k}  {name}" for k, name in TABLE2])
+    axes[0][0].invert_yaxis()
+    names = {"ours": "ours (mean ± std over seeds)", "paper": "paper (real traffic data)"}
+    harness.figure_legend(fig, list(bars.values()), [names[k] for k in bars])
     figs["t2"] = fig
     fig, axes = plt.subplots(1, len(dss), figsize=(5 * len(dss), 3.6), squeeze=False)
     for ax, d in zip(axes[0], dss):
@@ -411,10 +422,12 @@ def figures(doc: dict):
 def write_all(doc: dict, quick: bool, out: Path) -> None:
     t2, t3 = render(doc)
     figs = figures(doc)
+    # Table 3 and Fig. 3 are drawn from f3_table2.json's runs: they name that file's run (commit, machine).
+    source = {"environment": doc["environment"]} if "environment" in doc else {}
     harness.Output("f3_table2", quick, out).write(doc, t2, figs["t2"])
-    harness.Output("f3_table3", quick, out).write({"see": "f3_table2.json"}, t3, figs["t3"])
+    harness.Output("f3_table3", quick, out).write({"see": "f3_table2.json", **source}, t3, figs["t3"])
     harness.Output("f3_fig3", quick, out).write(
-        {d: {"entropy_summary": _summary(r.get("entropy", []))} for d, r in doc["datasets"].items()},
+        {**{d: {"entropy_summary": _summary(r.get("entropy", []))} for d, r in doc["datasets"].items()}, **source},
         "# F³ Fig. 3: entropy of the owners' predicted labels per test sample\n\n" + "\n".join(
             f"- {LABELS[d]}: " + ", ".join(f"{k} {v:.3f}" for k, v in _summary(r.get("entropy", [])).items())
             for d, r in doc["datasets"].items()) + f"\n\n{SIMULATED}\n", figs["fig3"])

@@ -18,6 +18,8 @@ the project's two ways of running parties.
 * **Parties in memory** (:func:`run_roles`): role functions as threads on the in-memory
   transport (``fedhet.parties.inmemory.run_inmemory``: the same codec and checks, no sockets),
   for sweeps over many settings; :func:`roles_algorithm` wraps a script's own role functions.
+* **Figures** (:func:`pyplot`, :func:`figure_legend`, :func:`figure_png`): matplotlib without a
+  display, one legend shared by a figure's panels, a figure as PNG bytes.
 * **Flags** (:func:`add_common_args`): ``--quick``, ``--out`` (results folder) and, where a
   script can re-render its markdown from its JSON, ``--render-only``.
 """
@@ -102,6 +104,13 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def figure_legend(fig, handles, labels, ncol: int | None = None):
+    """One legend for every panel of ``fig``, centred below them; ``fig`` must be made with
+    ``layout="constrained"``, which keeps room for it below the panels."""
+    return fig.legend(handles, labels, loc="outside lower center", ncol=ncol or len(labels), frameon=False,
+                      fontsize="large")
 
 
 @dataclass(frozen=True)

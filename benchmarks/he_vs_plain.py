@@ -188,28 +188,38 @@ def markdown(rows: list[dict], args, meta: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(rows: list[dict]):
-    """Training time per variant and dataset (log scale), as a matplotlib figure."""
-    plt = harness.pyplot()
+EXTRAPOLATED_HATCH = "///"
 
+
+def plot(rows: list[dict]):
+    """Training time per variant and dataset (log scale), as a matplotlib figure; a row's
+    ``extrapolated`` flag (measured on fewer epochs or batches than reported) hatches its bar."""
+    from matplotlib.patches import Patch
+
+    plt = harness.pyplot()
     datasets = sorted({r["dataset"] for r in rows})
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
     w = 0.8 / max(1, len(variants))
+    handles = []
     for i, v in enumerate(variants):
-        xs, ys = [], []
-        for j, ds in enumerate(datasets):
-            r = next((r for r in rows if r["dataset"] == ds and r["variant"] == v and "error" not in r), None)
-            if r:
-                xs.append(j + i * w)
-                ys.append(r["train_s"])
-        ax.bar(xs, ys, width=w, label=v)
+        done = [(j, r) for j, ds in enumerate(datasets)
+                for r in rows if r["dataset"] == ds and r["variant"] == v and "error" not in r]
+        bars = ax.bar([j + i * w for j, _ in done], [r["train_s"] for _, r in done], width=w,
+                      color=f"C{i}", edgecolor="black", linewidth=0.6)
+        for bar, (_, r) in zip(bars, done):
+            if r["extrapolated"]:
+                bar.set_hatch(EXTRAPOLATED_HATCH)
+        handles.append(Patch(facecolor=f"C{i}", edgecolor="black", linewidth=0.6, label=v))
+    handles.append(Patch(facecolor="white", edgecolor="black", linewidth=0.6, hatch=EXTRAPOLATED_HATCH,
+                         label="extrapolated (measured on fewer\nepochs or batches, scaled linearly)"))
     ax.set_yscale("log")
     ax.set_xticks([j + w * (len(variants) - 1) / 2 for j in range(len(datasets))], datasets)
-    ax.set_ylabel("training time, s (log)")
-    ax.set_title("Training time per variant (extrapolated where marked in the table)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_ylabel("training time, s (log scale)")
+    epochs = sorted({r["epochs"] for r in rows if "error" not in r})
+    ax.set_title(f"Training time per variant, {' / '.join(map(str, epochs))} epochs")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig
 
 

@@ -509,51 +509,79 @@ def sweep_mu(label: str) -> float:
     return float(label.split("=")[1])
 
 
-# One column per setting (seven now): a lower resolution keeps the PNG well under 1 MiB.
-FIG_DPI = 80
+# Small multiples: each setting's accuracy and loss side by side, FIG_COLS panels a row (two
+# settings), one legend for all; 100 dpi keeps the PNG well under 1 MiB.
+FIG_DPI = 100
+FIG_COLS = 4
+METHOD_COLORS = {"Centralized": "k", "HyFEM-Avg": "C0", "HyFEM-Prox mu=0.1": "C1", "HyFEM-Prox mu=0.5": "C2"}
+PART_STYLES = {"global": "-", "local": "--"}
+PART_LABELS = {"global": r"global: $\theta_0$ with all views", "local": "local: each client's model, its views"}
+SWEEP_COLOR = "C4"
 
 
 def figure(doc: dict):
+    """Every setting of ``doc`` (the results JSON) as two panels, test accuracy and test loss by
+    round (mean ± std over seeds); a mu sweep as final-round accuracy and loss against mu."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
     plt = harness.pyplot()
-    cur = {k: c for k, c in ordered(doc["curves"]) if not k.endswith("mu_sweep")}
-    sweeps = {k: c for k, c in ordered(doc["curves"]) if k.endswith("mu_sweep")}
-    ncol = len(cur) + len(sweeps)
-    fig, axes = plt.subplots(2, ncol, figsize=(4.2 * ncol, 7), squeeze=False)
-    colors = {"Centralized": "k", "HyFEM-Avg": "C0", "HyFEM-Prox mu=0.1": "C1", "HyFEM-Prox mu=0.5": "C2"}
-    for j, (sc, c) in enumerate(cur.items()):
-        for i, metric in enumerate(("accuracy", "loss")):
-            ax = axes[i][j]
+    settings_ = ordered(doc["curves"])
+    rows = -(-2 * len(settings_) // FIG_COLS)
+    fig, axes = plt.subplots(rows, FIG_COLS, figsize=(4.3 * FIG_COLS, 3.5 * rows + 0.8), squeeze=False,
+                             layout="constrained")
+    panels = iter(axes.flat)
+    methods: list[str] = []
+    for sc, c in settings_:
+        what = "COIL-20" if c.get("data") == "coil20" else "Handwritten"
+        sub = f"{what}, {c['clients']} clients, {setting_rounds(doc, c)} rounds"
+        for metric in ("accuracy", "loss"):
+            ax = next(panels)
+            ax.set_title(f"{sc}: test {metric}\n{sub}", fontsize=11)
+            ax.set_ylabel(f"test {metric}")
+            ax.grid(alpha=0.3)
+            if sc.endswith("mu_sweep"):
+                sweep_panel(ax, c, metric)
+                continue
+            ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             for label, m in c["methods"].items():
-                for part, ls in (("global", "-"), ("local", "--")):
+                methods += [label] if label not in methods else []
+                color = METHOD_COLORS.get(label)
+                for part, ls in PART_STYLES.items():
                     key = f"{part}_{metric}"
                     if key not in m:
                         continue
                     mu, sd = np.asarray(m[key]["mean"]), np.asarray(m[key]["std"])
                     x = np.arange(len(mu))
-                    ax.plot(x, mu, ls, color=colors.get(label), label=f"{label} ({part})")
-                    ax.fill_between(x, mu - sd, mu + sd, color=colors.get(label), alpha=0.15)
-            ax.set_xlabel("round")
-            ax.set_ylabel(f"test {metric}")
-            what = "COIL-20" if c.get("data") == "coil20" else "Handwritten"
-            ax.set_title(f"{sc} ({c['clients']} clients)\n{what} stand-in for ModelNet40", fontsize=9)
-            ax.legend(fontsize=6)
-    for j, (sc, c) in enumerate(sweeps.items(), start=len(cur)):
-        labels = sorted(c["methods"], key=sweep_mu)
-        mus = np.array([sweep_mu(k) for k in labels])
-        x = np.where(mus > 0, mus, min([v for v in mus if v > 0], default=1.0) / 10)
-        for i, metric in enumerate(("accuracy", "loss")):
-            ax = axes[i][j]
-            for part, ls in (("global", "-o"), ("local", "--s")):
-                mu = np.array([c["methods"][k][f"{part}_{metric}"]["mean"][-1] for k in labels])
-                sd = np.array([c["methods"][k][f"{part}_{metric}"]["std"][-1] for k in labels])
-                ax.errorbar(x, mu, yerr=sd, fmt=ls, capsize=3, label=f"{part} (final round)")
-            ax.set_xscale("log")
-            ax.set_xlabel("mu (log; the leftmost point is mu = 0)")
-            ax.set_ylabel(f"test {metric}")
-            ax.set_title(f"{sc}: HyFEM-Prox, {setting_rounds(doc, c)} rounds\nHandwritten stand-in", fontsize=9)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
+                    ax.plot(x, mu, ls, color=color, lw=1.6)
+                    ax.fill_between(x, mu - sd, mu + sd, color=color, alpha=0.15, lw=0)
+    for ax in panels:
+        ax.axis("off")
+    handles = [Line2D([], [], color=METHOD_COLORS.get(k), lw=2.5) for k in methods]
+    handles += [Line2D([], [], color="0.3", ls=ls, lw=1.6) for ls in PART_STYLES.values()]
+    handles += [Patch(color="0.3", alpha=0.2)]
+    labels = methods + [PART_LABELS[p] for p in PART_STYLES] + ["± 1 std over seeds"]
+    harness.figure_legend(fig, handles, labels, ncol=-(-len(labels) // 2))
+    fig.suptitle("HyFEM test curves (ModelNet40 is not available offline: Handwritten and COIL-20 stand in)",
+                 fontsize=14)
     return fig
+
+
+def sweep_panel(ax, c: dict, metric: str) -> None:
+    """A mu sweep's final-round global and local ``metric`` (mean ± std over seeds) against mu."""
+    labels = sorted(c["methods"], key=sweep_mu)
+    mus = np.array([sweep_mu(k) for k in labels])
+    x = np.where(mus > 0, mus, min([v for v in mus if v > 0], default=1.0) / 10)
+    for part, marker in (("global", "o"), ("local", "s")):
+        mu = np.array([c["methods"][k][f"{part}_{metric}"]["mean"][-1] for k in labels])
+        sd = np.array([c["methods"][k][f"{part}_{metric}"]["std"][-1] for k in labels])
+        ax.errorbar(x, mu, yerr=sd, fmt=PART_STYLES[part], marker=marker, color=SWEEP_COLOR, capsize=3,
+                    label=f"HyFEM-Prox {part}, final round")
+    ax.set_xscale("log")
+    ax.set_xlabel("mu (log scale; leftmost point: mu = 0)")
+    ax.legend(fontsize=9)
 
 
 # ------------------------------------------------------------------------------ mu probe

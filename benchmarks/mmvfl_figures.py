@@ -251,28 +251,40 @@ def render(doc: dict) -> str:
     return "\n".join(lines)
 
 
+# Each method's line: supFL solid under MMVFL dashed (the two often coincide: both stay visible),
+# supMVLFL dotted; different markers, MMVFL drawn last.
+METHOD_STYLE = {"supFL": dict(color="C1", ls="-", marker="o", ms=5, lw=2.2, alpha=0.8, zorder=2),
+                "supMVLFL": dict(color="C2", ls=":", marker="s", ms=4, lw=1.8, alpha=0.9, zorder=3),
+                "MMVFL": dict(color="C0", ls="--", marker="x", ms=6, mew=1.5, lw=1.6, zorder=4)}
+
+
 def figure(doc: dict):
+    """Per data set (row) and view (column): accuracy against p % of the features, each method's
+    mean over the complete folds (``doc["datasets"][name]["summary"]``, see :func:`summarize`)."""
     plt = harness.pyplot()
     sets = [(n, doc["datasets"][n]) for n in PRIORITY
             if n in doc["datasets"] and doc["datasets"][n]["summary"]["folds"]]
     if not sets:
         return None
     K = max(len(e["views"]) for _, e in sets)
-    fig, axes = plt.subplots(len(sets), K, figsize=(3.2 * K, 2.8 * len(sets)), squeeze=False)
+    fig, axes = plt.subplots(len(sets), K, figsize=(3.4 * K, 2.9 * len(sets) + 0.9), squeeze=False,
+                             layout="constrained")
     P = doc["settings"]["percents"]
+    lines = {}
     for r, (name, e) in enumerate(sets):
         for k in range(K):
             ax = axes[r][k]
             if k >= len(e["views"]):
                 ax.axis("off")
                 continue
-            for m in METHODS:
-                ax.plot(P, e["summary"]["accuracy"][m][k], marker="o", ms=3, label=m)
-            ax.set_title(f"{name}: {e['views'][k]}", fontsize=9)
-            ax.set_xlabel("p %")
-        axes[r][0].set_ylabel(f"accuracy (folds {e['summary']['folds']})", fontsize=8)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+            for m in sorted(METHODS, key=lambda m: METHOD_STYLE[m]["zorder"]):
+                lines[m], = ax.plot(P, e["summary"]["accuracy"][m][k], label=m, **METHOD_STYLE[m])
+            ax.set_title(f"{name}: view {e['views'][k]}", fontsize=11)
+            ax.set_xlabel("p (% of features kept)")
+            ax.grid(alpha=0.3)
+        axes[r][0].set_ylabel(f"accuracy\n(mean of folds {', '.join(map(str, e['summary']['folds']))})")
+    harness.figure_legend(fig, [lines[m] for m in METHODS], list(METHODS))
+    fig.suptitle("MMVFL vs supFL vs supMVLFL: k-NN accuracy with the top p % features of each view", fontsize=13)
     return fig
 
 
