@@ -65,7 +65,7 @@ def fmt(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
-        return f"{v:.6g}"
+        return f"{int(v):,}" if v.is_integer() and abs(v) < 1e15 else f"{v:.6g}"
     return str(v)
 
 
