@@ -87,7 +87,7 @@ def status(run_dir: str | Path) -> dict:
     config = read_json(run_dir / "config.json") or {}
     result = read_json(run_dir / "result.json")
     parties = []
-    cfg_parties = config.get("party") if isinstance(config.get("party"), list) else []
+    cfg_parties: list = config["party"] if isinstance(config.get("party"), list) else []
     for p in cfg_parties:
         if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             continue
@@ -154,7 +154,7 @@ def view(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
     declared: dict = {}
     headline: tuple = ()
     try:
-        algo = from_module((lookup or installed_algorithm)(alg_name))
+        algo = from_module((lookup or installed_algorithm)(str(alg_name)))
         headline = tuple(algo.headline)
         _, d, _ = prepare(algo, config.get("algorithm_cfg", {}))
         declared = d or {}
@@ -216,14 +216,14 @@ def _roles(config: dict) -> list[str]:
 
 def _parties(config: dict, result: dict, st: dict, headline: tuple) -> list[dict]:
     live = {p["name"]: p for p in st["parties"]}
-    summaries = result.get("parties") if isinstance(result.get("parties"), dict) else {}
+    summaries: dict = result["parties"] if isinstance(result.get("parties"), dict) else {}
     out = []
     for p in config.get("party", []):
         if not isinstance(p, dict) or "name" not in p:
             continue
         s = summaries.get(p["name"]) or {}
-        res = s.get("result") if isinstance(s.get("result"), dict) else {}
-        tr = s.get("traffic") if isinstance(s.get("traffic"), dict) else {}
+        res: dict = s["result"] if isinstance(s.get("result"), dict) else {}
+        tr: dict = s["traffic"] if isinstance(s.get("traffic"), dict) else {}
         out.append({
             "name": p["name"], "role": p.get("role"), "device": s.get("device", p.get("device", "cpu")),
             "state": s.get("state", live.get(p["name"], {}).get("state")),
@@ -250,6 +250,12 @@ def _records(run_dir: Path, names: list[str]) -> list[dict]:
             except ValueError:
                 continue
             if isinstance(r, dict) and r.get("type", "msg") == "msg":
+                # a record of the wrong shape (the audit names it) is still drawn: its fields as text
+                for f in ("seq", "round"):
+                    if not (isinstance(r.get(f), int) and not isinstance(r.get(f), bool)):
+                        r[f] = str(r.get(f))
+                for f in ("kind", "peer", "dir"):
+                    r[f] = str(r.get(f))
                 r["_party"] = name
                 out.append(r)
     return out
@@ -260,17 +266,19 @@ def _messages(records: list[dict], marks: dict, roles_of: dict) -> list[dict]:
     receiver's where the sender recorded none.  Problems of either end's record are attached."""
     sends: dict[tuple, dict] = {}
     recvs: dict[tuple, dict] = {}
-    for r in records:
-        key = (str(r.get("_party")), str(r.get("peer")), r.get("seq"), r.get("kind"))
-        if r.get("dir") == "send":
-            sends[key] = r
-        elif r.get("dir") == "recv":
-            recvs[(str(r.get("peer")), str(r.get("_party")), r.get("seq"), r.get("kind"))] = r
+    for one in records:
+        key = (str(one.get("_party")), str(one.get("peer")), one.get("seq"), one.get("kind"))
+        if one.get("dir") == "send":
+            sends[key] = one
+        elif one.get("dir") == "recv":
+            recvs[(str(one.get("peer")), str(one.get("_party")), one.get("seq"), one.get("kind"))] = one
     out = []
     for key in list(sends) + [k for k in recvs if k not in sends]:
-        s, r = sends.get(key), recvs.get(key)
-        rec = s if s is not None else r
-        assert rec is not None
+        s: dict | None = sends.get(key)
+        r: dict | None = recvs.get(key)
+        first = s if s is not None else r
+        assert first is not None
+        rec: dict = first
         probs = []
         if s is not None:
             probs += marks.get((s["_party"], s.get("i")), [])
@@ -378,9 +386,9 @@ def _phases(result: dict, messages: list[dict]) -> dict:
     """Seconds per phase and party (the ``*_s`` results each party reports, and its wall time) and
     bytes sent per phase and party (from the transcripts: a kind's phase is its prefix)."""
     time: dict[str, dict[str, float]] = {}
-    parties = result.get("parties") if isinstance(result.get("parties"), dict) else {}
+    parties: dict = result["parties"] if isinstance(result.get("parties"), dict) else {}
     for name, s in parties.items():
-        res = s.get("result") if isinstance(s, dict) and isinstance(s.get("result"), dict) else {}
+        res: dict = s["result"] if isinstance(s, dict) and isinstance(s.get("result"), dict) else {}
         row = {k[:-2]: float(v) for k, v in res.items() if k.endswith("_s") and number(v) is not None}
         if number(s.get("wall_s")) is not None:
             row["wall"] = float(s["wall_s"])

@@ -24,7 +24,7 @@ from fedhet.parties import cli, presets
 from fedhet.parties.faults import pause_hook
 from fedhet.parties.federation import load
 from fedhet.parties.launcher import launch
-from fedhet.parties.report import write
+from fedhet.parties.report import render, write
 from fedhet.parties.runview import status, view
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +95,27 @@ def test_tampered_record_is_marked_where_it_is(runs, tmp_path):
     assert bad and all(s["kind"] == kind for s in bad), bad
     assert any("hash chain broken" in p for s in bad for p in s["problems"])
     assert next(k for k in v["kinds"] if k["kind"] == kind)["bad"] >= 1
+
+
+def test_hostile_record_is_listed_undeclared_and_never_markup(runs, tmp_path):
+    """A record of the wrong shape with markup for a kind: the view does not raise, the kind is
+    undeclared (the audit fails), and the page holds the text only as escaped JSON."""
+    he, _ = runs
+    bad = tmp_path / "hostile"
+    shutil.copytree(he, bad)
+    t = bad / "parties" / "guest1" / "transcript.jsonl"
+    lines = t.read_bytes().splitlines(keepends=True)
+    rec = json.loads(lines[1])
+    evil = '<img src=x onerror="alert(1)">'
+    rec.update(kind=evil, seq=[1], round={"r": 1})
+    lines[1] = json.dumps(rec, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    t.write_bytes(b"".join(lines))
+    v = view(bad, get_algorithm)
+    assert not v["audit"]["ok"]
+    assert next(k for k in v["kinds"] if k["kind"] == evil)["protects"] == "undeclared"
+    page = render(bad, lookup=get_algorithm)
+    assert evil not in page
+    assert r'\u003cimg src=x onerror=\"alert(1)\"\u003e' in page   # only as escaped JSON text
 
 
 def test_report_is_one_file_that_loads_nothing_from_the_network(runs, tmp_path):

@@ -144,7 +144,7 @@
   }
   window.fedhetShowKind = function (name) {
     var k = RUN.kinds.filter(function (k) { return k.kind === name; })[0];
-    var g = map.querySelector('.row[data-kind="' + name.replace(/"/g, '\\"') + '"]');
+    var g = map.querySelector('.row[data-kind="' + CSS.escape(name) + '"]');
     if (k) { showKind(k, g); }
   };
 
@@ -183,7 +183,12 @@
         el("text", {x: LEFT, y: y - 6, fill: RED, "class": "problem"}, g, "\u26a0 " + s.problems[0] +
            (s.problems.length > 1 ? " (+" + (s.problems.length - 1) + " more)" : ""));
       }
-      if (k) { g.addEventListener("click", function () { showKind(k, map.querySelector('.row[data-kind="' + s.kind + '"]')); detail.scrollIntoView(); }); }
+      if (k) {
+        g.addEventListener("click", function () {
+          showKind(k, map.querySelector('.row[data-kind="' + CSS.escape(s.kind) + '"]'));
+          detail.scrollIntoView();
+        });
+      }
       y += ROWH;
     });
     if (f.more) { el("text", {x: LEFT, y: y, fill: "#57606a"}, seq, "... " + f.more + " more steps in this round"); }
