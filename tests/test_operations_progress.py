@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fedhet.parties import progress
+from fedhet.parties import presets, progress
 
 
 def test_a_line_has_role_step_metric_elapsed_and_eta():
@@ -36,9 +36,19 @@ def test_the_printer_prints_changes_at_most_every_few_seconds():
     assert pr.maybe({**base, "state": "done", "done": 9}) is not None   # a change of state always
 
 
+def demo_in_one_host(tmp_path) -> str:
+    """The demo preset with its four parties in one host process (each a thread with its own keys,
+    sockets, transcript and log.txt): one import of torch instead of four."""
+    text = presets.path("demo").read_text()
+    assert "[federation]\n" in text
+    fed = tmp_path / "demo.toml"
+    fed.write_text(text.replace("[federation]\n", "[federation]\nhosts = 1\n", 1))
+    return str(fed)
+
+
 def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", "demo", "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
                         "--set", "rounds=20"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
@@ -56,7 +66,7 @@ def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
 
 def test_log_level_warning_keeps_info_out_of_log_txt(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", "demo", "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
                         "--set", "rounds=2", "--no-progress", "--log-level", "warning"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -28,6 +28,8 @@ from fedhet.parties.report import render, write
 from fedhet.parties.runview import status, view
 
 ROOT = Path(__file__).resolve().parents[1]
+# one xdist worker runs this file (the Makefile's --dist loadgroup): the runs are made once
+pytestmark = pytest.mark.xdist_group("report")
 
 
 def _fed(name: str):
@@ -36,12 +38,20 @@ def _fed(name: str):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two finished process runs: the HE split network's smoke federation and FedAvg's demo."""
-    root = tmp_path_factory.mktemp("runs")
-    he = launch(_fed("he_split"), root / "he", progress=False, timeout=300)
-    fa = launch(replace(load(presets.path("demo")), hosts=1), root / "fedavg", progress=False, timeout=300,
-                overrides={"rounds": 4})
-    assert he["ok"] and fa["ok"]
+    """Two finished process runs: the HE split network's smoke federation and FedAvg's demo, made
+    once for all xdist workers (a file lock in the session's common temporary folder); the tests
+    only read them (a test that tampers works on a copy)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / "report-runs"
+    with FileLock(f"{root}.lock"):
+        if not (root / "made").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            he = launch(replace(_fed("he_split"), hosts=1), root / "he", progress=False, timeout=300)
+            fa = launch(replace(load(presets.path("demo")), hosts=1), root / "fedavg", progress=False, timeout=300,
+                        overrides={"rounds": 4})
+            assert he["ok"] and fa["ok"]
+            (root / "made").touch()
     return root / "he", root / "fedavg"
 
 
