@@ -23,20 +23,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory typecheck
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20
+	$(PY) -m pytest -q -n 2 --durations=20
 
 # CI's two passes (.ci/run): as a user's clone without ../shared, then only the tests of the real data.
 test-nodata: $(STAMP)
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory typecheck
-	d=$$(mktemp -d) && FEDHET_DATA_DIR=$$d FEDHET_NO_SHARED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 -m "not data"; \
+	d=$$(mktemp -d) && FEDHET_DATA_DIR=$$d FEDHET_NO_SHARED=1 $(PY) -m pytest -q -n 2 --durations=20 -m "not data"; \
 	  rc=$$?; rmdir $$d; exit $$rc
 
 test-data: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m data
+	$(PY) -m pytest -q -n 2 -m data
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup --runslow
+	$(PY) -m pytest -q -n 2 --runslow
 
 # mypy on the four packages as the one import package `fedhet` they form when installed (the
 # editable install maps fedhet.parties... to the root folders, which mypy cannot follow): a

@@ -40,6 +40,19 @@ def number(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
+def flatten(key: str, value: Any, most: int = 8) -> list[tuple[str, float]]:
+    """A result's numbers under printable names: a number as itself, a dict's numbers as
+    ``key.sub``, a list's first ``most`` numbers as ``key[i]`` (headline results are often a
+    dict of metrics or one value per setting)."""
+    if number(value) is not None:
+        return [(key, value)]
+    if isinstance(value, dict):
+        return [(f"{key}.{k}", v) for k, v in value.items() if number(v) is not None]
+    if isinstance(value, list):
+        return [(f"{key}[{i}]", v) for i, v in enumerate(value[:most]) if number(v) is not None]
+    return []
+
+
 def phase_of(kind: str) -> str:
     """The phase a message kind belongs to: its prefix (``psi/blind_f`` -> ``psi``)."""
     if kind.startswith("_"):
@@ -229,7 +242,7 @@ def _parties(config: dict, result: dict, st: dict, headline: tuple) -> list[dict
             "state": s.get("state", live.get(p["name"], {}).get("state")),
             "wall_s": number(s.get("wall_s")), "error": s.get("error"),
             "bytes_sent": number(tr.get("bytes_sent_total")), "bytes_received": number(tr.get("bytes_received_total")),
-            "headline": {k: res[k] for k in headline if number(res.get(k)) is not None},
+            "headline": {name: v for k in headline if k in res for name, v in flatten(k, res[k])},
             "results": {k: v for k, v in res.items() if number(v) is not None or isinstance(v, str)},
         })
     return out

@@ -131,14 +131,15 @@ def check_trained_parts(name: str, models: dict, tmp_path: Path) -> None:
             (name, party)
 
 
-# Every algorithm is killed and resumed in memory below (test_killed_and_resumed_in_memory_...), and
-# runs as audited processes in its own tests; as killed and resumed processes, the default suite
-# runs the smallest (fedavg_logreg) and F³ (MPC holders, keys that never reach a checkpoint), the
-# others with --runslow, to keep the suite within its time.
-PROCESS_RESUME_DEFAULT = ("fedavg_logreg", "f3")
+# Every algorithm is killed and resumed in memory below (test_killed_and_resumed_in_memory_...). As
+# killed and resumed processes, the default suite runs those whose only process run without the real
+# data is this one; he_split, stfl and chfl, which run as audited processes in their own tests
+# (one process per party), are killed and resumed as processes with --runslow, to keep the suite
+# within its time.
+PROCESS_RESUME_SLOW = ("he_split", "stfl", "chfl")
 
 
-@pytest.mark.parametrize("name", [n if n in PROCESS_RESUME_DEFAULT else pytest.param(n, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in PROCESS_RESUME_SLOW else n
                                   for n in registry.names()])
 def test_processes_killed_and_resumed_give_the_in_memory_results_and_pass_the_audit(name, tmp_path):
     check_processes_match_memory(name, tmp_path)

@@ -28,8 +28,6 @@ from fedhet.parties.report import render, write
 from fedhet.parties.runview import status, view
 
 ROOT = Path(__file__).resolve().parents[1]
-# one xdist worker runs this file (the Makefile's --dist loadgroup): the runs are made once
-pytestmark = pytest.mark.xdist_group("report")
 
 
 def _fed(name: str):
@@ -185,6 +183,17 @@ def chromium():
         yield b
 
 
+def resolve(res: dict, key: str):
+    """A result by the page's name for it: ``k``, ``k.sub`` (a dict's entry) or ``k[i]`` (a list's)."""
+    m = re.fullmatch(r"(.+)\[(\d+)\]", key)
+    if m:
+        return res[m.group(1)][int(m.group(2))]
+    if key not in res and "." in key:
+        head, sub = key.split(".", 1)
+        return res[head][sub]
+    return res[key]
+
+
 def _numbers_on_page(pg) -> list[tuple[str, str, str]]:
     return pg.eval_on_selector_all("td.num[data-party][data-key], b.num[data-party][data-key]",
                                    "els => els.map(e => [e.dataset.party, e.dataset.key, e.textContent])")
@@ -216,7 +225,7 @@ def test_report_in_a_browser(runs, tmp_path, chromium):
         assert shown
         seen = set()
         for party, key, text in shown:
-            want = result["parties"][party]["result"][key]
+            want = resolve(result["parties"][party]["result"], key)
             if isinstance(want, (int, float)) and not isinstance(want, bool):
                 assert float(text.replace(",", "")) == pytest.approx(want, rel=1e-5, abs=1e-12), (party, key)
             else:
