@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     from fedhet.parties.report import write
     from fedhet.parties.runview import view
 
-    session = harness.Session("report_screens", __file__, argv)
+    # the results file names no path of this machine: the runs folder is "RUNS", each run its name in it
+    shown = list(sys.argv[1:] if argv is None else argv)
+    if "--runs" in shown and shown.index("--runs") + 1 < len(shown):
+        shown[shown.index("--runs") + 1] = "RUNS"
+    session = harness.Session("report_screens", __file__, shown)
     runs = Path(args.runs) if args.runs else Path(tempfile.mkdtemp(prefix="fedhet-screens-"))
     OUT.mkdir(parents=True, exist_ok=True)
     done = []
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = launch(load(REPO / "algorithms" / algo / "smoke.toml"), run, progress=False, timeout=600)
         page = write(run, lookup=get_algorithm)
         v = view(run, get_algorithm)
-        done.append({"algorithm": algo, "run": str(run), "wall_s": summary["wall_s"], "audit_ok": v["audit"]["ok"],
+        done.append({"algorithm": algo, "run": f"RUNS/{algo}", "wall_s": summary["wall_s"], "audit_ok": v["audit"]["ok"],
                      "kinds": len(v["kinds"]), "screenshot": f"report-{algo}.png"})
         with browser() as b:
             pg = b.new_page(viewport={"width": 1300, "height": HEIGHT})
