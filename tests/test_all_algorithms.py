@@ -134,9 +134,9 @@ def check_trained_parts(name: str, models: dict, tmp_path: Path) -> None:
 # Every algorithm is killed and resumed in memory below (test_killed_and_resumed_in_memory_...). As
 # killed and resumed processes, the default suite runs those whose only process run without the real
 # data is this one; he_split, stfl and chfl, which run as audited processes in their own tests
-# (one process per party), are killed and resumed as processes with --runslow, to keep the suite
-# within its time.
-PROCESS_RESUME_SLOW = ("he_split", "stfl", "chfl")
+# (one process per party), and fedavg_logreg, whose processes test_resume.py kills and resumes
+# (the launcher, one party), run here with --runslow, to keep the suite within its time.
+PROCESS_RESUME_SLOW = ("he_split", "stfl", "chfl", "fedavg_logreg")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in PROCESS_RESUME_SLOW else n
