@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -225,12 +225,12 @@ class SecureAggregator(Aggregator):
     method = "secure"
 
     def __init__(self, config: SecAggConfig | None = None, observer: Callable | None = None,
-                 faults: Faults | None = None):
+                 faults: Faults | Mapping[int, Faults] | None = None):
         self.config = config or SecAggConfig()
         self._client: SecAggClient | None = None
         self._server: SecAggServer | None = None
         self._observer = observer
-        self._faults = faults  # tests only: see secagg.Faults
+        self._faults = faults  # injected dropouts and late or stale messages: see secagg.Faults
 
     def submit(self, party: PartyLike, server, vector, weight=1.0, round=0) -> SubmitResult:
         if self._client is None:
@@ -270,16 +270,23 @@ def secagg_config(s: AggregationSettings) -> SecAggConfig:
 
 
 def make_aggregator(settings: AggregationSettings | None = None,
-                    defaults: AggregationSettings | None = None) -> Aggregator:
+                    defaults: AggregationSettings | None = None,
+                    faults: Faults | Mapping[int, Faults] | None = None) -> Aggregator:
     """The aggregator ``settings.over(defaults)`` names (``aggregation``, secure when unset): the run's
-    aggregation settings, each unset key taking the algorithm's default."""
+    aggregation settings, each unset key taking the algorithm's default.
+
+    ``faults``: misbehaviour injected into this party's ``submit`` (a client vanishing after a step, for
+    one :class:`~fedhet.protocols.secagg_client.Faults` in every round or a mapping round -> Faults);
+    secure aggregation only (ValueError for plain, whose client sends a single message)."""
     s = (settings or AggregationSettings()).over(defaults)
     if s.method == "plain":
+        if faults is not None:
+            raise ValueError("injected faults (secagg Faults) need aggregation = 'secure', got 'plain'")
         bounds = secagg_config(AggregationSettings(secagg_clip=s.secagg_clip, secagg_max_weight=s.secagg_max_weight))
         return PlainAggregator(s.plain_dtype or "float64", s.aggregation_timeout, clip=bounds.clip,
                                max_weight=bounds.max_weight if s.secagg_max_weight is not None else math.inf)
     if s.method == "secure":
-        return SecureAggregator(secagg_config(s))
+        return SecureAggregator(secagg_config(s), faults=faults)
     raise ValueError(f"aggregation must be one of {METHODS}, got {s.method!r}")
 
 

@@ -259,8 +259,8 @@ def unmask_shares(st: ClientRound, p: dict) -> dict:
 class SecAggClient:
     """The client side.  One object per party and run: it holds the run's identity key.
 
-    ``faults`` (tests only): a :class:`Faults` for every round, or a mapping
-    round -> :class:`Faults`.
+    ``faults`` (tests, and runs that simulate dropouts): a :class:`Faults` for every
+    round, or a mapping round -> :class:`Faults`.
     """
 
     def __init__(self, config: SecAggConfig | None = None, faults: Faults | Mapping[int, Faults] | None = None):
