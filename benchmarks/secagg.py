@@ -115,7 +115,7 @@ def summarise(rounds_out):
 
 def bench_inmemory(k, m, method, rounds, seed):
     xs, ws = make_inputs(k, m, seed)
-    data = {"server": {"exact": exact_mean(xs, ws)}, **{c: {"x": xs[c], "w": ws[c]} for c in xs}}
+    data = {"server": {"xs": xs, "ws": ws}, **{c: {"x": xs[c], "w": ws[c]} for c in xs}}
     run = harness.run_roles(secagg_job.ALGORITHM, [("server", "server")] + [(c, "client") for c in client_names(k)],
                             cfg=job_cfg(k, m, method, rounds, seed), seed=seed, data=data, timeout=900)
     return summarise(run.results["server"])
