@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedhet-installed
 
-.PHONY: demo test test-nodata test-data test-all typecheck bench results-doc setup clean
+.PHONY: demo test test-nodata test-data test-ray test-all typecheck bench results-doc setup clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,12 @@ test-nodata: $(STAMP)
 
 test-data: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m data
+
+# The Ray engine's tests (tests/test_ray_cluster.py): Ray installed into .venv, then a cluster of
+# three nodes on this machine that the tests start and stop themselves; one test process.
+test-ray: $(STAMP)
+	$(PY) -m pip install -q -e '.[ray]'
+	$(PY) -m pytest -q -p no:xdist --ray -m ray --durations=10
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 --runslow

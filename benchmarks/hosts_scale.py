@@ -47,11 +47,12 @@ def shamir_federation(n_parties: int, hosts: int, timeout: float):
 
 
 class Sampler(threading.Thread):
-    """Peak RSS, descriptors and threads of every live process whose command line names the run."""
+    """Peak RSS, descriptors and threads of every live process whose command line names the run
+    (contains ``key``: the run folder, or any text that marks the run's processes)."""
 
-    def __init__(self, run_dir: Path, every_s: float = 0.2):
+    def __init__(self, key: str | Path, every_s: float = 0.2):
         super().__init__(daemon=True)
-        self.key, self.every = str(run_dir), every_s
+        self.key, self.every = str(key), every_s
         self.procs: dict[int, dict] = {}  # pid -> peaks and its command's role (party or host name)
         self.peak_total_rss_mib = 0.0
         self.halt = threading.Event()

@@ -358,6 +358,28 @@ def hosts_scale(d: dict) -> list[str]:
                                               "peak RSS MiB, all", "fds (max)", "audit"], rows)
 
 
+def ray_overhead(d: dict) -> list[str]:
+    c = d.get("cluster", {})
+    rows = []
+    for case in d["cases"]:
+        local = next((r for r in case["runs"] if r["engine"] == "local"), {})
+        for r in case["runs"]:
+            ratio = r["wall_s"] / local["wall_s"] if r.get("ok") and local.get("ok") else None
+            rows.append([case["case"], case["data"], r["engine"],
+                         "yes" if r.get("ok") else "failed: " + str(r.get("error", "audit"))[:160],
+                         f(r.get("startup_s"), 1), f(r.get("wall_s"), 1), "-" if ratio is None else f(ratio, 2) + "x",
+                         f(r.get("parties_peak_rss_mib"), 0),
+                         f(r.get("actors_peak_rss_mib"), 0) if r["engine"] == "ray" else "-",
+                         f(r.get("daemons_peak_rss_mib"), 0) if r["engine"] == "ray" else "-",
+                         str(r.get("nodes", 1))])
+    head = [f"A cluster of {c.get('nodes')} nodes on this machine, each its own `ray start`, started in "
+            f"{f(c.get('start_s'), 1)} s (once per cluster, not per run); its daemons idle at "
+            f"{f(c.get('idle_daemons_rss_mib'), 0)} MiB.", ""]
+    return head + file_notes(d.get("note")) + table(
+        ["case", "data", "engine", "ok (audited)", "start-up s", "wall s", "wall / local", "parties' RSS MiB",
+         "Ray actors MiB", "Ray daemons MiB", "nodes"], rows)
+
+
 def checkpoint_overhead(d: dict) -> list[str]:
     rows = [[r["algorithm"], r["federation"], "failed: " + r["error"], "", "", "", ""] if "error" in r else
             [r["algorithm"], r["federation"], str(r["steps"]), f(r["checkpoint_bytes"] / 1024, 1),
@@ -460,6 +482,12 @@ SECTIONS = (
             "packing gains from them, and per-epoch differences of a few percent are the noise of a shared machine."),
     Section("Many parties in host processes", "python -m benchmarks.hosts_scale", ("hosts_scale",),
             f"{SYNTHETIC}: the shamir job's seeded random matrices", hosts_scale),
+    Section("The Ray engine against local host processes", "python -m benchmarks.ray_overhead", ("ray_overhead",),
+            f"{SYNTHETIC} (fedavg_logreg, shamir, secagg_bench) and the {REAL} METR-LA road graph with simulated "
+            "windows (f3_metr_la), as each row says", ray_overhead,
+            "Start-up: until every party has reported; under Ray that takes placing one actor per unit and the "
+            "engine's polls. RSS: the peak of the summed resident memory of the parties' processes, and under Ray "
+            "of the actors and the cluster's daemons. How to run across machines: [ray.md](ray.md)."),
     Section("Checkpoint overhead", "python -m benchmarks.checkpoint_overhead", ("checkpoint_overhead",),
             f"{REAL} (scikit-learn's packaged sets) and {SYNTHETIC}, as each row says", checkpoint_overhead,
             "Each party checkpoints every step; the overhead is what the most burdened party's role waited for "

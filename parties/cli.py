@@ -295,6 +295,14 @@ def cmd_run(args) -> int:
         return 2
     else:
         fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
+    if args.engine:
+        fed = dataclasses.replace(fed, engine=args.engine)
+    if args.address:
+        if fed.engine != "ray":
+            console.print("error: --address is the Ray cluster's: give it with --engine ray (or [federation] "
+                          "engine = \"ray\")", markup=False)
+            return 2
+        fed = dataclasses.replace(fed, ray_address=args.address)
     algorithm = _registry().get_algorithm(fed.algorithm_name)
     if args.insecure:
         console.print("[bold red]WARNING[/bold red]: --insecure: CURVE is OFF for every party", highlight=False)
@@ -447,6 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] parameter")
     p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--engine", choices=("local", "ray"),
+                   help="local: every party or host a process of this machine (default); ray: the hosts on a Ray "
+                        "cluster (overrides [federation] engine; docs/ray.md)")
+    p.add_argument("--address", help="with --engine ray: the cluster's address, HOST:PORT (default: RAY_ADDRESS, "
+                                     "or a cluster started on this machine)")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("audit", help="verify a run's transcripts against the declared disclosures")
     p.add_argument("run_dir")

@@ -67,12 +67,17 @@ def record(exc: BaseException, party: str, role: str, transport: Any = None, sto
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
 
 
-def exit_record(party: str, role: str, code: int, detail: str = "") -> dict:
+def exit_record(party: str, role: str, code: int, detail: str = "", how: str = "",
+                evidence: dict | None = None) -> dict:
     """What the launcher saw of a party process that ended without a record of its own: killed by a
-    signal, or exited non-zero (it crashed before it could write one)."""
+    signal, or exited non-zero (it crashed before it could write one).  ``how`` replaces "killed by
+    signal ..." where the engine saw something else (a Ray host lost with its node), and ``evidence``
+    adds what it saw."""
     import signal
 
-    if code < 0:
+    if how:
+        pass
+    elif code < 0:
         try:
             how = f"killed by signal {signal.Signals(-code).name}"
         except ValueError:
@@ -80,7 +85,8 @@ def exit_record(party: str, role: str, code: int, detail: str = "") -> dict:
     else:
         how = f"exited with code {code}"
     return {"party": party, "role": role, "error": how + (f": {detail}" if detail else ""), "cause": "own",
-            "culprit": party, "evidence": {"exit_code": code, "seen_by": "launcher"}, "stopped": False,
+            "culprit": party, "evidence": {"exit_code": code, "seen_by": "launcher", **(evidence or {})},
+            "stopped": False,
             "killed": code < 0, "time": None}
 
 

@@ -14,6 +14,10 @@ A TOML file (example: ``fedhet presets``)::
     # run_id = "..."         # all parties of one run must agree; `fedhet run` makes a fresh one
     # hosts = 4              # `fedhet run` only: run the parties in 4 host processes (see below)
     # host_threads = 1       # in a host process: torch / BLAS / OpenMP threads (0 = library default)
+    # engine = "ray"         # `fedhet run` only: place the hosts on a Ray cluster (docs/ray.md)
+    # ray_address = "10.0.0.1:6379"   # the cluster (default: Ray's own look-up, RAY_ADDRESS)
+    # placement = "spread"   # Ray: spread the hosts over the nodes, or "pack" them onto few
+    # party_ports = "20000-20999"   # Ray: the ports parties listen on, to open between nodes
 
     [algorithm]
     name = "fedavg_logreg"   # see `fedhet presets` / the registry
@@ -27,6 +31,7 @@ A TOML file (example: ``fedhet presets``)::
     public_key = "Z85 CURVE key"       # from `fedhet keys`
     sign_key = "hex Ed25519 key"       # from `fedhet keys`
     # host = "owners1"                 # `fedhet run` only: the host process this party runs in
+    # node_label = "zone=b"            # engine = "ray" only: run on a node with this label
 
 Host processes (local runs with many parties).  By default ``fedhet run``
 starts one OS process per party.  Parties with the same ``host`` run in one
@@ -58,6 +63,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}=[A-Za-z0-9_.-]{0,63}$")
 _ENDPOINT = re.compile(r"^(tcp://[^:/\s]+:\d{1,5}|ipc://\S+)$")
 
 
@@ -79,6 +85,10 @@ FEDERATION_KEYS: dict[str, str] = {
     "data_dir": "folder of the built-in data sets",
     "hosts": "`fedhet run` only: host processes for the parties that name no host",
     "host_threads": "`fedhet run` only: torch / BLAS threads per host process",
+    "engine": "`fedhet run` only: local (processes on this machine) or ray (hosts on a Ray cluster)",
+    "ray_address": "`fedhet run` with engine = \"ray\": the cluster's address (default: Ray's own look-up)",
+    "placement": "engine = \"ray\": spread (hosts over many nodes) or pack (onto few)",
+    "party_ports": "engine = \"ray\": LO-HI, the ports parties listen on (default: any free port)",
 }
 
 #: Every key of a ``[[party]]`` entry.
@@ -91,6 +101,7 @@ PARTY_KEYS: dict[str, str] = {
     "sign_key": "its hex Ed25519 public key (from `fedhet keys`)",
     "data": "its own data file: a table of the keys in DATA_KEYS",
     "host": "`fedhet run` only: the host process it runs in",
+    "node_label": "engine = \"ray\" only: KEY=VALUE, a label of the Ray node it must run on",
 }
 
 #: Every key of a party's ``data`` table (``docs/user_data.md`` describes them in full;
@@ -136,6 +147,7 @@ class PartySpec:
     # machine, never part of the public record or the run id (paths differ per machine).
     data: dict[str, Any] = field(default_factory=dict)
     host: str = ""  # the host process it runs in under `fedhet run` ("": see Federation.hosts)
+    node_label: str = ""  # engine = "ray": "KEY=VALUE", a label of the node it must run on
 
 
 @dataclass
@@ -157,6 +169,10 @@ class Federation:
     peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down this long is gone
     checkpoint_every: int = 1  # each party checkpoints every N-th step (round or epoch); 0: never
     restart_grace_s: float = 0.0  # > 0: a dead party may restart alone; its peers wait this long for it
+    engine: str = "local"  # `fedhet run`: local processes, or "ray" (parties/ray_engine.py)
+    ray_address: str = ""  # engine = "ray": the cluster ("": Ray's own look-up)
+    placement: str = "spread"  # engine = "ray": spread or pack the hosts over the nodes
+    party_ports: tuple[int, int] | None = None  # engine = "ray": the ports parties listen on (None: any)
 
     # ------------------------------------------------------------- queries
     @property
@@ -239,6 +255,14 @@ class Federation:
             fed["checkpoint_every"] = self.checkpoint_every
         if self.restart_grace_s:
             fed["restart_grace_s"] = self.restart_grace_s
+        if self.engine != "local":
+            fed["engine"] = self.engine
+        if self.ray_address:
+            fed["ray_address"] = self.ray_address
+        if self.placement != "spread":
+            fed["placement"] = self.placement
+        if self.party_ports is not None:
+            fed["party_ports"] = f"{self.party_ports[0]}-{self.party_ports[1]}"
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
         fed.update(self.extra)
@@ -352,8 +376,11 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         host = p.get("host", "")
         if not isinstance(host, str) or (host and not _NAME.match(host)):
             raise err(f"{where}: host {host!r} must be a name (letters, digits, _ . -, starting with a letter)")
+        label = p.get("node_label", "")
+        if not isinstance(label, str) or (label and not _LABEL.match(label)):
+            raise err(f"{where}: node_label {label!r} must be KEY=VALUE (a label given to `ray start --labels`)")
         parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""),
-                                 p.get("sign_key", ""), dict(pdata), host))
+                                 p.get("sign_key", ""), dict(pdata), host, label))
     key_dir = fed.pop("key_dir", None)
     if key_dir is not None:
         key_dir = Path(key_dir)
@@ -372,7 +399,23 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     if not 0 <= restart_grace_s <= timeout:
         raise err(f"[federation]: restart_grace_s = {restart_grace_s:g} must be between 0 (off) and the timeout "
                   f"({timeout:g}s): a party waits for any one message at most the timeout")
-    counts = {}
+    choices: dict[str, Any] = {}
+    for k, allowed in (("engine", ("local", "ray")), ("placement", ("spread", "pack"))):
+        v = fed.pop(k, allowed[0])
+        if v not in allowed:
+            raise err(f"[federation]: {k} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
+        choices[k] = v
+    ray_address = fed.pop("ray_address", "")
+    if not isinstance(ray_address, str):
+        raise err(f"[federation]: ray_address must be a string (HOST:PORT or ray://HOST:PORT), got {ray_address!r}")
+    party_ports = None
+    if "party_ports" in fed:
+        v = fed.pop("party_ports")
+        m = re.match(r"^(\d{1,5})-(\d{1,5})$", v) if isinstance(v, str) else None
+        if m is None or not 1024 <= int(m[1]) <= int(m[2]) <= 65535:
+            raise err(f"[federation]: party_ports must be \"LO-HI\" with 1024 <= LO <= HI <= 65535, got {v!r}")
+        party_ports = (int(m[1]), int(m[2]))
+    counts: dict[str, Any] = {}
     for k, default in (("hosts", 0), ("host_threads", 0), ("checkpoint_every", 1)):
         v = fed.pop(k, default)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -382,7 +425,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
         timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
         data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed, peer_lost_s=peer_lost_s,
-        restart_grace_s=restart_grace_s,
+        restart_grace_s=restart_grace_s, ray_address=ray_address, party_ports=party_ports, **choices,
         base_dir=str(base_dir) if base_dir is not None else "", **counts,
     )
 

@@ -124,7 +124,7 @@ def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | No
             port = free_port()
         used.add(port)
         parties.append(replace(p, endpoint=f"tcp://127.0.0.1:{port}", public_key=pub.curve, sign_key=pub.sign,
-                               data=_absolute_data(p.data, fed.base_dir)))
+                               data=absolute_data(p.data, fed.base_dir)))
     algorithm = dict(fed.algorithm)
     algorithm.update(overrides or {})
     resolved = replace(fed, parties=parties, key_dir=key_dir.resolve(),
@@ -146,7 +146,7 @@ def resume_federation(run_dir: str | os.PathLike) -> Federation:
     return load(path)
 
 
-def _absolute_data(data: dict, base_dir: str) -> dict:
+def absolute_data(data: dict, base_dir: str) -> dict:
     """A party's data spec with its path made absolute: the resolved federation file lives in
     the run folder, but the user wrote paths relative to their own file."""
     out = dict(data or {})
@@ -191,76 +191,151 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
-           timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
-           env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
-           log_level: str = "info", resume: bool = False) -> dict[str, Any]:
-    """Run the federation locally; returns the run summary or raises RunFailed.
+class LocalProcesses:
+    """The default engine: every party, or host, an OS process of this machine (see the module's text).
 
-    ``resume``: go on with the run in ``run_dir`` (``fed`` is then the folder's own
-    ``federation.toml``: :func:`resume_federation`): the same run id and settings, fresh keys and
-    ports, every party restarted with ``--resume`` from the newest checkpoint all of them hold.
+    An engine is what :func:`launch` runs the federation on.  It makes the keys and endpoints
+    (:meth:`prepare`), starts each unit, a party alone or a host of several (:meth:`start`), says how
+    each unit stands (:meth:`poll`: name -> exit code, None while it runs; a unit the engine lost
+    reads as an exit code too), keeps every party's ``status.json``, ``error.json`` and
+    ``result.json`` in the run folder up to date, and at the end stops every unit and brings all of
+    its files into the run folder (:meth:`stop`) before :meth:`close` frees the keys.  The Ray engine
+    (:mod:`fedhet.parties.ray_engine`) is the other one."""
 
-    Bad settings raise :class:`SettingsError` before any party starts and before the run folder
-    is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
-    check_before_launch(fed, overrides, algorithm)
-    run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
-    raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
-    resolved, fed_file = prepare_local(fed, run_dir, overrides, run_id=fed.run_id if resume else None)
-    procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
-    commands: dict[str, tuple[list[str], Path, dict]] = {}   # ... its command, output file, environment
-    restarts: dict[str, int] = {}
-    hosts = resolved.host_groups()
-    t0 = time.perf_counter()
-    child_env = dict(os.environ if env is None else env)
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
-    child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # children exit if we die (runtime.die_with_launcher)
-    host_env = dict(child_env)
-    if resolved.host_threads > 0:  # before the host loads BLAS / OpenMP (torch is set in the host)
-        host_env.update({k: str(resolved.host_threads) for k in THREAD_ENV})
-    # a terminal gets live bars; redirected output (a file, CI, nohup) gets progress lines as they come
-    view: _Progress | _Lines | None = None
-    if progress:
-        view = _Progress(resolved, run_dir) if sys.stdout.isatty() else _Lines(resolved, run_dir)
-    restore_signals = _trap_termination()
-    failure: dict[str, Any] | None = None
-    try:
+    name = "local"
+
+    def __init__(self, env: dict[str, str] | None = None, insecure: bool = False, log_level: str = "info"):
+        self.env, self.insecure, self.log_level = env, insecure, log_level
+        self.procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
+        self.commands: dict[str, tuple[list[str], Path, dict]] = {}  # ... its command, output file, environment
+        self.restarts: dict[str, int] = {}
+        self.fed: Federation | None = None
+        self.fed_file: Path | None = None
+
+    def check(self, fed: Federation, resume: bool) -> None:
+        """Settings this engine cannot run, refused before the run folder exists (none here)."""
+
+    def prepare(self, fed: Federation, run_dir: Path, overrides: dict[str, Any] | None,
+                run_id: str | None) -> Federation:
+        raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
+        self.fed, self.fed_file = prepare_local(fed, run_dir, overrides, run_id=run_id)
+        return self.fed
+
+    def start(self, run_dir: Path, resume: bool) -> None:
+        assert self.fed is not None and self.fed_file is not None
+        resolved, fed_file, log_level = self.fed, self.fed_file, self.log_level
+        hosts = resolved.host_groups()
+        child_env = dict(os.environ if self.env is None else self.env)
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # children exit if we die (runtime.die_with_launcher)
+        host_env = dict(child_env)
+        if resolved.host_threads > 0:  # before the host loads BLAS / OpenMP (torch is set in the host)
+            host_env.update({k: str(resolved.host_threads) for k in THREAD_ENV})
         hosted = {n for ns in hosts.values() for n in ns}
         for p in resolved.parties:
-            pdir = party_dir(run_dir, p.name)
-            pdir.mkdir(parents=True, exist_ok=True)
             if p.name in hosted:
                 continue
+            pdir = party_dir(run_dir, p.name)
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            cmd += ["--insecure"] * insecure
-            commands[p.name] = (cmd, pdir / "stdout.log", child_env)
-            procs[p.name] = _start(cmd + ["--resume"] * resume, pdir / "stdout.log", child_env, append=resume)
+            cmd += ["--insecure"] * self.insecure
+            self.commands[p.name] = (cmd, pdir / "stdout.log", child_env)
+            self.procs[p.name] = _start(cmd + ["--resume"] * resume, pdir / "stdout.log", child_env, append=resume)
         if hosts:
             host_dir(run_dir).mkdir(parents=True, exist_ok=True)
         for h in hosts:
             (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
                    "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            cmd += ["--insecure"] * insecure
-            commands[h] = (cmd, host_dir(run_dir) / f"{h}.log", host_env)
-            procs[h] = _start(cmd + ["--resume"] * resume, host_dir(run_dir) / f"{h}.log", host_env, append=resume)
+            cmd += ["--insecure"] * self.insecure
+            self.commands[h] = (cmd, host_dir(run_dir) / f"{h}.log", host_env)
+            self.procs[h] = _start(cmd + ["--resume"] * resume, host_dir(run_dir) / f"{h}.log", host_env,
+                                   append=resume)
+
+    def poll(self) -> dict[str, int | None]:
+        assert self.fed is not None
+        codes = {n: pr.poll() for n, pr in self.procs.items()}
+        for n, c in codes.items():   # with restart_grace_s, a process killed by a signal comes back
+            if (c is not None and c < 0 and self.fed.restart_grace_s > 0
+                    and self.restarts.get(n, 0) < MAX_RESTARTS and not self.insecure):
+                self.restarts[n] = self.restarts.get(n, 0) + 1
+                cmd, log_file, proc_env = self.commands[n]
+                proc_env = {k: v for k, v in proc_env.items() if k != KILL_ENV}   # a cue fires once
+                print(f"{n} was killed ({signal.Signals(-c).name}); restarting it with --resume "
+                      f"({self.restarts[n]} of {MAX_RESTARTS}); the others wait up to {self.fed.restart_grace_s:g}s",
+                      file=sys.stderr, flush=True)
+                self.procs[n] = _start(cmd + ["--resume"], log_file, proc_env, append=True)
+                codes[n] = None
+        return codes
+
+    def exit_record(self, run_dir: Path, unit: str, party: str, role: str, code: int) -> dict:
+        """The record of ``party`` when its unit ended with ``code`` and the party left none."""
+        detail = f"host {unit!r} ended" if unit != party else _stdout_tail(run_dir, party)
+        return failure_records.exit_record(party, role, code, detail)
+
+    def stop(self) -> None:
+        _stop_all(self.procs)
+
+    def codes(self) -> dict[str, int | None]:
+        return {n: pr.returncode for n, pr in self.procs.items()}
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
+
+    def close(self) -> None:
+        if self.fed is not None and self.fed.key_dir is not None and not keyfiles.release_temporary(self.fed.key_dir):
+            shutil.rmtree(self.fed.key_dir, ignore_errors=True)
+
+
+def make_engine(fed: Federation, env: dict[str, str] | None = None, insecure: bool = False,
+                log_level: str = "info"):
+    """The engine ``[federation] engine`` names: :class:`LocalProcesses`, or the Ray engine."""
+    if fed.engine == "ray":
+        from .ray_engine import RayEngine
+
+        return RayEngine(fed.ray_address, fed.placement, env=env, insecure=insecure, log_level=log_level)
+    return LocalProcesses(env, insecure, log_level)
+
+
+def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
+           timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
+           env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
+           log_level: str = "info", resume: bool = False, engine: Any = None) -> dict[str, Any]:
+    """Run the federation locally; returns the run summary or raises RunFailed.
+
+    ``resume``: go on with the run in ``run_dir`` (``fed`` is then the folder's own
+    ``federation.toml``: :func:`resume_federation`): the same run id and settings, fresh keys and
+    ports, every party restarted with ``--resume`` from the newest checkpoint all of them hold.
+
+    ``engine``: what runs the parties (:class:`LocalProcesses`, or :func:`make_engine` of
+    ``[federation] engine``: the Ray engine).  ``env``: the parties' environment (default this one's).
+
+    Bad settings raise :class:`SettingsError` before any party starts and before the run folder
+    is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
+    check_before_launch(fed, overrides, algorithm)
+    engine = engine if engine is not None else make_engine(fed, env, insecure, log_level)
+    engine.check(fed, resume)
+    run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
+    t0 = time.perf_counter()
+    view: _Progress | _Lines | None = None
+    failure: dict[str, Any] | None = None
+    restore_signals = lambda: None  # noqa: E731
+    resolved: Federation | None = None
+    try:
+        resolved = engine.prepare(fed, run_dir, overrides, fed.run_id if resume else None)
+        hosts = resolved.host_groups()
+        for p in resolved.parties:
+            party_dir(run_dir, p.name).mkdir(parents=True, exist_ok=True)
+        # a terminal gets live bars; redirected output (a file, CI, nohup) gets progress lines as they come
+        if progress:
+            view = _Progress(resolved, run_dir) if sys.stdout.isatty() else _Lines(resolved, run_dir)
+        restore_signals = _trap_termination()
+        engine.start(run_dir, resume)
         if view:
             view.start()
         failed_since: float | None = None
         while True:
-            codes = {n: pr.poll() for n, pr in procs.items()}
-            for n, c in codes.items():   # with restart_grace_s, a process killed by a signal comes back
-                if (c is not None and c < 0 and resolved.restart_grace_s > 0
-                        and restarts.get(n, 0) < MAX_RESTARTS and not insecure):
-                    restarts[n] = restarts.get(n, 0) + 1
-                    cmd, log_file, proc_env = commands[n]
-                    proc_env = {k: v for k, v in proc_env.items() if k != KILL_ENV}   # a cue fires once
-                    print(f"{n} was killed ({signal.Signals(-c).name}); restarting it with --resume "
-                          f"({restarts[n]} of {MAX_RESTARTS}); the others wait up to {resolved.restart_grace_s:g}s",
-                          file=sys.stderr, flush=True)
-                    procs[n] = _start(cmd + ["--resume"], log_file, proc_env, append=True)
-                    codes[n] = None
+            codes = engine.poll()
             failed = [n for n, c in codes.items() if c not in (None, 0)]
             if hosts and not failed and _hosted_failures(run_dir, hosts, codes):
                 # A party in a host failed: its host runs on until its other parties end, so the
@@ -269,8 +344,9 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                 if time.monotonic() - failed_since > 1.0:
                     failed = [h for h in hosts if codes[h] is None]
             if failed:
-                # The evidence decides (fedhet.parties.failure.verdict), not which process ended first.
-                failure = _verdict(resolved, run_dir, hosts, codes)
+                # The evidence decides (fedhet.parties.failure.verdict), not which process ended first;
+                # read before anyone is stopped (a party stopped now was stopped from outside).
+                failure = _verdict(resolved, run_dir, hosts, codes, engine)
                 raise RunFailed(failure["party"], failure["reason"], run_dir, failure.get("host"))
             if all(c == 0 for c in codes.values()):
                 break
@@ -284,22 +360,24 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                 view.update()
             time.sleep(0.1)
     except BaseException as e:
-        _stop_all(procs)
+        engine.stop()
+        if resolved is None:
+            engine.close()
+            raise
         if failure is None:
             failure = {"party": None, "reason": f"launcher stopped: {type(e).__name__}: {e}".rstrip(": ")}
         _mark_stopped(resolved, run_dir, failure)
         _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=False, failure=failure, hosts=hosts,
-                       codes={n: pr.returncode for n, pr in procs.items()})
+                       codes=engine.codes(), engine=engine.describe())
         raise
     finally:
         if view:
             view.stop()
-        _stop_all(procs)
+        engine.stop()
         restore_signals()
-        if resolved.key_dir is not None and not keyfiles.release_temporary(resolved.key_dir):
-            shutil.rmtree(resolved.key_dir, ignore_errors=True)
+        engine.close()
     return _write_summary(resolved, run_dir, time.perf_counter() - t0, ok=True, hosts=hosts,
-                          codes={n: pr.returncode for n, pr in procs.items()})
+                          codes=engine.codes(), engine=engine.describe())
 
 
 def _start(cmd: list[str], log_file: Path, env: dict, append: bool = False) -> subprocess.Popen:
@@ -326,7 +404,7 @@ def _hosted_failures(run_dir: Path, hosts: dict[str, list[str]], codes: dict[str
 
 
 def _verdict(fed: Federation, run_dir: Path, hosts: dict[str, list[str]],
-             codes: dict[str, int | None]) -> dict[str, Any]:
+             codes: dict[str, int | None], engine: Any) -> dict[str, Any]:
     """The failed run's verdict: every party's own failure record, and for a process (or a host)
     that ended without one, what the launcher saw of it (killed by a signal, or its exit code)."""
     host_of = {n: h for h, ns in hosts.items() for n in ns}
@@ -339,9 +417,7 @@ def _verdict(fed: Federation, run_dir: Path, hosts: dict[str, list[str]],
             if p.name in host_of:  # a host that died outright: its first unfinished party stands for it
                 if p.name != _unfinished(run_dir, hosts[proc])[0] or _hosted_any_record(run_dir, hosts[proc]):
                     continue
-                rec = failure_records.exit_record(p.name, p.role, code or 0, f"host {proc!r} ended")
-            else:
-                rec = failure_records.exit_record(p.name, p.role, code or 0, _stdout_tail(run_dir, p.name))
+            rec = engine.exit_record(run_dir, proc, p.name, p.role, code or 0)
         if rec is not None and rec.get("cause") == "stopped":
             # The launcher has stopped nobody yet: a party stopped now was stopped from outside
             # (a signal to it or to its host), which is its own failure as far as the run goes.
@@ -358,7 +434,11 @@ def _hosted_any_record(run_dir: Path, names: list[str]) -> bool:
 
 
 def _stdout_tail(run_dir: Path, name: str) -> str:
-    out = party_dir(run_dir, name) / "stdout.log"
+    return tail_of(party_dir(run_dir, name) / "stdout.log")
+
+
+def tail_of(out: Path) -> str:
+    """The last non-blank line of a process's output file ("" if none)."""
     try:
         lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -432,7 +512,7 @@ def _party_summary(p, run_dir: Path, failure: dict | None) -> dict[str, Any]:
 
 def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
                    failure: dict | None = None, hosts: dict[str, list[str]] | None = None,
-                   codes: dict[str, int | None] | None = None) -> dict[str, Any]:
+                   codes: dict[str, int | None] | None = None, engine: dict | None = None) -> dict[str, Any]:
     parties: dict[str, Any] = {}
     merged: list[dict] = []
     for p in fed.parties:
@@ -457,6 +537,8 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
             h: dict(_read_json(host_dir(run_dir) / f"{h}.json") or {}, parties=names,
                     exit_code=(codes or {}).get(h))
             for h, names in hosts.items()}
+    if engine is not None:
+        summary["engine"] = engine
     if failure is not None:
         summary["failed"] = failure
     write_json_atomic(run_dir / "result.json", summary)

@@ -33,11 +33,15 @@ def no_data_reason() -> str:
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False,
                      help="also run paper reproductions and other slow tests")
+    parser.addoption("--ray", action="store_true", default=False,
+                     help="also run the Ray engine's tests on a cluster they start on this machine (make test-ray)")
 
 
 def pytest_collection_modifyitems(config, items):
     runslow = config.getoption("--runslow")
     skip = pytest.mark.skip(reason="slow: run with --runslow (or the benchmarks)")
+    no_ray = None if config.getoption("--ray") else pytest.mark.skip(
+        reason="Ray engine on a cluster of this machine: run with --ray (`make test-ray` installs fedhet[ray])")
     no_data = None if data_folder() is not None else pytest.mark.skip(reason=no_data_reason())
     for item in items:
         if "shared_data" in getattr(item, "fixturenames", ()):
@@ -46,6 +50,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_data)
         if not runslow and "slow" in item.keywords:
             item.add_marker(skip)
+        if no_ray is not None and "ray" in item.keywords:
+            item.add_marker(no_ray)
 
 
 @pytest.fixture(scope="session")

@@ -10,69 +10,26 @@ its package, one entry point and that file, and no line here.  ``example_sum`` (
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import random
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from algorithm_tools import comparable, jsonable, smoke_federation  # a helper module of tests/
 from fedhet.algorithms import registry
 from fedhet.algorithms.export import check_part, export_run, load_export
 from fedhet.parties.audit import audit
 from fedhet.parties.checkpoint import Checkpoints
-from fedhet.parties.contract import ENTRY_POINT_GROUP, installed_entry_points
-from fedhet.parties.federation import Federation, load
+from fedhet.parties.contract import ENTRY_POINT_GROUP
+from fedhet.parties.federation import Federation
 from fedhet.parties.faults import KILL_ENV
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import RunFailed, launch, resume_federation
 
-SMOKE = "smoke.toml"
 EXAMPLE_DIR = Path(__file__).parent / "example_algorithm"
-
-# Keys whose values are measurements of this run (time, load, the transport's framing: a run
-# id's length changes header bytes), not results.
-_TIMING = ("_s", "time", "wall", "elapsed", "warmup", "throughput", "s_per_", "bytes", "cpu")
-# Execution statistics (worker pools exist in processes only), not results.
-_EXECUTION = ("stats", "up", "down")
-
-
-def _comparable(x, key: str = ""):
-    if isinstance(x, dict):
-        return {k: _comparable(v, str(k)) for k, v in x.items()
-                if not any(str(k).endswith(t) or t in str(k) for t in _TIMING) and k not in _EXECUTION}
-    if isinstance(x, (list, tuple)):
-        return [_comparable(v, key) for v in x]
-    if isinstance(x, float) and math.isnan(x):
-        return "nan"
-    return x
-
-
-def _jsonable(x):
-    return json.loads(json.dumps(x, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-
-
-def smoke_federation(name: str) -> Federation:
-    """The smoke federation of installed algorithm ``name``: ``smoke.toml`` beside the ``__init__.py``
-    of the package its entry point names."""
-    module = installed_entry_points()[name].module
-    try:
-        folder = resources.files(module)
-    except TypeError:   # a plain module (no package, no folder of its own)
-        pytest.fail(f"algorithm {name!r}: its entry point names {module!r}, a module; an algorithm is a "
-                    f"package, with its smallest run in {module.replace('.', '/')}/{SMOKE} beside its __init__.py")
-    path = folder / SMOKE
-    if not path.is_file():
-        pytest.fail(f"algorithm {name!r} has no smoke federation: put its smallest run in {path} "
-                    f"(beside the __init__.py of {module})")
-    fed = load(Path(str(path)))
-    assert fed.algorithm_name == name, f"{path} runs {fed.algorithm_name!r}, not {name!r}"
-    return fed
-
 
 def check_processes_match_memory(name: str, tmp_path: Path) -> dict:
     """Run ``name``'s smoke federation in memory (checkpointing: the reference), then as processes that
@@ -101,8 +58,8 @@ def check_processes_match_memory(name: str, tmp_path: Path) -> dict:
     assert rep.ok, rep.problems[:5]
     assert rep.messages > 0
     for p in fed.parties:
-        got = _comparable(_jsonable(summary["parties"][p.name]["result"]))
-        assert got == _comparable(_jsonable(mem[p.name])), \
+        got = comparable(jsonable(summary["parties"][p.name]["result"]))
+        assert got == comparable(jsonable(mem[p.name])), \
             f"{name}: party {p.name} differs after kill -9 of {victim!r} ({who}) at step {at}, resumed at {steps}"
     if algo.load_model is not None:
         check_trained_parts(name, models, tmp_path)
@@ -193,7 +150,7 @@ def test_killed_and_resumed_in_memory_gives_the_same_results(name, tmp_path):
     # the others went on as far as the protocol let them without the victim: all hold step at - 1
     assert len(set(resumed.values())) == 1 and resumed[victim] >= at - 1, (name, victim, at, resumed)
     for p, _ in parties:
-        assert _comparable(_jsonable(got[p])) == _comparable(_jsonable(ref[p])), \
+        assert comparable(jsonable(got[p])) == comparable(jsonable(ref[p])), \
             f"{name}: party {p} differs after a kill of {victim} at step {at} and a resume"
     same_parts(name, models, ref_models)
 
