@@ -53,9 +53,9 @@ def secagg_case(k: int = 50):
     from benchmarks.secagg import client_names
 
     parties = [("server", "server")] + [(c, "client") for c in client_names(k)]
-    fed = harness.federation({"name": "secagg_bench", "n_clients": k, "m": 1000, "bench_rounds": 1,
+    fed = harness.federation({"name": "secagg_bench", "n_clients": k, "m": 100, "bench_rounds": 1,
                               "aggregation": "secure", "secagg_graph": "harary", "dropouts": 10,
-                              "secagg_timeout": 10.0}, parties, name=f"secagg-{k}", timeout=600)
+                              "secagg_timeout": 10.0}, parties, name=f"secagg-{k}", timeout=180)
     return replace(fed, hosts=4), {}
 
 
@@ -109,7 +109,7 @@ def one(fed, overrides: dict, engine: str, cluster) -> dict:
     t0 = time.perf_counter()
     row: dict = {"engine": engine}
     try:
-        summary = launch(fed, run_dir, progress=False, overrides=overrides, timeout=3600)
+        summary = launch(fed, run_dir, progress=False, overrides=overrides, timeout=1200)
         row["wall_s"] = time.perf_counter() - t0
         rep = audit(run_dir)
         row.update({"ok": bool(summary["ok"]) and rep.ok, "audit_ok": rep.ok, "audit_problems": rep.problems[:3]})
