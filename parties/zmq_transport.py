@@ -98,6 +98,11 @@ DEALER_MAX_FRAME = 64 << 10  # what a peer may send back on a connection we open
 # The first message on every connection a party dials (sent when its handshake succeeds): it names the
 # connection's key to the receiver at once.  Not an envelope: the receiver only counts it.
 HELLO = b"\x00fedhet-hello-1"
+# Pending TCP connections a party's listening socket queues (the kernel caps it at net.core.somaxconn).
+# libzmq's default of 100 is below what a party meets when every listed peer dials it at once (K = 100
+# SecAgg clients each dial all the others): the kernel then drops SYNs or answers with cookies, and the
+# handshakes crawl past the guard's identify window.
+LISTEN_BACKLOG = 1024
 IDENTIFY_S = HANDSHAKE_S  # an accepted connection must deliver a message (its hello) within this
 CONNS_PER_PEER = 4  # identified connections per listed key, and as many not yet identified
 MIN_RATE = 1024  # bytes/s an unfinished message must arrive at, on average, once it is identify_s old
@@ -907,6 +912,7 @@ class ZmqParty(Party):
         self.router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
         self.router.rcvhwm = RCV_HWM
         self.router.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
+        self.router.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
         if not insecure:
             self.router.curve_server = True
             self.router.curve_secretkey = secret_key
