@@ -118,7 +118,8 @@ def one(fed, overrides: dict, engine: str, cluster) -> dict:
             row.update({"nodes": eng["nodes"], "units": len(eng["units"]), "connect_s": eng.get("connect_s"),
                         "place_s": eng.get("place_s")})
     except Exception as e:  # a failed run is a result too
-        row.update({"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}", "wall_s": time.perf_counter() - t0})
+        why = str(e).replace(str(run_dir), run_dir.name)   # the folder by its name: no path of this machine
+        row.update({"ok": False, "error": f"{type(e).__name__}: {why[:300]}", "wall_s": time.perf_counter() - t0})
     finally:
         reported.halt.set()
         for s in samplers.values():
@@ -197,12 +198,12 @@ def markdown(doc: dict) -> str:
     for case in doc.get("cases", []):
         local = next((r for r in case["runs"] if r["engine"] == "local"), {})
         for r in case["runs"]:
-            ratio = (r["wall_s"] / local["wall_s"]) if local.get("wall_s") and r.get("wall_s") else None
+            ratio = r["wall_s"] / local["wall_s"] if r.get("ok") and local.get("ok") else None
             lines.append(
                 f"| {case['case']} | {case['data']} | {r['engine']} | {'yes' if r.get('ok') else 'NO: ' + r.get('error', '')} "
                 f"| {_f(r.get('startup_s'))} | {_f(r.get('wall_s'))} | {_f(ratio, '{:.2f}×')} "
                 f"| {_f(r.get('parties_peak_rss_mib'), '{:.0f}')} | {_f(r.get('actors_peak_rss_mib'), '{:.0f}')} "
-                f"| {_f(r.get('daemons_peak_rss_mib'), '{:.0f}')} | {r.get('nodes', 1)} |")
+                f"| {_f(r.get('daemons_peak_rss_mib'), '{:.0f}')} | {r.get('nodes', 1 if r['engine'] == 'local' else '–')} |")
     lines += ["", doc.get("note", ""), "", harness.environment_line(doc.get("environment")), ""]
     return "\n".join(lines)
 

@@ -366,16 +366,16 @@ def ray_overhead(d: dict) -> list[str]:
         for r in case["runs"]:
             ratio = r["wall_s"] / local["wall_s"] if r.get("ok") and local.get("ok") else None
             rows.append([case["case"], case["data"], r["engine"],
-                         "yes" if r.get("ok") else "failed: " + str(r.get("error", "audit"))[:160],
+                         "yes" if r.get("ok") else "failed: " + str(r.get("error", "audit")).split(" (logs in")[0],
                          f(r.get("startup_s"), 1), f(r.get("wall_s"), 1), "-" if ratio is None else f(ratio, 2) + "x",
                          f(r.get("parties_peak_rss_mib"), 0),
                          f(r.get("actors_peak_rss_mib"), 0) if r["engine"] == "ray" else "-",
                          f(r.get("daemons_peak_rss_mib"), 0) if r["engine"] == "ray" else "-",
-                         str(r.get("nodes", 1))])
+                         str(r.get("nodes", 1 if r["engine"] == "local" else "-"))])
     head = [f"A cluster of {c.get('nodes')} nodes on this machine, each its own `ray start`, started in "
             f"{f(c.get('start_s'), 1)} s (once per cluster, not per run); its daemons idle at "
             f"{f(c.get('idle_daemons_rss_mib'), 0)} MiB.", ""]
-    return head + file_notes(d.get("note")) + table(
+    return head + (file_notes(d["note"]) if d.get("note") else []) + table(
         ["case", "data", "engine", "ok (audited)", "start-up s", "wall s", "wall / local", "parties' RSS MiB",
          "Ray actors MiB", "Ray daemons MiB", "nodes"], rows)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Mapping
 
 from .api import FederationMismatch, PartyAborted, PeerFault, PeerTimeout
@@ -65,6 +66,15 @@ def record(exc: BaseException, party: str, role: str, transport: Any = None, sto
     return {"party": party, "role": role, "error": reason, "cause": cause, "culprit": culprit,
             "evidence": evidence, "stopped": cause == "stopped", "time": time.time(),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+
+
+def output_tail(out: Path) -> str:
+    """The last non-blank line of a process's output file ("" if none)."""
+    try:
+        lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
 
 
 def exit_record(party: str, role: str, code: int, detail: str = "", how: str = "",

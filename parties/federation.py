@@ -430,6 +430,16 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     )
 
 
+def absolute_data(data: dict, base_dir: str) -> dict:
+    """A party's data spec with its path made absolute: the resolved federation file lives in
+    the run folder, but the user wrote paths relative to their own file."""
+    out = dict(data or {})
+    path = out.get("path")
+    if isinstance(path, str) and base_dir and not Path(path).expanduser().is_absolute():
+        out["path"] = str((Path(base_dir) / path).resolve())
+    return out
+
+
 def update_public_keys(path: str | os.PathLike, keys: dict[str, dict[str, str]]) -> None:
     """Set ``public_key`` / ``sign_key`` of the named parties in the federation file at ``path``.
 

@@ -49,12 +49,12 @@ from . import failure as failure_records
 from . import keys as keyfiles
 from .atomic import write_atomic, write_json_atomic
 from .contract import Algorithm, installed_algorithm, prepare
-from .federation import Federation
+from .federation import Federation, absolute_data
 from .settings import SettingsError
 from .host import THREAD_ENV, host_dir
 from .progress import LinePrinter
 from .faults import KILL_ENV
-from .runtime import LAUNCHER_PID_ENV, party_dir, raise_open_file_limit
+from .runtime import LAUNCHER_PID_ENV, group_alive, party_dir, raise_open_file_limit
 
 
 class RunFailed(RuntimeError):
@@ -146,16 +146,6 @@ def resume_federation(run_dir: str | os.PathLike) -> Federation:
     return load(path)
 
 
-def absolute_data(data: dict, base_dir: str) -> dict:
-    """A party's data spec with its path made absolute: the resolved federation file lives in
-    the run folder, but the user wrote paths relative to their own file."""
-    out = dict(data or {})
-    path = out.get("path")
-    if isinstance(path, str) and base_dir and not Path(path).expanduser().is_absolute():
-        out["path"] = str((Path(base_dir) / path).resolve())
-    return out
-
-
 def _stop_all(procs: dict[str, subprocess.Popen], grace: float = 3.0) -> None:
     """SIGTERM every party's process group, SIGKILL what is left after ``grace`` seconds.
 
@@ -176,19 +166,11 @@ def _stop_all(procs: dict[str, subprocess.Popen], grace: float = 3.0) -> None:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    while time.monotonic() < deadline and any(_group_alive(p.pid) for p in procs.values()):
+    while time.monotonic() < deadline and any(group_alive(p.pid) for p in procs.values()):
         time.sleep(0.05)
     signal_groups(signal.SIGKILL)
     for p in procs.values():
         p.wait()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 class LocalProcesses:
@@ -434,16 +416,7 @@ def _hosted_any_record(run_dir: Path, names: list[str]) -> bool:
 
 
 def _stdout_tail(run_dir: Path, name: str) -> str:
-    return tail_of(party_dir(run_dir, name) / "stdout.log")
-
-
-def tail_of(out: Path) -> str:
-    """The last non-blank line of a process's output file ("" if none)."""
-    try:
-        lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
+    return failure_records.output_tail(party_dir(run_dir, name) / "stdout.log")
 
 
 def _trap_termination():

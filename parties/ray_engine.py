@@ -62,9 +62,9 @@ from typing import Any
 from . import failure as failure_records
 from .atomic import write_atomic
 from .checkpoint import PRIVATE
-from .federation import Federation, FederationError
+from .federation import Federation, FederationError, absolute_data
 from .host import THREAD_ENV, host_dir
-from .runtime import LAUNCHER_PID_ENV, party_dir
+from .runtime import LAUNCHER_PID_ENV, group_alive, party_dir
 
 RAY_MISSING = ("engine = \"ray\" needs Ray, which is not installed here: pip install 'fedhet[ray]' "
                "(or pip install 'ray[default]'), then start a cluster (docs/ray.md)")
@@ -255,7 +255,7 @@ class HostWorker:
                 pass
             if sig == signal.SIGTERM:
                 deadline = time.monotonic() + grace
-                while time.monotonic() < deadline and _group_alive(self.proc.pid):
+                while time.monotonic() < deadline and group_alive(self.proc.pid):
                     time.sleep(0.05)
         return self.proc.wait()
 
@@ -302,14 +302,6 @@ def bind_free(ip: str, ports: tuple[int, int] | None) -> socket.socket:
             continue
     s.close()
     raise EngineError(f"no free port in party_ports {lo}-{hi} on {ip}: widen the range")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def public(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
@@ -383,8 +375,6 @@ class RayEngine:
         import uuid
 
         ray = require_ray()
-        from .launcher import absolute_data
-
         t0 = time.perf_counter()
         if not ray.is_initialized():
             try:
@@ -518,8 +508,6 @@ class RayEngine:
         return {n: (-1 if pl.lost else pl.code) for n, pl in self.placed.items()}
 
     def exit_record(self, run_dir: Path, unit: str, party: str, role: str, code: int) -> dict:
-        from .launcher import tail_of
-
         pl = self.placed[unit]
         held = ", ".join(pl.unit.parties)
         what = f"{pl.unit.kind} {unit!r}"
@@ -532,7 +520,7 @@ class RayEngine:
                                                              seen_by="ray engine"))
         detail = f"{what} ended on {self.where(pl)}"
         if pl.unit.kind == "party":
-            tail = tail_of(party_dir(run_dir, party) / "stdout.log")
+            tail = failure_records.output_tail(party_dir(run_dir, party) / "stdout.log")
             detail += f": {tail}" if tail else ""
         return failure_records.exit_record(party, role, code, detail, evidence=evidence)
 

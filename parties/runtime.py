@@ -91,6 +91,15 @@ def die_with_launcher(report=None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is alive."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 # ---------------------------------------------------------------- file limits
 # Every TCP connection to a party costs it a file descriptor, so an outsider with
 # no key can open idle connections until the party cannot open its own files.
