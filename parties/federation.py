@@ -378,7 +378,7 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
             raise err(f"{where}: host {host!r} must be a name (letters, digits, _ . -, starting with a letter)")
         label = p.get("node_label", "")
         if not isinstance(label, str) or (label and not _LABEL.match(label)):
-            raise err(f"{where}: node_label {label!r} must be KEY=VALUE (a label given to `ray start --labels`)")
+            raise err(f"{where}: node_label {label!r} must be KEY=VALUE (a label its Ray node was started with)")
         parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""),
                                  p.get("sign_key", ""), dict(pdata), host, label))
     key_dir = fed.pop("key_dir", None)
