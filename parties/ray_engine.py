@@ -379,7 +379,7 @@ class RayEngine:
         if not ray.is_initialized():
             try:
                 ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:
+            except Exception as e:   # Ray raises several kinds (ConnectionError, RuntimeError, its own)
                 where = self.address or "(Ray's look-up: RAY_ADDRESS, or a cluster started on this machine)"
                 raise EngineError(f"cannot reach the Ray cluster at {where}: {e}") from None
             self.started_ray = True

@@ -113,9 +113,8 @@ def _coerce(value: Any, tp: Any, key: str, algo: str) -> Any:
                 return None
             raise fail(_type_name(tp))
         errors = []
-        for a in args:
-            if a is type(None):
-                continue
+        # the value's own type first: 15 for ``float | int`` stays the count 15, not the fraction 15.0
+        for a in sorted((a for a in args if a is not type(None)), key=lambda a: a is not type(value)):
             try:
                 return _coerce(value, a, key, algo)
             except SettingsError as e:

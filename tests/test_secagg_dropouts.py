@@ -123,3 +123,12 @@ def test_with_dropouts_the_sum_over_the_counted_clients_is_exact_within_its_boun
 def test_the_server_refuses_a_federation_whose_clients_are_not_the_n_clients_named():
     with pytest.raises(FederationFailed, match=r"n_clients = 4 needs the clients \['c00', 'c01', 'c02', 'c03'\]"):
         run({"n_clients": 4, "m": 4}, job.client_names(3))
+
+
+def test_a_threshold_given_as_a_count_stays_a_count():
+    # ``secagg_threshold`` is ``float | int``: 15 is the count t = 15, not the fraction 15.0 (refused)
+    s = settings(n_clients=20, dropouts=5, secagg_threshold=15)
+    assert s.agg.secagg_threshold == 15 and isinstance(s.agg.secagg_threshold, int)
+    assert isinstance(settings(n_clients=20, secagg_threshold=0.7).agg.secagg_threshold, float)
+    with pytest.raises(SettingsError, match="t = 15"):
+        settings(n_clients=20, dropouts=6, secagg_threshold=15)
