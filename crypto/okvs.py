@@ -121,7 +121,6 @@ def _ctz(typingctx, x):  # pragma: no cover - compiled
 def _encode(starts, bands, values, m, out):  # pragma: no cover - compiled
     """Solve the band system in place (rows sorted by start); returns -1 or the index of a dependent row."""
     n, nw = bands.shape
-    w = nw * 64
     pivot = np.full(n, -1, dtype=np.int64)
     for i in range(n):
         # first set bit of row i

@@ -350,3 +350,45 @@ class KkrtSender:
     def masked(self, codes: np.ndarray) -> np.ndarray:
         """C(x) and s, row-wise (what the sender XORs into q to evaluate the OPRF at x)."""
         return np.bitwise_and(codes, self.s_mask)
+
+
+# ------------------------------------------------------- IKNP correlated OT
+IKNP_BITS = KAPPA           # base OTs of the IKNP extension: one per bit of the correlation Δ
+
+
+def _iknp_blocks(n_ots: int) -> int:
+    if n_ots <= 0 or n_ots % KAPPA:
+        raise ValueError(f"IKNP extends to a positive multiple of {KAPPA} OTs, got {n_ots}")
+    return n_ots // KAPPA
+
+
+def iknp_receiver(k0: np.ndarray, k1: np.ndarray, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IKNP (Ishai, Kilian, Nissim, Petrank, CRYPTO 2003) correlated OTs, receiver side.
+
+    With base-OT sender keys ``k0``, ``k1`` (128, 16) and ``choices`` r (M bits, M a multiple of
+    128): returns (U to send: (128, M/8) uint8 columns ``G(k0_j) ^ G(k1_j) ^ r``, T kept: (M, 16)
+    uint8 rows of the columns ``G(k0_j)``).  The sender's rows then satisfy
+    ``T_i = Q_i ^ r_i Δ``, Δ its 128 base-OT choice bits (:func:`iknp_sender`), so T_i is one of
+    the two 128-bit messages Q_i, Q_i ^ Δ of a correlated OT with global Δ, chosen by r_i.
+    G is :func:`prg_columns` (AES-128-CTR keyed by the base-OT key).
+    """
+    r = np.asarray(choices, dtype=np.uint8).ravel()
+    nb = _iknp_blocks(len(r))
+    g0 = prg_columns(np.asarray(k0).reshape(IKNP_BITS, BLOCK), 0, nb)
+    u = prg_columns(np.asarray(k1).reshape(IKNP_BITS, BLOCK), 0, nb)
+    u ^= g0
+    u ^= np.packbits(r, bitorder="little")[None, :]
+    return u, transpose_bits(g0)
+
+
+def iknp_sender(delta_bits: np.ndarray, ks: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The IKNP sender's rows Q (M, 16) uint8 from its base-OT choice bits Δ (128,), the keys it
+    chose ``ks`` (128, 16) and the receiver's U (128, M/8): ``Q_i = T_i ^ r_i Δ``."""
+    s = np.asarray(delta_bits, dtype=np.uint8).ravel()
+    u = np.asarray(u, dtype=np.uint8)
+    if s.size != IKNP_BITS or u.ndim != 2 or u.shape[0] != IKNP_BITS:
+        raise ValueError(f"IKNP: want {IKNP_BITS} choice bits and U of {IKNP_BITS} columns, got {s.size}, {u.shape}")
+    nb = _iknp_blocks(8 * u.shape[1])
+    q = prg_columns(np.asarray(ks).reshape(IKNP_BITS, BLOCK), 0, nb)
+    q ^= u * s[:, None]
+    return transpose_bits(q)

@@ -20,8 +20,9 @@ is a single feature party) and checks its result against it, and that its
 rows really hold the common IDs.  ``ids_sha256`` hashes the ordered common
 list so a run shows that every party ended with the same list.
 
-Other keys: ``psi_backend`` ("ecdh", the default, or "kkrt": OT-extension PSI,
-``fedhet.protocols.psi.kkrt``), ``reveal``, ``order``, ``chunk``, ``workers`` (see
+Other keys: ``psi_backend`` ("ecdh", the default; "kkrt": OT-extension PSI,
+``fedhet.protocols.psi.kkrt``; "rr22": OKVS + silent VOLE,
+``fedhet.protocols.psi.rr22``), ``reveal``, ``order``, ``chunk``, ``workers`` (see
 ``fedhet.protocols.psi``) and ``psi_timeout`` (seconds to wait for any one
 PSI message; default the federation's timeout; the waits include the peer's
 computation, so raise it for sets of millions of IDs on a busy machine).

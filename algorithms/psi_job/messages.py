@@ -10,10 +10,11 @@ LABEL_OWNER, FEATURE = "label_owner", "feature"
 
 class Kind:
     """The job's own kinds: none.  Every message is one of the chosen PSI protocol's
-    (:mod:`fedhet.protocols.psi.ecdh` for ``psi_backend = "ecdh"``, :mod:`fedhet.protocols.psi.kkrt` for "kkrt"),
+    (:mod:`fedhet.protocols.psi.ecdh` for ``psi_backend = "ecdh"``, :mod:`fedhet.protocols.psi.kkrt` for "kkrt",
+    :mod:`fedhet.protocols.psi.rr22` for "rr22"),
     declared and schema-checked there."""
 
 
 def declarations(s: Settings) -> list[MessageDecl]:
-    """The chosen backend's kinds, for this job's role names (the other backend's are refused on receipt)."""
+    """The chosen backend's kinds, for this job's role names (the other backends' are refused on receipt)."""
     return psi.declarations(LABEL_OWNER, FEATURE, backend=s.psi_backend)

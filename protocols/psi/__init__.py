@@ -1,16 +1,17 @@
 """Private set intersection between a label owner and feature parties (vertical FL).
 
-Two backends with one API and one result (:class:`PSIResult`):
+Three backends with one API and one result (:class:`PSIResult`):
 
 ==================  ==================================================================
 :mod:`.common`      message kinds and schemas, the argument checks, the agreed output
 :mod:`.ecdh`        ECDH-PSI (X25519 blinding, streamed on a process pool): the default
 :mod:`.kkrt`        KKRT16 (batched OPRF from OT extension): less CPU at large sizes
+:mod:`.rr22`        RR22 class (OKVS + silent VOLE): the fewest bytes on the wire
 ==================  ==================================================================
 
 :func:`psi_label_owner` and :func:`psi_feature_party` check their arguments
 and hand the run to the backend every party of one intersection must name
-alike; what each party learns is the same with both (see the backends'
+alike; what each party learns is the same with all three (see the backends'
 docstrings).
 """
 from __future__ import annotations
@@ -19,14 +20,14 @@ from typing import Any, Iterable, Sequence
 
 from fedhet.parties.contract import PartyLike
 
-from . import ecdh, kkrt
+from . import ecdh, kkrt, rr22
 from .common import (BACKENDS, DEFAULT_CHUNK, MAX_CHUNK, ORDERS, Kind, PSIResult, check_backend, check_chunk,
                      declarations, feature_args, label_owner_args)
 from .ecdh import match_rows
 
 __all__ = ["psi_label_owner", "psi_feature_party", "PSIResult", "Kind", "declarations", "DECLARATIONS",
            "BACKENDS", "ORDERS", "DEFAULT_CHUNK", "MAX_CHUNK", "check_backend", "check_chunk", "match_rows",
-           "ecdh", "kkrt"]
+           "ecdh", "kkrt", "rr22"]
 
 
 def psi_label_owner(party: PartyLike, ids: Iterable[Any], peers: Sequence[str], reveal_to_all: bool = True, *,
@@ -41,13 +42,16 @@ def psi_label_owner(party: PartyLike, ids: Iterable[Any], peers: Sequence[str], 
     inline; ECDH only).  ``context``: bytes that separate this intersection's
     hash domain from others (e.g. the ID namespace); sent to the peers.
     ``timeout``: seconds to wait for any one message (default: the party's);
-    the waits include the peers' computation.  ``backend``: ``"ecdh"`` or
-    ``"kkrt"``; every party of one intersection must use the same.
+    the waits include the peers' computation.  ``backend``: ``"ecdh"``,
+    ``"kkrt"`` or ``"rr22"``; every party of one intersection must use the same.
     """
     check_backend(backend)
     peers, chunk, context = label_owner_args(party, peers, order, chunk, context)
     if backend == "kkrt":
         return kkrt.label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, context=context,
+                                timeout=timeout)
+    if backend == "rr22":
+        return rr22.label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, context=context,
                                 timeout=timeout)
     return ecdh.label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, workers=workers,
                             context=context, timeout=timeout)
@@ -65,6 +69,8 @@ def psi_feature_party(party: PartyLike, ids: Iterable[Any], label_owner: str, *,
     chunk = feature_args(party, label_owner, chunk)
     if backend == "kkrt":
         return kkrt.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
+    if backend == "rr22":
+        return rr22.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
     return ecdh.feature_party(party, ids, label_owner, chunk=chunk, workers=workers, timeout=timeout)
 
 

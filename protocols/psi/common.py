@@ -19,13 +19,15 @@ first occurrence.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from fedhet.crypto import cuckoo, ot
+from fedhet.crypto import cuckoo, okvs, ot, vole
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import schema as sch
 from fedhet.parties.api import PartyError
@@ -34,13 +36,18 @@ from fedhet.parties.declare import MessageDecl, declare
 
 ECDH_VERSION = 1
 KKRT_VERSION = 1
+RR22_VERSION = 1
+SIGMA = 40                 # statistical security (bits) of the OT-based backends' OPRF outputs
+DIGEST_BYTES = 16
 MAX_CHUNK = 1 << 16        # rows per point message (ECDH) / items per OPRF message (KKRT)
 DEFAULT_CHUNK = 1 << 14
 MAX_ITEMS = (1 << 32) - 1  # positions travel as uint32
 KKRT_MAX_ITEMS = 1 << 28   # items per party (bins must fit the 40-bit hash words; memory)
 MAX_U_ROWS = 1 << 17       # KKRT: bins per U message (8 MiB)
+RR22_MAX_ITEMS = 1 << 28   # items per party (the OKVS failure bound is stated up to here)
+MAX_OKVS_ROWS = 1 << 18    # RR22: OKVS elements per message (4 MiB)
 ORDERS = ("sorted", "label_owner")
-BACKENDS = ("ecdh", "kkrt")
+BACKENDS = ("ecdh", "kkrt", "rr22")
 
 
 class Kind:
@@ -58,6 +65,14 @@ class Kind:
     KKRT_ACK = "psi_kkrt/ack"
     KKRT_OPRF = "psi_kkrt/oprf"
     KKRT_RESULT = "psi_kkrt/result"
+    RR22_SETUP = "psi_rr22/setup"
+    RR22_REPLY = "psi_rr22/reply"
+    RR22_U = "psi_rr22/u"
+    RR22_GGM = "psi_rr22/ggm"
+    RR22_OKVS = "psi_rr22/okvs"
+    RR22_ACK = "psi_rr22/ack"
+    RR22_OPRF = "psi_rr22/oprf"
+    RR22_RESULT = "psi_rr22/result"
 
 
 # --------------------------------------------------------------- declarations
@@ -116,15 +131,55 @@ def _kkrt(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
     ]
 
 
+def _rr22(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
+    # The VOLE's sizes at the largest set (vole.params of okvs.columns(RR22_MAX_ITEMS)): every run is at most this.
+    top = vole.params(okvs.columns(RR22_MAX_ITEMS))
+    max_trees, max_depth = 2 * vole.noise_blocks(), top.depth
+    max_cots = max_trees * (max_depth + ot.KAPPA)
+    oprf = sch.OneOf(tuple(sch.Arr("|u1", (None, ell), max_elems=MAX_CHUNK * ell) for ell in range(8, 17)))
+    return [
+        declare(Kind.RR22_SETUP, lo, fe, "protocol version, label owner's set size n, reveal mode, hash context, "
+                "OKVS columns m (must equal okvs.columns(n)), the Chou-Orlandi sender point A; no arrays",
+                payload=sch.Fields({"v": sch.Int(), "n": sch.Int(lo=0, hi=RR22_MAX_ITEMS), "reveal": sch.Bool(),
+                                    "ctx": _CTX, "cols": sch.Int(lo=okvs.BAND_WIDTH, hi=okvs.columns(RR22_MAX_ITEMS)),
+                                    "A": sch.Bytes(length=ot.POINT_BYTES)}), protects="control"),
+        declare(Kind.RR22_REPLY, fe, lo, "feature party's set size, its 128 Chou-Orlandi receiver points (hiding its "
+                "choice bits, the VOLE's secret Δ): uint8 (128, 32)",
+                payload=sch.Fields({"n": sch.Int(lo=0, hi=RR22_MAX_ITEMS),
+                                    "B": sch.Arr("|u1", (ot.KAPPA, ot.POINT_BYTES))}), protects="control"),
+        declare(Kind.RR22_U, lo, fe, "IKNP correlated-OT matrix, 128 columns of vole.params(m).cots bits masked by "
+                "PRG output the feature party cannot compute: uint8 (128, cots/8) (exact size checked by the receiver)",
+                payload=sch.Fields({"u": sch.Arr("|u1", (ot.KAPPA, None), max_elems=max_cots * ot.KAPPA // 8)}),
+                protects="blinded"),
+        declare(Kind.RR22_GGM, fe, lo, "silent VOLE: per GGM tree and level the XOR of the left and of the right "
+                "children, each encrypted under a correlated-OT hash: uint8 (t, d, 2, 16); per tree the Gilboa "
+                "correction masked by the tree's leaves: uint8 (t, 16) (t, d = vole.params(m), checked by the receiver)",
+                payload=sch.Fields({"sums": sch.Arr("|u1", (None, None, 2, 16), max_elems=max_trees * max_depth * 32),
+                                    "corr": sch.Arr("|u1", (None, 16), max_elems=max_trees * 16)}),
+                protects="blinded"),
+        declare(Kind.RR22_OKVS, lo, fe, "the OKVS hash key and the label owner's OKVS P masked by its VOLE vector a "
+                "(P + a, uniform to the feature party), a range of the m columns: uint8 (rows<=MAX_OKVS_ROWS, 16)",
+                payload=sch.Fields({"i": sch.Int(lo=0), "key": sch.Bytes(length=16),
+                                    "p": sch.Arr("|u1", (None, 16), max_elems=MAX_OKVS_ROWS * 16)}),
+                protects="blinded"),
+        declare(Kind.RR22_ACK, fe, lo, "flow control: number of the OKVS chunk the feature party has stored; no arrays",
+                payload=sch.Fields({"i": sch.Int(lo=0)}), protects="control"),
+        declare(Kind.RR22_OPRF, fe, lo, "feature party's OPRF values, one per ID, IDs in secret random order: "
+                "uint8 (n<=MAX_CHUNK, 8..16)", payload=sch.Fields({"i": sch.Int(lo=0), "v": oprf}), protects="blinded"),
+        declare(Kind.RR22_RESULT, lo, fe, _RESULT_WHAT, payload=_POSITIONS, protects="clear"),
+    ]
+
+
 def declarations(label_owner: str | Sequence[str] = "label_owner", feature: str | Sequence[str] = "feature",
                  backend: str | None = "ecdh") -> list[MessageDecl]:
-    """The PSI message kinds of ``backend`` (None: both), for an algorithm whose roles have these names."""
+    """The PSI message kinds of ``backend`` (None: all), for an algorithm whose roles have these names."""
     lo = (label_owner,) if isinstance(label_owner, str) else tuple(label_owner)
     fe = (feature,) if isinstance(feature, str) else tuple(feature)
     if backend is not None:
         check_backend(backend)
     return ((_ecdh(lo, fe) if backend in (None, "ecdh") else [])
-            + (_kkrt(lo, fe) if backend in (None, "kkrt") else []))
+            + (_kkrt(lo, fe) if backend in (None, "kkrt") else [])
+            + (_rr22(lo, fe) if backend in (None, "rr22") else []))
 
 
 # ------------------------------------------------------------------- results
@@ -232,6 +287,76 @@ def traffic(party: PartyLike, peers: Sequence[str]) -> tuple[int, int]:
 def traffic_stats(party: PartyLike, peers: Sequence[str], start: tuple[int, int]) -> dict:
     sent, received = traffic(party, peers)
     return {"bytes_sent": sent - start[0], "bytes_received": received - start[1]}
+
+
+def oprf_bytes(n_receiver: int, n_compared: int, sigma: int = SIGMA) -> int:
+    """ℓ in bytes for OPRF values: σ + ⌈log2 n_receiver⌉ + ⌈log2 n_compared⌉ bits, rounded up, within 8..16.
+
+    The label owner compares each of its n_receiver values with n_compared values of a feature
+    party, so a false match has probability at most 2^-σ (union bound).
+    """
+    bits = sigma + math.ceil(math.log2(max(2, n_receiver))) + math.ceil(math.log2(max(2, n_compared)))
+    return min(16, max(8, -(-bits // 8)))
+
+
+def item_digests(encoded: Sequence[bytes]) -> np.ndarray:
+    """128-bit digests of encoded IDs (SHA-256, truncated; they never leave the party): (n, 16) uint8.
+
+    Collision resistance is all that is needed here: the hash context enters
+    through the code keys (:func:`code_for`), so both parties can digest their
+    IDs before they have exchanged a message.
+    """
+    sha = hashlib.sha256
+    flat = np.frombuffer(b"".join([sha(x).digest() for x in encoded]), dtype=np.uint8)
+    return np.ascontiguousarray(flat.reshape(-1, 32)[:, :DIGEST_BYTES])
+
+
+def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ia, ib) with a[ia[k]] == b[ib[k]] for every row of ``a`` found in ``b``; ia increasing, with the
+    first (smallest) ib for each.
+
+    Both sides are sorted by their first 8 bytes with the row index packed into
+    the low bits of the key (a plain ``np.sort``, several times faster than an
+    argsort), every key of ``b`` is looked up in ``a`` on the remaining top
+    bits (all equal keys, so nothing is missed when top bits collide), and each
+    candidate pair is confirmed on all bytes.
+    """
+    a = np.ascontiguousarray(a, dtype=np.uint8)
+    b = np.ascontiguousarray(b, dtype=np.uint8)
+    empty = np.zeros(0, dtype=np.int64)
+    if len(a) == 0 or len(b) == 0:
+        return empty, empty
+    if len(b) >= 1 << 32:
+        raise ValueError(f"match_values: at most 2^32 rows in b, got {len(b)}")
+    shift = np.uint64(max((len(a) - 1).bit_length(), (len(b) - 1).bit_length(), 1))
+    low = (np.uint64(1) << shift) - np.uint64(1)
+
+    def sorted_keys(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = np.ascontiguousarray(x[:, :8]).view("<u8").ravel() & ~low
+        k |= np.arange(len(x), dtype=np.uint64)
+        k.sort()
+        return k >> shift, (k & low).astype(np.int64)
+
+    top_a, order_a = sorted_keys(a)
+    top_b, order_b = sorted_keys(b)
+    lo = np.searchsorted(top_a, top_b, "left")
+    cnt = np.searchsorted(top_a, top_b, "right") - lo
+    q = np.nonzero(cnt)[0]
+    c = cnt[q]
+    if len(c) and c.max() > 1:  # equal top bits in a: try every one of them
+        total = int(c.sum())
+        first = np.repeat(lo[q] - (np.cumsum(c) - c), c)
+        cand_a = order_a[first + np.arange(total)]
+        cand_b = np.repeat(order_b[q], c)
+    else:
+        cand_a, cand_b = order_a[lo[q]], order_b[q]
+    full = (a[cand_a] == b[cand_b]).all(axis=1)
+    pairs = (cand_a[full].astype(np.uint64) << np.uint64(32)) | cand_b[full].astype(np.uint64)
+    pairs.sort()
+    ia = (pairs >> np.uint64(32)).astype(np.int64)
+    keep = np.ones(len(ia), dtype=bool)
+    keep[1:] = ia[1:] != ia[:-1]
+    return ia[keep], (pairs[keep] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 # -------------------------------------------------------------------- output

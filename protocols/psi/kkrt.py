@@ -84,7 +84,6 @@ match_peer          L: which of its IDs F_j has, and where in F_j's list        
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import time
 from typing import Any, Iterable, Sequence
@@ -95,87 +94,25 @@ from fedhet.crypto import cuckoo, ot
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 
-from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, Kind, PSIResult, agreed_order,
-                     as_id_list, dedupe, feature_result, label_owner_result, received_rows, secure_permutation,
-                     send_positions, traffic, traffic_stats)
+from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, PSIResult, agreed_order,
+                     as_id_list, dedupe, feature_result, item_digests, label_owner_result, match_values, oprf_bytes,
+                     received_rows, secure_permutation, send_positions, traffic, traffic_stats)
 
-SIGMA = 40                  # statistical security (bits)
 U_WINDOW_BYTES = 64 << 20   # unacknowledged U bytes in flight per feature party
-DIGEST_BYTES = 16
 _CTX_PERSON = b"fedhet-kkrt-ctx"
 
 
 # -------------------------------------------------------------------- helpers
 def output_bytes(n_receiver: int, n_sender: int, sigma: int = SIGMA) -> int:
-    """ℓ in bytes: σ + ⌈log2 n_receiver⌉ + ⌈log2 3 n_sender⌉ bits, rounded up, within 8..16."""
-    bits = sigma + math.ceil(math.log2(max(2, n_receiver))) + math.ceil(math.log2(max(2, cuckoo.N_HASHES * n_sender)))
-    return min(16, max(8, -(-bits // 8)))
-
-
-def item_digests(encoded: Sequence[bytes]) -> np.ndarray:
-    """128-bit digests of encoded IDs (SHA-256, truncated; they never leave the party): (n, 16) uint8.
-
-    Collision resistance is all that is needed here: the hash context enters
-    through the code keys (:func:`code_for`), so both parties can digest their
-    IDs before they have exchanged a message.
-    """
-    sha = hashlib.sha256
-    flat = np.frombuffer(b"".join([sha(x).digest() for x in encoded]), dtype=np.uint8)
-    return np.ascontiguousarray(flat.reshape(-1, 32)[:, :DIGEST_BYTES])
+    """ℓ in bytes: σ + ⌈log2 n_receiver⌉ + ⌈log2 3 n_sender⌉ bits, rounded up, within 8..16 (L compares
+    each of its values with the 3 values of every feature-party ID)."""
+    return oprf_bytes(n_receiver, cuckoo.N_HASHES * n_sender, sigma)
 
 
 def code_for(code_seed: bytes, context: bytes) -> ot.PseudorandomCode:
     """The pseudorandom code of one run: keys from the feature party's seed, bound to the hash context."""
     ctx = hashlib.blake2b(bytes(context), digest_size=16, person=_CTX_PERSON).digest()
     return ot.PseudorandomCode(hashlib.blake2b(bytes(code_seed), digest_size=16, key=ctx).digest())
-
-
-def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ia, ib) with a[ia[k]] == b[ib[k]] for every row of ``a`` found in ``b``; ia increasing, with the
-    first (smallest) ib for each.
-
-    Both sides are sorted by their first 8 bytes with the row index packed into
-    the low bits of the key (a plain ``np.sort``, several times faster than an
-    argsort), every key of ``b`` is looked up in ``a`` on the remaining top
-    bits (all equal keys, so nothing is missed when top bits collide), and each
-    candidate pair is confirmed on all bytes.
-    """
-    a = np.ascontiguousarray(a, dtype=np.uint8)
-    b = np.ascontiguousarray(b, dtype=np.uint8)
-    empty = np.zeros(0, dtype=np.int64)
-    if len(a) == 0 or len(b) == 0:
-        return empty, empty
-    if len(b) >= 1 << 32:
-        raise ValueError(f"match_values: at most 2^32 rows in b, got {len(b)}")
-    shift = np.uint64(max((len(a) - 1).bit_length(), (len(b) - 1).bit_length(), 1))
-    low = (np.uint64(1) << shift) - np.uint64(1)
-
-    def sorted_keys(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = np.ascontiguousarray(x[:, :8]).view("<u8").ravel() & ~low
-        k |= np.arange(len(x), dtype=np.uint64)
-        k.sort()
-        return k >> shift, (k & low).astype(np.int64)
-
-    top_a, order_a = sorted_keys(a)
-    top_b, order_b = sorted_keys(b)
-    lo = np.searchsorted(top_a, top_b, "left")
-    cnt = np.searchsorted(top_a, top_b, "right") - lo
-    q = np.nonzero(cnt)[0]
-    c = cnt[q]
-    if len(c) and c.max() > 1:  # equal top bits in a: try every one of them
-        total = int(c.sum())
-        first = np.repeat(lo[q] - (np.cumsum(c) - c), c)
-        cand_a = order_a[first + np.arange(total)]
-        cand_b = np.repeat(order_b[q], c)
-    else:
-        cand_a, cand_b = order_a[lo[q]], order_b[q]
-    full = (a[cand_a] == b[cand_b]).all(axis=1)
-    pairs = (cand_a[full].astype(np.uint64) << np.uint64(32)) | cand_b[full].astype(np.uint64)
-    pairs.sort()
-    ia = (pairs >> np.uint64(32)).astype(np.int64)
-    keep = np.ones(len(ia), dtype=bool)
-    keep[1:] = ia[1:] != ia[:-1]
-    return ia[keep], (pairs[keep] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def _u_rows(chunk: int) -> int:

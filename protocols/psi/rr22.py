@@ -1,0 +1,366 @@
+"""RR22-class PSI (OKVS + silent VOLE), label owner and feature parties.
+
+The third backend of :mod:`fedhet.protocols.psi` (``backend="rr22"``): same
+API, same result, same multi-party vertical form as ECDH and KKRT, less on
+the wire.  Rindal, Schoppmann, "VOLE-PSI: Fast OPRF and Circuit-PSI from
+Vector-OLE" (Eurocrypt 2021, ePrint 2021/266) and Raghuraman, Rindal,
+"Blazing Fast PSI from Improved OKVS and Subfield VOLE" (CCS 2022, ePrint
+2022/320), semi-honest variant, with the random-band OKVS of Bienstock, Patel,
+Seo, Yeo (USENIX Security 2023).
+
+Two-party core, label owner L (PSI receiver, items X, |X| = n) and feature
+party F (PSI sender, items Y); every ID is first a 128-bit digest (SHA-256
+truncated, :func:`~fedhet.protocols.psi.common.item_digests`); all
+arithmetic is in GF(2^128) (:mod:`fedhet.crypto.gf128`)::
+
+    L -> F   psi_rr22/setup   n, reveal mode, hash context, m = OKVS columns, Chou–Orlandi point A
+    F -> L   psi_rr22/reply   |Y|, 128 Chou–Orlandi points B_j (F's choice bits are Δ)
+    L -> F   psi_rr22/u       the IKNP matrix U of the VOLE's correlated OTs
+    F -> L   psi_rr22/ggm     GGM level sums (encrypted), Gilboa corrections: the silent VOLE
+                              (now L holds a, c and F holds b, Δ with c = b + aΔ, length m)
+    L -> F   psi_rr22/okvs    the OKVS hash key and P + a in chunks, P = Encode{(x, H'(x)) : x in X}
+    F -> L   psi_rr22/ack     flow control of the OKVS chunks
+    F -> L   psi_rr22/oprf    for y in Y in a fresh secret random order:
+                              H_o(y, Decode(B, y) + (Decode(P + a, y) + H'(y)) Δ), ℓ bytes
+    L        compares with its own H_o(x, Decode(C, x)): x in X∩Y and its position in F's list
+    L -> F   psi_rr22/result  (reveal mode) positions in F's list of the common IDs, agreed order
+
+Why it works (RS21 §4): Decode is linear and c = b + aΔ, so
+``Decode(B, y) + (Decode(P + a, y) + H'(y)) Δ = Decode(C, y) + (Decode(P, y) + H'(y)) Δ``, which
+is L's ``Decode(C, y)`` exactly when ``Decode(P, y) = H'(y)``, i.e. for y in X;
+for y not in X the difference is a non-zero multiple of the secret Δ.
+
+Parameters and what they give (λ = 128 computational, σ = 40 statistical):
+
+* OKVS (:mod:`fedhet.crypto.okvs`): random bands of w = 128 bits in
+  m = ⌈1.25 n⌉ + 128 columns; failure to encode is detected (L draws a fresh hash
+  key) and bounded by 2^-58 at n = 2^20 (the module states and measures it).
+* VOLE (:mod:`fedhet.crypto.vole`): dual-LPN silent VOLE with an
+  Expand-Accumulate code (rate 1/2, expander weight 21), t >= 249 regular noise
+  blocks, GGM trees over IKNP correlated OTs from 128 Chou–Orlandi base OTs.
+* Output length ℓ = σ + ⌈log2 n⌉ + ⌈log2 |Y|⌉ bits rounded up to bytes
+  (8..16): L compares each of its n values with |Y| values, so a false match
+  has probability at most 2^-σ.
+* On the wire for n = |Y| = 2^20: 16 m bytes of OKVS (21 MB), ℓ |Y| bytes of
+  OPRF values (10.5 MB) and under 1 MB for the VOLE.
+
+Assumptions: semi-honest (honest-but-curious) parties; CDH for the base OTs
+(as for KKRT); dual LPN with regular noise for the EA code; H' and H_o are
+modelled as random oracles and instantiated with fixed-key AES (H' a keyed
+PRP of the digest, H_o the tweakable hash π(π(v) + τ) + π(v) with tweak
+τ = H'(x)), as volePSI instantiates its hashes with fixed-key AES;
+correlation robustness of fixed-key AES for the OT hashes (Guo, Katz, Wang,
+Yu, S&P 2020).  Not covered: malicious parties (RR22's malicious variant is
+not implemented), timing side channels.
+
+Leakage: the same as the other backends.  L learns |Y| and X∩Y; F learns
+|X| (through m) and, in reveal mode, the common list; P + a is uniform to F
+(a is pseudorandom by LPN), and F's values for y not in X are pseudorandom to
+L (Δ is hidden), sent in a fresh order from the OS CSPRNG.  Nothing on the
+wire is a raw ID or an unkeyed hash of one.
+
+The stages, one function each (``send_setup`` .. ``match_peer`` on L, ``answer_setup``
+.. ``send_oprf`` on F), as in :mod:`.kkrt`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from fedhet.crypto import gf128, okvs, ot, vole
+from fedhet.crypto.ot import aes_ecb
+from fedhet.parties.api import PartyError
+from fedhet.parties.contract import PartyLike
+
+from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, PSIResult, agreed_order, as_id_list,
+                     dedupe, feature_result, item_digests, label_owner_result, match_values, oprf_bytes,
+                     received_rows, secure_permutation, send_positions, traffic, traffic_stats)
+
+OKVS_WINDOW_BYTES = 64 << 20   # unacknowledged OKVS bytes in flight per feature party
+_KEY_OUT = hashlib.blake2b(b"fedhet RR22 output hash", digest_size=16).digest()
+_PERSON = b"fedhet-rr22"
+
+
+# -------------------------------------------------------------------- hashes
+def value_key(okvs_key: bytes, context: bytes) -> bytes:
+    """The AES key of H' (the OKVS values), from the run's OKVS hash key and the hash context."""
+    ctx = hashlib.blake2b(bytes(context), digest_size=16, person=_PERSON).digest()
+    return hashlib.blake2b(bytes(okvs_key), digest_size=16, key=ctx, person=b"fedhet-rr22-val").digest()
+
+
+def row_key(okvs_key: bytes, context: bytes) -> bytes:
+    """The AES key of the OKVS band rows, bound to the hash context."""
+    ctx = hashlib.blake2b(bytes(context), digest_size=16, person=_PERSON).digest()
+    return hashlib.blake2b(bytes(okvs_key), digest_size=16, key=ctx, person=b"fedhet-rr22-row").digest()
+
+
+def okvs_values(digests: np.ndarray, key: bytes) -> np.ndarray:
+    """H'(x) = AES_key(x) for 128-bit digests: (n, 2) uint64 field elements."""
+    return gf128.from_bytes(aes_ecb(key, digests)).copy() if len(digests) else np.zeros((0, 2), np.uint64)
+
+
+def output_hash(tweak: np.ndarray, v: np.ndarray, out_bytes: int) -> np.ndarray:
+    """H_o(x, v) = π(π(v) ^ τ) ^ π(v), τ = H'(x), truncated to ``out_bytes``: (n, ℓ) uint8."""
+    if len(v) == 0:
+        return np.zeros((0, out_bytes), np.uint8)
+    pv = aes_ecb(_KEY_OUT, gf128.to_bytes(v)).reshape(-1, 16)
+    y = aes_ecb(_KEY_OUT, pv ^ gf128.to_bytes(tweak)).reshape(-1, 16)
+    y ^= pv
+    return np.ascontiguousarray(y[:, :out_bytes])
+
+
+class Rows:
+    """One party's digests with their OKVS bands and H' values (for a given OKVS key)."""
+
+    def __init__(self, digests: np.ndarray, okvs_key: bytes, context: bytes, m: int):
+        self.starts, self.bands = okvs.hash_rows(digests, row_key(okvs_key, context), m)
+        self.values = okvs_values(digests, value_key(okvs_key, context))
+        self.order = okvs.by_start(self.starts)
+
+
+def encode_set(digests: np.ndarray, context: bytes, m: int, attempts: int = 8) -> tuple[bytes, Rows, np.ndarray]:
+    """L: (OKVS key, its rows, P) for our digests; a fresh key after a (detected) failure."""
+    for _ in range(attempts):
+        key = os.urandom(16)
+        rows = Rows(digests, key, context, m)
+        try:
+            return key, rows, okvs.encode(rows.starts, rows.bands, rows.values, m)
+        except okvs.OKVSFailure:
+            continue
+    raise PartyError(f"PSI-RR22: the OKVS failed to encode {len(digests)} IDs with {attempts} fresh keys "
+                     f"(each fails with probability 2^{okvs.failure_log2(len(digests)):.0f})")
+
+
+def _ack(party: PartyLike, frm: str, want: int, timeout: float | None) -> None:
+    i = party.recv(frm, Kind.RR22_ACK, timeout=timeout)["i"]
+    if i != want:
+        raise PartyError(f"PSI-RR22: {Kind.RR22_ACK} from {frm!r} acknowledges chunk {i!r}, expected {want}")
+
+
+# --------------------------------------------------------------------- stages
+class PeerRun:
+    """L's state for one feature party."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.a, self.A = ot.co_sender_setup()
+        self.n = 0
+        self.receiver: vole.Receiver | None = None
+        self.values: np.ndarray | None = None   # L's own OPRF values, one row per de-duplicated ID
+
+
+def send_setup(party: PartyLike, peers: Sequence[str], n: int, m: int, reveal: bool,
+               context: bytes) -> dict[str, PeerRun]:
+    """L: announce n, the mode, the hash context and m; one base-OT sender per feature party."""
+    runs = {p: PeerRun(p) for p in peers}
+    for p, r in runs.items():
+        party.send(p, Kind.RR22_SETUP, {"v": RR22_VERSION, "n": n, "reveal": bool(reveal), "ctx": context,
+                                        "cols": m, "A": r.A})
+    return runs
+
+
+def start_vole(party: PartyLike, r: PeerRun, m: int, timeout: float | None) -> None:
+    """L with one feature party: base OTs from its reply, then the IKNP message U."""
+    reply = party.recv(r.name, Kind.RR22_REPLY, timeout=timeout)
+    r.n = reply["n"]
+    try:
+        k0, k1 = ot.co_sender_keys(r.a, r.A, reply["B"])
+    except ot.OTError as e:
+        raise PartyError(f"PSI-RR22: {Kind.RR22_REPLY} from {r.name!r}: {e}") from None
+    r.receiver = vole.Receiver(vole.params(m), k0, k1)
+    party.send(r.name, Kind.RR22_U, {"u": r.receiver.extension()})
+
+
+def send_okvs(party: PartyLike, r: PeerRun, key: bytes, p: np.ndarray, rows: Rows, timeout: float | None) -> None:
+    """L: finish the VOLE (a, c), send P + a in flow-controlled chunks, keep our own OPRF values."""
+    msg = party.recv(r.name, Kind.RR22_GGM, timeout=timeout)
+    assert r.receiver is not None
+    try:
+        a, c = r.receiver.finish(msg["sums"], msg["corr"])
+    except vole.VoleError as e:
+        raise PartyError(f"PSI-RR22: {Kind.RR22_GGM} from {r.name!r}: {e}") from None
+    r.receiver = None
+    a ^= p                                          # P + a, in place
+    masked = gf128.to_bytes(a)
+    window = max(2, OKVS_WINDOW_BYTES // (MAX_OKVS_ROWS * 16))
+    sent = acked = 0
+    for i, s in enumerate(range(0, len(masked), MAX_OKVS_ROWS)):
+        while sent - acked >= window:
+            _ack(party, r.name, acked, timeout)
+            acked += 1
+        party.send(r.name, Kind.RR22_OKVS, {"i": i, "key": key, "p": masked[s:s + MAX_OKVS_ROWS]})
+        sent += 1
+    ell = oprf_bytes(len(rows.starts), r.n)
+    r.values = output_hash(rows.values, okvs.decode(c, rows.starts, rows.bands, rows.order), ell)
+    while acked < sent:
+        _ack(party, r.name, acked, timeout)
+        acked += 1
+
+
+def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> np.ndarray:
+    """L: the feature party's OPRF values matched with ours: for each of our IDs its position in the
+    feature party's list (-1: not there)."""
+    assert r.values is not None
+    ell = r.values.shape[1]
+    parts, got, i = [], 0, 0
+    while got < r.n:
+        msg = party.recv(r.name, Kind.RR22_OPRF, timeout=timeout)
+        v = msg["v"]
+        if msg["i"] != i or v.shape[1] != ell or not 0 < len(v) <= r.n - got:
+            raise PartyError(f"PSI-RR22: {Kind.RR22_OPRF} chunk {msg['i']} from {r.name!r} is not chunk {i} of "
+                             f"(rows<={r.n - got}, {ell}) values")
+        parts.append(v)
+        got += len(v)
+        i += 1
+    theirs = np.concatenate(parts) if parts else np.zeros((0, ell), np.uint8)
+    ia, ib = match_values(r.values, theirs)
+    w = np.full(n, -1, dtype=np.int64)
+    w[ia] = ib
+    r.values = None
+    return w
+
+
+def answer_setup(party: PartyLike, lo: str, mine: int, timeout: float | None) -> tuple[dict, vole.Sender]:
+    """F: the label owner's setup (checked), answered with our size and base-OT points (choices Δ)."""
+    setup = party.recv(lo, Kind.RR22_SETUP, timeout=timeout)
+    if setup["v"] != RR22_VERSION:
+        raise PartyError(f"PSI-RR22: {lo!r} speaks version {setup['v']!r}, we speak {RR22_VERSION}")
+    n, m = setup["n"], setup["cols"]
+    if m != okvs.columns(n):
+        raise PartyError(f"PSI-RR22: {Kind.RR22_SETUP} from {lo!r} announces {m} OKVS columns for {n} IDs, "
+                         f"expected {okvs.columns(n)}")
+    delta_bits = vole.Sender.new_delta_bits()
+    try:
+        B, ks = ot.co_receiver_choose(setup["A"], delta_bits)
+    except ot.OTError as e:
+        raise PartyError(f"PSI-RR22: {Kind.RR22_SETUP} from {lo!r}: {e}") from None
+    party.send(lo, Kind.RR22_REPLY, {"n": mine, "B": B})
+    return setup, vole.Sender(vole.params(m), delta_bits, ks)
+
+
+def answer_vole(party: PartyLike, lo: str, sender: vole.Sender, timeout: float | None) -> np.ndarray:
+    """F: the GGM sums and corrections for L's IKNP message; returns our VOLE vector b."""
+    u = party.recv(lo, Kind.RR22_U, timeout=timeout)["u"]
+    try:
+        sums, corr = sender.respond(u)
+    except vole.VoleError as e:
+        raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r}: {e}") from None
+    party.send(lo, Kind.RR22_GGM, {"sums": sums, "corr": corr})
+    return sender.finish()
+
+
+def receive_okvs(party: PartyLike, lo: str, m: int, timeout: float | None) -> tuple[bytes, np.ndarray]:
+    """F: the OKVS key and P + a ((m, 2) uint64), each chunk acknowledged once stored."""
+    out = np.empty((m, 16), dtype=np.uint8)
+    got, i, key = 0, 0, b""
+    while got < m:
+        msg = party.recv(lo, Kind.RR22_OKVS, timeout=timeout)
+        p = msg["p"]
+        if msg["i"] != i or not 0 < len(p) <= m - got or (i and msg["key"] != key):
+            raise PartyError(f"PSI-RR22: {Kind.RR22_OKVS} chunk {msg['i']} from {lo!r} is not chunk {i} of "
+                             f"(rows<={m - got}, 16) OKVS elements under one key")
+        key = msg["key"]
+        out[got:got + len(p)] = p
+        party.send(lo, Kind.RR22_ACK, {"i": i})
+        got += len(p)
+        i += 1
+        party.progress(got, m, psi_okvs=got)
+    return key, gf128.from_bytes(out)
+
+
+def send_oprf(party: PartyLike, lo: str, values: np.ndarray, chunk: int) -> None:
+    """F: its OPRF values, ``chunk`` IDs per message, in its secret order."""
+    for i, s in enumerate(range(0, len(values), chunk)):
+        party.send(lo, Kind.RR22_OPRF, {"i": i, "v": values[s:s + chunk]})
+
+
+# ---------------------------------------------------------------------- roles
+def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_to_all: bool, *, order: str,
+                chunk: int, context: bytes, timeout: float | None) -> PSIResult:
+    """L's side of RR22-PSI with every feature party in ``peers`` (arguments checked by the caller,
+    :func:`fedhet.protocols.psi.psi_label_owner`)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    who = f"label owner {party.name!r}"
+    items = as_id_list(ids, who)
+    start = traffic(party, peers)
+    enc, first_rows = dedupe(items, who, RR22_MAX_ITEMS)
+    n = len(enc)
+    m = okvs.columns(n)
+    runs = send_setup(party, peers, n, m, reveal_to_all, context)
+    digests = item_digests(enc)
+    t_hash = time.perf_counter()
+    for r in runs.values():
+        start_vole(party, r, m, timeout)
+    key, rows, p = encode_set(digests, context, m)      # overlaps the feature parties' VOLE work
+    t_okvs = time.perf_counter()
+    for k, r in enumerate(runs.values()):
+        send_okvs(party, r, key, p, rows, timeout)
+        party.progress(k + 1, len(runs), psi_peers=k + 1)
+    t_vole = time.perf_counter()
+    where = {p_: match_peer(party, r, n, timeout) for p_, r in runs.items()}
+    in_all = np.ones(n, dtype=bool)
+    for w in where.values():
+        in_all &= w >= 0
+    t_match = time.perf_counter()
+    uniq = np.nonzero(in_all)[0]
+    uniq = uniq[agreed_order(enc, uniq, order)]
+    if reveal_to_all:
+        send_positions(party, peers, Kind.RR22_RESULT, where, uniq)
+    out_rows = first_rows[uniq]
+    t_end = time.perf_counter()
+    prm = vole.params(m)
+    stats = {
+        "backend": "rr22", "n_input": len(items), "n_unique": n, "peer_sizes": {p_: r.n for p_, r in runs.items()},
+        "pair_sizes": {p_: int((w >= 0).sum()) for p_, w in where.items()}, "size": int(len(out_rows)),
+        "workers": 0, "chunk": chunk, "okvs_columns": m, "okvs_band": okvs.BAND_WIDTH,
+        "okvs_failure_log2": okvs.failure_log2(n), "vole_trees": prm.t, "vole_depth": prm.depth,
+        "vole_cots": prm.cots, "out_bytes": {p_: oprf_bytes(n, r.n) for p_, r in runs.items()},
+        "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_hash": t_hash - t0,
+        "seconds_okvs": t_okvs - t_hash, "seconds_vole": t_vole - t_okvs, "seconds_match": t_match - t_vole,
+        **traffic_stats(party, peers, start),
+    }
+    return label_owner_result(items, out_rows, stats)
+
+
+def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None) -> PSIResult:
+    """F's side of :func:`label_owner` (arguments checked by :func:`fedhet.protocols.psi.psi_feature_party`)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    who = f"feature party {party.name!r}"
+    items = as_id_list(ids, who)
+    start = traffic(party, [lo])
+    enc, first_rows = dedupe(items, who, RR22_MAX_ITEMS)
+    mine = len(enc)
+    setup, sender = answer_setup(party, lo, mine, timeout)
+    n, m = setup["n"], setup["cols"]
+    digests = item_digests(enc)
+    perm = secure_permutation(mine)
+    digests = digests[perm]          # from here on our IDs are in the secret random order we send them in
+    t_setup = time.perf_counter()
+    b = answer_vole(party, lo, sender, timeout)
+    t_vole = time.perf_counter()
+    key, pa = receive_okvs(party, lo, m, timeout)
+    t_okvs = time.perf_counter()
+    rows = Rows(digests, key, setup["ctx"], m)
+    d_p, d_b = okvs.decode_two(pa, b, rows.starts, rows.bands, rows.order)
+    del pa, b
+    d_p ^= rows.values
+    v = gf128.mul_const(d_p, sender.delta)
+    v ^= d_b
+    ell = oprf_bytes(n, mine)
+    send_oprf(party, lo, output_hash(rows.values, v, ell), chunk)
+    t_sent = time.perf_counter()
+    out_rows = received_rows(party.recv(lo, Kind.RR22_RESULT, timeout=timeout), lo, Kind.RR22_RESULT, perm,
+                             first_rows) if setup["reveal"] else None
+    t_end = time.perf_counter()
+    stats = {
+        "backend": "rr22", "n_input": len(items), "n_unique": mine, "label_owner_size": n,
+        "size": None if out_rows is None else len(out_rows), "workers": 0, "chunk": chunk, "okvs_columns": m,
+        "out_bytes": ell, "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0,
+        "seconds_setup": t_setup - t0, "seconds_vole": t_vole - t_setup, "seconds_wait_okvs": t_okvs - t_vole,
+        "seconds_oprf": t_sent - t_okvs, "seconds_wait_result": t_end - t_sent, **traffic_stats(party, [lo], start),
+    }
+    return feature_result(items, out_rows, stats)
