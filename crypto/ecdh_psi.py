@@ -126,7 +126,22 @@ def _int_too_long(x: int) -> ValueError:
 
 
 def encode_items(items: Iterable[Any]) -> list[bytes]:
-    """:func:`encode_item` over a collection; the error names the position of a bad ID."""
+    """:func:`encode_item` over a collection; the error names the position of a bad ID.
+
+    A list of only str (or only int) IDs is encoded in a few C calls: joined with NUL separators,
+    encoded once and split (when no ID contains a NUL and every int converts); anything else item by item.
+    """
+    if type(items) is list and len(items) > 1:
+        kinds = set(map(type, items))
+        if kinds == {str}:
+            text = "s" + "\0s".join(items)
+            if text.count("\0") == len(items) - 1:
+                return text.encode("utf-8", "surrogatepass").split(b"\0")
+        elif kinds == {int}:
+            try:
+                return ("i" + "\0i".join(map(str, items))).encode().split(b"\0")
+            except ValueError:
+                pass  # an int too long to print: the loop below names it
     out: list = []
     ap = out.append
     for i, x in enumerate(items):
@@ -159,15 +174,39 @@ def sort_key(item: Any) -> tuple:
 
 
 def canonical_order(encoded: Sequence[bytes]) -> list[int]:
-    """Positions of encoded IDs in :func:`sort_key` order, sorting encodings rather than objects (faster)."""
-    ints = [k for k, e in enumerate(encoded) if e[:1] == b"i"]
-    if not ints:
-        return sorted(range(len(encoded)), key=encoded.__getitem__)
+    """Positions of encoded IDs in :func:`sort_key` order, sorting encodings rather than objects (faster).
+
+    Ints (tag ``i``) first by value, then the rest in bytes order of their encodings (tag ``b`` before
+    ``s``; UTF-8 keeps code-point order).  Large lists sort the bytes in numpy (:func:`_bytes_order`).
+    """
+    n = len(encoded)
+    if n < 1024:
+        ints = [k for k, e in enumerate(encoded) if e[:1] == b"i"]
+        rest = [k for k, e in enumerate(encoded) if e[:1] != b"i"] if ints else list(range(n))
+    else:
+        tags = np.array(encoded, dtype="S1").view(np.uint8)      # first byte of each encoding
+        is_int = tags == ord("i")
+        ints = np.nonzero(is_int)[0].tolist()
+        rest = np.nonzero(~is_int)[0].tolist() if ints else list(range(n))
     vals = [int(encoded[k][1:]) for k in ints]
     out = [ints[j] for j in sorted(range(len(ints)), key=vals.__getitem__)]
-    if len(ints) < len(encoded):
-        out += sorted((k for k, e in enumerate(encoded) if e[:1] != b"i"), key=encoded.__getitem__)
-    return out
+    sub = encoded if len(rest) == n else [encoded[k] for k in rest]
+    return out + ([rest[j] for j in _bytes_order(sub)] if len(rest) < n else _bytes_order(sub))
+
+
+def _bytes_order(encoded: Sequence[bytes]) -> list[int]:
+    """Positions of byte strings in bytes order.  numpy's fixed-width sort agrees with it for strings
+    that do not end in NUL (numpy pads with NULs and ignores trailing ones), so that case, the
+    usual one, sorts in C; otherwise Python's sort."""
+    if len(encoded) < 1024:
+        return sorted(range(len(encoded)), key=encoded.__getitem__)
+    lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    width = max(1, int(lens.max()))
+    arr = np.array(encoded, dtype=f"S{width}")
+    last = arr.view(np.uint8).reshape(len(encoded), width)[np.arange(len(encoded)), np.maximum(lens, 1) - 1]
+    if (lens == 0).any() or (last == 0).any():
+        return sorted(range(len(encoded)), key=encoded.__getitem__)
+    return np.argsort(arr, kind="stable").tolist()
 
 
 # ------------------------------------------------------------------- hashing

@@ -46,7 +46,8 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+import numba
+from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from .ot import aes_ecb
@@ -95,9 +96,11 @@ def hash_rows(keys: np.ndarray, hash_key: bytes, m: int, w: int = BAND_WIDTH) ->
     keys = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1, KEY_BYTES)
     n = len(keys)
     nblocks = 1 + -(-w // 128)
-    x = np.repeat(keys[:, None, :], nblocks, axis=1)
-    x[:, :, 0] ^= np.arange(nblocks, dtype=np.uint8)
-    h = aes_ecb(hash_key, x).reshape(n, nblocks, KEY_BYTES).view("<u8").reshape(n, 2 * nblocks)
+    x = np.empty((n, nblocks, KEY_BYTES), dtype=np.uint8)
+    x[:] = keys[:, None, :]
+    for j in range(1, nblocks):
+        x[:, j, 0] ^= np.uint8(j)
+    h = aes_ecb(hash_key, x).view("<u8").reshape(n, 2 * nblocks)
     starts = (h[:, 0] % np.uint64(m - w + 1)).astype(np.int64)
     bands = np.ascontiguousarray(h[:, 2:2 + w // 64])
     return starts, bands
@@ -118,9 +121,20 @@ def _ctz(typingctx, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _encode(starts, bands, values, m, out):  # pragma: no cover - compiled
-    """Solve the band system in place (rows sorted by start); returns -1 or the index of a dependent row."""
-    n, nw = bands.shape
+def _encode(starts_in, bands_in, values_in, order, out):  # pragma: no cover - compiled
+    """Solve the band system for the rows taken in ``order`` (by start); returns -1 or the position in
+    ``order`` of a row that eliminates to zero (dependent rows)."""
+    n, nw = bands_in.shape
+    starts = np.empty(n, np.int64)
+    bands = np.empty((n, nw), np.uint64)       # copies in start order: eliminated in place
+    values = np.empty((n, 2), np.uint64)
+    for t in range(n):
+        i = order[t]
+        starts[t] = starts_in[i]
+        for k in range(nw):
+            bands[t, k] = bands_in[i, k]
+        values[t, 0] = values_in[i, 0]
+        values[t, 1] = values_in[i, 1]
     pivot = np.full(n, -1, dtype=np.int64)
     for i in range(n):
         # first set bit of row i
@@ -169,90 +183,85 @@ def _encode(starts, bands, values, m, out):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
-def _decode(p, starts, bands, order, out):  # pragma: no cover - compiled
+@njit(cache=True, parallel=True)
+def _decode(ps, starts, bands, order, out, nthreads):  # pragma: no cover - compiled
+    """out[v, i] = <band i, ps[v]> for every vector ps[v] ((nv, m, 2)), keys visited in ``order``
+    (by start: P is read in one sweep), split across threads."""
+    nv = ps.shape[0]
     nw = bands.shape[1]
-    for t in range(order.shape[0]):
-        i = order[t]
-        lo = np.uint64(0)
-        hi = np.uint64(0)
-        s = starts[i]
-        for k in range(nw):
-            x = bands[i, k]
-            base = s + 64 * k
-            while x != 0:
-                c = base + np.int64(_ctz(x))
-                x &= x - np.uint64(1)
-                lo ^= p[c, 0]
-                hi ^= p[c, 1]
-        out[i, 0] = lo
-        out[i, 1] = hi
-
-
-@njit(cache=True)
-def _decode2(p1, p2, starts, bands, order, out1, out2):  # pragma: no cover - compiled
-    nw = bands.shape[1]
-    for t in range(order.shape[0]):
-        i = order[t]
-        a0 = np.uint64(0)
-        a1 = np.uint64(0)
-        b0 = np.uint64(0)
-        b1 = np.uint64(0)
-        s = starts[i]
-        for k in range(nw):
-            x = bands[i, k]
-            base = s + 64 * k
-            while x != 0:
-                c = base + np.int64(_ctz(x))
-                x &= x - np.uint64(1)
-                a0 ^= p1[c, 0]
-                a1 ^= p1[c, 1]
-                b0 ^= p2[c, 0]
-                b1 ^= p2[c, 1]
-        out1[i, 0] = a0
-        out1[i, 1] = a1
-        out2[i, 0] = b0
-        out2[i, 1] = b1
+    n = order.shape[0]
+    chunk = (n + nthreads - 1) // nthreads
+    for th in prange(nthreads):
+        for t in range(th * chunk, min(n, (th + 1) * chunk)):
+            i = order[t]
+            s = starts[i]
+            for v in range(nv):
+                lo = np.uint64(0)
+                hi = np.uint64(0)
+                for k in range(nw):
+                    x = bands[i, k]
+                    base = s + 64 * k
+                    while x != 0:
+                        c = base + np.int64(_ctz(x))
+                        x &= x - np.uint64(1)
+                        lo ^= ps[v, c, 0]
+                        hi ^= ps[v, c, 1]
+                out[v, i, 0] = lo
+                out[v, i, 1] = hi
 
 
 # ------------------------------------------------------------------ the API
-def encode(starts: np.ndarray, bands: np.ndarray, values: np.ndarray, m: int) -> np.ndarray:
-    """P (m, 2) uint64 with ``decode(P, starts, bands) == values`` ((n, 2) uint64); raises OKVSFailure."""
+def encode(starts: np.ndarray, bands: np.ndarray, values: np.ndarray, m: int,
+           order: np.ndarray | None = None) -> np.ndarray:
+    """P (m, 2) uint64 with ``decode(P, starts, bands) == values`` ((n, 2) uint64); raises OKVSFailure.
+
+    ``order``: the keys by start (:func:`by_start`), computed if None.
+    """
     starts = np.asarray(starts, dtype=np.int64)
     n = len(starts)
     values = np.ascontiguousarray(values, dtype=np.uint64).reshape(n, 2)
-    order = by_start(starts)
-    s = np.ascontiguousarray(starts[order])
-    b = np.ascontiguousarray(bands[order], dtype=np.uint64)   # copies: eliminated in place
-    v = values[order]
+    order = by_start(starts) if order is None else np.asarray(order, dtype=np.int64)
     out = np.zeros((m, 2), dtype=np.uint64)
     if n:
-        bad = _encode(s, b, v, m, out)
+        bad = _encode(starts, np.ascontiguousarray(bands, dtype=np.uint64), values, order, out)
         if bad >= 0:
             raise OKVSFailure(f"OKVS: the band rows of {n} keys in {m} columns are dependent (row {int(order[bad])})")
     return out
 
 
 def by_start(starts: np.ndarray) -> np.ndarray:
-    """The order of the keys by start column: decoding in it reads P in one sweep (cache-friendly)."""
-    return np.argsort(np.asarray(starts, dtype=np.int64)).astype(np.int64)
+    """The keys' order by start column (ties by index): one sort of (start, index) packed in 64 bits.
+
+    Encoding needs it, and decoding in it reads P in one sweep (cache-friendly).
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    n = len(starts)
+    shift = np.uint64(max(1, (n - 1).bit_length()))
+    key = starts.astype(np.uint64) << shift
+    key |= np.arange(n, dtype=np.uint64)
+    key.sort()
+    return (key & ((np.uint64(1) << shift) - np.uint64(1))).astype(np.int64)
 
 
 def decode(p: np.ndarray, starts: np.ndarray, bands: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
     """Decode(P, k) for every key's band: (n, 2) uint64 (``order``: :func:`by_start`, computed if None)."""
-    starts = np.asarray(starts, dtype=np.int64)
-    out = np.empty((len(starts), 2), dtype=np.uint64)
-    _decode(np.ascontiguousarray(p, dtype=np.uint64), starts, np.ascontiguousarray(bands, dtype=np.uint64),
-            by_start(starts) if order is None else order, out)
-    return out
+    return decode_many([p], starts, bands, order)[0]
 
 
 def decode_two(p1: np.ndarray, p2: np.ndarray, starts: np.ndarray, bands: np.ndarray,
                order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Decode two vectors at the same keys in one pass (each band is read once)."""
+    d1, d2 = decode_many([p1, p2], starts, bands, order)
+    return d1, d2
+
+
+def decode_many(ps: list[np.ndarray], starts: np.ndarray, bands: np.ndarray,
+                order: np.ndarray | None = None) -> list[np.ndarray]:
+    """Decode several vectors (each (m, 2) uint64) at the same keys, on every thread numba runs."""
     starts = np.asarray(starts, dtype=np.int64)
-    n = len(starts)
-    o1, o2 = np.empty((n, 2), dtype=np.uint64), np.empty((n, 2), dtype=np.uint64)
-    _decode2(np.ascontiguousarray(p1, dtype=np.uint64), np.ascontiguousarray(p2, dtype=np.uint64), starts,
-             np.ascontiguousarray(bands, dtype=np.uint64), by_start(starts) if order is None else order, o1, o2)
-    return o1, o2
+    stack = np.stack([np.ascontiguousarray(p, dtype=np.uint64).reshape(-1, 2) for p in ps])
+    out = np.empty((len(ps), len(starts), 2), dtype=np.uint64)
+    _decode(stack, starts, np.ascontiguousarray(bands, dtype=np.uint64),
+            by_start(starts) if order is None else np.asarray(order, dtype=np.int64), out,
+            max(1, numba.get_num_threads()))
+    return [out[v] for v in range(len(ps))]

@@ -1,4 +1,4 @@
-"""Silent VOLE over GF(2^128): GGM-tree punctured PRFs and an Expand-Accumulate code (dual LPN).
+"""Silent VOLE over GF(2^128): GGM-tree punctured PRFs and an Expand-Convolute code (dual LPN).
 
 After the protocol the receiver R holds vectors a, c and the sender S holds
 Δ and b, all in GF(2^128) (:mod:`fedhet.crypto.gf128`), with
@@ -9,10 +9,10 @@ Nothing here talks to a network: :class:`Receiver` and :class:`Sender` make
 and take the messages; ``fedhet.protocols.psi.rr22`` moves them.  The
 construction is the PCG of Boyle, Couteau, Gilboa, Ishai, Kohl, Scholl
 ("Efficient Pseudorandom Correlation Generators: Silent OT Extension and
-More", CRYPTO 2019) and Boyle et al. (CCS 2019), with the
-Expand-Accumulate code of Boyle, Couteau, Gilboa, Ishai, Kohl, Resch, Scholl
-("Correlated Pseudorandomness from Expand-Accumulate Codes", CRYPTO 2022),
-as RR22 (Raghuraman, Rindal, CCS 2022) use it:
+More", CRYPTO 2019) with the Expand-Convolute code of Raghuraman, Rindal,
+Tanguy ("Expand-Convolute Codes for Pseudorandom Correlation Generators
+from LPN", CRYPTO 2023), as libOTe configures it by default ("ExConv7x24")
+and RR22-class PSI uses it:
 
 1. **Base OTs and IKNP.**  128 Chou–Orlandi OTs (R sends, S chooses with the
    bits of Δ), extended by IKNP (:func:`fedhet.crypto.ot.iknp_receiver`) to
@@ -32,21 +32,24 @@ as RR22 (Raghuraman, Rindal, CCS 2022) use it:
    S sends ``Σ_k x^k Q_k + Σ_i v_i`` and R solves for ``w_α = v_α + β Δ``.  Now
    ``w = v + e Δ`` with e the t-sparse vector of the β's.
 3. **Compression.**  Both apply the same public linear map G (m x N) to their
-   vectors: ``a = G e``, ``c = G w``, ``b = G v``.  G = B·A is the
-   Expand-Accumulate code's: A accumulates (prefix XOR), B is an expander
-   with ``weight`` pseudorandom columns per row (SplitMix64 of a fixed public
-   seed, positions by multiply-shift, bias below N/2^32).
+   vectors: ``a = G e``, ``c = G w``, ``b = G v`` (:func:`code_encode`).  G is
+   the systematic Expand-Convolute code: the first m positions pass through,
+   the other N - m are convolved twice (each position added to the next 24
+   under pseudorandom taps and always to the 25th, cyclically) and then
+   expanded (each output adds 7 of them: 4 from equal regions, 3 uniform).
+   The code is public and fixed (SplitMix64 of a fixed seed).
 
 Security (semi-honest): S learns nothing of α, β (IKNP receiver privacy);
 R learns nothing of v_α or Δ (the punctured PRF's value at α and the OT
 hash), so ``a = G e`` is pseudorandom to S by dual LPN with regular noise
-for the EA code (the assumption), and b, Δ stay hidden from R.  Parameters
-(:func:`params`): N >= 2m (rate 1/2), t regular-noise blocks with
-``t >= -128 / log2(1 - 2 δ)`` for an assumed relative minimum distance
-δ = 0.15 of the code (libOTe's rule for λ = 128 against linear attacks; 249
-blocks), expander weight 21 (libOTe's "ExAcc21"; Silver codes are not used:
-they are broken, Raghuraman–Rindal–Tanguy, CRYPTO 2023).  The assumption is the
-EA-LPN one of the papers above, not a proof of this instance.
+for this code (the assumption), and b, Δ stay hidden from R.  Parameters
+(:func:`params`): N = t 2^d >= 2m (rate 1/2 or less; N < 2m + 2^d), t
+regular-noise blocks with ``t >= -128 / log2(1 - 2 δ)`` for the relative
+minimum distance δ = 0.15 that libOTe estimates for this code, rounded up to
+8 (256 blocks; libOTe's rule for λ = 128 against linear attacks).  Silver
+codes are not used: they are broken (Raghuraman–Rindal–Tanguy, CRYPTO 2023).
+The assumption is the dual-LPN one of the papers above for this code family,
+with libOTe's parameter estimate; it is not a proof of this instance.
 """
 from __future__ import annotations
 
@@ -56,15 +59,17 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+import numba
+from numba import njit, prange
 
 from . import gf128
 from .ot import BLOCK, KAPPA, aes_ecb, iknp_receiver, iknp_sender
 
-MIN_DIST = 0.15               # assumed relative minimum distance of the EA code (libOTe's rule)
+MIN_DIST = 0.15               # assumed relative minimum distance of the code (libOTe's estimate for ExConv7x24)
 SEC_BITS = 128
-EXPANDER_WEIGHT = 21
-CODE_SEED = int.from_bytes(hashlib.blake2b(b"fedhet EA code seed", digest_size=8).digest(), "little")
+EXPANDER_WEIGHT = 7           # B: 4 regular and 3 uniform columns per row
+ACC_WEIGHT = 24               # A: 24 random taps and one fixed one per position
+CODE_SEED = int.from_bytes(hashlib.blake2b(b"fedhet ExConv code seed", digest_size=8).digest(), "little")
 _KEY_L = hashlib.blake2b(b"fedhet GGM left", digest_size=16).digest()
 _KEY_R = hashlib.blake2b(b"fedhet GGM right", digest_size=16).digest()
 _KEY_H = hashlib.blake2b(b"fedhet COT hash", digest_size=16).digest()
@@ -76,7 +81,7 @@ class VoleError(ValueError):
 
 @dataclass(frozen=True)
 class Params:
-    """m outputs from t GGM trees of depth d (N = t 2^d noise positions), EA expander weight."""
+    """m outputs from t GGM trees of depth d (N = t 2^d noise positions), expander weight."""
     m: int
     t: int
     depth: int
@@ -94,18 +99,31 @@ class Params:
 
 
 def noise_blocks(min_dist: float = MIN_DIST, sec: int = SEC_BITS) -> int:
-    """t: the regular noise weight for bit security ``sec`` against linear tests, -sec / log2(1 - 2 δ)."""
-    return math.ceil(-sec / math.log2(1.0 - 2.0 * min_dist))
+    """t: the regular noise weight for bit security ``sec`` against linear tests, -sec / log2(1 - 2 δ),
+    rounded up to a multiple of 8 (256 for δ = 0.15)."""
+    t = math.ceil(-sec / math.log2(1.0 - 2.0 * min_dist))
+    return -(-t // 8) * 8
 
 
 def params(m: int) -> Params:
-    """Parameters for m VOLE outputs: N = t 2^d >= 2m with at least :func:`noise_blocks` trees."""
+    """Parameters for m VOLE outputs: t >= :func:`noise_blocks` trees of depth d with N = t 2^d >= 2m.
+
+    Of the depths that allow it, the one with the least work: correlated OTs (t (d + 128), which
+    cost bytes) plus the noise positions over 16 (N, which cost time).
+    """
     if m <= 0:
         raise ValueError(f"VOLE length must be positive, got {m}")
     t0 = noise_blocks()
-    depth = max(1, int(math.floor(math.log2(max(2.0, 2.0 * m / t0)))))
-    t = max(t0, -(-2 * m // (1 << depth)))
-    return Params(m=int(m), t=int(t), depth=depth)
+    best = None
+    for depth in range(1, 48):
+        t = max(t0, -(-2 * m // (1 << depth)))
+        cost = t * (depth + KAPPA) + (t << depth) / 16
+        if best is None or cost < best[0]:
+            best = (cost, t, depth)
+        if t == t0:
+            break
+    assert best is not None
+    return Params(m=int(m), t=int(best[1]), depth=best[2])
 
 
 # ------------------------------------------------------------------ kernels
@@ -119,103 +137,150 @@ def _splitmix(x):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _accumulate(x):  # pragma: no cover - compiled
-    for i in range(1, x.shape[0]):
-        x[i, 0] ^= x[i - 1, 0]
-        x[i, 1] ^= x[i - 1, 1]
+def _convolute(x, seed):  # pragma: no cover - compiled
+    """The convolution A on x (size, words) uint64 in place, every word column alike.
 
-
-@njit(cache=True)
-def _expand(x, m, weight, seed, out, alpha, prefix, depth, out_e):  # pragma: no cover - compiled
-    """out[i] = XOR over row i's ``weight`` columns of the accumulated x.
-
-    With ``out_e`` non-empty, also the same rows of the accumulated regular-sparse vector e (one
-    non-zero per block of 2^depth, at offset alpha[block], running XORs ``prefix``) without
-    materialising it: at column c, acc(e)[c] = prefix[block] if c's offset >= alpha[block],
-    else prefix[block - 1] (prefix[-1] = 0).
+    Its definition: for i = 0, 1, ..., size - 1 in turn, row i is added to each row i+1+k
+    (k = 0..23) whose tap bit k of z_i is set, and always to row i+25, indices mod size; z_i is the
+    i-th SplitMix64 output of ``seed``.  Computed here in the equivalent gather form: row j
+    collects rows j-1 .. j-25 (masks, no branches), then the last 25 rows' wrap-around additions to
+    rows 0 .. 24 come last (size > 50, so those rows are no longer read).
     """
-    n = np.uint64(x.shape[0])
+    size, nw = x.shape
+    z = np.empty(size, np.uint64)
     state = np.uint64(seed)
-    cols = np.empty(weight, np.int64)
-    sparse = out_e.shape[0] > 0
-    low = (1 << depth) - 1
-    for i in range(m):
-        for k in range(weight):
-            state, z = _splitmix(state)
-            cols[k] = ((z >> np.uint64(32)) * n) >> np.uint64(32)
-        a0 = np.uint64(0)
-        a1 = np.uint64(0)
-        for k in range(weight):
-            c = cols[k]
-            a0 ^= x[c, 0]
-            a1 ^= x[c, 1]
-        out[i, 0] = a0
-        out[i, 1] = a1
-        if sparse:
-            e0 = np.uint64(0)
-            e1 = np.uint64(0)
-            for k in range(weight):
-                c = cols[k]
-                blk = c >> depth
-                j = blk if (c & low) >= alpha[blk] else blk - 1
-                if j >= 0:
-                    e0 ^= prefix[j, 0]
-                    e1 ^= prefix[j, 1]
-            out_e[i, 0] = e0
-            out_e[i, 1] = e1
+    for i in range(size):
+        state, zi = _splitmix(state)
+        z[i] = zi
+    one = np.uint64(1)
+    for j in range(size):
+        for q in range(nw):
+            acc = x[j, q]
+            for k in range(ACC_WEIGHT):
+                i = j - 1 - k
+                if i >= 0:
+                    acc ^= x[i, q] & (np.uint64(0) - ((z[i] >> np.uint64(k)) & one))
+            if j > ACC_WEIGHT:
+                acc ^= x[j - 1 - ACC_WEIGHT, q]
+            x[j, q] = acc
+    for i in range(size - ACC_WEIGHT - 1, size):
+        for k in range(ACC_WEIGHT + 1):
+            j = i + 1 + k
+            if j >= size and (k == ACC_WEIGHT or (z[i] >> np.uint64(k)) & one):
+                for q in range(nw):
+                    x[j - size, q] ^= x[i, q]
 
 
-def ea_encode(x: np.ndarray, m: int, weight: int = EXPANDER_WEIGHT, seed: int = CODE_SEED,
-              sparse: tuple[np.ndarray, np.ndarray, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """G x = B (A x) for a length-N vector x ((N, 2) uint64; accumulated in place): (m, 2).
+@njit(cache=True, parallel=True)
+def _convolute_all(xs, seed):  # pragma: no cover - compiled
+    """:func:`_convolute` of every vector xs[v] ((nv, size, 2)), the vectors on parallel threads."""
+    for v in prange(xs.shape[0]):
+        _convolute(xs[v], seed)
 
-    ``sparse`` = (alpha (t,), beta (t, 2), depth): also G e for the regular-sparse e with e[τ 2^d + α_τ] = β_τ,
-    from the same rows (second result; None without ``sparse``).
+
+@njit(cache=True, parallel=True)
+def _expand(xs, out, weight, seed, nthreads):  # pragma: no cover - compiled
+    """out[v, i] ^= XOR of xs[v]'s rows at row i's columns (xs (nv, size, 2), out (nv, m, 2) uint64).
+
+    Row i has ``weight - weight // 2`` regular columns (one uniform in each of that many equal
+    regions) and ``weight // 2`` uniform ones, from draws i*weight .. i*weight + weight - 1 of the
+    SplitMix64 stream of ``seed`` (so rows are independent and split across threads), positions by
+    multiply-shift (bias below size / 2^32).
     """
-    x = np.ascontiguousarray(x, dtype=np.uint64)
-    _accumulate(x)
-    out = np.empty((m, 2), dtype=np.uint64)
-    if sparse is None:
-        alpha, prefix, depth, out_e = np.zeros(1, np.int64), np.zeros((1, 2), np.uint64), 0, np.zeros((0, 2), np.uint64)
-    else:
-        alpha, beta, depth = sparse
-        alpha = np.ascontiguousarray(alpha, dtype=np.int64)
-        prefix = np.bitwise_xor.accumulate(np.ascontiguousarray(beta, dtype=np.uint64), axis=0)
-        out_e = np.empty((m, 2), dtype=np.uint64)
-    _expand(x, m, weight, np.uint64(seed), out, alpha, prefix, depth, out_e)
-    return out, (out_e if sparse is not None else None)
+    nv, size, _ = xs.shape
+    m = out.shape[1]
+    uni = weight // 2
+    reg = weight - uni
+    step = size // reg
+    chunk = (m + nthreads - 1) // nthreads
+    for th in prange(nthreads):
+        lo = th * chunk
+        hi = min(m, lo + chunk)
+        cols = np.empty(weight, np.int64)
+        for i in range(lo, hi):
+            state = np.uint64(seed) + np.uint64(i * weight) * np.uint64(0x9E3779B97F4A7C15)
+            for k in range(weight):
+                state, z = _splitmix(state)
+                hi32 = z >> np.uint64(32)
+                if k < reg:
+                    cols[k] = k * step + np.int64((hi32 * np.uint64(step)) >> np.uint64(32))
+                else:
+                    cols[k] = np.int64((hi32 * np.uint64(size)) >> np.uint64(32))
+            for v in range(nv):
+                a0 = out[v, i, 0]
+                a1 = out[v, i, 1]
+                for k in range(weight):
+                    c = cols[k]
+                    a0 ^= xs[v, c, 0]
+                    a1 ^= xs[v, c, 1]
+                out[v, i, 0] = a0
+                out[v, i, 1] = a1
+
+
+def code_encode(vectors: list[np.ndarray], m: int, weight: int = EXPANDER_WEIGHT,
+                seed: int = CODE_SEED) -> list[np.ndarray]:
+    """G x for each length-N vector x ((N, 2) uint64, N >= 2m): (m, 2) each (the inputs are not changed).
+
+    The systematic Expand-Convolute code: ``G x = x[:m] + B (A' A x[m:])`` with A, A' two
+    convolutions (:func:`_convolute`, seeds ``seed`` and its complement) and B the expander
+    (:func:`_expand`).
+    """
+    if not vectors:
+        return []
+    stack = np.stack([np.asarray(x, dtype=np.uint64).reshape(-1, 2) for x in vectors])
+    out = encode_in_place(stack, m, weight, seed)
+    return [out[v] for v in range(len(vectors))]
+
+
+def encode_in_place(xs: np.ndarray, m: int, weight: int = EXPANDER_WEIGHT, seed: int = CODE_SEED) -> np.ndarray:
+    """:func:`code_encode` of the vectors xs (k, N, 2) uint64, overwriting them; returns the view xs[:, :m].
+
+    The vectors are convolved on parallel threads and expanded together (rows split across threads).
+    """
+    k, n, _ = xs.shape
+    if n < 2 * m:
+        raise ValueError(f"code: {n} noise positions cannot make {m} outputs at rate 1/2")
+    tails = xs[:, m:]
+    _convolute_all(tails, np.uint64(seed))
+    _convolute_all(tails, np.uint64(seed) ^ np.uint64(0xFFFFFFFFFFFFFFFF))
+    out = xs[:, :m]
+    _expand(tails, out, weight, np.uint64(seed) ^ np.uint64(0x5DEECE66D), max(1, numba.get_num_threads()))
+    return out
 
 
 # ------------------------------------------------------------------ GGM and the COT hash
-def _children(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Left and right children of (t, k, 16) uint8 nodes: AES_kL(x) ^ x, AES_kR(x) ^ x."""
+def _grow(nodes: np.ndarray) -> np.ndarray:
+    """One GGM level, node-major: nodes (k, t, 16) uint8 -> children (2k, t, 16), rows 0..k-1 the left
+    children AES_kL(x) ^ x and rows k..2k-1 the right ones AES_kR(x) ^ x (node j's children are j, j + k)."""
+    k = len(nodes)
+    out = np.empty((2 * k,) + nodes.shape[1:], dtype=np.uint8)
     flat = nodes.reshape(-1, BLOCK)
-    left = aes_ecb(_KEY_L, flat).reshape(nodes.shape)
-    left ^= nodes
-    right = aes_ecb(_KEY_R, flat).reshape(nodes.shape)
-    right ^= nodes
-    return left, right
-
-
-def _interleave(left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    t, k, _ = left.shape
-    out = np.empty((t, 2 * k, BLOCK), dtype=np.uint8)
-    out[:, 0::2] = left
-    out[:, 1::2] = right
+    np.bitwise_xor(aes_ecb(_KEY_L, flat).reshape(nodes.shape), nodes, out=out[:k])
+    np.bitwise_xor(aes_ecb(_KEY_R, flat).reshape(nodes.shape), nodes, out=out[k:])
     return out
 
 
 def expand_tree(roots: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """GGM trees from roots (t, 16): leaves (t, 2^depth, 16) and per level the XOR of all left and of all
-    right children, (t, depth, 2, 16) uint8."""
-    nodes = np.ascontiguousarray(roots, dtype=np.uint8).reshape(-1, 1, BLOCK)
-    sums = np.empty((len(nodes), depth, 2, BLOCK), dtype=np.uint8)
+    """GGM trees from roots (t, 16): leaves (2^depth, t, 16) and per level the XOR of all left and of
+    all right children, (t, depth, 2, 16) uint8.
+
+    Leaf j of a tree is reached by going right at level l (1-based) when bit l - 1 of j is set.
+    """
+    nodes = np.ascontiguousarray(roots, dtype=np.uint8).reshape(1, -1, BLOCK)
+    t = nodes.shape[1]
+    sums = np.empty((t, depth, 2, BLOCK), dtype=np.uint8)
     for lev in range(depth):
-        left, right = _children(nodes)
-        sums[:, lev, 0] = np.bitwise_xor.reduce(left, axis=1)
-        sums[:, lev, 1] = np.bitwise_xor.reduce(right, axis=1)
-        nodes = _interleave(left, right)
+        nodes = _grow(nodes)
+        k = len(nodes) // 2
+        sums[:, lev, 0] = np.bitwise_xor.reduce(nodes[:k], axis=0)
+        sums[:, lev, 1] = np.bitwise_xor.reduce(nodes[k:], axis=0)
     return nodes, sums
+
+
+def _tree_major(leaves: np.ndarray, out: np.ndarray) -> None:
+    """(2^d, t, 16) uint8 leaves into out (t 2^d, 2) uint64, tree τ's leaves at τ 2^d .. (τ + 1) 2^d - 1."""
+    k, t, _ = leaves.shape
+    out.reshape(t, k, 2)[:] = leaves.view("<u8").reshape(k, t, 2).transpose(1, 0, 2)
 
 
 def cot_hash(index: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -249,12 +314,12 @@ class Receiver:
         beta[(beta == 0).all(axis=1), 0] = 1            # β ≠ 0 (a zero is probability 2^-128 anyway)
         self.beta = beta
         r = np.zeros(p.cots, dtype=np.uint8)
-        levels = np.arange(1, p.depth + 1)
-        bits = (self.alpha[:, None] >> (p.depth - levels)[None, :]) & 1        # α's bit at each level, MSB first
+        bits = (self.alpha[:, None] >> np.arange(p.depth)[None, :]) & 1      # α's side at level l: bit l - 1
         r[_level_cots(p).ravel()] = (1 - bits).ravel()                         # choose the sibling's side
         r[_beta_cots(p).ravel()] = np.unpackbits(beta.view(np.uint8), axis=1, bitorder="little").ravel()
         self.r = r
         self.u, self.t_rows = iknp_receiver(k0, k1, r)
+        self._w: np.ndarray | None = None
 
     def extension(self) -> np.ndarray:
         """The IKNP message U: (128, cots/8) uint8."""
@@ -262,6 +327,12 @@ class Receiver:
 
     def finish(self, sums: np.ndarray, correction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(a, c), each (m, 2) uint64, from S's encrypted level sums (t, d, 2, 16) and corrections (t, 16)."""
+        a = self.finish_a(sums, correction)
+        return a, self.finish_c()
+
+    def finish_a(self, sums: np.ndarray, correction: np.ndarray) -> np.ndarray:
+        """a (m, 2) uint64 from S's message, keeping the leaves for :meth:`finish_c` (so that a,
+        which the PSI sends on, is ready before c, which only we use)."""
         p = self.p
         sums = np.asarray(sums, dtype=np.uint8)
         correction = np.asarray(correction, dtype=np.uint8)
@@ -271,35 +342,43 @@ class Receiver:
         tt = np.arange(p.t)
         idx = _level_cots(p)
         pads = cot_hash(idx.ravel(), self.t_rows[idx.ravel()]).reshape(p.t, p.depth, BLOCK)
-        nodes = np.zeros((p.t, 1, BLOCK), dtype=np.uint8)
-        for lev in range(1, p.depth + 1):
-            path = self.alpha >> (p.depth - lev + 1)             # the unknown node at level lev - 1
-            left, right = _children(nodes)
-            left[tt, path] = 0
-            right[tt, path] = 0
-            a_bit = (self.alpha >> (p.depth - lev)) & 1             # α's side at this level
-            side = 1 - a_bit                                        # the sibling's side: decrypted
-            known = np.where(side[:, None, None] == 0, left, right)
-            sib = sums[tt, lev - 1, side] ^ pads[:, lev - 1]        # the XOR of the level's side...
-            sib ^= np.bitwise_xor.reduce(known, axis=1)             # ...less the nodes we know: the sibling
-            left[tt, path] = np.where(side[:, None] == 0, sib, 0)
-            right[tt, path] = np.where(side[:, None] == 1, sib, 0)
-            nodes = _interleave(left, right)
-        leaves = nodes                                              # (t, 2^d, 16), zero at α
+        nodes = np.zeros((1, p.t, BLOCK), dtype=np.uint8)       # node-major; the unknown node of each tree is zero
+        for lev in range(p.depth):
+            k = len(nodes)
+            path = self.alpha & (k - 1)                         # the unknown node at this level
+            nodes = _grow(nodes)
+            nodes[path, tt] = 0                                 # its children are garbage: clear them
+            nodes[path + k, tt] = 0
+            side = 1 - ((self.alpha >> lev) & 1)                # the sibling's side, whose sum we decrypt
+            known = np.where(side[:, None] == 0, np.bitwise_xor.reduce(nodes[:k], axis=0),
+                             np.bitwise_xor.reduce(nodes[k:], axis=0))
+            nodes[path + side * k, tt] = sums[tt, lev, side] ^ pads[:, lev] ^ known
         wprime = gf128.weighted_sum(gf128.from_bytes(self.t_rows[_beta_cots(p).ravel()]).reshape(p.t, KAPPA, 2))
-        at_alpha = gf128.from_bytes(correction) ^ gf128.from_bytes(np.bitwise_xor.reduce(leaves, axis=1)) ^ wprime
-        w = gf128.from_bytes(leaves.reshape(-1, BLOCK)).reshape(p.t, 1 << p.depth, 2).copy()
-        w[tt, self.alpha] = at_alpha
-        c, a = ea_encode(w.reshape(-1, 2), p.m, p.weight, sparse=(self.alpha, self.beta, p.depth))
-        assert a is not None
-        return a, c
+        at_alpha = gf128.from_bytes(correction) ^ gf128.from_bytes(np.bitwise_xor.reduce(nodes, axis=0)) ^ wprime
+        pos = tt * (1 << p.depth) + self.alpha
+        w = np.empty((1, p.n, 2), dtype=np.uint64)
+        _tree_major(nodes, w[0])
+        del nodes
+        w[0, pos] = at_alpha
+        self._w = w
+        e = np.zeros((1, p.n, 2), dtype=np.uint64)
+        e[0, pos] = self.beta
+        return encode_in_place(e, p.m, p.weight)[0]
+
+    def finish_c(self) -> np.ndarray:
+        """c (m, 2) uint64 (after :meth:`finish_a`)."""
+        if self._w is None:
+            raise RuntimeError("VOLE receiver: finish_a() first")
+        w, self._w = self._w, None
+        return encode_in_place(w, self.p.m, self.p.weight)[0]
 
 
 class Sender:
-    """S: Δ is its base-OT choice bits (128,), ``ks`` (128, 16) the keys it chose."""
+    """S: Δ is its base-OT choice bits (128,), ``ks`` (128, 16) the keys it chose (the parameters come
+    with R's message: S can answer the base OTs before it knows them)."""
 
-    def __init__(self, p: Params, delta_bits: np.ndarray, ks: np.ndarray):
-        self.p = p
+    def __init__(self, delta_bits: np.ndarray, ks: np.ndarray):
+        self.p: Params | None = None
         self.delta_bits = np.asarray(delta_bits, dtype=np.uint8).ravel()
         self.delta = np.packbits(self.delta_bits, bitorder="little").view("<u8").copy()   # (2,)
         self.ks = ks
@@ -311,9 +390,10 @@ class Sender:
         """Fresh secret Δ bits from the OS CSPRNG."""
         return np.unpackbits(np.frombuffer(os.urandom(KAPPA // 8), dtype=np.uint8), bitorder="little")
 
-    def respond(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """From R's IKNP message: the encrypted level sums (t, d, 2, 16) and corrections (t, 16); keeps b."""
-        p = self.p
+    def respond(self, p: Params, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """From R's IKNP message for parameters p: the encrypted level sums (t, d, 2, 16) and
+        corrections (t, 16); :meth:`finish` then gives b."""
+        self.p = p
         u = np.asarray(u, dtype=np.uint8)
         if u.shape != (KAPPA, p.cots // 8):
             raise VoleError(f"VOLE: want an IKNP message of shape {(KAPPA, p.cots // 8)}, got {u.shape}")
@@ -324,14 +404,16 @@ class Sender:
         sums[:, :, 0] ^= cot_hash(idx, q[idx]).reshape(p.t, p.depth, BLOCK)
         sums[:, :, 1] ^= cot_hash(idx, q[idx] ^ dbytes).reshape(p.t, p.depth, BLOCK)
         vprime = gf128.weighted_sum(gf128.from_bytes(q[_beta_cots(p).ravel()]).reshape(p.t, KAPPA, 2))
-        correction = gf128.to_bytes(vprime ^ gf128.from_bytes(np.bitwise_xor.reduce(nodes, axis=1))).copy()
+        correction = gf128.to_bytes(vprime ^ gf128.from_bytes(np.bitwise_xor.reduce(nodes, axis=0))).copy()
         self._leaves = nodes
         return sums, correction
 
     def finish(self) -> np.ndarray:
         """b (m, 2) uint64 (after :meth:`respond`; the messages can go out first)."""
-        if self._leaves is None:
+        if self._leaves is None or self.p is None:
             raise RuntimeError("VOLE sender: respond() first")
-        self.b, _ = ea_encode(gf128.from_bytes(self._leaves.reshape(-1, BLOCK)), self.p.m, self.p.weight)
+        xs = np.empty((1, self.p.n, 2), dtype=np.uint64)
+        _tree_major(self._leaves, xs[0])
         self._leaves = None
+        self.b = encode_in_place(xs, self.p.m, self.p.weight)[0]
         return self.b

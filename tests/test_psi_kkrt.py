@@ -323,7 +323,7 @@ def test_output_length_follows_the_sizes():
 # ------------------------------------------------------------ on the wire
 def _forbidden(raw_ids):
     return unkeyed_hashes(raw_ids, lambda raw, enc: [("blake2b", hashlib.blake2b(raw, digest_size=16).digest()),
-                                                     ("digest", psi_kkrt.item_digests([enc]).tobytes())])
+                                                     ("digest", psi.common.item_digests([enc]).tobytes())])
 
 
 def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash_or_a_bare_codeword(wire):

@@ -161,8 +161,8 @@ def _vole(m):
     delta_bits = vole.Sender.new_delta_bits()
     B, ks = ot.co_receiver_choose(A, delta_bits)
     k0, k1 = ot.co_sender_keys(a_, A, B)
-    rcv, snd = vole.Receiver(p, k0, k1), vole.Sender(p, delta_bits, ks)
-    sums, corr = snd.respond(rcv.extension())
+    rcv, snd = vole.Receiver(p, k0, k1), vole.Sender(delta_bits, ks)
+    sums, corr = snd.respond(p, rcv.extension())
     b = snd.finish()
     a, c = rcv.finish(sums, corr)
     return p, a, b, c, snd.delta, (rcv, snd, sums, corr)
@@ -173,7 +173,7 @@ def test_vole_correlation_holds(m):
     p, a, b, c, delta, _ = _vole(m)
     assert a.shape == b.shape == c.shape == (m, 2)
     assert (c == b ^ gf128.mul_const(a, delta)).all()
-    assert p.n >= 2 * m and p.t >= vole.noise_blocks() == 249 and p.cots % 128 == 0
+    assert p.n >= 2 * m and p.t >= vole.noise_blocks() == 256 and p.cots % 128 == 0
     # a is not degenerate: distinct, non-zero field elements (pseudorandom)
     assert len(np.unique(a[:, 0])) == m and not (a == 0).all(axis=1).any()
 
@@ -183,7 +183,7 @@ def test_vole_refuses_messages_of_the_wrong_shape():
     with pytest.raises(vole.VoleError, match="level sums"):
         rcv.finish(sums[:, :-1], corr)
     with pytest.raises(vole.VoleError, match="IKNP"):
-        vole.Sender(p, snd.delta_bits, snd.ks).respond(np.zeros((128, 8), np.uint8))
+        vole.Sender(snd.delta_bits, snd.ks).respond(p, np.zeros((128, 8), np.uint8))
 
 
 def test_vole_receiver_learns_every_leaf_but_its_punctured_one():
@@ -191,41 +191,79 @@ def test_vole_receiver_learns_every_leaf_but_its_punctured_one():
     rng = np.random.default_rng(4)
     roots = rng.integers(0, 256, (3, 16), dtype=np.uint8)
     leaves, sums = vole.expand_tree(roots, 4)
-    assert leaves.shape == (3, 16, 16) and sums.shape == (3, 4, 2, 16)
-    assert (np.bitwise_xor.reduce(leaves, axis=1) == sums[:, -1, 0] ^ sums[:, -1, 1]).all()
+    assert leaves.shape == (16, 3, 16) and sums.shape == (3, 4, 2, 16)
+    assert (np.bitwise_xor.reduce(leaves, axis=0) == sums[:, -1, 0] ^ sums[:, -1, 1]).all()
+    # leaf j goes right at level l when bit l - 1 of j is set: leaf 0b0110 is left, right, right, left
+    aes = lambda k, b: np.frombuffer(Cipher(algorithms.AES(k), modes.ECB()).encryptor().update(bytes(b)), np.uint8)  # noqa: E731
+    kl, kr = (hashlib.blake2b(lab, digest_size=16).digest() for lab in (b"fedhet GGM left", b"fedhet GGM right"))
+    node = roots[1]
+    for key in (kl, kr, kr, kl):
+        node = aes(key, node) ^ node
+    assert (leaves[0b0110, 1] == node).all()
     p, a, b, c, delta, (rcv, *_) = _vole(500)
     e = np.zeros((p.n, 2), np.uint64)
     e.reshape(p.t, 1 << p.depth, 2)[np.arange(p.t), rcv.alpha] = rcv.beta
-    ga, _ = vole.ea_encode(e.copy(), p.m)
+    (ga,) = vole.code_encode([e], p.m)
     assert (ga == a).all()                     # a = G e for R's sparse noise
+
+
+def _splitmix_stream(seed):
+    mask, state = (1 << 64) - 1, seed
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        yield z ^ (z >> 31)
+
+
+def _code_reference(x, m):
+    """The Expand-Convolute code by its definition, on Python integers (slow; small sizes only)."""
+    mask = (1 << 64) - 1
+    v = [gf128.to_int(r) for r in x]
+    head, tail = v[:m], v[m:]
+    size = len(tail)
+    for seed in (vole.CODE_SEED, vole.CODE_SEED ^ mask):
+        taps = _splitmix_stream(seed)
+        for i in range(size):
+            z = next(taps)
+            for k in range(vole.ACC_WEIGHT):
+                if (z >> k) & 1:
+                    tail[(i + 1 + k) % size] ^= tail[i]
+            tail[(i + 1 + vole.ACC_WEIGHT) % size] ^= tail[i]
+    cols = _splitmix_stream(vole.CODE_SEED ^ 0x5DEECE66D)
+    uni = vole.EXPANDER_WEIGHT // 2
+    reg = vole.EXPANDER_WEIGHT - uni
+    step = size // reg
+    out = []
+    for i in range(m):
+        acc = head[i]
+        for k in range(vole.EXPANDER_WEIGHT):
+            hi = next(cols) >> 32
+            acc ^= tail[k * step + ((hi * step) >> 32) if k < reg else (hi * size) >> 32]
+        out.append(acc)
+    return out
 
 
 def test_vole_and_code_known_answers():
     x = np.arange(2 * 4096, dtype=np.uint64).reshape(4096, 2) * np.uint64(0x9E3779B97F4A7C15)
-    y, _ = vole.ea_encode(x.copy(), 1000)
+    (y,) = vole.code_encode([x], 1000)
     leaves, sums = vole.expand_tree(np.arange(32, dtype=np.uint8).reshape(2, 16), 3)
     h = vole.cot_hash(np.arange(4), np.arange(64, dtype=np.uint8).reshape(4, 16))
     assert (_sha(y), _sha(leaves, sums), _sha(h)) == KAT_VOLE
-    # G x = B (A x) by its definition: prefix XOR, then row i XORs the columns of its SplitMix64 stream
-    acc = np.bitwise_xor.accumulate(x, axis=0)
-    mask, state, n = (1 << 64) - 1, vole.CODE_SEED, len(x)
-    for i in range(40):
-        want = np.zeros(2, np.uint64)
-        for _ in range(vole.EXPANDER_WEIGHT):
-            state = (state + 0x9E3779B97F4A7C15) & mask
-            z = state
-            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-            z ^= z >> 31
-            want ^= acc[((z >> 32) * n) >> 32]
-        assert (y[i] == want).all(), i
+    # the code by its definition, and linear: G(x + z) = Gx + Gz, two vectors side by side as one at a time
+    small, z = x[:600], x[600:1200] ^ np.uint64(12345)
+    (gs,) = vole.code_encode([small], 250)
+    assert [gf128.to_int(r) for r in gs] == _code_reference(small, 250)
+    g2 = vole.code_encode([small, z], 250)
+    assert (g2[0] == gs).all() and (vole.code_encode([small ^ z], 250)[0] == gs ^ g2[1]).all()
     # GGM children and the COT hash by their definitions (fixed-key AES, Matyas-Meyer-Oseas)
     root = np.arange(16, dtype=np.uint8)
     kl, kr, kh = (hashlib.blake2b(lab, digest_size=16).digest() for lab in
                   (b"fedhet GGM left", b"fedhet GGM right", b"fedhet COT hash"))
     aes = lambda k, b: np.frombuffer(Cipher(algorithms.AES(k), modes.ECB()).encryptor().update(bytes(b)), np.uint8)  # noqa: E731
     one, _ = vole.expand_tree(root[None], 1)
-    assert (one[0, 0] == aes(kl, root) ^ root).all() and (one[0, 1] == aes(kr, root) ^ root).all()
+    assert (one[0, 0] == aes(kl, root) ^ root).all() and (one[1, 0] == aes(kr, root) ^ root).all()
     x1 = np.arange(16, 32, dtype=np.uint8)
     px = aes(kh, x1)
     tweak = np.zeros(16, np.uint8)
@@ -233,7 +271,7 @@ def test_vole_and_code_known_answers():
     assert (h[1] == aes(kh, px ^ tweak) ^ px).all()
 
 
-KAT_VOLE = ("b2528ec73c9e64c8", "e8a8dc653cb0874a", "30552482bd58b857")
+KAT_VOLE = ("3278f6ff08ead853", "bf1ee7fc599f1499", "30552482bd58b857")
 
 
 # ------------------------------------------------------------ the protocol
@@ -377,16 +415,15 @@ def test_okvs_stream_is_flow_controlled(monkeypatch, wire):
         assert out <= 2
 
 
-def test_a_setup_with_the_wrong_okvs_size_is_refused(monkeypatch):
-    monkeypatch.setattr(okvs, "columns", lambda n, w=okvs.BAND_WIDTH, eps=okvs.EPSILON: 1000 + n)
-    real = psi_rr22.send_setup
+def test_a_label_owner_announcing_the_wrong_okvs_size_is_refused(monkeypatch):
+    real = psi_rr22.start_vole
 
-    def lying(party, peers, n, m, reveal, context):
-        return real(party, peers, n, m + 1, reveal, context)
+    def lying(party, r, n, m, key, timeout):
+        return real(party, r, n + 1, m, key, timeout)
 
-    monkeypatch.setattr(psi_rr22, "send_setup", lying)
+    monkeypatch.setattr(psi_rr22, "start_vole", lying)
     with pytest.raises(FederationFailed, match="OKVS columns"):
-        run_psi([1, 2, 3], [[2, 3]])
+        run_psi(list(range(300)), [[2, 3]])
 
 
 def test_bad_input_is_refused_with_a_clear_error():

@@ -15,12 +15,18 @@ from fedhet.parties.contract import PartyLike
 from fedhet.protocols import psi
 
 
-def _once(party: PartyLike, run: Callable[[], psi.PSIResult]) -> psi.PSIResult:
-    """The PSI's result: run now, or, on a run resumed after it, the one checkpointed then (step 1)."""
+def _once(party: PartyLike, backend: str, run: Callable[[], psi.PSIResult]) -> psi.PSIResult:
+    """The PSI's result: run now, or, on a run resumed after it, the one checkpointed then (step 1).
+
+    The backend's one-time start (:func:`psi.prepare`) comes first and is reported apart
+    (``seconds_prepare``), like the process's own start-up: the PSI's clock is the protocol's.
+    """
     start, saved = party.restore()
     if start >= 1:
         return psi.PSIResult(**saved["psi"])
+    warm = psi.prepare(backend)
     res = run()
+    res.stats["seconds_prepare"] = warm
     party.checkpoint(1, {"psi": {"role": res.role, "ids": res.ids, "rows": res.rows, "revealed": res.revealed,
                                  "stats": res.stats}})
     return res
@@ -45,7 +51,7 @@ def _report(party: PartyLike, s: Settings, res: psi.PSIResult, data: dict, n_fea
 
 def label_owner(party: PartyLike, s: Settings, data: dict) -> dict:
     peers = party.peers_with_role(FEATURE)
-    res = _once(party, lambda: psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=s.reveal, order=s.order,
+    res = _once(party, s.psi_backend, lambda: psi.psi_label_owner(party, data["ids"], peers, reveal_to_all=s.reveal, order=s.order,
                                                    chunk=s.chunk, workers=s.workers, timeout=s.psi_timeout,
                                                    backend=s.psi_backend))
     return _report(party, s, res, data, len(peers))
@@ -55,7 +61,7 @@ def feature(party: PartyLike, s: Settings, data: dict) -> dict:
     owners = party.peers_with_role(LABEL_OWNER)
     if len(owners) != 1:
         raise ValueError(f"psi: needs exactly one label_owner party, found {owners}")
-    res = _once(party, lambda: psi.psi_feature_party(party, data["ids"], owners[0], chunk=s.chunk,
+    res = _once(party, s.psi_backend, lambda: psi.psi_feature_party(party, data["ids"], owners[0], chunk=s.chunk,
                                                      workers=s.workers, timeout=s.psi_timeout,
                                                      backend=s.psi_backend))
     n_features = sum(1 for r in party.roles.values() if r == FEATURE)

@@ -22,10 +22,12 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+from numba import njit
 
 from fedhet.crypto import cuckoo, okvs, ot, vole
 from fedhet.crypto import ecdh_psi as grp
@@ -138,27 +140,32 @@ def _rr22(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
     max_cots = max_trees * (max_depth + ot.KAPPA)
     oprf = sch.OneOf(tuple(sch.Arr("|u1", (None, ell), max_elems=MAX_CHUNK * ell) for ell in range(8, 17)))
     return [
-        declare(Kind.RR22_SETUP, lo, fe, "protocol version, label owner's set size n, reveal mode, hash context, "
-                "OKVS columns m (must equal okvs.columns(n)), the Chou-Orlandi sender point A; no arrays",
-                payload=sch.Fields({"v": sch.Int(), "n": sch.Int(lo=0, hi=RR22_MAX_ITEMS), "reveal": sch.Bool(),
-                                    "ctx": _CTX, "cols": sch.Int(lo=okvs.BAND_WIDTH, hi=okvs.columns(RR22_MAX_ITEMS)),
+        declare(Kind.RR22_SETUP, lo, fe, "protocol version, reveal mode, hash context, the Chou-Orlandi sender "
+                "point A (sent first: the base OTs need no IDs); no arrays",
+                payload=sch.Fields({"v": sch.Int(), "reveal": sch.Bool(), "ctx": _CTX,
                                     "A": sch.Bytes(length=ot.POINT_BYTES)}), protects="control"),
-        declare(Kind.RR22_REPLY, fe, lo, "feature party's set size, its 128 Chou-Orlandi receiver points (hiding its "
-                "choice bits, the VOLE's secret Δ): uint8 (128, 32)",
+        declare(Kind.RR22_REPLY, fe, lo, "the feature party's 128 Chou-Orlandi receiver points (hiding its choice "
+                "bits, the VOLE's secret Δ): uint8 (128, 32)",
+                payload=sch.Fields({"B": sch.Arr("|u1", (ot.KAPPA, ot.POINT_BYTES))}), protects="control"),
+        declare(Kind.RR22_U, lo, fe, "label owner's set size n, OKVS columns m (must equal okvs.columns(n)), the "
+                "OKVS hash key, and the IKNP correlated-OT matrix: 128 columns of vole.params(m).cots bits masked by "
+                "PRG output the feature party cannot compute, uint8 (128, cots/8) (exact size checked by the receiver)",
                 payload=sch.Fields({"n": sch.Int(lo=0, hi=RR22_MAX_ITEMS),
-                                    "B": sch.Arr("|u1", (ot.KAPPA, ot.POINT_BYTES))}), protects="control"),
-        declare(Kind.RR22_U, lo, fe, "IKNP correlated-OT matrix, 128 columns of vole.params(m).cots bits masked by "
-                "PRG output the feature party cannot compute: uint8 (128, cots/8) (exact size checked by the receiver)",
-                payload=sch.Fields({"u": sch.Arr("|u1", (ot.KAPPA, None), max_elems=max_cots * ot.KAPPA // 8)}),
+                                    "cols": sch.Int(lo=okvs.BAND_WIDTH, hi=okvs.columns(RR22_MAX_ITEMS)),
+                                    "key": sch.Bytes(length=16),
+                                    "u": sch.Arr("|u1", (ot.KAPPA, None), max_elems=max_cots * ot.KAPPA // 8)}),
                 protects="blinded"),
-        declare(Kind.RR22_GGM, fe, lo, "silent VOLE: per GGM tree and level the XOR of the left and of the right "
-                "children, each encrypted under a correlated-OT hash: uint8 (t, d, 2, 16); per tree the Gilboa "
-                "correction masked by the tree's leaves: uint8 (t, 16) (t, d = vole.params(m), checked by the receiver)",
-                payload=sch.Fields({"sums": sch.Arr("|u1", (None, None, 2, 16), max_elems=max_trees * max_depth * 32),
+        declare(Kind.RR22_GGM, fe, lo, "feature party's set size; silent VOLE: per GGM tree and level the XOR of the "
+                "left and of the right children, each encrypted under a correlated-OT hash: uint8 (t, d, 2, 16); per "
+                "tree the Gilboa correction masked by the tree's leaves: uint8 (t, 16) (t, d = vole.params(m), "
+                "checked by the receiver)",
+                payload=sch.Fields({"n": sch.Int(lo=0, hi=RR22_MAX_ITEMS),
+                                    "sums": sch.Arr("|u1", (None, None, 2, 16), max_elems=max_trees * max_depth * 32),
                                     "corr": sch.Arr("|u1", (None, 16), max_elems=max_trees * 16)}),
                 protects="blinded"),
-        declare(Kind.RR22_OKVS, lo, fe, "the OKVS hash key and the label owner's OKVS P masked by its VOLE vector a "
-                "(P + a, uniform to the feature party), a range of the m columns: uint8 (rows<=MAX_OKVS_ROWS, 16)",
+        declare(Kind.RR22_OKVS, lo, fe, "the OKVS hash key (the announced one, or a fresh one if encoding failed) and "
+                "the label owner's OKVS P masked by its VOLE vector a (P + a, uniform to the feature party), a range "
+                "of the m columns: uint8 (rows<=MAX_OKVS_ROWS, 16)",
                 payload=sch.Fields({"i": sch.Int(lo=0), "key": sch.Bytes(length=16),
                                     "p": sch.Arr("|u1", (None, 16), max_elems=MAX_OKVS_ROWS * 16)}),
                 protects="blinded"),
@@ -267,6 +274,26 @@ def dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[byte
     return uniq, rows
 
 
+def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """:func:`dedupe` with the 128-bit digests of the unique IDs (:func:`item_digests`), for the OT backends.
+
+    The digests of all IDs are computed first; when their first 8 bytes are all distinct (one sort),
+    so are the IDs and no dictionary is needed; otherwise :func:`dedupe` decides exactly.
+    """
+    try:
+        enc = grp.encode_items(items)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{who}: {e}") from None
+    digests = item_digests(enc)
+    prefix = np.sort(np.ascontiguousarray(digests[:, :8]).view("<u8").ravel())
+    if len(prefix) < 2 or (prefix[1:] != prefix[:-1]).all():
+        if len(enc) > max_items:
+            raise ValueError(f"{who}: {len(enc)} distinct IDs; at most {max_items} are supported")
+        return enc, np.arange(len(enc), dtype=np.int64), digests
+    uniq, rows = dedupe(items, who, max_items)
+    return uniq, rows, digests[rows]
+
+
 def secure_permutation(n: int) -> np.ndarray:
     """A uniformly random permutation from the OS CSPRNG (argsort of random 64-bit keys).
 
@@ -277,6 +304,16 @@ def secure_permutation(n: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     keys = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
     return np.argsort(keys).astype(np.int64)
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far, MiB (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Linux/macOS
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / (1 << 20)
 
 
 def traffic(party: PartyLike, peers: Sequence[str]) -> tuple[int, int]:
@@ -302,64 +339,88 @@ def oprf_bytes(n_receiver: int, n_compared: int, sigma: int = SIGMA) -> int:
 def item_digests(encoded: Sequence[bytes]) -> np.ndarray:
     """128-bit digests of encoded IDs (SHA-256, truncated; they never leave the party): (n, 16) uint8.
 
-    Collision resistance is all that is needed here: the hash context enters
-    through the code keys (:func:`code_for`), so both parties can digest their
-    IDs before they have exchanged a message.
+    Collision resistance is all that is needed here: the hash context enters through the backends'
+    keys, so both parties can digest their IDs before they have exchanged a message.
     """
     sha = hashlib.sha256
     flat = np.frombuffer(b"".join([sha(x).digest() for x in encoded]), dtype=np.uint8)
     return np.ascontiguousarray(flat.reshape(-1, 32)[:, :DIGEST_BYTES])
 
 
+def _sorted_keys(x: np.ndarray, shift: np.uint64) -> np.ndarray:
+    """Each row's first 8 bytes (little-endian, zero-padded) with the row index in the low ``shift``
+    bits, sorted (one ``np.sort`` of uint64, far faster than an argsort)."""
+    width = min(8, x.shape[1])
+    pad = np.zeros((len(x), 8), dtype=np.uint8)
+    pad[:, :width] = x[:, :width]
+    k = pad.view("<u8").ravel()
+    k &= ~((np.uint64(1) << shift) - np.uint64(1))
+    k |= np.arange(len(x), dtype=np.uint64)
+    k.sort()
+    return k
+
+
+@njit(cache=True)
+def _merge(ka, kb, a, b, shift, where):  # pragma: no cover - compiled
+    """Walk the two sorted key lists together; for rows of a and b whose keys agree above the index
+    bits, confirm on all bytes and keep in where[ia] the smallest matching ib."""
+    low = (np.uint64(1) << shift) - np.uint64(1)
+    width = a.shape[1]
+    i = 0
+    j = 0
+    na = ka.shape[0]
+    nb = kb.shape[0]
+    while i < na and j < nb:
+        ta = ka[i] >> shift
+        tb = kb[j] >> shift
+        if ta < tb:
+            i += 1
+        elif tb < ta:
+            j += 1
+        else:
+            j_end = j
+            while j_end < nb and (kb[j_end] >> shift) == ta:
+                j_end += 1
+            while i < na and (ka[i] >> shift) == ta:
+                ia = np.int64(ka[i] & low)
+                for jj in range(j, j_end):
+                    ib = np.int64(kb[jj] & low)
+                    same = True
+                    for q in range(width):
+                        if a[ia, q] != b[ib, q]:
+                            same = False
+                            break
+                    if same and (where[ia] < 0 or ib < where[ia]):
+                        where[ia] = ib
+                i += 1
+            j = j_end
+
+
 def match_values(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(ia, ib) with a[ia[k]] == b[ib[k]] for every row of ``a`` found in ``b``; ia increasing, with the
     first (smallest) ib for each.
 
-    Both sides are sorted by their first 8 bytes with the row index packed into
-    the low bits of the key (a plain ``np.sort``, several times faster than an
-    argsort), every key of ``b`` is looked up in ``a`` on the remaining top
-    bits (all equal keys, so nothing is missed when top bits collide), and each
-    candidate pair is confirmed on all bytes.
+    Both sides are sorted by their first 8 bytes with the row index packed into the low bits
+    (:func:`_sorted_keys`), then walked together in compiled code (:func:`_merge`): rows whose keys
+    agree above the index bits are confirmed on all bytes, so equal prefixes cost time, never a
+    wrong match.
     """
     a = np.ascontiguousarray(a, dtype=np.uint8)
     b = np.ascontiguousarray(b, dtype=np.uint8)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"match_values: rows of equal width wanted, got {a.shape} and {b.shape}")
     empty = np.zeros(0, dtype=np.int64)
     if len(a) == 0 or len(b) == 0:
         return empty, empty
-    if len(b) >= 1 << 32:
-        raise ValueError(f"match_values: at most 2^32 rows in b, got {len(b)}")
+    if len(b) >= 1 << 32 or len(a) >= 1 << 32:
+        raise ValueError(f"match_values: at most 2^32 rows, got {len(a)} and {len(b)}")
     shift = np.uint64(max((len(a) - 1).bit_length(), (len(b) - 1).bit_length(), 1))
-    low = (np.uint64(1) << shift) - np.uint64(1)
-
-    def sorted_keys(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = np.ascontiguousarray(x[:, :8]).view("<u8").ravel() & ~low
-        k |= np.arange(len(x), dtype=np.uint64)
-        k.sort()
-        return k >> shift, (k & low).astype(np.int64)
-
-    top_a, order_a = sorted_keys(a)
-    top_b, order_b = sorted_keys(b)
-    lo = np.searchsorted(top_a, top_b, "left")
-    cnt = np.searchsorted(top_a, top_b, "right") - lo
-    q = np.nonzero(cnt)[0]
-    c = cnt[q]
-    if len(c) and c.max() > 1:  # equal top bits in a: try every one of them
-        total = int(c.sum())
-        first = np.repeat(lo[q] - (np.cumsum(c) - c), c)
-        cand_a = order_a[first + np.arange(total)]
-        cand_b = np.repeat(order_b[q], c)
-    else:
-        cand_a, cand_b = order_a[lo[q]], order_b[q]
-    full = (a[cand_a] == b[cand_b]).all(axis=1)
-    pairs = (cand_a[full].astype(np.uint64) << np.uint64(32)) | cand_b[full].astype(np.uint64)
-    pairs.sort()
-    ia = (pairs >> np.uint64(32)).astype(np.int64)
-    keep = np.ones(len(ia), dtype=bool)
-    keep[1:] = ia[1:] != ia[:-1]
-    return ia[keep], (pairs[keep] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    where = np.full(len(a), -1, dtype=np.int64)
+    _merge(_sorted_keys(a, shift), _sorted_keys(b, shift), a, b, shift, where)
+    ia = np.nonzero(where >= 0)[0]
+    return ia, where[ia]
 
 
-# -------------------------------------------------------------------- output
 def agreed_order(enc: Sequence[bytes], uniq: np.ndarray, order: str) -> np.ndarray:
     """The permutation that puts the common de-duplicated IDs ``uniq`` (indices into ``enc``) in the
     agreed ``order``: canonical for ``"sorted"``, first occurrence for ``"label_owner"``."""

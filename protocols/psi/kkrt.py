@@ -95,7 +95,7 @@ from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 
 from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, PSIResult, agreed_order,
-                     as_id_list, dedupe, feature_result, item_digests, label_owner_result, match_values, oprf_bytes,
+                     as_id_list, digest_dedupe, feature_result, label_owner_result, match_values, oprf_bytes,
                      received_rows, secure_permutation, send_positions, traffic, traffic_stats)
 
 U_WINDOW_BYTES = 64 << 20   # unacknowledged U bytes in flight per feature party
@@ -288,9 +288,9 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     who = f"label owner {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, peers)
-    enc, first_rows = dedupe(items, who, KKRT_MAX_ITEMS)
+    enc, first_rows, digests = digest_dedupe(items, who, KKRT_MAX_ITEMS)
     n = len(enc)
-    tab = Table(item_digests(enc))
+    tab = Table(digests)
     t_hash = time.perf_counter()
     runs = send_setup(party, peers, n, reveal_to_all, context, tab)
     u_rows = _u_rows(chunk)
@@ -334,9 +334,8 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     who = f"feature party {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, [lo])
-    enc, first_rows = dedupe(items, who, KKRT_MAX_ITEMS)
+    enc, first_rows, digests = digest_dedupe(items, who, KKRT_MAX_ITEMS)
     mine = len(enc)
-    digests = item_digests(enc)
     perm = secure_permutation(mine)
     digests = digests[perm]  # from here on our IDs are in the secret random order we send them in
     setup, sender, code_seed = answer_setup(party, lo, mine, timeout)

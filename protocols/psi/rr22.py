@@ -9,8 +9,8 @@ Vector-OLE" (Eurocrypt 2021, ePrint 2021/266) and Raghuraman, Rindal,
 Seo, Yeo (USENIX Security 2023).
 
 Two-party core, label owner L (PSI receiver, items X, |X| = n) and feature
-party F (PSI sender, items Y); every ID is first a 128-bit digest (SHA-256
-truncated, :func:`~fedhet.protocols.psi.common.item_digests`); all
+party F (PSI sender, items Y); every ID is first a 128-bit digest (SHA-256 truncated,
+:func:`~fedhet.protocols.psi.common.item_digests`); all
 arithmetic is in GF(2^128) (:mod:`fedhet.crypto.gf128`)::
 
     L -> F   psi_rr22/setup   n, reveal mode, hash context, m = OKVS columns, Chou–Orlandi point A
@@ -77,7 +77,7 @@ from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 
 from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, PSIResult, agreed_order, as_id_list,
-                     dedupe, feature_result, item_digests, label_owner_result, match_values, oprf_bytes,
+                     digest_dedupe, feature_result, label_owner_result, match_values, oprf_bytes, peak_rss_mib,
                      received_rows, secure_permutation, send_positions, traffic, traffic_stats)
 
 OKVS_WINDOW_BYTES = 64 << 20   # unacknowledged OKVS bytes in flight per feature party
@@ -122,17 +122,35 @@ class Rows:
         self.order = okvs.by_start(self.starts)
 
 
-def encode_set(digests: np.ndarray, context: bytes, m: int, attempts: int = 8) -> tuple[bytes, Rows, np.ndarray]:
-    """L: (OKVS key, its rows, P) for our digests; a fresh key after a (detected) failure."""
+def encode_set(digests: np.ndarray, context: bytes, m: int, attempts: int = 8,
+               first: tuple[bytes, Rows] | None = None) -> tuple[bytes, Rows, np.ndarray]:
+    """L: (OKVS key, its rows, P) for our digests, trying ``first`` (a key and its rows) if given; a
+    fresh key after a (detected) failure."""
     for _ in range(attempts):
-        key = os.urandom(16)
-        rows = Rows(digests, key, context, m)
+        key, rows = first if first is not None else (os.urandom(16), None)
+        first = None
+        rows = rows if rows is not None else Rows(digests, key, context, m)
         try:
-            return key, rows, okvs.encode(rows.starts, rows.bands, rows.values, m)
+            return key, rows, okvs.encode(rows.starts, rows.bands, rows.values, m, rows.order)
         except okvs.OKVSFailure:
             continue
     raise PartyError(f"PSI-RR22: the OKVS failed to encode {len(digests)} IDs with {attempts} fresh keys "
                      f"(each fails with probability 2^{okvs.failure_log2(len(digests)):.0f})")
+
+
+def warm_up() -> float:
+    """Run every compiled kernel once on tiny inputs (numba's one-time start and the load of the cached
+    machine code, about half a second in a fresh process); returns the seconds it took."""
+    t0 = time.perf_counter()
+    keys = np.arange(64, dtype=np.uint8).reshape(4, 16)
+    m = okvs.columns(len(keys))
+    rows = Rows(keys, bytes(16), b"", m)
+    p = okvs.encode(rows.starts, rows.bands, rows.values, m, rows.order)
+    okvs.decode_two(p, p, rows.starts, rows.bands, rows.order)
+    gf128.mul_const(rows.values, 3)
+    gf128.weighted_sum(np.zeros((1, 128, 2), dtype=np.uint64))
+    vole.code_encode([np.zeros((vole.params(4).n, 2), dtype=np.uint64)], 4)
+    return time.perf_counter() - t0
 
 
 def _ack(party: PartyLike, frm: str, want: int, timeout: float | None) -> None:
@@ -153,39 +171,43 @@ class PeerRun:
         self.values: np.ndarray | None = None   # L's own OPRF values, one row per de-duplicated ID
 
 
-def send_setup(party: PartyLike, peers: Sequence[str], n: int, m: int, reveal: bool,
-               context: bytes) -> dict[str, PeerRun]:
-    """L: announce n, the mode, the hash context and m; one base-OT sender per feature party."""
+def send_setup(party: PartyLike, peers: Sequence[str], reveal: bool, context: bytes) -> dict[str, PeerRun]:
+    """L, first thing: the mode, the hash context and one base-OT sender point per feature party (the
+    base OTs need no IDs, so they run while both sides prepare theirs)."""
     runs = {p: PeerRun(p) for p in peers}
     for p, r in runs.items():
-        party.send(p, Kind.RR22_SETUP, {"v": RR22_VERSION, "n": n, "reveal": bool(reveal), "ctx": context,
-                                        "cols": m, "A": r.A})
+        party.send(p, Kind.RR22_SETUP, {"v": RR22_VERSION, "reveal": bool(reveal), "ctx": context, "A": r.A})
     return runs
 
 
-def start_vole(party: PartyLike, r: PeerRun, m: int, timeout: float | None) -> None:
-    """L with one feature party: base OTs from its reply, then the IKNP message U."""
+def start_vole(party: PartyLike, r: PeerRun, n: int, m: int, key: bytes, timeout: float | None) -> None:
+    """L with one feature party: base OTs from its reply, then our size, the OKVS size and hash key
+    and the IKNP message U."""
     reply = party.recv(r.name, Kind.RR22_REPLY, timeout=timeout)
-    r.n = reply["n"]
     try:
         k0, k1 = ot.co_sender_keys(r.a, r.A, reply["B"])
     except ot.OTError as e:
         raise PartyError(f"PSI-RR22: {Kind.RR22_REPLY} from {r.name!r}: {e}") from None
     r.receiver = vole.Receiver(vole.params(m), k0, k1)
-    party.send(r.name, Kind.RR22_U, {"u": r.receiver.extension()})
+    party.send(r.name, Kind.RR22_U, {"n": n, "cols": m, "key": key, "u": r.receiver.extension()})
 
 
-def send_okvs(party: PartyLike, r: PeerRun, key: bytes, p: np.ndarray, rows: Rows, timeout: float | None) -> None:
-    """L: finish the VOLE (a, c), send P + a in flow-controlled chunks, keep our own OPRF values."""
+def send_okvs(party: PartyLike, r: PeerRun, key: bytes, p: np.ndarray, rows: Rows,
+              timeout: float | None) -> dict[str, float]:
+    """L: finish the VOLE (a, c), send P + a in flow-controlled chunks, keep our own OPRF values;
+    returns the seconds of each step."""
+    t0 = time.perf_counter()
     msg = party.recv(r.name, Kind.RR22_GGM, timeout=timeout)
+    t1 = time.perf_counter()
     assert r.receiver is not None
+    r.n = msg["n"]
     try:
-        a, c = r.receiver.finish(msg["sums"], msg["corr"])
+        a = r.receiver.finish_a(msg["sums"], msg["corr"])
     except vole.VoleError as e:
         raise PartyError(f"PSI-RR22: {Kind.RR22_GGM} from {r.name!r}: {e}") from None
-    r.receiver = None
     a ^= p                                          # P + a, in place
     masked = gf128.to_bytes(a)
+    t2 = time.perf_counter()
     window = max(2, OKVS_WINDOW_BYTES // (MAX_OKVS_ROWS * 16))
     sent = acked = 0
     for i, s in enumerate(range(0, len(masked), MAX_OKVS_ROWS)):
@@ -194,11 +216,17 @@ def send_okvs(party: PartyLike, r: PeerRun, key: bytes, p: np.ndarray, rows: Row
             acked += 1
         party.send(r.name, Kind.RR22_OKVS, {"i": i, "key": key, "p": masked[s:s + MAX_OKVS_ROWS]})
         sent += 1
+    t3 = time.perf_counter()
+    c = r.receiver.finish_c()                       # while the feature party decodes
+    r.receiver = None
     ell = oprf_bytes(len(rows.starts), r.n)
     r.values = output_hash(rows.values, okvs.decode(c, rows.starts, rows.bands, rows.order), ell)
+    t4 = time.perf_counter()
     while acked < sent:
         _ack(party, r.name, acked, timeout)
         acked += 1
+    return {"seconds_wait_ggm": t1 - t0, "seconds_vole_a": t2 - t1, "seconds_send_okvs": t3 - t2,
+            "seconds_own_values": t4 - t3}
 
 
 def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> np.ndarray:
@@ -224,33 +252,35 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
     return w
 
 
-def answer_setup(party: PartyLike, lo: str, mine: int, timeout: float | None) -> tuple[dict, vole.Sender]:
-    """F: the label owner's setup (checked), answered with our size and base-OT points (choices Δ)."""
+def answer_setup(party: PartyLike, lo: str, timeout: float | None) -> tuple[dict, vole.Sender]:
+    """F, first thing: the label owner's setup (checked), answered with base-OT points (choices Δ)."""
     setup = party.recv(lo, Kind.RR22_SETUP, timeout=timeout)
     if setup["v"] != RR22_VERSION:
         raise PartyError(f"PSI-RR22: {lo!r} speaks version {setup['v']!r}, we speak {RR22_VERSION}")
-    n, m = setup["n"], setup["cols"]
-    if m != okvs.columns(n):
-        raise PartyError(f"PSI-RR22: {Kind.RR22_SETUP} from {lo!r} announces {m} OKVS columns for {n} IDs, "
-                         f"expected {okvs.columns(n)}")
     delta_bits = vole.Sender.new_delta_bits()
     try:
         B, ks = ot.co_receiver_choose(setup["A"], delta_bits)
     except ot.OTError as e:
         raise PartyError(f"PSI-RR22: {Kind.RR22_SETUP} from {lo!r}: {e}") from None
-    party.send(lo, Kind.RR22_REPLY, {"n": mine, "B": B})
-    return setup, vole.Sender(vole.params(m), delta_bits, ks)
+    party.send(lo, Kind.RR22_REPLY, {"B": B})
+    return setup, vole.Sender(delta_bits, ks)
 
 
-def answer_vole(party: PartyLike, lo: str, sender: vole.Sender, timeout: float | None) -> np.ndarray:
-    """F: the GGM sums and corrections for L's IKNP message; returns our VOLE vector b."""
-    u = party.recv(lo, Kind.RR22_U, timeout=timeout)["u"]
+def answer_vole(party: PartyLike, lo: str, sender: vole.Sender, mine: int,
+                timeout: float | None) -> tuple[dict, np.ndarray]:
+    """F: L's sizes and IKNP message (checked), answered with our size, the GGM sums and corrections;
+    returns L's message (n, cols, key) and our VOLE vector b."""
+    msg = party.recv(lo, Kind.RR22_U, timeout=timeout)
+    n, m = msg["n"], msg["cols"]
+    if m != okvs.columns(n):
+        raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r} announces {m} OKVS columns for {n} IDs, "
+                         f"expected {okvs.columns(n)}")
     try:
-        sums, corr = sender.respond(u)
+        sums, corr = sender.respond(vole.params(m), msg["u"])
     except vole.VoleError as e:
         raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r}: {e}") from None
-    party.send(lo, Kind.RR22_GGM, {"sums": sums, "corr": corr})
-    return sender.finish()
+    party.send(lo, Kind.RR22_GGM, {"n": mine, "sums": sums, "corr": corr})
+    return msg, sender.finish()
 
 
 def receive_okvs(party: PartyLike, lo: str, m: int, timeout: float | None) -> tuple[bytes, np.ndarray]:
@@ -287,18 +317,21 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     who = f"label owner {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, peers)
-    enc, first_rows = dedupe(items, who, RR22_MAX_ITEMS)
+    runs = send_setup(party, peers, reveal_to_all, context)
+    enc, first_rows, digests = digest_dedupe(items, who, RR22_MAX_ITEMS)
     n = len(enc)
     m = okvs.columns(n)
-    runs = send_setup(party, peers, n, m, reveal_to_all, context)
-    digests = item_digests(enc)
     t_hash = time.perf_counter()
+    key = os.urandom(16)
+    rows = Rows(digests, key, context, m)
     for r in runs.values():
-        start_vole(party, r, m, timeout)
-    key, rows, p = encode_set(digests, context, m)      # overlaps the feature parties' VOLE work
+        start_vole(party, r, n, m, key, timeout)
+    key, rows, p = encode_set(digests, context, m, first=(key, rows))  # overlaps the feature parties' VOLE work
     t_okvs = time.perf_counter()
+    steps: dict[str, float] = {}
     for k, r in enumerate(runs.values()):
-        send_okvs(party, r, key, p, rows, timeout)
+        for name, sec in send_okvs(party, r, key, p, rows, timeout).items():
+            steps[name] = steps.get(name, 0.0) + sec
         party.progress(k + 1, len(runs), psi_peers=k + 1)
     t_vole = time.perf_counter()
     where = {p_: match_peer(party, r, n, timeout) for p_, r in runs.items()}
@@ -321,7 +354,7 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         "vole_cots": prm.cots, "out_bytes": {p_: oprf_bytes(n, r.n) for p_, r in runs.items()},
         "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_hash": t_hash - t0,
         "seconds_okvs": t_okvs - t_hash, "seconds_vole": t_vole - t_okvs, "seconds_match": t_match - t_vole,
-        **traffic_stats(party, peers, start),
+        "seconds_order": t_end - t_match, **steps, "max_rss_mib": peak_rss_mib(), **traffic_stats(party, peers, start),
     }
     return label_owner_result(items, out_rows, stats)
 
@@ -332,19 +365,20 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     who = f"feature party {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, [lo])
-    enc, first_rows = dedupe(items, who, RR22_MAX_ITEMS)
+    enc, first_rows, digests = digest_dedupe(items, who, RR22_MAX_ITEMS)   # before anything of L's is needed
     mine = len(enc)
-    setup, sender = answer_setup(party, lo, mine, timeout)
-    n, m = setup["n"], setup["cols"]
-    digests = item_digests(enc)
     perm = secure_permutation(mine)
     digests = digests[perm]          # from here on our IDs are in the secret random order we send them in
+    setup, sender = answer_setup(party, lo, timeout)
     t_setup = time.perf_counter()
-    b = answer_vole(party, lo, sender, timeout)
+    msg, b = answer_vole(party, lo, sender, mine, timeout)
+    n, m = msg["n"], msg["cols"]
+    rows = Rows(digests, msg["key"], setup["ctx"], m)     # while the label owner finishes the VOLE
     t_vole = time.perf_counter()
     key, pa = receive_okvs(party, lo, m, timeout)
+    if key != msg["key"]:                                  # the label owner re-keyed its OKVS
+        rows = Rows(digests, key, setup["ctx"], m)
     t_okvs = time.perf_counter()
-    rows = Rows(digests, key, setup["ctx"], m)
     d_p, d_b = okvs.decode_two(pa, b, rows.starts, rows.bands, rows.order)
     del pa, b
     d_p ^= rows.values
@@ -361,6 +395,7 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
         "size": None if out_rows is None else len(out_rows), "workers": 0, "chunk": chunk, "okvs_columns": m,
         "out_bytes": ell, "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0,
         "seconds_setup": t_setup - t0, "seconds_vole": t_vole - t_setup, "seconds_wait_okvs": t_okvs - t_vole,
-        "seconds_oprf": t_sent - t_okvs, "seconds_wait_result": t_end - t_sent, **traffic_stats(party, [lo], start),
+        "seconds_oprf": t_sent - t_okvs, "seconds_wait_result": t_end - t_sent, "max_rss_mib": peak_rss_mib(),
+        **traffic_stats(party, [lo], start),
     }
     return feature_result(items, out_rows, stats)
