@@ -140,6 +140,7 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
         "plaintext_set_s": plain, "loadavg_before": load0, "loadavg_after": harness.loadavg(),
         "stages": {k: {st: v for st, v in s.items() if st.startswith("seconds_") or st == "cpu_seconds"}
                    for k, s in stats.items()},
+        "rss_mib": {k: s.get("max_rss_mib") for k, s in stats.items()},
         "backend": backend,
     }
 

@@ -96,7 +96,8 @@ from fedhet.parties.contract import PartyLike
 
 from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, PSIResult, agreed_order,
                      as_id_list, digest_dedupe, feature_result, label_owner_result, match_values, oprf_bytes,
-                     received_rows, secure_permutation, send_positions, traffic, traffic_stats)
+                     peak_rss_mib, received_rows, secure_permutation, send_positions, traffic,
+                     traffic_stats)
 
 U_WINDOW_BYTES = 64 << 20   # unacknowledged U bytes in flight per feature party
 _CTX_PERSON = b"fedhet-kkrt-ctx"
@@ -323,7 +324,8 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         "chunk": chunk, "bins": tab.m, "cuckoo_attempts": tab.attempts, "code_bits": ot.CODE_BITS,
         "u_rows_per_message": u_rows, "out_bytes": {p: output_bytes(n, r.n) for p, r in runs.items()},
         "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_hash": t_hash - t0,
-        "seconds_ot": t_u - t_hash, "seconds_match": t_match - t_u, **traffic_stats(party, peers, start),
+        "seconds_ot": t_u - t_hash, "seconds_match": t_match - t_u, "max_rss_mib": peak_rss_mib(),
+        **traffic_stats(party, peers, start),
     }
     return label_owner_result(items, rows, stats)
 
@@ -359,6 +361,6 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
         "size": None if rows is None else len(rows), "workers": 0, "chunk": chunk, "bins": m, "out_bytes": ell,
         "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_setup": t_setup - t0,
         "seconds_ot": t_ot - t_setup, "seconds_oprf": t_sent - t_ot, "seconds_wait_result": t_end - t_sent,
-        **traffic_stats(party, [lo], start),
+        "max_rss_mib": peak_rss_mib(), **traffic_stats(party, [lo], start),
     }
     return feature_result(items, rows, stats)
