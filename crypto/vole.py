@@ -319,7 +319,6 @@ class Receiver:
         r[_beta_cots(p).ravel()] = np.unpackbits(beta.view(np.uint8), axis=1, bitorder="little").ravel()
         self.r = r
         self.u, self.t_rows = iknp_receiver(k0, k1, r)
-        self._w: np.ndarray | None = None
 
     def extension(self) -> np.ndarray:
         """The IKNP message U: (128, cots/8) uint8."""
@@ -327,12 +326,19 @@ class Receiver:
 
     def finish(self, sums: np.ndarray, correction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(a, c), each (m, 2) uint64, from S's encrypted level sums (t, d, 2, 16) and corrections (t, 16)."""
-        a = self.finish_a(sums, correction)
-        return a, self.finish_c()
+        return self.vector_a(), self.finish_c(sums, correction)
 
-    def finish_a(self, sums: np.ndarray, correction: np.ndarray) -> np.ndarray:
-        """a (m, 2) uint64 from S's message, keeping the leaves for :meth:`finish_c` (so that a,
-        which the PSI sends on, is ready before c, which only we use)."""
+    def vector_a(self) -> np.ndarray:
+        """a = G e (m, 2) uint64: it depends on our noise (α, β) only, so it can be computed (and the PSI
+        can send P + a) before S's message arrives."""
+        p = self.p
+        e = np.zeros((1, p.n, 2), dtype=np.uint64)
+        e[0, np.arange(p.t) * (1 << p.depth) + self.alpha] = self.beta
+        return encode_in_place(e, p.m, p.weight)[0]
+
+    def finish_c(self, sums: np.ndarray, correction: np.ndarray) -> np.ndarray:
+        """c (m, 2) uint64 from S's encrypted level sums (t, d, 2, 16) and corrections (t, 16): the
+        punctured GGM trees give every leaf but v_α, the correction gives w_α = v_α + β Δ, then c = G w."""
         p = self.p
         sums = np.asarray(sums, dtype=np.uint8)
         correction = np.asarray(correction, dtype=np.uint8)
@@ -355,22 +361,11 @@ class Receiver:
             nodes[path + side * k, tt] = sums[tt, lev, side] ^ pads[:, lev] ^ known
         wprime = gf128.weighted_sum(gf128.from_bytes(self.t_rows[_beta_cots(p).ravel()]).reshape(p.t, KAPPA, 2))
         at_alpha = gf128.from_bytes(correction) ^ gf128.from_bytes(np.bitwise_xor.reduce(nodes, axis=0)) ^ wprime
-        pos = tt * (1 << p.depth) + self.alpha
         w = np.empty((1, p.n, 2), dtype=np.uint64)
         _tree_major(nodes, w[0])
         del nodes
-        w[0, pos] = at_alpha
-        self._w = w
-        e = np.zeros((1, p.n, 2), dtype=np.uint64)
-        e[0, pos] = self.beta
-        return encode_in_place(e, p.m, p.weight)[0]
-
-    def finish_c(self) -> np.ndarray:
-        """c (m, 2) uint64 (after :meth:`finish_a`)."""
-        if self._w is None:
-            raise RuntimeError("VOLE receiver: finish_a() first")
-        w, self._w = self._w, None
-        return encode_in_place(w, self.p.m, self.p.weight)[0]
+        w[0, tt * (1 << p.depth) + self.alpha] = at_alpha
+        return encode_in_place(w, p.m, p.weight)[0]
 
 
 class Sender:

@@ -169,6 +169,8 @@ class PeerRun:
         self.n = 0
         self.receiver: vole.Receiver | None = None
         self.values: np.ndarray | None = None   # L's own OPRF values, one row per de-duplicated ID
+        self.sent = 0                           # OKVS chunks sent and acknowledged
+        self.acked = 0
 
 
 def send_setup(party: PartyLike, peers: Sequence[str], reveal: bool, context: bytes) -> dict[str, PeerRun]:
@@ -192,41 +194,39 @@ def start_vole(party: PartyLike, r: PeerRun, n: int, m: int, key: bytes, timeout
     party.send(r.name, Kind.RR22_U, {"n": n, "cols": m, "key": key, "u": r.receiver.extension()})
 
 
-def send_okvs(party: PartyLike, r: PeerRun, key: bytes, p: np.ndarray, rows: Rows,
-              timeout: float | None) -> dict[str, float]:
-    """L: finish the VOLE (a, c), send P + a in flow-controlled chunks, keep our own OPRF values;
-    returns the seconds of each step."""
-    t0 = time.perf_counter()
+def send_okvs(party: PartyLike, r: PeerRun, key: bytes, p: np.ndarray, timeout: float | None) -> None:
+    """L: P + a in flow-controlled chunks.  a = G e is ours alone (the VOLE's noise), so this goes out
+    before the feature party's VOLE answer is even read; its acknowledgements are collected later
+    (:func:`own_values`)."""
+    assert r.receiver is not None
+    a = r.receiver.vector_a()
+    a ^= p                                          # P + a, in place
+    masked = gf128.to_bytes(a)
+    window = max(2, OKVS_WINDOW_BYTES // (MAX_OKVS_ROWS * 16))
+    for i, s in enumerate(range(0, len(masked), MAX_OKVS_ROWS)):
+        while r.sent - r.acked >= window:
+            _ack(party, r.name, r.acked, timeout)
+            r.acked += 1
+        party.send(r.name, Kind.RR22_OKVS, {"i": i, "key": key, "p": masked[s:s + MAX_OKVS_ROWS]})
+        r.sent += 1
+
+
+def own_values(party: PartyLike, r: PeerRun, rows: Rows, timeout: float | None) -> None:
+    """L: the feature party's VOLE answer, our c, and our OPRF values at our own IDs (while the
+    feature party decodes P + a); then the OKVS acknowledgements."""
     msg = party.recv(r.name, Kind.RR22_GGM, timeout=timeout)
-    t1 = time.perf_counter()
     assert r.receiver is not None
     r.n = msg["n"]
     try:
-        a = r.receiver.finish_a(msg["sums"], msg["corr"])
+        c = r.receiver.finish_c(msg["sums"], msg["corr"])
     except vole.VoleError as e:
         raise PartyError(f"PSI-RR22: {Kind.RR22_GGM} from {r.name!r}: {e}") from None
-    a ^= p                                          # P + a, in place
-    masked = gf128.to_bytes(a)
-    t2 = time.perf_counter()
-    window = max(2, OKVS_WINDOW_BYTES // (MAX_OKVS_ROWS * 16))
-    sent = acked = 0
-    for i, s in enumerate(range(0, len(masked), MAX_OKVS_ROWS)):
-        while sent - acked >= window:
-            _ack(party, r.name, acked, timeout)
-            acked += 1
-        party.send(r.name, Kind.RR22_OKVS, {"i": i, "key": key, "p": masked[s:s + MAX_OKVS_ROWS]})
-        sent += 1
-    t3 = time.perf_counter()
-    c = r.receiver.finish_c()                       # while the feature party decodes
     r.receiver = None
     ell = oprf_bytes(len(rows.starts), r.n)
     r.values = output_hash(rows.values, okvs.decode(c, rows.starts, rows.bands, rows.order), ell)
-    t4 = time.perf_counter()
-    while acked < sent:
-        _ack(party, r.name, acked, timeout)
-        acked += 1
-    return {"seconds_wait_ggm": t1 - t0, "seconds_vole_a": t2 - t1, "seconds_send_okvs": t3 - t2,
-            "seconds_own_values": t4 - t3}
+    while r.acked < r.sent:
+        _ack(party, r.name, r.acked, timeout)
+        r.acked += 1
 
 
 def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> np.ndarray:
@@ -328,10 +328,12 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         start_vole(party, r, n, m, key, timeout)
     key, rows, p = encode_set(digests, context, m, first=(key, rows))  # overlaps the feature parties' VOLE work
     t_okvs = time.perf_counter()
-    steps: dict[str, float] = {}
+    for r in runs.values():
+        send_okvs(party, r, key, p, timeout)
+    del p
+    t_sent = time.perf_counter()
     for k, r in enumerate(runs.values()):
-        for name, sec in send_okvs(party, r, key, p, rows, timeout).items():
-            steps[name] = steps.get(name, 0.0) + sec
+        own_values(party, r, rows, timeout)
         party.progress(k + 1, len(runs), psi_peers=k + 1)
     t_vole = time.perf_counter()
     where = {p_: match_peer(party, r, n, timeout) for p_, r in runs.items()}
@@ -353,8 +355,9 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         "okvs_failure_log2": okvs.failure_log2(n), "vole_trees": prm.t, "vole_depth": prm.depth,
         "vole_cots": prm.cots, "out_bytes": {p_: oprf_bytes(n, r.n) for p_, r in runs.items()},
         "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_hash": t_hash - t0,
-        "seconds_okvs": t_okvs - t_hash, "seconds_vole": t_vole - t_okvs, "seconds_match": t_match - t_vole,
-        "seconds_order": t_end - t_match, **steps, "max_rss_mib": peak_rss_mib(), **traffic_stats(party, peers, start),
+        "seconds_okvs": t_okvs - t_hash, "seconds_send_okvs": t_sent - t_okvs, "seconds_vole": t_vole - t_sent,
+        "seconds_match": t_match - t_vole, "seconds_order": t_end - t_match, "max_rss_mib": peak_rss_mib(),
+        **traffic_stats(party, peers, start),
     }
     return label_owner_result(items, out_rows, stats)
 
