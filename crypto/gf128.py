@@ -62,28 +62,30 @@ def to_bytes(x: np.ndarray) -> np.ndarray:
 @njit(cache=True, inline="always")
 def _mul_words(a0, a1, b0, b1):  # pragma: no cover - compiled
     """Carry-less product of two 128-bit polynomials, reduced: (lo, hi)."""
-    # 256-bit product in r0..r3
-    r0 = np.uint64(0)
+    r0 = np.uint64(0)                     # the 256-bit product in r0..r3
     r1 = np.uint64(0)
     r2 = np.uint64(0)
     r3 = np.uint64(0)
     one = np.uint64(1)
-    for i in range(64):
-        if (b0 >> np.uint64(i)) & one:
-            s = np.uint64(i)
-            r0 ^= a0 << s
-            r1 ^= a1 << s
-            if i:
-                r1 ^= a0 >> np.uint64(64 - i)
-                r2 ^= a1 >> np.uint64(64 - i)
-    for i in range(64):
-        if (b1 >> np.uint64(i)) & one:
-            s = np.uint64(i)
-            r1 ^= a0 << s
-            r2 ^= a1 << s
-            if i:
-                r2 ^= a0 >> np.uint64(64 - i)
-                r3 ^= a1 >> np.uint64(64 - i)
+    for h in range(2):                    # word h of b shifts a by 64 h more
+        b = b0 if h == 0 else b1
+        for i in range(64):
+            if (b >> np.uint64(i)) & one:
+                s = np.uint64(i)
+                lo = a0 << s
+                mid = a1 << s
+                top = np.uint64(0)
+                if i:
+                    mid ^= a0 >> np.uint64(64 - i)
+                    top = a1 >> np.uint64(64 - i)
+                if h == 0:
+                    r0 ^= lo
+                    r1 ^= mid
+                    r2 ^= top
+                else:
+                    r1 ^= lo
+                    r2 ^= mid
+                    r3 ^= top
     return _reduce(r0, r1, r2, r3)
 
 

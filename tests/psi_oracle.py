@@ -8,7 +8,8 @@
 * :func:`intersection_tests`: the two tests both backends meet: every case of :data:`CASES` and
   hypothesis' lists of :data:`ids` give what Python's sets give.
 * :func:`unkeyed_hashes` / :func:`leaks` / :func:`scan_a_run`: the scan that no raw ID or unkeyed
-  hash of one crosses the wire.
+  hash of one crosses the wire; :func:`two_runs_differ`: fresh randomness in every run;
+  :func:`declared_envelopes`: every frame as its backend declares it.
 """
 from __future__ import annotations
 
@@ -127,6 +128,55 @@ def scan_a_run(run_psi, wire, forbidden):
     bad = forbidden(lo_ids + f_ids)
     assert len(wire) > 6 and leaks(wire, bad) == []
     return lo_ids, f_ids, bad
+
+
+def declared_envelopes(wire, backend: str) -> list:
+    """Every captured frame decoded and held to ``backend``'s declarations (roles of sender and
+    receiver, array records, payload schema); the envelopes, in order (parties lo, f0, f1, ...)."""
+    from fedhet.parties import codec
+    from fedhet.parties import declare as decl
+
+    declared = decl.index(psi.declarations(backend=backend))
+    role = lambda name: "label_owner" if name == "lo" else "feature"  # noqa: E731
+    envs = []
+    for _, _, fr in wire:
+        e = codec.decode(fr)
+        d = declared[e.kind]
+        assert decl.role_ok(role(e.frm), d.sender) and decl.role_ok(role(e.to), d.receiver)
+        assert decl.check_record(d, e.arrays) is None, (e.kind, e.arrays)
+        d.payload.validate(e.payload)
+        envs.append(e)
+    return envs
+
+
+def max_in_flight(wire, data_kind: str, ack_kind: str) -> int:
+    """The most ``data_kind`` chunks that were ever sent and not yet acknowledged (``ack_kind``)."""
+    from fedhet.parties import codec
+
+    out = most = 0
+    for _, _, fr in wire:
+        kind = codec.decode(fr).kind
+        out += (kind == data_kind) - (kind == ack_kind)
+        most = max(most, out)
+    return most
+
+
+def two_runs_differ(run_psi, wire, arrays):
+    """The same two ID lists intersected twice: every (kind, payload key) array in ``arrays`` has the
+    same shape both times and differs in over 90 % of its bytes (fresh randomness each run); returns
+    both runs' decoded envelopes."""
+    from fedhet.parties import codec
+
+    lo_ids, f_ids = [f"id{i}" for i in range(200)], [f"id{i}" for i in range(100, 300)]
+    runs = []
+    for _ in range(2):
+        wire.clear()
+        run_psi(lo_ids, [f_ids])
+        runs.append([codec.decode(fr) for _, _, fr in wire])
+    for kind, key in arrays:
+        a, b = (np.concatenate([e.payload[key].reshape(-1) for e in run if e.kind == kind]) for run in runs)
+        assert a.shape == b.shape and (a != b).mean() > 0.9, kind
+    return runs
 
 
 def psi_job_as_processes(run_dir, overrides: dict, kinds: set, timeout: float = 180):

@@ -15,7 +15,8 @@ from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.protocols import psi
 from fedhet.protocols.psi import kkrt as psi_kkrt
 
-from psi_oracle import CASES, check_result, intersection_tests, psi_job_as_processes, psi_runner, scan_a_run, unkeyed_hashes
+from psi_oracle import (CASES, check_result, intersection_tests, psi_job_as_processes, psi_runner, scan_a_run,
+                        declared_envelopes, max_in_flight, two_runs_differ, unkeyed_hashes)
 
 
 # ---------------------------------------------------------------- harness
@@ -336,16 +337,8 @@ def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash_or_a_bare_codeword(w
 
 
 def test_fresh_randomness_each_run(wire):
-    lo_ids, f_ids = [f"id{i}" for i in range(200)], [f"id{i}" for i in range(100, 300)]
-    run_psi(lo_ids, [f_ids])
-    first = [codec.decode(fr) for _, _, fr in wire]
-    wire.clear()
-    run_psi(lo_ids, [f_ids])
-    second = [codec.decode(fr) for _, _, fr in wire]
-    for kind, key in [(psi.Kind.KKRT_U, "u"), (psi.Kind.KKRT_OPRF, "v"), (psi.Kind.KKRT_REPLY, "B")]:
-        a = np.concatenate([e.payload[key].reshape(-1) for e in first if e.kind == kind])
-        b = np.concatenate([e.payload[key].reshape(-1) for e in second if e.kind == kind])
-        assert a.shape == b.shape and (a != b).mean() > 0.9, kind
+    first, second = two_runs_differ(run_psi, wire, [(psi.Kind.KKRT_U, "u"), (psi.Kind.KKRT_OPRF, "v"),
+                                                    (psi.Kind.KKRT_REPLY, "B")])
     seeds = [e.payload["seed"] for e in first + second if e.kind == psi.Kind.KKRT_SETUP]
     assert len(set(seeds)) == 2
 
@@ -353,16 +346,8 @@ def test_fresh_randomness_each_run(wire):
 def test_every_message_matches_the_declarations(wire):
     res = run_psi(list(range(300)), [list(range(50, 330)), list(range(90, 400))], chunk=32)
     assert res["lo"].size == 210
-    roles = {"lo": "label_owner", "f0": "feature", "f1": "feature"}
     declared = decl.index(psi.declarations(backend="kkrt"))
-    seen = set()
-    for _, _, fr in wire:
-        e = codec.decode(fr)
-        d = declared[e.kind]
-        assert decl.role_ok(roles[e.frm], d.sender) and decl.role_ok(roles[e.to], d.receiver)
-        assert decl.check_record(d, e.arrays) is None, (e.kind, e.arrays)
-        d.payload.validate(e.payload)
-        seen.add(e.kind)
+    seen = {e.kind for e in declared_envelopes(wire, "kkrt")}
     assert seen == {psi.Kind.KKRT_SETUP, psi.Kind.KKRT_REPLY, psi.Kind.KKRT_U, psi.Kind.KKRT_ACK,
                     psi.Kind.KKRT_OPRF, psi.Kind.KKRT_RESULT}
 
@@ -385,11 +370,7 @@ def test_u_stream_is_flow_controlled(monkeypatch, wire):
     res = run_psi(lo_ids, [list(range(1000, 3000))], chunk=7)
     assert res["lo"].size == 1000
     # the label owner never had more than 2 chunks unacknowledged
-    out = 0
-    for frm, _, fr in wire:
-        kind = codec.decode(fr).kind
-        out += (kind == psi.Kind.KKRT_U) - (kind == psi.Kind.KKRT_ACK)
-        assert out <= 2
+    assert 1 <= max_in_flight(wire, psi.Kind.KKRT_U, psi.Kind.KKRT_ACK) <= 2
 
 
 # ------------------------------------------------------------ bad input

@@ -16,7 +16,8 @@ from fedhet.protocols import psi
 from fedhet.protocols.psi import common as psi_common
 from fedhet.protocols.psi import rr22 as psi_rr22
 
-from psi_oracle import CASES, check_result, intersection_tests, psi_job_as_processes, psi_runner, scan_a_run, unkeyed_hashes
+from psi_oracle import (CASES, check_result, intersection_tests, psi_job_as_processes, psi_runner, scan_a_run,
+                        declared_envelopes, max_in_flight, two_runs_differ, unkeyed_hashes)
 
 run_psi = psi_runner("psi_rr22_test", backend="rr22", timeout=120.0)
 RR22_KINDS = {psi.Kind.RR22_SETUP, psi.Kind.RR22_REPLY, psi.Kind.RR22_U, psi.Kind.RR22_GGM, psi.Kind.RR22_OKVS,
@@ -352,17 +353,9 @@ def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash(wire):
 
 
 def test_fresh_randomness_each_run(wire):
-    lo_ids, f_ids = [f"id{i}" for i in range(200)], [f"id{i}" for i in range(100, 300)]
-    run_psi(lo_ids, [f_ids])
-    first = [codec.decode(fr) for _, _, fr in wire]
-    wire.clear()
-    run_psi(lo_ids, [f_ids])
-    second = [codec.decode(fr) for _, _, fr in wire]
-    for kind, key in [(psi.Kind.RR22_U, "u"), (psi.Kind.RR22_OKVS, "p"), (psi.Kind.RR22_OPRF, "v"),
-                      (psi.Kind.RR22_GGM, "sums"), (psi.Kind.RR22_REPLY, "B")]:
-        a = np.concatenate([e.payload[key].reshape(-1) for e in first if e.kind == kind])
-        b = np.concatenate([e.payload[key].reshape(-1) for e in second if e.kind == kind])
-        assert a.shape == b.shape and (a != b).mean() > 0.9, kind
+    first, second = two_runs_differ(run_psi, wire, [
+        (psi.Kind.RR22_U, "u"), (psi.Kind.RR22_OKVS, "p"), (psi.Kind.RR22_OPRF, "v"), (psi.Kind.RR22_GGM, "sums"),
+        (psi.Kind.RR22_REPLY, "B")])
     keys = {e.payload["key"] for e in first + second if e.kind == psi.Kind.RR22_OKVS}
     assert len(keys) == 2
 
@@ -371,18 +364,12 @@ def test_every_message_matches_the_declarations_and_sizes_follow_n(wire, monkeyp
     monkeypatch.setattr(psi_rr22, "MAX_OKVS_ROWS", 128)        # several OKVS chunks
     res = run_psi(list(range(300)), [list(range(50, 330)), list(range(90, 400))], chunk=32)
     assert res["lo"].size == 210
-    roles = {"lo": "label_owner", "f0": "feature", "f1": "feature"}
     declared = decl.index(psi.declarations(backend="rr22"))
     seen = set()
     m = okvs.columns(300)
     prm = vole.params(m)
     okvs_rows = 0
-    for _, _, fr in wire:
-        e = codec.decode(fr)
-        d = declared[e.kind]
-        assert decl.role_ok(roles[e.frm], d.sender) and decl.role_ok(roles[e.to], d.receiver)
-        assert decl.check_record(d, e.arrays) is None, (e.kind, e.arrays)
-        d.payload.validate(e.payload)
+    for e in declared_envelopes(wire, "rr22"):
         seen.add(e.kind)
         if e.kind == psi.Kind.RR22_U:
             assert e.payload["u"].shape == (128, prm.cots // 8)
@@ -408,11 +395,7 @@ def test_okvs_stream_is_flow_controlled(monkeypatch, wire):
     monkeypatch.setattr(psi_rr22, "OKVS_WINDOW_BYTES", 1)      # window of 2 chunks
     res = run_psi(list(range(2000)), [list(range(1000, 3000))], chunk=7)
     assert res["lo"].size == 1000
-    out = 0
-    for _, _, fr in wire:
-        kind = codec.decode(fr).kind
-        out += (kind == psi.Kind.RR22_OKVS) - (kind == psi.Kind.RR22_ACK)
-        assert out <= 2
+    assert 1 <= max_in_flight(wire, psi.Kind.RR22_OKVS, psi.Kind.RR22_ACK) <= 2
 
 
 def test_a_label_owner_announcing_the_wrong_okvs_size_is_refused(monkeypatch):

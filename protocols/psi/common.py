@@ -306,6 +306,43 @@ def secure_permutation(n: int) -> np.ndarray:
     return np.argsort(keys).astype(np.int64)
 
 
+class OTPeer:
+    """The label owner's state for one feature party in an OT backend: its base-OT sender secret and
+    point, the feature party's set size, our own OPRF values, chunks sent and acknowledged."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.a, self.A = ot.co_sender_setup()
+        self.n = 0
+        self.values: np.ndarray | None = None   # our OPRF values, one row per de-duplicated ID
+        self.sent = 0
+        self.acked = 0
+
+
+def expect_ack(party: PartyLike, frm: str, kind: str, want: int, timeout: float | None, proto: str) -> None:
+    """Flow control: the next acknowledgement from ``frm`` must name chunk ``want``."""
+    i = party.recv(frm, kind, timeout=timeout)["i"]
+    if i != want:
+        raise PartyError(f"{proto}: {kind} from {frm!r} acknowledges chunk {i!r}, expected {want}")
+
+
+def receive_rows(party: PartyLike, frm: str, kind: str, total: int, row_shape: tuple[int, ...],
+                 timeout: float | None, proto: str) -> np.ndarray:
+    """``total`` rows of shape ``row_shape`` (uint8) that ``frm`` sends in numbered chunks (payload
+    ``{"i": k, "v": rows}``), each checked to be the next one and to fit: (total, *row_shape)."""
+    parts, got, i = [], 0, 0
+    while got < total:
+        msg = party.recv(frm, kind, timeout=timeout)
+        v = msg["v"]
+        if msg["i"] != i or tuple(v.shape[1:]) != tuple(row_shape) or not 0 < len(v) <= total - got:
+            raise PartyError(f"{proto}: {kind} chunk {msg['i']} from {frm!r} is not chunk {i} of "
+                             f"(rows<={total - got}, {', '.join(map(str, row_shape))}) values")
+        parts.append(v)
+        got += len(v)
+        i += 1
+    return np.concatenate(parts) if parts else np.zeros((0,) + tuple(row_shape), np.uint8)
+
+
 def peak_rss_mib() -> float | None:
     """This process's peak resident memory so far, MiB (None where the OS does not say)."""
     try:
@@ -442,6 +479,34 @@ def received_rows(msg: dict, lo: str, kind: str, perm: np.ndarray, first_rows: n
     if len(idx) and (idx.max() >= len(perm) or len(np.unique(idx)) != len(idx)):
         raise PartyError(f"PSI: {kind} from {lo!r} names positions outside our {len(perm)} IDs or twice")
     return first_rows[perm[idx]]
+
+
+def common_to_all(party: PartyLike, peers: Sequence[str], kind: str, where: dict[str, np.ndarray], enc: Sequence[bytes],
+                  order: str, reveal: bool) -> np.ndarray:
+    """The label owner's end of an OT backend: from ``where`` (per feature party, each of our
+    de-duplicated IDs' position in its list, -1 if absent), the IDs common to all in the agreed
+    order, their positions sent to every feature party in reveal mode (``kind``); returns them
+    (indices into our de-duplicated IDs)."""
+    in_all = np.ones(len(enc), dtype=bool)
+    for w in where.values():
+        in_all &= w >= 0
+    uniq = np.nonzero(in_all)[0]  # de-duplicated IDs common to all, in first-occurrence order
+    uniq = uniq[agreed_order(enc, uniq, order)]
+    if reveal:
+        send_positions(party, peers, kind, where, uniq)
+    return uniq
+
+
+def feature_inputs(party: PartyLike, ids: Iterable[Any], lo: str,
+                   max_items: int) -> tuple[list, tuple[int, int], list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+    """A feature party's start in an OT backend: (items, traffic so far, unique encodings, their first
+    rows, their digests in a fresh secret order, that order)."""
+    who = f"feature party {party.name!r}"
+    items = as_id_list(ids, who)
+    start = traffic(party, [lo])
+    enc, first_rows, digests = digest_dedupe(items, who, max_items)
+    perm = secure_permutation(len(enc))
+    return items, start, enc, first_rows, digests[perm], perm
 
 
 def label_owner_result(items: list, rows: np.ndarray, stats: dict) -> PSIResult:

@@ -94,10 +94,9 @@ from fedhet.crypto import cuckoo, ot
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 
-from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, PSIResult, agreed_order,
-                     as_id_list, digest_dedupe, feature_result, label_owner_result, match_values, oprf_bytes,
-                     peak_rss_mib, received_rows, secure_permutation, send_positions, traffic,
-                     traffic_stats)
+from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, OTPeer, PSIResult, as_id_list,
+                     common_to_all, digest_dedupe, expect_ack, feature_inputs, feature_result, label_owner_result,
+                     match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, traffic, traffic_stats)
 
 U_WINDOW_BYTES = 64 << 20   # unacknowledged U bytes in flight per feature party
 _CTX_PERSON = b"fedhet-kkrt-ctx"
@@ -142,22 +141,11 @@ def sender_values(q: np.ndarray, masked: Sequence[np.ndarray], bins: np.ndarray,
 
 
 def _ack(party: PartyLike, frm: str, want: int, timeout: float | None) -> None:
-    i = party.recv(frm, Kind.KKRT_ACK, timeout=timeout)["i"]
-    if i != want:
-        raise PartyError(f"PSI-KKRT: {Kind.KKRT_ACK} from {frm!r} acknowledges chunk {i!r}, expected {want}")
+    expect_ack(party, frm, Kind.KKRT_ACK, want, timeout, "PSI-KKRT")
 
 
 # --------------------------------------------------------------------- stages
-class PeerRun:
-    """L's state for one feature party."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.a, self.A = ot.co_sender_setup()
-        self.n = 0
-        self.values: np.ndarray | None = None  # L's own OPRF values, one row per de-duplicated ID
-        self.acked = 0
-        self.sent = 0
+PeerRun = OTPeer   # L's state for one feature party
 
 
 class Table:
@@ -217,17 +205,8 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
         r.acked += 1
     assert r.values is not None
     ell = r.values.shape[1]
-    parts, got, i = [], 0, 0
-    while got < r.n:
-        msg = party.recv(r.name, Kind.KKRT_OPRF, timeout=timeout)
-        v = msg["v"]
-        if msg["i"] != i or v.shape[2] != ell or not 0 < len(v) <= r.n - got:
-            raise PartyError(f"PSI-KKRT: {Kind.KKRT_OPRF} chunk {msg['i']} from {r.name!r} is not chunk {i} of "
-                             f"(rows<={r.n - got}, {cuckoo.N_HASHES}, {ell}) values")
-        parts.append(v)
-        got += len(v)
-        i += 1
-    theirs = np.concatenate(parts).reshape(-1, ell) if parts else np.zeros((0, ell), np.uint8)
+    theirs = receive_rows(party, r.name, Kind.KKRT_OPRF, r.n, (cuckoo.N_HASHES, ell), timeout,
+                          "PSI-KKRT").reshape(-1, ell)
     ia, ib = match_values(r.values, theirs)
     w = np.full(n, -1, dtype=np.int64)
     w[ia] = ib // cuckoo.N_HASHES
@@ -308,14 +287,8 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     t_u = time.perf_counter()
     # Which of our IDs each feature party has, and where in its shuffled list.
     where = {p: match_peer(party, r, n, timeout) for p, r in runs.items()}
-    in_all = np.ones(n, dtype=bool)
-    for w in where.values():
-        in_all &= w >= 0
     t_match = time.perf_counter()
-    uniq = np.nonzero(in_all)[0]  # de-duplicated IDs common to all, in first-occurrence order
-    uniq = uniq[agreed_order(enc, uniq, order)]
-    if reveal_to_all:
-        send_positions(party, peers, Kind.KKRT_RESULT, where, uniq)
+    uniq = common_to_all(party, peers, Kind.KKRT_RESULT, where, enc, order, reveal_to_all)
     rows = first_rows[uniq]
     t_end = time.perf_counter()
     stats = {
@@ -333,13 +306,8 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
 def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None) -> PSIResult:
     """F's side of :func:`label_owner` (arguments checked by :func:`fedhet.protocols.psi.psi_feature_party`)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    who = f"feature party {party.name!r}"
-    items = as_id_list(ids, who)
-    start = traffic(party, [lo])
-    enc, first_rows, digests = digest_dedupe(items, who, KKRT_MAX_ITEMS)
-    mine = len(enc)
-    perm = secure_permutation(mine)
-    digests = digests[perm]  # from here on our IDs are in the secret random order we send them in
+    items, start, enc, first_rows, digests, perm = feature_inputs(party, ids, lo, KKRT_MAX_ITEMS)
+    mine = len(enc)   # from here on our IDs are in the secret random order we send them in
     setup, sender, code_seed = answer_setup(party, lo, mine, timeout)
     n, m = setup["n"], setup["bins"]
     code = code_for(code_seed, setup["ctx"])

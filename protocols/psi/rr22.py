@@ -76,9 +76,9 @@ from fedhet.crypto.ot import aes_ecb
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 
-from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, PSIResult, agreed_order, as_id_list,
-                     digest_dedupe, feature_result, label_owner_result, match_values, oprf_bytes, peak_rss_mib,
-                     received_rows, secure_permutation, send_positions, traffic, traffic_stats)
+from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, OTPeer, PSIResult, as_id_list,
+                     common_to_all, digest_dedupe, expect_ack, feature_inputs, feature_result, label_owner_result,
+                     match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, traffic, traffic_stats)
 
 OKVS_WINDOW_BYTES = 64 << 20   # unacknowledged OKVS bytes in flight per feature party
 _KEY_OUT = hashlib.blake2b(b"fedhet RR22 output hash", digest_size=16).digest()
@@ -154,23 +154,16 @@ def warm_up() -> float:
 
 
 def _ack(party: PartyLike, frm: str, want: int, timeout: float | None) -> None:
-    i = party.recv(frm, Kind.RR22_ACK, timeout=timeout)["i"]
-    if i != want:
-        raise PartyError(f"PSI-RR22: {Kind.RR22_ACK} from {frm!r} acknowledges chunk {i!r}, expected {want}")
+    expect_ack(party, frm, Kind.RR22_ACK, want, timeout, "PSI-RR22")
 
 
 # --------------------------------------------------------------------- stages
-class PeerRun:
-    """L's state for one feature party."""
+class PeerRun(OTPeer):
+    """L's state for one feature party: the common one and our side of the VOLE with it."""
 
     def __init__(self, name: str):
-        self.name = name
-        self.a, self.A = ot.co_sender_setup()
-        self.n = 0
+        super().__init__(name)
         self.receiver: vole.Receiver | None = None
-        self.values: np.ndarray | None = None   # L's own OPRF values, one row per de-duplicated ID
-        self.sent = 0                           # OKVS chunks sent and acknowledged
-        self.acked = 0
 
 
 def send_setup(party: PartyLike, peers: Sequence[str], reveal: bool, context: bytes) -> dict[str, PeerRun]:
@@ -233,18 +226,7 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
     """L: the feature party's OPRF values matched with ours: for each of our IDs its position in the
     feature party's list (-1: not there)."""
     assert r.values is not None
-    ell = r.values.shape[1]
-    parts, got, i = [], 0, 0
-    while got < r.n:
-        msg = party.recv(r.name, Kind.RR22_OPRF, timeout=timeout)
-        v = msg["v"]
-        if msg["i"] != i or v.shape[1] != ell or not 0 < len(v) <= r.n - got:
-            raise PartyError(f"PSI-RR22: {Kind.RR22_OPRF} chunk {msg['i']} from {r.name!r} is not chunk {i} of "
-                             f"(rows<={r.n - got}, {ell}) values")
-        parts.append(v)
-        got += len(v)
-        i += 1
-    theirs = np.concatenate(parts) if parts else np.zeros((0, ell), np.uint8)
+    theirs = receive_rows(party, r.name, Kind.RR22_OPRF, r.n, (r.values.shape[1],), timeout, "PSI-RR22")
     ia, ib = match_values(r.values, theirs)
     w = np.full(n, -1, dtype=np.int64)
     w[ia] = ib
@@ -337,14 +319,8 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         party.progress(k + 1, len(runs), psi_peers=k + 1)
     t_vole = time.perf_counter()
     where = {p_: match_peer(party, r, n, timeout) for p_, r in runs.items()}
-    in_all = np.ones(n, dtype=bool)
-    for w in where.values():
-        in_all &= w >= 0
     t_match = time.perf_counter()
-    uniq = np.nonzero(in_all)[0]
-    uniq = uniq[agreed_order(enc, uniq, order)]
-    if reveal_to_all:
-        send_positions(party, peers, Kind.RR22_RESULT, where, uniq)
+    uniq = common_to_all(party, peers, Kind.RR22_RESULT, where, enc, order, reveal_to_all)
     out_rows = first_rows[uniq]
     t_end = time.perf_counter()
     prm = vole.params(m)
@@ -365,13 +341,8 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
 def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None) -> PSIResult:
     """F's side of :func:`label_owner` (arguments checked by :func:`fedhet.protocols.psi.psi_feature_party`)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    who = f"feature party {party.name!r}"
-    items = as_id_list(ids, who)
-    start = traffic(party, [lo])
-    enc, first_rows, digests = digest_dedupe(items, who, RR22_MAX_ITEMS)   # before anything of L's is needed
-    mine = len(enc)
-    perm = secure_permutation(mine)
-    digests = digests[perm]          # from here on our IDs are in the secret random order we send them in
+    items, start, enc, first_rows, digests, perm = feature_inputs(party, ids, lo, RR22_MAX_ITEMS)
+    mine = len(enc)   # before anything of L's is needed; from here on our IDs are in a secret random order
     setup, sender = answer_setup(party, lo, timeout)
     t_setup = time.perf_counter()
     msg, b = answer_vole(party, lo, sender, mine, timeout)
