@@ -98,6 +98,12 @@ class Params:
         return -(-k // KAPPA) * KAPPA
 
 
+def sender_bytes(p: Params) -> int:
+    """Peak working memory of the sender's side for parameters p (GGM levels, leaves and the code's
+    copies: about 5 arrays of N 16-byte blocks), in bytes."""
+    return 5 * p.n * BLOCK + p.cots * BLOCK
+
+
 def noise_blocks(min_dist: float = MIN_DIST, sec: int = SEC_BITS) -> int:
     """t: the regular noise weight for bit security ``sec`` against linear tests, -sec / log2(1 - 2 δ),
     rounded up to a multiple of 8 (256 for δ = 0.15)."""

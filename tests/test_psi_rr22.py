@@ -409,6 +409,15 @@ def test_a_label_owner_announcing_the_wrong_okvs_size_is_refused(monkeypatch):
         run_psi(list(range(300)), [[2, 3]])
 
 
+def test_a_label_owner_announcing_more_ids_than_memory_allows_is_refused_before_allocating(monkeypatch):
+    """The silent VOLE turns a small message into memory proportional to the announced size: a size the
+    feature party's machine cannot hold is refused, naming the peer and the figures."""
+    monkeypatch.setattr(psi_rr22, "available_bytes", lambda: 1 << 10)      # this "machine" has 1 KiB left
+    with pytest.raises(FederationFailed, match=r"'lo'.*announces 300 IDs.*GiB.*0\.0 GiB available"):
+        run_psi(list(range(300)), [[2, 3]])
+    assert vole.sender_bytes(vole.params(1 << 20)) > 5 * 16 * (1 << 21)
+
+
 def test_bad_input_is_refused_with_a_clear_error():
     with pytest.raises(FederationFailed, match="'f0'"):
         run_psi([1, 2], [[1, None]])

@@ -343,6 +343,18 @@ def receive_rows(party: PartyLike, frm: str, kind: str, total: int, row_shape: t
     return np.concatenate(parts) if parts else np.zeros((0,) + tuple(row_shape), np.uint8)
 
 
+def available_bytes() -> int | None:
+    """Memory this machine can still give (Linux MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mib() -> float | None:
     """This process's peak resident memory so far, MiB (None where the OS does not say)."""
     try:

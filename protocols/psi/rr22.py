@@ -76,7 +76,7 @@ from fedhet.crypto.ot import aes_ecb
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 
-from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, OTPeer, PSIResult, as_id_list,
+from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, OTPeer, PSIResult, as_id_list, available_bytes,
                      common_to_all, digest_dedupe, expect_ack, feature_inputs, feature_result, label_owner_result,
                      match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, traffic, traffic_stats)
 
@@ -257,6 +257,12 @@ def answer_vole(party: PartyLike, lo: str, sender: vole.Sender, mine: int,
     if m != okvs.columns(n):
         raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r} announces {m} OKVS columns for {n} IDs, "
                          f"expected {okvs.columns(n)}")
+    # The VOLE expands a small message into O(n) memory here: a size this machine cannot hold is refused
+    # before any of it is allocated (the label owner's own signed message announced it).
+    need, have = vole.sender_bytes(vole.params(m)) + 32 * m, available_bytes()
+    if have is not None and need > have:
+        raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r} announces {n} IDs; the VOLE for them needs about "
+                         f"{need / 2**30:.1f} GiB and this machine has {have / 2**30:.1f} GiB available")
     try:
         sums, corr = sender.respond(vole.params(m), msg["u"])
     except vole.VoleError as e:
