@@ -45,12 +45,17 @@ is a dependency of fedhet.  Peer versions are recorded in the results.
    (uint64 arrays, p = 2**61 - 1) vs MPyC ``thresha.random_split`` / ``recombine`` (lists of
    ints) and ``np_random_split`` / ``np_recombine`` (object arrays) over GF(2**61 - 1), elements
    per second per core; reconstruction from 3 of the 5 shares checked equal to the secret first.
+5. **PSI**, n x n IDs, half common, two processes: fedhet's RR22 and KKRT backends (the ``psi`` job
+   as audited party processes, ``benchmarks/psi_rr22.py``) against SecretFlow SPU's RR22 and KKRT
+   (``spu.psi.psi_execute`` over its brpc link, ``benchmarks/spu_psi.py``).  spu pins numpy < 2, so it
+   runs under its own interpreter (``--spu-python`` or ``$FEDHET_SPU_PYTHON``); without one the SPU
+   rows say so.  Every intersection is checked.  ``--only psi`` alone writes ``peers_psi.*``.
 
 Peers that start thread pools are held to one thread (``RAYON_NUM_THREADS=1``,
 ``OMP_NUM_THREADS=1`` unless set) so a per-core rate is what it says.  Variants are interleaved
 per repeat and medians reported; the machine is shared, so the load average is recorded.
 
-    python -m benchmarks.peers [--quick] [--only paillier layer secagg shamir] [--render-only]
+    python -m benchmarks.peers [--quick] [--only paillier layer secagg shamir psi] [--spu-python PY] [--render-only]
 
 Writes benchmarks/results/peers.{json,md} (``peers_quick.*`` with --quick).
 """
@@ -78,7 +83,7 @@ from fedhet.crypto.paillier import PackingSpec, PaillierContext, generate_keypai
 from fedhet.crypto.shamir import reconstruct, share  # noqa: E402
 
 KEY_BITS = 2048
-SECTIONS = ("paillier", "layer", "secagg", "shamir")
+SECTIONS = ("paillier", "layer", "secagg", "shamir", "psi")
 # import name -> (distribution, pip install name)
 PEERS = {
     "phe": ("phe", "phe"),
@@ -667,6 +672,51 @@ def shamir_rows(n_fed: int, n_mpyc: int, reps: int) -> list[dict]:
 
 # ----------------------------------------------------------------------------- output
 
+def spu_python(given: str | None) -> str | None:
+    """The interpreter that has ``spu``: ``--spu-python``, else $FEDHET_SPU_PYTHON, else this one if it
+    imports spu, else None."""
+    for cand in (given, os.environ.get("FEDHET_SPU_PYTHON")):
+        if cand:
+            return cand
+    return sys.executable if peer("spu") is not None else None
+
+
+def psi_rows(sizes: list[int], spu: str | None, chunk: int = 1 << 14) -> list[dict]:
+    """fedhet's RR22 and KKRT backends (the ``psi`` job as two audited party processes,
+    benchmarks/psi_rr22.py's ``one``) and SPU's RR22 and KKRT (``benchmarks/spu_psi.py`` under the
+    interpreter that has spu), size by size, interleaved; every intersection checked (n/2)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from benchmarks import psi_rr22
+
+    driver = Path(__file__).with_name("spu_psi.py")
+    rows: list[dict] = []
+    for e in sizes:
+        n = 1 << e
+        for backend in ("rr22", "kkrt"):
+            r = psi_rr22.one(n, backend, chunk)
+            rows.append({"library": "fedhet", "protocol": backend.upper(), "log2n": e, "seconds": r["protocol_s"],
+                         "cpu_s": r["cpu_s"], "mb": r["bytes_total"] / 1e6, "what": "PSI call; payload bytes"})
+            print(f"psi 2^{e} fedhet {backend}: {r['protocol_s']:.2f} s, {r['bytes_total'] / 1e6:.1f} MB", flush=True)
+            if spu is None:
+                continue
+            proc = subprocess.run([spu, str(driver), backend.upper(), str(n)], capture_output=True, text=True,
+                                  timeout=1800)
+            line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("{")), None)
+            if proc.returncode != 0 or line is None:
+                rows.append({"library": "spu", "protocol": backend.upper(), "log2n": e,
+                             "note": f"failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"})
+                continue
+            d = json.loads(line)
+            rows.append({"library": f"spu {d.get('version', '')}".strip(), "protocol": backend.upper(), "log2n": e,
+                         "seconds": max(x["wall_s"] for x in d["ranks"]), "cpu_s": sum(x["cpu_s"] for x in d["ranks"]),
+                         "mb": d["loopback_bytes"] / 1e6, "what": "psi_execute (CSV in and out); loopback bytes"})
+            print(f"psi 2^{e} spu {backend}: {rows[-1]['seconds']:.2f} s, {rows[-1]['mb']:.1f} MB", flush=True)
+    return rows
+
+
 def markdown(doc: dict) -> str:
     m = doc["meta"]
     out = [f"# fedhet vs peer libraries{' (quick)' if doc['args'].get('quick') else ''}", "",
@@ -730,6 +780,26 @@ def markdown(doc: dict) -> str:
                 continue
             out.append(f"| {r['library']} | {r['op']} | {r['elements']} | {r['elements_per_core_s'] / 1e6:.3f} M | "
                        f"{r['rate_vs_fedhet']:.4f} |")
+    if doc.get("psi"):
+        out += ["", "## 5. PSI, n x n, half common, two processes", "",
+                "| library | protocol | n | s | CPU s | MB | x fedhet time | x fedhet bytes | measured |",
+                "|---|---|---|---:|---:|---:|---:|---:|---|"]
+        base = {(r["protocol"], r["log2n"]): r for r in doc["psi"] if r["library"] == "fedhet" and "seconds" in r}
+        for r in doc["psi"]:
+            if r.get("note"):
+                out.append(f"| {r['library']} | {r['protocol']} | 2^{r['log2n']} | {r['note']} | | | | | |")
+                continue
+            b = base.get((r["protocol"], r["log2n"]))
+            xt = f"{r['seconds'] / b['seconds']:.2f}" if b else "-"
+            xb = f"{r['mb'] / b['mb']:.2f}" if b else "-"
+            out.append(f"| {r['library']} | {r['protocol']} | 2^{r['log2n']} | {r['seconds']:.2f} | {r['cpu_s']:.1f} | "
+                       f"{r['mb']:.1f} | {xt} | {xb} | {r['what']} |")
+        if not any(r["library"].startswith("spu") for r in doc["psi"]):
+            out += ["", "SPU not measured: " + doc.get("spu_note", "spu not found") + "."]
+        out += ["", "x fedhet: against fedhet's row of the same protocol and size (> 1: fedhet is faster / "
+                "smaller). fedhet: the PSI call's clock in the party that came up last, payload bytes; SPU: "
+                "psi_execute's wall time, which also reads its input CSV and writes the result, and every byte on "
+                "the loopback interface (TCP/IP headers included)."]
     env = harness.environment_line(m.get("environment"))
     if env:
         out += ["", env]
@@ -741,8 +811,11 @@ def main(argv=None) -> int:
     harness.add_common_args(ap, quick_help="small sizes, fewer repeats (about 2 minutes)", render_only=True)
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--passes", type=int, default=None, help="secagg: interleaved passes (default 2, quick 1)")
+    ap.add_argument("--spu-python", default=None,
+                    help="psi: a Python interpreter that has spu (default $FEDHET_SPU_PYTHON, else this one if it can)")
     args = ap.parse_args(argv)
-    out = harness.Output("peers", quick=args.quick, out_dir=args.out)
+    # `--only psi` alone writes its own file, so the other sections' results are kept
+    out = harness.Output("peers_psi" if args.only == ["psi"] else "peers", quick=args.quick, out_dir=args.out)
     if args.render_only:
         harness.render_only(out, markdown)
         return 0
@@ -765,6 +838,14 @@ def main(argv=None) -> int:
         doc["secagg"], doc["secagg_setup"] = secagg_rows(10, 10**5 if q else 10**6, 2 if q else 3,
                                                          args.passes or (1 if q else 2))
         print(f"secagg done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if "psi" in args.only:
+        t0 = time.perf_counter()
+        spu = spu_python(args.spu_python)
+        if spu is None:
+            doc["spu_note"] = ("spu is not importable here (pip install spu: it pins numpy < 2, so install it in a "
+                               "venv of its own and pass --spu-python or set FEDHET_SPU_PYTHON)")
+        doc["psi"] = psi_rows([14] if q else [16, 20], spu)
+        print(f"psi done ({time.perf_counter() - t0:.0f} s)", flush=True)
     if "shamir" in args.only:
         t0 = time.perf_counter()
         doc["shamir"] = shamir_rows(1 << (20 if q else 22), 1 << (12 if q else 14), 3 if q else 5)

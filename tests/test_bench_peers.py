@@ -87,3 +87,26 @@ def test_a_missing_peer_is_none_with_a_pip_note_and_argv_is_kept():
     assert set(versions) == set(peers.PEER_LABEL.values())
     for v in versions.values():
         assert v["importable"] or "pip install" in v["note"] or v["note"] == "installed but does not import"
+
+
+def test_psi_section_sets_each_spu_row_against_fedhets_and_says_when_spu_is_missing():
+    meta = {"machine": "m", "when": "w", "command": "c"}
+    rows = [{"library": "fedhet", "protocol": "RR22", "log2n": 20, "seconds": 5.0, "cpu_s": 9.0, "mb": 34.4,
+             "what": "PSI call"},
+            {"library": "spu 0.9.5", "protocol": "RR22", "log2n": 20, "seconds": 10.0, "cpu_s": 17.0, "mb": 36.6,
+             "what": "psi_execute"},
+            {"library": "spu 0.9.5", "protocol": "KKRT", "log2n": 20, "note": "failed (exit 1): boom"}]
+    md = peers.markdown({"meta": meta, "args": {}, "peers": {}, "psi": rows})
+    assert "| spu 0.9.5 | RR22 | 2^20 | 10.00 | 17.0 | 36.6 | 2.00 | 1.06 | psi_execute |" in md
+    assert "failed (exit 1): boom" in md and "SPU not measured" not in md
+    md = peers.markdown({"meta": meta, "args": {}, "peers": {}, "psi": rows[:1], "spu_note": "spu is not importable"})
+    assert "SPU not measured: spu is not importable." in md
+
+
+def test_spu_python_prefers_the_flag_then_the_environment(monkeypatch):
+    monkeypatch.setenv("FEDHET_SPU_PYTHON", "/env/python")
+    assert peers.spu_python("/flag/python") == "/flag/python"
+    assert peers.spu_python(None) == "/env/python"
+    monkeypatch.delenv("FEDHET_SPU_PYTHON")
+    monkeypatch.setattr(peers, "peer", lambda module: None)
+    assert peers.spu_python(None) is None
