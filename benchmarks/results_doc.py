@@ -208,7 +208,7 @@ def psi(d: dict, idle: dict, kkrt: dict) -> list[str]:
             + table(["backend", "n × n", "PSI s", "CPU s of both processes", "MB", "time"], k))
 
 
-def psi_rr22(d: dict, fail: dict) -> list[str]:
+def psi_rr22(d: dict, fail: dict, peer: dict) -> list[str]:
     rows = []
     for r in d["rows"]:
         rss = r.get("rss_mib") or {}
@@ -226,7 +226,12 @@ def psi_rr22(d: dict, fail: dict) -> list[str]:
                f"rate is at most {f(j['max_excess_bits'], 2)} bits above the stated bound log2 n − θw/ln 2 + 1 "
                f"(negative: below it) over {j['points_judged']} points; at the width in use (w = "
                f"{fail['band_width']}) the bound is 2^{f(fail['bound_2_20'], 1)} at 2^20 keys and "
-               f"2^{f(fail['bound_2_28'], 1)} at 2^28."])
+               f"2^{f(fail['bound_2_28'], 1)} at 2^28."]
+            + ["", "Against SecretFlow SPU in one run (`peers_psi.json`; SPU's time is `psi_execute`, which also reads "
+               "its input CSV and writes its result, and its bytes are everything on the loopback interface):", ""]
+            + table(["library", "protocol", "n × n", "s", "MB"],
+                    [[r["library"], r["protocol"], f"2^{r['log2n']}", f(r.get("seconds"), 2),
+                      f(r.get("mb"), 1) if "mb" in r else r.get("note", "")] for r in peer["psi"]]))
 
 
 def secagg(d: dict) -> list[str]:
@@ -445,8 +450,9 @@ SECTIONS = (
             ("crypto", "crypto_shamir", "crypto_he"), f"{SYNTHETIC}: random field elements and integers", crypto),
     Section("PSI: ECDH and KKRT16", "python -m benchmarks.psi; python -m benchmarks.psi_kkrt",
             ("psi", "psi_idle", "psi_kkrt"), f"{SYNTHETIC}: generated ID sets", psi),
-    Section("PSI: RR22 class (OKVS + silent VOLE) against KKRT16", "python -m benchmarks.psi_rr22; "
-            "python -m benchmarks.okvs_failure", ("psi_rr22", "okvs_failure"),
+    Section("PSI: RR22 class (OKVS + silent VOLE) against KKRT16 and SecretFlow SPU", "python -m benchmarks.psi_rr22; "
+            "python -m benchmarks.okvs_failure; python -m benchmarks.peers --only psi --spu-python PY",
+            ("psi_rr22", "okvs_failure", "peers_psi"),
             f"{SYNTHETIC}: generated ID sets; random OKVS bands", psi_rr22,
             "Both backends as audited party processes in one run, interleaved. RR22 sends far fewer bytes than "
             "KKRT; its time is spread over the hashing of the IDs (a Python loop per ID), the code's random "
