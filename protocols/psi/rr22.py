@@ -13,16 +13,20 @@ party F (PSI sender, items Y); every ID is first a 128-bit digest (SHA-256 trunc
 :func:`~fedhet.protocols.psi.common.item_digests`); all
 arithmetic is in GF(2^128) (:mod:`fedhet.crypto.gf128`)::
 
-    L -> F   psi_rr22/setup   n, reveal mode, hash context, m = OKVS columns, Chou–Orlandi point A
-    F -> L   psi_rr22/reply   |Y|, 128 Chou–Orlandi points B_j (F's choice bits are Δ)
-    L -> F   psi_rr22/u       the IKNP matrix U of the VOLE's correlated OTs
-    F -> L   psi_rr22/ggm     GGM level sums (encrypted), Gilboa corrections: the silent VOLE
-                              (now L holds a, c and F holds b, Δ with c = b + aΔ, length m)
-    L -> F   psi_rr22/okvs    the OKVS hash key and P + a in chunks, P = Encode{(x, H'(x)) : x in X}
+    L -> F   psi_rr22/setup   reveal mode, hash context, Chou–Orlandi point A (first thing: no IDs needed)
+    F -> L   psi_rr22/reply   128 Chou–Orlandi points B_j (F's choice bits are Δ)
+             (both parties now encode, de-duplicate and digest their IDs)
+    L -> F   psi_rr22/u       n, m = OKVS columns, the OKVS hash key, the IKNP matrix U of the VOLE's
+                              correlated OTs
+    F -> L   psi_rr22/ggm     |Y|, GGM level sums (encrypted), Gilboa corrections: the silent VOLE
+                              (L holds a, c and F holds b, Δ with c = b + aΔ, length m)
+    L -> F   psi_rr22/okvs    the OKVS hash key and P + a in chunks, P = Encode{(x, H'(x)) : x in X};
+                              a = G e needs only L's own noise, so this goes out before ggm is read
     F -> L   psi_rr22/ack     flow control of the OKVS chunks
     F -> L   psi_rr22/oprf    for y in Y in a fresh secret random order:
                               H_o(y, Decode(B, y) + (Decode(P + a, y) + H'(y)) Δ), ℓ bytes
-    L        compares with its own H_o(x, Decode(C, x)): x in X∩Y and its position in F's list
+    L        computes c from ggm and its own H_o(x, Decode(C, x)) while F decodes, then compares:
+             x in X∩Y and its position in F's list
     L -> F   psi_rr22/result  (reveal mode) positions in F's list of the common IDs, agreed order
 
 Why it works (RS21 §4): Decode is linear and c = b + aΔ, so
@@ -35,9 +39,10 @@ Parameters and what they give (λ = 128 computational, σ = 40 statistical):
 * OKVS (:mod:`fedhet.crypto.okvs`): random bands of w = 128 bits in
   m = ⌈1.25 n⌉ + 128 columns; failure to encode is detected (L draws a fresh hash
   key) and bounded by 2^-58 at n = 2^20 (the module states and measures it).
-* VOLE (:mod:`fedhet.crypto.vole`): dual-LPN silent VOLE with an
-  Expand-Accumulate code (rate 1/2, expander weight 21), t >= 249 regular noise
-  blocks, GGM trees over IKNP correlated OTs from 128 Chou–Orlandi base OTs.
+* VOLE (:mod:`fedhet.crypto.vole`): dual-LPN silent VOLE with the
+  Expand-Convolute code as libOTe configures it by default (rate 1/2, expander
+  weight 7, 24-tap convolution twice), t >= 256 regular noise blocks, GGM trees
+  over IKNP correlated OTs from 128 Chou–Orlandi base OTs.
 * Output length ℓ = σ + ⌈log2 n⌉ + ⌈log2 |Y|⌉ bits rounded up to bytes
   (8..16): L compares each of its n values with |Y| values, so a false match
   has probability at most 2^-σ.
@@ -45,10 +50,10 @@ Parameters and what they give (λ = 128 computational, σ = 40 statistical):
   OPRF values (10.5 MB) and under 1 MB for the VOLE.
 
 Assumptions: semi-honest (honest-but-curious) parties; CDH for the base OTs
-(as for KKRT); dual LPN with regular noise for the EA code; H' and H_o are
+(as for KKRT); dual LPN with regular noise for the Expand-Convolute code; H' and H_o are
 modelled as random oracles and instantiated with fixed-key AES (H' a keyed
 PRP of the digest, H_o the tweakable hash π(π(v) + τ) + π(v) with tweak
-τ = H'(x)), as volePSI instantiates its hashes with fixed-key AES;
+τ = H'(x); a heuristic instantiation, as any of a random oracle is);
 correlation robustness of fixed-key AES for the OT hashes (Guo, Katz, Wang,
 Yu, S&P 2020).  Not covered: malicious parties (RR22's malicious variant is
 not implemented), timing side channels.
