@@ -821,7 +821,8 @@ def main(argv=None) -> int:
         return 0
     session = harness.Session("peers", __file__, argv)
     q = args.quick
-    doc: dict = {"meta": session.header(), "args": {k: v for k, v in vars(args).items() if k != "out"},
+    # the interpreter's path is this machine's business, not the results' (spu's version is recorded per row)
+    doc: dict = {"meta": session.header(), "args": {k: v for k, v in vars(args).items() if k not in ("out", "spu_python")},
                  "peers": peer_versions()}
     for name, v in doc["peers"].items():
         print(f"peer {name}: {v['version'] or '-'} {'ok' if v['importable'] else v['note']}", flush=True)

@@ -149,16 +149,17 @@ def declared_envelopes(wire, backend: str) -> list:
     return envs
 
 
-def max_in_flight(wire, data_kind: str, ack_kind: str) -> int:
-    """The most ``data_kind`` chunks that were ever sent and not yet acknowledged (``ack_kind``)."""
+def max_in_flight(wire, data_kind: str, ack_kind: str) -> tuple[int, int]:
+    """(the most ``data_kind`` chunks ever sent and not yet acknowledged (``ack_kind``), chunks sent)."""
     from fedhet.parties import codec
 
-    out = most = 0
+    out = most = sent = 0
     for _, _, fr in wire:
         kind = codec.decode(fr).kind
+        sent += kind == data_kind
         out += (kind == data_kind) - (kind == ack_kind)
         most = max(most, out)
-    return most
+    return most, sent
 
 
 def two_runs_differ(run_psi, wire, arrays):
