@@ -148,9 +148,24 @@ def test_a_units_folder_comes_back_with_nothing_outside_the_run_folder(tmp_path)
     assert sorted(p.name for p in run.rglob("*")) == ["a", "parties", "result.json"]
 
 
+def _three_ports_held() -> tuple[int, list]:
+    """A range lo..lo+2 and a socket bound to each of its ports through ``bind_free``, trying ranges
+    until one is wholly free (another process on the machine may hold any port of a given range)."""
+    for k in range(200):
+        lo = 40000 + (os.getpid() + 37 * k) % 2000 * 10
+        held = []
+        try:
+            for _ in range(3):
+                held.append(bind_free("127.0.0.1", (lo, lo + 2)))
+            return lo, held
+        except EngineError:
+            for h in held:
+                h.close()
+    raise AssertionError("no free range of three ports in 40000-59999")
+
+
 def test_party_ports_come_from_the_range_and_a_full_range_is_refused():
-    lo = 40000 + os.getpid() % 1000 * 10
-    held = [bind_free("127.0.0.1", (lo, lo + 2)) for _ in range(3)]
+    lo, held = _three_ports_held()
     try:
         assert sorted(h.getsockname()[1] for h in held) == [lo, lo + 1, lo + 2]
         with pytest.raises(EngineError, match=f"no free port in party_ports {lo}-{lo + 2} on 127.0.0.1"):
