@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedhet-installed
 
-.PHONY: demo test test-nodata test-data test-ray test-all typecheck bench results-doc setup clean
+.PHONY: demo test test-nodata test-rest test-data test-ray test-all test-slow lint typecheck bench results-doc setup clean
 
 setup: $(STAMP)
 
@@ -20,20 +20,31 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/fedhet demo
 
-test: $(STAMP)
-	$(PY) -m ruff check .
-	$(MAKE) --no-print-directory typecheck
-	$(PY) -m pytest -q -n 2 --durations=20
+# The suite's tiers (tests/conftest.py): unit, federation (parties in memory), processes (party
+# processes; `smoke` marks one audited run per algorithm family) and system (network namespaces, Ray,
+# a browser).  `make test` runs the first two and the smoke set; CI (`make test-all`) runs every tier.
+PYTEST := $(PY) -m pytest -q -n 2 --dist worksteal --durations=20
+NODATA := FEDHET_NO_SHARED=1 FEDHET_DATA_DIR=$$d
 
-# CI's two passes (.ci/run): as a user's clone without ../shared, then only the tests of the real data.
-test-nodata: $(STAMP)
+test: $(STAMP) lint
+	$(PYTEST) --tiers unit,federation,smoke
+
+lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory typecheck
-	d=$$(mktemp -d) && FEDHET_DATA_DIR=$$d FEDHET_NO_SHARED=1 $(PY) -m pytest -q -n 2 --durations=20 -m "not data"; \
+
+# CI's passes (.ci/run runs `make test-all`): the default tiers as a user's clone without ../shared
+# runs them, then the other tiers without the data, then only the tests of the real data (every
+# tier), then the Ray cluster.  Each test runs in exactly one pass.
+test-nodata: $(STAMP) lint
+	d=$$(mktemp -d) && $(NODATA) $(PYTEST) --tiers unit,federation,smoke -m "not data"; rc=$$?; rmdir $$d; exit $$rc
+
+test-rest: $(STAMP)
+	d=$$(mktemp -d) && $(NODATA) $(PYTEST) --tiers processes,system -m "not data and not smoke"; \
 	  rc=$$?; rmdir $$d; exit $$rc
 
 test-data: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m data
+	$(PYTEST) -m data
 
 # The Ray engine's tests (tests/test_ray_cluster.py): Ray installed into .venv, then a cluster of
 # three nodes on this machine that the tests start and stop themselves; one test process.
@@ -41,8 +52,11 @@ test-ray: $(STAMP)
 	$(PY) -m pip install -q -e '.[ray]'
 	$(PY) -m pytest -q -p no:xdist --ray -m ray --durations=10
 
-test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2 --runslow
+test-all: test-nodata test-rest test-data test-ray
+
+# The paper reproductions and other slow runs (never in CI's time)
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist worksteal --runslow -m slow
 
 # mypy on the four packages as the one import package `fedhet` they form when installed (the
 # editable install maps fedhet.parties... to the root folders, which mypy cannot follow): a

@@ -47,6 +47,7 @@ from typing import Any
 
 from . import failure as failure_records
 from . import keys as keyfiles
+from . import status as party_status
 from .atomic import write_atomic, write_json_atomic
 from .contract import Algorithm, installed_algorithm, prepare
 from .federation import Federation, absolute_data
@@ -456,12 +457,11 @@ def _mark_stopped(fed: Federation, run_dir: Path, failure: dict) -> None:
         own_failure = err is not None and not err.get("stopped")  # a party stopped by SIGTERM says so
         if (pdir / "result.json").exists() or own_failure or p.name == failure.get("party"):
             continue
-        st = _read_json(pdir / "status.json") or {}
-        if st.get("state") in ("done", "failed") or st.get("reason"):
+        if (party_status.read(pdir / party_status.STATUS_FILE) or {}).get("reason"):
             continue
-        st.update({"party": p.name, "role": p.role, "state": "stopped", "reason": cause})
-        try:
-            write_json_atomic(pdir / "status.json", st)
+        try:   # refused where the party's own final state is there already (done, failed)
+            party_status.advance(pdir / party_status.STATUS_FILE,
+                                 {"party": p.name, "role": p.role, "state": "stopped", "reason": cause})
         except OSError:
             pass
 

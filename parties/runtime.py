@@ -40,6 +40,7 @@ from .api import PartyAborted
 from .checkpoint import Checkpoints, private_dir
 from .faults import kill_hook, pause_hook
 from .atomic import write_json_atomic
+from .status import STATUS_FILE, StatusFile
 from .contract import Algorithm, prepare
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
@@ -291,8 +292,9 @@ class PartyRun:
         self.pdir = party_dir(self.run_dir, name)
         self.pdir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_party_dir(self.pdir, name)   # before anything in the folder is touched
-        for stale in ("result.json", "error.json", "status.json"):
+        for stale in ("result.json", "error.json", STATUS_FILE):
             (self.pdir / stale).unlink(missing_ok=True)
+        self._status = StatusFile(self.pdir / STATUS_FILE)   # the one writer of status.json
         self.resume = resume
         earlier = keep_earlier_transcript(self.pdir)
         # a resumed party's transcript goes on from the earlier one's records (those the chain holds)
@@ -329,16 +331,19 @@ class PartyRun:
         self._stage_t = self.stage_at[what] = now
 
     def status(self, st: dict) -> None:
+        """Write the party's status (parties/status.py: forward only; a progress report that comes
+        after the party stopped or ended is dropped, not written over the final state)."""
         st.update({"party": self.name, "role": self.spec.role, "state": st.get("state", "running")})
         st.setdefault("elapsed_s", time.perf_counter() - self.t0)
-        if self._lines is not None:
-            self._lines.maybe(st)
-        self._logged.maybe(st)
         try:
-            write_json_atomic(self.pdir / "status.json", st)
+            if not self._status.write(st):
+                return
         except OSError as e:  # progress is advisory: out of descriptors must not fail the party
             if not _out_of_descriptors(e):
                 raise
+        if self._lines is not None:
+            self._lines.maybe(st)
+        self._logged.maybe(st)
         if self._pause is not None:
             self._pause(st)
 

@@ -33,4 +33,7 @@ class Page:
         self.page.close()
 
 
-needs_browser = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+def needs_browser(test):
+    """A test that drives the browser: the system tier (``browser`` marker), skipped with the
+    reason when no browser is here."""
+    return pytest.mark.browser(pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))(test))

@@ -83,13 +83,15 @@ ids = st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=4)), max_size=30
 
 def intersection_tests(run_psi, cases: dict, max_examples: int):
     """The two intersection tests for one backend's ``run_psi``; a test module binds them to
-    their names (pytest collects them there)."""
+    their names (pytest collects them there).  Both run parties in memory (the federation tier)."""
 
+    @pytest.mark.federation
     @pytest.mark.parametrize("case", cases)
     def test_intersection_equals_python_sets(case):
         lo_ids, feature_ids = cases[case]
         check_result(run_psi(lo_ids, feature_ids), lo_ids, feature_ids)
 
+    @pytest.mark.federation
     @settings(max_examples=max_examples, deadline=None)
     @given(ids, ids)
     def test_intersection_equals_python_sets_hypothesis(x, y):

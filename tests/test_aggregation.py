@@ -18,6 +18,8 @@ from fedhet.protocols.aggregation import (AggregationError, Kind, PlainAggregato
                                           make_aggregator)
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 CLIENTS = [f"c{i}" for i in range(5)]
 
 
@@ -60,6 +62,7 @@ def exact_mean(xs, ws, who, i=0):
     return sum(ws[c] * xs[c][i] for c in who) / sum(ws[c] for c in who)
 
 
+@pytest.mark.unit
 def test_make_aggregator_chooses_by_configuration():
     A = AggregationSettings
     assert isinstance(make_aggregator(), SecureAggregator)  # secure by default
@@ -118,6 +121,7 @@ def test_no_update_at_all_is_an_error():
     assert isinstance(e.value.failures["server"], AggregationError)
 
 
+@pytest.mark.unit
 def test_a_plain_update_in_a_secure_run_fails_its_declaration():
     def declared(cfg):
         return {d.kind: d for d in aggregation.declarations(31, 31, AggregationSettings(**cfg))}
@@ -147,6 +151,8 @@ def test_fedavg_in_memory_plain_and_secure_agree():
     assert all(s[c]["weights"] == s["server"]["weights"] for c in ("c1", "c2", "c3"))
 
 
+@pytest.mark.processes
+@pytest.mark.smoke   # make test's process run of this family
 def test_fedavg_as_processes_plain_and_secure_reach_the_same_accuracy_and_secure_passes_the_audit(tmp_path):
     fed = replace(federation.load(presets.path("demo")), hosts=1)   # one host process: one torch import
     runs = {}

@@ -29,6 +29,8 @@ from fedhet.parties.faults import KILL_ENV
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import RunFailed, launch, resume_federation
 
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
+
 EXAMPLE_DIR = Path(__file__).parent / "example_algorithm"
 
 def check_processes_match_memory(name: str, tmp_path: Path) -> dict:
@@ -94,9 +96,12 @@ def check_trained_parts(name: str, models: dict, tmp_path: Path) -> None:
 # (one process per party), and fedavg_logreg, whose processes test_resume.py kills and resumes
 # (the launcher, one party), run here with --runslow, to keep the suite within its time.
 PROCESS_RESUME_SLOW = ("he_split", "stfl", "chfl", "fedavg_logreg")
+# make test's process runs of the algorithms with no process test of their own without the real data
+PROCESS_SMOKE = ("hyfem", "mmvfl", "f3")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in PROCESS_RESUME_SLOW else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in PROCESS_RESUME_SLOW else
+                                  pytest.param(n, marks=pytest.mark.smoke) if n in PROCESS_SMOKE else n
                                   for n in registry.names()])
 def test_processes_killed_and_resumed_give_the_in_memory_results_and_pass_the_audit(name, tmp_path):
     check_processes_match_memory(name, tmp_path)
@@ -132,6 +137,7 @@ def kill_plan(name: str, fed: Federation, tmp_path: Path) -> tuple[dict, dict, s
     return ref, models, victim, rng.randint(1, last[victim])
 
 
+@pytest.mark.federation
 @pytest.mark.parametrize("name", registry.names())
 def test_killed_and_resumed_in_memory_gives_the_same_results(name, tmp_path):
     fed = smoke_federation(name)
@@ -179,6 +185,7 @@ def test_a_new_algorithm_takes_its_package_one_entry_point_and_one_preset(tmp_pa
     assert summary["parties"]["summer"]["result"] == {"total": 3.0, "adders": 2}
 
 
+@pytest.mark.unit
 def test_an_algorithm_without_a_smoke_federation_is_named_with_the_file_it_needs(tmp_path, monkeypatch):
     pkg = tmp_path / "code" / "fedhet_example_bare"
     pkg.mkdir(parents=True)

@@ -17,6 +17,8 @@ from fedhet.crypto.field import P61
 from fedhet.crypto.paillier import PaillierContext, generate_keypair
 from fedhet.crypto.shamir import reconstruct, share
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def test_check_ints_rejects_a_wrong_or_missing_value():
     vals = [3, -(1 << 51), 7]

@@ -14,6 +14,8 @@ from fedhet.algorithms import chfl, he_split
 from fedhet.algorithms.chfl.experiments import sweep
 from fedhet.parties.inmemory import run_inmemory
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 
 def _he_run(batches: int) -> dict:
     cfg = dict(dataset="breast_sklearn", he="paillier", key_bits=512, slot_bits=128, mask_bits=32, pool=False,
@@ -42,6 +44,7 @@ def _fake_run(acc: dict, **job) -> tuple[str, dict]:
                  "settings": {"rounds": 1}}
 
 
+@pytest.mark.unit
 def test_chfl_tables_rows_come_from_every_finished_run():
     acc = {"common": 0.5, "local": 0.6, "chfl_mu0": 0.7, "chfl_mu>0": 0.75}
     runs = dict([
@@ -65,6 +68,7 @@ def test_chfl_tables_rows_come_from_every_finished_run():
     assert chfl_tables.summarize(only, {})["table3"] == {} and chfl_tables.summarize(only, {})["fig4"] == {}
 
 
+@pytest.mark.processes
 def test_chfl_tables_refuses_to_drop_runs_made_with_other_settings(tmp_path, capsys):
     rid, run = _fake_run({m: 0.5 for m in chfl_tables.METHODS}, dataset="vehicle", K=5, ratio=0.3,
                          feature_seed=0, seed=1000)

@@ -16,6 +16,8 @@ import pytest
 
 from benchmarks import f3_tables, harness, he_vs_plain, hyfem_curves, mmvfl_figures
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

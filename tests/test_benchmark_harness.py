@@ -19,6 +19,8 @@ import pytest
 
 from benchmarks import harness
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def test_output_writes_json_md_png_under_the_quick_stem(tmp_path):
     out = harness.Output("thing", quick=True, out_dir=tmp_path)
@@ -59,6 +61,7 @@ def test_read_names_the_missing_file(tmp_path):
         harness.Output("nothing", out_dir=tmp_path).read()
 
 
+@pytest.mark.processes
 def test_session_metadata_fields():
     s = harness.Session("demo", "demo.py", ["--quick"])
     assert s.command == "python -m benchmarks.demo --quick"
@@ -135,6 +138,7 @@ def test_federation_built_in_code_drops_unset_keys():
         harness.federation({"n": 1}, [("a", "x"), ("b", "y")])
 
 
+@pytest.mark.processes
 def test_launching_a_federation_passes_the_audit(tmp_path):
     cfg = {"name": "psi", "n": 200, "overlap": 0.5, "pair_overlap": 0.0, "duplicates": 0.0, "workers": 0}
     fed = harness.federation(cfg, [("label_owner", "label_owner"), ("feature", "feature")], timeout=60)
@@ -151,6 +155,7 @@ def test_launching_a_federation_passes_the_audit(tmp_path):
     assert (run.run_dir / "parties" / "feature" / "transcript.jsonl").exists()
 
 
+@pytest.mark.processes
 def test_a_preset_passes_the_audit_and_its_temporary_run_folder_is_removed(tmp_path, monkeypatch):
     made = []
 
@@ -167,6 +172,7 @@ def test_a_preset_passes_the_audit_and_its_temporary_run_folder_is_removed(tmp_p
     assert {r["role"] for r in run.summary["parties"].values()} == {"label_owner", "feature"}
 
 
+@pytest.mark.federation
 def test_role_functions_run_in_memory():
     def server(party, cfg, data):
         return sum(party.gather("t/n", frm=party.peers_with_role("client")).values())

@@ -46,6 +46,8 @@ from fedhet.algorithms.partition import chfl_partition
 from fedhet.algorithms.toolkit import derive_seed
 from fedhet.protocols import aggregation, secagg
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 TINY = {"dataset": "digits", "hidden": [32, 16], "local_epochs": 1, "rounds": 2}
 K = 3
 AGG_KINDS = {d.kind for d in aggregation.DECLARATIONS}
@@ -60,7 +62,6 @@ def _load(cfg, name, role, index, n_of_role):
     return C.load_data(_s(cfg), PartyContext(name, role, index, n_of_role))
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +147,7 @@ def _column(curves, label, part, k):
 # ------------------------------------------------------------------- settings and data
 
 
+@pytest.mark.unit
 def test_settings_reject_bad_config():
     assert _s({}).method == "chfl" and _s({"method": "Local"}).method == "local"
     with pytest.raises(SettingsError, match=r"unknown setting.*'epochs'"):
@@ -165,6 +167,7 @@ def test_settings_reject_bad_config():
     assert _s({"dataset": " Digits "}).dataset == "digits"
 
 
+@pytest.mark.unit
 def test_each_client_loads_only_its_own_rows_and_columns(digits):
     X, y, _ = digits
     cfg = {"dataset": "digits", "seed": 4, "feature_seed": 9}
@@ -185,6 +188,7 @@ def test_each_client_loads_only_its_own_rows_and_columns(digits):
         _load({**cfg, "n_clients": 2}, "c0", "client", 0, K)
 
 
+@pytest.mark.unit
 def test_parameter_counts_match_the_models():
     for cfg in ({"dataset": "digits", "hidden": [32, 16]}, {"dataset": "covertype"},
                 {"dataset": "vehicle", "common_ratio": 0.5, "hidden": [8]}):
@@ -296,6 +300,7 @@ def _audit(cfg, kind, arrays):
     return check_record(declared[kind], arrays, C.sizes(s))
 
 
+@pytest.mark.unit
 def test_declarations_pass_only_the_common_column():
     cfg = {"dataset": "covertype"}
     s = _s(cfg)
@@ -340,6 +345,7 @@ def test_declarations_pass_only_the_common_column():
         _s({**cfg, "mu": 2.0})  # the audit of a run whose settings do not parse fails before any record
 
 
+@pytest.mark.unit
 def test_presets_parse():
     big = load(presets.path("chfl"))
     s = _s(big.algorithm_cfg())
@@ -351,6 +357,8 @@ def test_presets_parse():
     assert sorted(small.roles.values()) == ["client"] * 3 + ["server"]
 
 
+@pytest.mark.processes
+@pytest.mark.smoke   # make test's process run of this family
 def test_preset_as_processes_passes_audit(tmp_path):
     fed = replace(load(presets.path("chfl_small")), hosts=2)   # two host processes: two torch imports, not four
     run_dir = tmp_path / "run"
@@ -383,6 +391,7 @@ def test_preset_as_processes_passes_audit(tmp_path):
 # --------------------------------------------------------------------- real data
 
 
+@pytest.mark.unit
 def test_covertype_partition_and_count(shared_data):
     cfg = {"dataset": "covertype", "seed": 1000, "feature_seed": 0}
     parts = [_load(cfg, f"client{k}", "client", k, 5) for k in range(5)]

@@ -16,10 +16,11 @@ from fedhet.algorithms.chfl.models import (CHFLNet, MLPColumn, UniqueColumn, com
 from fedhet.algorithms.partition import (chfl_partition, split_features, split_samples,
                                          vertical_split)
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 SMALL = (16, 8, 8)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _toy(n=600, d=12, c=3, seed=0):
@@ -166,6 +167,7 @@ def _curves(res, K, label, part="test"):
     return np.array([res[f"client{k + 1}"]["curves"][0][label][part] for k in range(K)]).T
 
 
+@pytest.mark.federation
 def test_tiny_run_learns_above_chance():
     X, y = _toy(n=900, seed=4)
     cfg = dict(common_ratio=0.3, lr=3e-3, rounds=3, seed=0, local_epochs=2, batch_size=32,

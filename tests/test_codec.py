@@ -10,6 +10,8 @@ from hypothesis.extra import numpy as hnp
 from fedhet.parties import codec
 from fedhet.parties.codec import MalformedMessage
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_, np.uint64, np.int8, np.float16]
 
 

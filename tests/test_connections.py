@@ -16,8 +16,9 @@ import zmq
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties.zmq_transport import PeerUnreachable, ZmqParty
 
-import net_tools  # a helper module of tests/
-from net_tools import free_port
+from net_tools import free_port, wait_for  # a helper module of tests/
+
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
 ROLES = {"a": "server", "b": "client"}
 RUN = "links"
@@ -40,10 +41,6 @@ def logger(name: str) -> tuple[logging.Logger, Records]:
     rec = Records()
     log.addHandler(rec)
     return log, rec
-
-
-def wait_for(pred, timeout=SAFETY_S, what="condition"):
-    return net_tools.wait_for(pred, timeout, what, poll=0.01)
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from fedhet.parties.declare import declare
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.parties.settings import SettingsError, describe_settings, parse_settings, setting
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 
 @dataclass(frozen=True)
 class Inner:
@@ -230,6 +232,7 @@ def test_both_transports_parties_are_party_like():
     assert not isinstance(object(), PartyLike)
 
 
+@pytest.mark.processes
 def test_cli_messages_lists_kinds_with_schemas():
     out = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "messages", "fedavg_logreg", "--json"],
                          capture_output=True, text=True, cwd=_root())

@@ -28,6 +28,8 @@ from fedhet.crypto.ckks import (
     vector_to_bytes,
 )
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def ctx():

@@ -12,6 +12,8 @@ from fedhet.crypto.field import F61, P61, PrimeField, is_prime
 from fedhet.crypto.fixedpoint import FixedPoint, decode, encode
 from fedhet.crypto.prg import PRG
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 P = P61
 elems = st.integers(0, P - 1)
 # Values near the top and bottom of the field exercise the carries.

@@ -14,6 +14,8 @@ from fedhet.crypto.keys import (SEAL_OVERHEAD, AuthenticationError, agree, gener
                                 private_key_from_bytes, public_bytes, public_key_from_bytes, seal, sign, verify)
 from fedhet.parties.keys import save_private_key, save_public_key
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def test_x25519_both_sides_derive_the_same_key():
     a, b, c = generate_x25519(), generate_x25519(), generate_x25519()

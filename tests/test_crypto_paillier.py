@@ -32,6 +32,8 @@ from fedhet.crypto.paillier import (
 from fedhet.crypto.fixedpoint import dequantize, quantize
 from fedhet.crypto.paillier_keys import key_view, obfuscator
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def err(frac_bits):
     return 2.0 ** -(frac_bits + 1)

@@ -11,6 +11,8 @@ from scipy import stats
 from fedhet.crypto.field import P61
 from fedhet.crypto.prg import PRG, SEED_BYTES, random_seed
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 SEED = bytes(range(32))
 # Chi-square tests use fixed seeds, so each result is deterministic; a correct
 # PRG passes these thresholds except with negligible probability.

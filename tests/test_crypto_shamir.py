@@ -16,6 +16,8 @@ from fedhet.crypto.prg import PRG
 from fedhet.crypto.shamir import (lagrange_coefficients, reconstruct, reconstruct_bytes, reconstruct_float,
                                   share, share_bytes, share_float)
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 ALPHA = 1e-4
 
 

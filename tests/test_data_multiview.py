@@ -8,6 +8,8 @@ from scipy.io import savemat
 from fedhet.algorithms import data_multiview as dm
 from fedhet.algorithms.datapath import DatasetNotFound
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 # ---------------------------------------------------------------- splits (no data needed)
 def test_balanced_split_counts_disjoint_and_seeded():

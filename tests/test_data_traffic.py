@@ -4,6 +4,8 @@ import pytest
 from fedhet.algorithms.f3 import traffic as dt
 from fedhet.algorithms.datapath import DatasetNotFound
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def _graph():
     try:

@@ -4,6 +4,8 @@ import pytest
 from fedhet.algorithms.f3 import vowels as dv
 from fedhet.algorithms.datapath import DatasetNotFound
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def test_parse_ts_small(tmp_path):
     ch = ":".join(["1,2,3"] * 12)

@@ -20,6 +20,8 @@ from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
 from fedhet.parties.model_store import ModelFileError, make_part, read_part, write_part
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 PARTIES = [("server", "server"), ("c1", "client"), ("c2", "client")]
 
 
@@ -57,6 +59,7 @@ def test_a_changed_weight_fails_the_round_trip_check():
     assert "differ" in check_part(algo.load_model(part.meta, bad), part.meta)
 
 
+@pytest.mark.unit
 def test_part_files_are_checked_and_errors_name_the_file(tmp_path):
     part = make_part({"w": np.arange(3.0)}, {"model": "x"})
     write_part(tmp_path / "m", part, {"algorithm": "fedavg_logreg"})
@@ -78,6 +81,7 @@ def test_part_files_are_checked_and_errors_name_the_file(tmp_path):
         make_part({"w": np.array(["a"])}, {})
 
 
+@pytest.mark.processes
 def test_process_run_exports_weights_metadata_and_onnx_that_score_the_same(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     fed = replace(load(presets.path("demo")), hosts=1)   # one host process: one torch import
@@ -106,6 +110,7 @@ def test_process_run_exports_weights_metadata_and_onnx_that_score_the_same(tmp_p
             assert np.array_equal(got.argmax(1), want.argmax(1))
 
 
+@pytest.mark.unit
 def test_export_of_a_run_without_parts_or_of_an_unknown_party_says_why(tmp_path):
     (tmp_path / "run" / "parties" / "a").mkdir(parents=True)
     with pytest.raises(ExportError, match="no party saved a trained part"):

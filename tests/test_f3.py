@@ -11,6 +11,8 @@ from fedhet.algorithms import f3
 from fedhet.algorithms.f3 import training as T
 from fedhet.parties.settings import parse_settings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 N, DIMS, D, HID, CLASSES, ROWS = 5, [4, 6, 4, 5, 4], 4, 3, 3, 40
 
 
@@ -41,6 +43,7 @@ def _grads(model, first, rows, y):
 CASES = [("none", "none"), ("soft", "none"), ("soft", "icdf"), ("hard", "icdf"), ("tied", "icdf"), ("none", "icdf")]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("align,graph,equal", [(a, g, False) for a, g in CASES] + [("soft", "icdf", True)])
 def test_gradients_on_shares_equal_plain_autograd(align, graph, equal):
     # equal widths: the holders' batched products over all owners; unequal: one product per owner
@@ -61,6 +64,7 @@ def test_gradients_on_shares_equal_plain_autograd(align, graph, equal):
     assert torch.allclose(p_shared, p_plain, atol=1e-3)
 
 
+@pytest.mark.unit
 def test_pre_activations_on_shares_lie_within_the_reported_error_bound():
     reps = _reps(3)
     s = _settings(align="soft", graph="icdf")
@@ -81,6 +85,7 @@ def test_pre_activations_on_shares_lie_within_the_reported_error_bound():
     assert np.abs(U - exact64).max() <= holders.max_err
 
 
+@pytest.mark.unit
 def test_shared_and_trusted_inference_agree():
     reps = _reps(4)
     s = _settings(align="soft", graph="icdf")
@@ -95,6 +100,7 @@ def test_shared_and_trusted_inference_agree():
     assert (p_shared.argmax(1) == p_trusted.argmax(1)).mean() >= 0.95
 
 
+@pytest.mark.unit
 def test_t_minus_one_holders_shares_do_not_depend_on_the_representations():
     """One holder's share (t = 2) of two different representation arrays: both look uniform on the field."""
     s = _settings()
@@ -128,6 +134,7 @@ def test_holder_refuses_rows_outside_the_shared_arrays(shared_data):
         run_inmemory(algo, parties, s, timeout=60, data_dir=shared_data)
 
 
+@pytest.mark.unit
 def test_settings_errors_name_the_problem():
     with pytest.raises(ValueError, match="given"):
         _settings(graph="given")
@@ -136,6 +143,7 @@ def test_settings_errors_name_the_problem():
         f3.owner_widths(s, 3)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_path_of_local_and_global_training():
     rng = np.random.default_rng(0)
@@ -153,6 +161,7 @@ def test_cuda_path_of_local_and_global_training():
     assert next(g.parameters()).is_cuda and np.all(np.isfinite(p_shared))
 
 
+@pytest.mark.unit
 def test_real_speed_files_need_both_files():
     with pytest.raises(ValueError, match="go together"):
         _settings(dataset="metr_la", speeds_file="x.h5")

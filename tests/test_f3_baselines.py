@@ -13,6 +13,8 @@ from fedhet.algorithms.f3 import baselines as B
 from fedhet.algorithms.f3 import models as FM
 from fedhet.algorithms.f3 import training as T
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def _series(G=2, N=60, T_=7, seed=0, classes=3):
     rng = np.random.default_rng(seed)

@@ -1,6 +1,9 @@
+import pytest
 import torch
 
 from fedhet.algorithms.f3 import models as fm
+
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
 
 def test_local_lstm_shapes():

@@ -10,6 +10,8 @@ from fedhet.parties import failure
 from fedhet.parties.api import PartyAborted, PeerFault, PeerTimeout
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def rec(exc, name, role="client"):
     return failure.record(exc, name, role)
@@ -66,6 +68,7 @@ def _algo(roles):
     return types.SimpleNamespace(NAME="blame-test", ROLES=roles, load_data=lambda *a: None)
 
 
+@pytest.mark.federation
 def test_a_forged_abort_in_memory_names_the_forger_not_the_party_it_mentions():
     def honest(party, c, d):
         return party.recv("server", "go", timeout=30)
@@ -87,6 +90,7 @@ def test_a_forged_abort_in_memory_names_the_forger_not_the_party_it_mentions():
     assert e.value.records["client1"]["culprit"] == "client3"
 
 
+@pytest.mark.federation
 def test_a_refused_message_names_its_sender_with_its_sequence_number_and_digest():
     def victim(party, c, d):
         x = party.recv("bad", "v", timeout=30)
@@ -121,6 +125,7 @@ def test_a_notice_from_a_party_that_was_itself_only_stopped_names_it():
     assert v["party"] == "client3" and v["cause"] == "peer_abort"
 
 
+@pytest.mark.federation
 def test_an_identity_key_of_the_wrong_length_names_its_sender_not_the_victim_or_the_server():
     import numpy as np
 

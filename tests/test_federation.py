@@ -8,6 +8,8 @@ from fedhet.parties import keys, presets
 from fedhet.parties.cli import main
 from fedhet.parties.federation import FederationError, from_dict, load
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 GOOD = {
     "federation": {"name": "t", "key_dir": "keys"},
     "algorithm": {"name": "fedavg_logreg", "rounds": 2},

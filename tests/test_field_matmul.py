@@ -5,6 +5,8 @@ import pytest
 from fedhet.crypto import field_matmul as fm
 from fedhet.crypto.field import F61, P61, PrimeField
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def ref_mm(a, b, p):
     """(a @ b) mod p with Python ints; a (R, K), b (K, N), any integer dtypes."""

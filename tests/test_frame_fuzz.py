@@ -27,6 +27,8 @@ from fedhet.parties.zmq_transport import ZmqParty
 
 from net_tools import curve_dealer, free_port  # a helper module of tests/
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "fuzz-run"
 LIMIT = 1 << 20  # ZMQ_MAXMSGSIZE and decoder limit of the live party; fuzz frames stay below it

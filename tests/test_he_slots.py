@@ -23,6 +23,8 @@ from fedhet.protocols import he_paillier_layer
 
 from he_link import run_pair  # a helper module of tests/
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 KEY = 1024
 
 
@@ -50,6 +52,7 @@ def _max_abs(a) -> int:
 
 
 # ------------------------------------------------------------------------------------------ the budget
+@pytest.mark.unit
 @pytest.mark.parametrize("lr,mask_bits,batch", [(0.3, 40, 128), (0.1, 32, 32), (2.5, 40, 7)])
 def test_step_bounds_hold_for_every_batch_size(lr, mask_bits, batch):
     """|step(nu)| <= s and |step(G + nu) - step(nu)| <= s_G at the extremes of nu and G, for every row count."""
@@ -65,6 +68,7 @@ def test_step_bounds_hold_for_every_batch_size(lr, mask_bits, batch):
             assert _max_abs(hei.weight_step(nus + G, rows, spec) - step_nu) <= b.true_step
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("d,K,steps,mask_bits", [(8, 8, 300, 40), (8, 8, 1 << 20, 40), (3, 2, 1, 32),
                                                   (20, 4, 5000, 48), (2, 64, 100, 40)])
 def test_auto_width_is_the_least_that_passes_the_planned_worst_case(d, K, steps, mask_bits):
@@ -85,6 +89,7 @@ def test_auto_width_is_the_least_that_passes_the_planned_worst_case(d, K, steps,
     assert b.walk < b4.walk <= 2 * b.walk + 2
 
 
+@pytest.mark.unit
 def test_eps_random_walk_stays_inside_its_bound():
     """A simulated eps (the guest's real noise and weight_step) over 2000 steps of random batch sizes stays
     well within the budget's walk (which holds with probability 1 - 2**-40)."""
@@ -100,6 +105,7 @@ def test_eps_random_walk_stays_inside_its_bound():
     assert b.step * 4 < peak <= b.drift * spec.max_steps + b.walk
 
 
+@pytest.mark.unit
 def test_auto_is_narrower_than_160_bits_for_he_split_defaults():
     c = he_split.ALGORITHM.parse({"dataset": "cancer"})
     spec = c.layer.resolve(c.guest_bottom_width, c.interactive_width)
@@ -108,6 +114,7 @@ def test_auto_is_narrower_than_160_bits_for_he_split_defaults():
     assert he_split.ALGORITHM.parse({"max_batches": 7}).layer.max_steps == 7
 
 
+@pytest.mark.unit
 def test_spec_and_settings_refuse_bad_widths():
     with pytest.raises(ValueError, match="slot_bits"):
         hei.LayerSpec(slot_bits="wide")

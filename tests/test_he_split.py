@@ -25,6 +25,8 @@ from fedhet.protocols import he_interactive as hei
 
 from he_link import run_pair  # a helper module of tests/
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 KEY = 1024
 FRAC_A, FRAC_W = hei.LayerSpec.a_frac_bits, hei.LayerSpec.w_frac_bits
 
@@ -44,6 +46,7 @@ def run_layer(spec: hei.LayerSpec, A, W_g, eps, delta=None, steps: int = 1):
 
 
 # ------------------------------------------------------------------------------------------ the layer
+@pytest.mark.federation
 @pytest.mark.parametrize("scheme", ["paillier", "naive"])
 def test_int_layer_forward_backward_exact(scheme):
     """Forward = round(A) @ (W_g + eps) exactly; input gradient = delta W^T exactly; W moves by -step(G)."""
@@ -83,6 +86,7 @@ def test_int_layer_forward_backward_exact(scheme):
     assert h.stats.min_mask_sigma >= spec.mask_bits
 
 
+@pytest.mark.federation
 def test_ckks_layer_within_stated_precision():
     rng = np.random.default_rng(4)
     b, d, K = 64, 6, 5
@@ -151,6 +155,7 @@ def paillier_run():
     return cfg, res, sent, models
 
 
+@pytest.mark.federation
 def test_he_training_matches_plaintext_split(paillier_run):
     cfg, res, _, _ = paillier_run
     ref = he_split.run_reference(he_split.ALGORITHM.parse({k: v for k, v in cfg.items() if k != "return_params"}))
@@ -238,6 +243,7 @@ def test_each_part_holds_its_own_share_and_the_host_scores_with_the_guests_outpu
     np.testing.assert_allclose(probs, host.meta["check"]["outputs"], atol=1e-3)
 
 
+@pytest.mark.federation
 @pytest.mark.parametrize("scheme", ["naive", "ckks"])
 def test_naive_and_ckks_variants_train(scheme):
     kw = dict(he=scheme, max_batches=1, batch_size=16 if scheme == "naive" else 64, guest_bottom_width=3,
@@ -262,6 +268,8 @@ def test_config_errors_are_named():
 
 
 # ------------------------------------------------------------------------------------------ processes
+@pytest.mark.processes
+@pytest.mark.smoke   # make test's process run of this family
 def test_process_run_passes_audit(tmp_path):
     fed = load(presets.path("he_split"))
     run_dir = tmp_path / "run"

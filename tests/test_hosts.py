@@ -28,7 +28,9 @@ from fedhet.parties.audit import audit
 from fedhet.parties.federation import FederationError, from_dict, load
 from fedhet.parties.launcher import RunFailed, launch
 
-from launch_tools import launch_in_background  # a helper module of tests/
+from launch_tools import launch_in_background, shared_run  # a helper module of tests/
+
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 
 STARTUP = 90.0  # hang guard only
 
@@ -54,10 +56,14 @@ def host_pids(run_dir: Path, host: str) -> list[int]:
 # --------------------------------------------------------------- same results, audited
 @pytest.fixture(scope="module")
 def shamir_runs(tmp_path_factory):
+    """Shamir as one process per party and in two hosts, made once for all workers."""
     fed = load(presets.path("shamir"))
-    base = tmp_path_factory.mktemp("shamir")
-    alone = launch(fed, base / "alone", progress=False, timeout=300)
-    hosted = launch(replace(fed, hosts=2), base / "hosted", progress=False, timeout=300)
+
+    def make(folder):
+        launch(fed, folder / "alone", progress=False, timeout=300)
+        launch(replace(fed, hosts=2), folder / "hosted", progress=False, timeout=300)
+    base = shared_run(tmp_path_factory, "hosts-shamir", make)
+    alone, hosted = (json.loads((base / r / "result.json").read_text()) for r in ("alone", "hosted"))
     return fed, base, alone, hosted
 
 
@@ -188,6 +194,7 @@ def test_sixty_parties_in_three_hosts_complete_and_pass_audit(tmp_path):
 
 
 # ---------------------------------------------------------------- federation files
+@pytest.mark.unit
 def test_host_grouping_is_round_robin_and_explicit_hosts_come_first():
     parties = [{"name": f"p{i}", "role": "r", "endpoint": "tcp://127.0.0.1:0"} for i in range(7)]
     parties[6]["host"] = "big"
@@ -200,6 +207,7 @@ def test_host_grouping_is_round_robin_and_explicit_hosts_come_first():
     assert again.host_groups() == fed.host_groups() and again.hosts == 2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change, msg", [
     ({"federation": {"hosts": -1}}, "hosts must be a whole number"),
     ({"federation": {"host_threads": "1"}}, "host_threads must be a whole number"),

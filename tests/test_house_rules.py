@@ -9,6 +9,8 @@ import pytest
 
 import house_rules as hr
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

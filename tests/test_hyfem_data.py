@@ -13,6 +13,8 @@ from fedhet.algorithms.data_multiview import load_coil20
 from fedhet.parties.contract import PartyContext
 from fedhet.parties.settings import parse_settings
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def coil(n_views, **over):
     cfg = {"dataset": "coil20", "scenario": "custom", "n_views": n_views,

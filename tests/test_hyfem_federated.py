@@ -24,7 +24,7 @@ from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import launch
 from fedhet.parties.settings import parse_settings
 
-pytestmark = pytest.mark.data   # Handwritten (the generic all-algorithms test covers HyFEM on digits)
+pytestmark = [pytest.mark.federation, pytest.mark.data]   # Handwritten (the generic all-algorithms test covers HyFEM on digits)
 
 PARTIES = [("server", "server")] + [(f"client{i}", "client") for i in range(1, 5)]
 SMALL = {"max_rows": 600, "extractor_hidden": 32, "inference_hidden": 16, "embed_dim": 8,
@@ -106,6 +106,7 @@ def test_allow_plain_views_sends_single_holder_views_in_the_clear():
     assert np.isfinite(srv["global_accuracy"][-1])
 
 
+@pytest.mark.unit
 def test_settings_reject_bad_partitions():
     with pytest.raises(ValueError, match="views_per_client"):
         parse_settings(hyfem.Settings, {"scenario": "custom", "n_views": 3, "views_per_client": 4,
@@ -118,6 +119,7 @@ def test_settings_reject_bad_partitions():
                                         "unused_fraction": 0.0})
 
 
+@pytest.mark.unit
 def test_sizes_match_the_built_extractors():
     from fedhet.algorithms.hyfem.models import build_extractor, n_params
     for cfg in ({}, {"dataset": "coil20", "scenario": "custom", "n_views": 4, "views_per_client": 2,
@@ -128,6 +130,7 @@ def test_sizes_match_the_built_extractors():
             assert sz[f"ext{d}"] == n_params(build_extractor(e))
 
 
+@pytest.mark.processes
 def test_process_run_passes_audit_and_no_label_shaped_array_leaves_a_client(tmp_path):
     fed = load(presets.path("hyfem"))
     run_dir = tmp_path / "run"
@@ -158,6 +161,7 @@ def test_process_run_passes_audit_and_no_label_shaped_array_leaves_a_client(tmp_
                     assert [dt, shape] == ["<f4", [sz["n_inference"]]]
 
 
+@pytest.mark.processes
 def test_12view_coil20_preset_runs_as_processes_and_passes_audit(tmp_path):
     fed = load(presets.path("hyfem_12view"))
     over = {"rounds": 1, "local_steps": 2, "max_rows": 200, "cnn_channels": 4, "embed_dim": 4,
@@ -185,6 +189,7 @@ def test_12view_coil20_preset_runs_as_processes_and_passes_audit(tmp_path):
         np.testing.assert_allclose(got, np.asarray(meta["check"]["outputs"]), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_audit_flags_a_plain_view_when_not_allowed():
     def kinds(cfg):
         return {d.kind for d in hyfem.declarations(parse_settings(hyfem.Settings, cfg))}
@@ -193,6 +198,7 @@ def test_audit_flags_a_plain_view_when_not_allowed():
     assert hyfem.Kind.PLAIN_VIEW in kinds({"allow_plain_views": True})
 
 
+@pytest.mark.unit
 def test_loss_reduction_setting_reaches_the_local_update():
     assert parse_settings(hyfem.Settings, {}).config().loss_reduction == "mean"
     assert parse_settings(hyfem.Settings, {"loss_reduction": "sum"}).config().loss_reduction == "sum"

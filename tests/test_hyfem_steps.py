@@ -17,6 +17,8 @@ from fedhet.algorithms.hyfem.models import (ExtractorSpec, HyFEMModelSpec, Infer
                                             init_extractor, init_inference, set_flat)
 from fedhet.algorithms.partition import hybrid_partition
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 N_VIEWS, DIM, N_CLASSES = 3, 6, 4
 
 

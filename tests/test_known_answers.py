@@ -32,6 +32,8 @@ from fedhet.crypto.prg import PRG
 from fedhet.parties import codec
 from fedhet.protocols import he_interactive as hei
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 KAT = Path(__file__).resolve().parent / "kat"
 _spec = importlib.util.spec_from_file_location("fedhet_kat_make_vectors", KAT / "make_vectors.py")
 mv = importlib.util.module_from_spec(_spec)

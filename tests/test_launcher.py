@@ -27,7 +27,9 @@ from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.launcher import RunFailed, launch
 
-from launch_tools import launch_in_background  # a helper module of tests/
+from launch_tools import launch_in_background, shared_run  # a helper module of tests/
+
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 
 STARTUP = 90.0  # seconds a party process may take to come up on a loaded machine (hang guard only)
 STOP_GRACE = 3.0  # the launcher's SIGTERM -> SIGKILL grace
@@ -100,10 +102,11 @@ def weights(summary: dict) -> dict:
 # --------------------------------------------------- one clean CURVE demo run
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
+    """The demo as processes, made once for all workers (the tests only read it)."""
     fed = demo_fed()
-    run_dir = tmp_path_factory.mktemp("demo") / "run"
-    summary = launch(fed, run_dir, progress=False, timeout=300)
-    return fed, run_dir, summary
+    run_dir = shared_run(tmp_path_factory, "launcher-demo",
+                         lambda folder: launch(fed, folder, progress=False, timeout=300))
+    return fed, run_dir, json.loads((run_dir / "result.json").read_text())
 
 
 def test_zmq_processes_match_in_memory_bit_for_bit(demo_run):
@@ -269,6 +272,7 @@ def test_audit_fails_a_tampered_transcript(demo_run, tmp_path, tamper):
     assert audit(run_dir).ok  # the original is untouched
 
 
+@pytest.mark.unit
 def test_atomic_writes_honour_the_umask_unless_told_a_mode(tmp_path):
     import os
     import stat

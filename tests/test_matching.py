@@ -9,6 +9,8 @@ from fedhet.algorithms.hyfem.matching import (MatchSettings, assignment_matrix, 
                                               matched_averaging, matched_mean, matching_cost,
                                               permute_hidden, project, prune_unmatched)
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def random_mlp(rng, dims):
     return [(rng.normal(size=(dims[i + 1], dims[i])), rng.normal(size=dims[i + 1]))

@@ -8,6 +8,8 @@ from threadpoolctl import threadpool_limits
 from fedhet.algorithms import data_multiview as dm
 from fedhet.algorithms.mmvfl import core as mc
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def _rand(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape)

@@ -11,6 +11,8 @@ from fedhet.algorithms.data_multiview import load_multiview
 from fedhet.parties.inmemory import run_inmemory
 from fedhet.parties.settings import parse_settings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 PARTIES = [("server", "server")] + [(f"p{i}", "participant") for i in range(1, 6)]
 SMALL = {"dataset": "handwritten", "train_per_class": 12, "val_per_class": 6, "max_iter": 4,
          "percents": [10, 50, 100], "report_model": True}
@@ -73,6 +75,7 @@ def test_secure_federated_run_within_the_quantisation_bound(dataset):
     _compare(res, ref, rows, atol=1e3 * res["server"]["max_mean_error_bound"] + 1e-12, parties=PARTIES)
 
 
+@pytest.mark.unit
 def test_label_holder_must_be_first(tmp_path):
     cfg = {**SMALL, "aggregation": "plain", "max_iter": 1}
     s = parse_settings(mmvfl.Settings, cfg, "mmvfl")
@@ -81,6 +84,7 @@ def test_label_holder_must_be_first(tmp_path):
         parse_settings(mmvfl.Settings, {**cfg, "fold": 5}, "mmvfl")
 
 
+@pytest.mark.processes
 @pytest.mark.data   # Handwritten's view widths (the all-algorithms test runs the digits preset as processes)
 def test_processes_audit_and_nothing_label_or_x_shaped_leaves(tmp_path):
     from fedhet.parties import presets
@@ -151,6 +155,7 @@ def test_a_participants_part_scores_its_own_rows_alone_as_it_scored_them(knn_k):
         assert knn_k == 3 or acc == res[name]["accuracy"], name
 
 
+@pytest.mark.unit
 def test_the_parts_knn_is_cores_rule_ties_included():
     from fedhet.algorithms.mmvfl.model import SelectionKNN
 

@@ -22,6 +22,8 @@ from fedhet.parties import cli, launcher
 from fedhet.parties.cli import main
 from fedhet.parties.federation import FederationError, check_keys_present, from_dict, load
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 GOOD = {

@@ -17,6 +17,8 @@ from fedhet.parties import presets
 from fedhet.parties.federation import load
 from fedhet.parties.launcher import RunFailed, launch, prepare_local
 
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
+
 HANG_GUARD = 240.0   # seconds: only ends a hung test; nothing here is timed
 
 
@@ -137,6 +139,7 @@ def test_two_machines_with_different_federation_files_stop_naming_the_peer_and_t
     assert v["party"] is None and "different federation files" in v["reason"]
 
 
+@pytest.mark.federation
 def test_a_restarted_party_keeps_the_earlier_transcript_and_a_running_one_is_not_touched(tmp_path):
     import os
 

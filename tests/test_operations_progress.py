@@ -3,10 +3,14 @@ step, metric, elapsed, ETA), log.txt records the protocol stages with their timi
 sets what it records."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
 from fedhet.parties import presets, progress
+
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
 
 def test_a_line_has_role_step_metric_elapsed_and_eta():
@@ -46,6 +50,7 @@ def demo_in_one_host(tmp_path) -> str:
     return str(fed)
 
 
+@pytest.mark.processes
 def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
@@ -64,6 +69,7 @@ def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
     assert "progress client1 (client) step" in log
 
 
+@pytest.mark.processes
 def test_log_level_warning_keeps_info_out_of_log_txt(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),

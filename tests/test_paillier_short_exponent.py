@@ -15,6 +15,8 @@ from fedhet.crypto.paillier import PackingSpec, PaillierContext, packed_matmul, 
 from fedhet.crypto.paillier_array import multi_pow, window_table
 from fedhet.crypto.paillier_keys import (FixedBaseTable, ShortExponentObfuscator, key_view, short_exponent_base)
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def keys():

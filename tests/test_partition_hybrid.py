@@ -6,6 +6,8 @@ import pytest
 
 from fedhet.algorithms.partition import hybrid_partition
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def labels_like_handwritten():
     return np.repeat(np.arange(10), 200)   # 10 classes x 200 rows, like mfeat

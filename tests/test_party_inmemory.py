@@ -7,6 +7,8 @@ import pytest
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 
 def hub3():
     hub = InMemoryHub({"a": "x", "b": "y", "c": "y"})

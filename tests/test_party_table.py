@@ -29,6 +29,8 @@ from fedhet.algorithms.party_table import (
     load_party_table,
 )
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 PARTY = "client1"
 
 # ------------------------------------------------------------------------------- source table

@@ -32,6 +32,8 @@ from fedhet.parties.federation import Federation
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import launch
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 N_ROWS = 40
 # run as processes in the default suite (one vertical here; a horizontal one through the command line below);
 # the others with --runslow
@@ -179,6 +181,7 @@ def test_in_memory_predictions_equal_plaintext_scoring_of_the_exported_parts(tra
     check_missing(trained, out, results)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("trained", [pytest.param(n, marks=() if n in FAST_PROCESSES else pytest.mark.slow)
                                      for n in predicting()], indirect=True)
 def test_processes_give_the_same_predictions_and_pass_the_audit(trained, tmp_path):
@@ -207,6 +210,7 @@ def test_f3_with_trusted_fusion_predicts_exactly_what_its_exported_parts_give(tm
     assert results["coordinator"]["fusion"] == "trusted"
 
 
+@pytest.mark.unit
 def test_every_algorithm_that_trains_a_model_can_predict():
     trains = [n for n in registry.names() if registry.get_algorithm(n).load_model is not None]
     assert trains and predicting() == trains
@@ -257,6 +261,7 @@ def test_new_rows_whose_columns_differ_from_the_part_are_refused_naming_file_and
     assert (trained.folder / "host.csv").read_text() == saved
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("trained", ["fedavg_logreg"], indirect=True)
 def test_the_command_line_predicts_and_the_audit_passes(trained, tmp_path):
     """`fedhet predict` scores a file per client, `fedhet audit` checks the job."""
@@ -277,6 +282,7 @@ def test_the_command_line_predicts_and_the_audit_passes(trained, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+@pytest.mark.unit
 def test_the_job_federation_names_the_job_and_its_folders_and_can_be_run_again(tmp_path):
     (tmp_path / "run" / "parties").mkdir(parents=True)
     fed = smoke("stfl")

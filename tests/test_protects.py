@@ -25,6 +25,8 @@ from fedhet.parties.declare import PROTECTIONS, declare
 from fedhet.parties.federation import load
 from fedhet.parties.settings import SettingsError
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 # The settings that choose which kinds (or which protection of a kind) a run declares.
 VARIANT_KEYS = ("fusion", "variant", "he", "aggregation", "method", "allow_plain_views", "psi_backend")
 # Values a settings class lists but refuses (an old name kept to say what it is called now).

@@ -16,6 +16,8 @@ from fedhet.parties.schema import SchemaError
 from fedhet.protocols import aggregation, he_interactive, secagg_messages, shamir_share
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 FED = [("server", "server"), ("client1", "client"), ("client2", "client"), ("client3", "client")]
 VECS = {"client1": np.array([1.0, -2.0, 0.5]), "client2": np.array([0.25, 4.0, -1.0]),
         "client3": np.array([-3.0, 0.0, 2.0])}
@@ -111,6 +113,7 @@ def _fails_at(spec, payload, field):
     assert e.value.path == field, e.value
 
 
+@pytest.mark.unit
 def test_tampered_secagg_payloads_fail_naming_the_field():
     s = secagg_messages.SCHEMAS
     y = np.zeros(4, dtype=np.uint32)
@@ -126,6 +129,7 @@ def test_tampered_secagg_payloads_fail_naming_the_field():
                                              "sig": b"x" * 64}, "c_pk")
 
 
+@pytest.mark.unit
 def test_tampered_shamir_and_he_payloads_fail_naming_the_field():
     spec = shamir_share.share_schema()
     ok = {"v": 1, "tag": "", "x": 1, "t": 2, "p": (1 << 61) - 1, "frac_bits": 16, "bound": 10, "err": 0.0,

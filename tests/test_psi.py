@@ -17,6 +17,8 @@ from fedhet.protocols import psi
 from psi_oracle import (CASES, check_result, intersection_tests, leaks, psi_job_as_processes, psi_runner, scan_a_run,
                         unkeyed_hashes)
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 P = 2**255 - 19
 A = 486662
 
@@ -30,6 +32,7 @@ def envelopes(frames):
 
 
 # -------------------------------------------------------------- primitive
+@pytest.mark.unit
 def test_encoding_is_canonical_and_keeps_types_apart():
     assert len({grp.encode_item(x) for x in (1, "1", b"1", -1, "-1")}) == 5
     assert grp.encode_item(np.int64(7)) == grp.encode_item(7)
@@ -42,6 +45,7 @@ def test_encoding_is_canonical_and_keeps_types_apart():
         grp.encode_items(["a", 3, 2.5])
 
 
+@pytest.mark.unit
 def test_hash_lands_on_the_curve_is_deterministic_and_domain_separated():
     enc = grp.encode_items(list(range(300)) + ["x", "ü", ""])
     pts = grp.hash_to_points(enc)
@@ -59,6 +63,7 @@ def _edwards_y(u: int) -> bytes:
     return ((u - 1) * pow(u + 1, P - 2, P) % P).to_bytes(32, "little")
 
 
+@pytest.mark.unit
 def test_blinding_commutes_and_lands_in_the_prime_order_subgroup():
     from nacl.bindings import crypto_core_ed25519_is_valid_point as in_main_subgroup
 
@@ -77,6 +82,7 @@ def test_blinding_commutes_and_lands_in_the_prime_order_subgroup():
     assert frac(grp.blind(a, pts)) == 1.0 and frac(ab) == 1.0
 
 
+@pytest.mark.unit
 def test_blinding_refuses_small_order_and_malformed_points():
     a = grp.new_scalar()
     pts = bytearray(grp.hash_to_points(grp.encode_items(["a", "b", "c"])))
@@ -89,6 +95,7 @@ def test_blinding_refuses_small_order_and_malformed_points():
         grp.blind(a, np.zeros((2, 31), np.uint8))
 
 
+@pytest.mark.unit
 def test_process_pool_gives_the_inline_results():
     enc = grp.encode_items([f"id{i}" for i in range(500)])
     a = grp.new_scalar()
@@ -103,6 +110,7 @@ def test_process_pool_gives_the_inline_results():
             pool.submit_blind(b, bytes(32)).result()
 
 
+@pytest.mark.unit
 def test_match_rows_agrees_with_a_dict_including_prefix_collisions():
     rng = np.random.default_rng(0)
     b = rng.integers(0, 256, (500, 32), dtype=np.uint8)
@@ -254,6 +262,8 @@ def test_psi_job_in_memory_three_parties():
     assert all(r["correct"] and r["size"] == 240 for r in one.values())  # core + the pair block
 
 
+@pytest.mark.processes
+@pytest.mark.smoke   # make test's process run of this family
 def test_psi_preset_runs_as_processes_and_passes_the_audit(tmp_path):
     psi_job_as_processes(tmp_path / "run", {"n": 500},
                          {psi.Kind.BLIND_L, psi.Kind.BLIND_F, psi.Kind.DOUBLE_L, psi.Kind.RESULT}, timeout=120)

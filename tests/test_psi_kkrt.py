@@ -18,6 +18,8 @@ from fedhet.protocols.psi import kkrt as psi_kkrt
 from psi_oracle import (CASES, check_result, intersection_tests, psi_job_as_processes, psi_runner, scan_a_run,
                         declared_envelopes, max_in_flight, two_runs_differ, unkeyed_hashes)
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 # ---------------------------------------------------------------- harness
 run_psi = psi_runner("psi_kkrt_test", backend="kkrt", timeout=120.0)
@@ -228,6 +230,7 @@ def test_cuckoo_failure_is_detected_and_rehashed_never_a_wrong_table():
     assert (cuckoo.bin_hashes(d, seed, m)[table[full], which[full]] == full).all()
 
 
+@pytest.mark.federation
 def test_protocol_rehashes_when_the_first_cuckoo_seed_fails(monkeypatch):
     calls = []
     real = cuckoo.insert
@@ -258,6 +261,7 @@ test_intersection_equals_python_sets, test_intersection_equals_python_sets_hypot
     intersection_tests(run_psi, CASES, max_examples=25)
 
 
+@pytest.mark.federation
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_2_16_random_sets(seed):
     rng = np.random.default_rng(seed)
@@ -272,6 +276,7 @@ def test_2_16_random_sets(seed):
     assert [f_ids[r] for r in res["f0"].rows.tolist()[:2000]] == res["lo"].ids[:2000]
 
 
+@pytest.mark.federation
 def test_same_result_as_ecdh_two_party_and_multi_party():
     rng = np.random.default_rng(7)
     lo_ids = [f"u{v}" for v in rng.integers(0, 600, 400)] + [3, 4, b"z"]
@@ -286,6 +291,7 @@ def test_same_result_as_ecdh_two_party_and_multi_party():
     check_result(run_psi(lo_ids, feats), lo_ids, feats)
 
 
+@pytest.mark.federation
 def test_label_owner_only_mode(wire):
     lo_ids = [9, 3, 7, 3, 1, 8]
     feats = [[1, 3, 8, 9, 2], [8, 9, 3, 1]]
@@ -327,6 +333,7 @@ def _forbidden(raw_ids):
                                                      ("digest", psi.common.item_digests([enc]).tobytes())])
 
 
+@pytest.mark.federation
 def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash_or_a_bare_codeword(wire):
     scan_a_run(run_psi, wire, _forbidden)
     # U rows are not the label owner's codewords (they are masked by PRG output)
@@ -336,6 +343,7 @@ def test_nothing_on_the_wire_is_a_raw_id_or_an_unkeyed_hash_or_a_bare_codeword(w
     assert 0.45 < bits < 0.55
 
 
+@pytest.mark.federation
 def test_fresh_randomness_each_run(wire):
     first, second = two_runs_differ(run_psi, wire, [(psi.Kind.KKRT_U, "u"), (psi.Kind.KKRT_OPRF, "v"),
                                                     (psi.Kind.KKRT_REPLY, "B")])
@@ -343,6 +351,7 @@ def test_fresh_randomness_each_run(wire):
     assert len(set(seeds)) == 2
 
 
+@pytest.mark.federation
 def test_every_message_matches_the_declarations(wire):
     res = run_psi(list(range(300)), [list(range(50, 330)), list(range(90, 400))], chunk=32)
     assert res["lo"].size == 210
@@ -364,6 +373,7 @@ def test_every_message_matches_the_declarations(wire):
     assert audit(psi.Kind.KKRT_REPLY, [("B", "|u1", (511, 32))]) is not None
 
 
+@pytest.mark.federation
 def test_u_stream_is_flow_controlled(monkeypatch, wire):
     monkeypatch.setattr(psi_kkrt, "U_WINDOW_BYTES", 1)  # window of 2 chunks of 128 bins
     lo_ids = list(range(2000))
@@ -375,6 +385,7 @@ def test_u_stream_is_flow_controlled(monkeypatch, wire):
 
 
 # ------------------------------------------------------------ bad input
+@pytest.mark.federation
 def test_bad_input_is_refused_with_a_clear_error():
     with pytest.raises(FederationFailed, match="'f0'"):
         run_psi([1, 2], [[1, None]])
@@ -383,6 +394,7 @@ def test_bad_input_is_refused_with_a_clear_error():
 
 
 # --------------------------------------------------------- the runnable job
+@pytest.mark.federation
 def test_psi_job_in_memory_three_parties_kkrt():
     from fedhet.algorithms import psi_job
 
@@ -395,6 +407,7 @@ def test_psi_job_in_memory_three_parties_kkrt():
     assert {r["ids_sha256"] for r in ecdh.values()} == {r["ids_sha256"] for r in res.values()}
 
 
+@pytest.mark.processes
 def test_psi_job_kkrt_runs_as_processes_and_passes_the_audit(tmp_path):
     rep = psi_job_as_processes(tmp_path / "run", {"n": 500, "psi_backend": "kkrt", "workers": 0},
                                {psi.Kind.KKRT_SETUP, psi.Kind.KKRT_REPLY, psi.Kind.KKRT_U, psi.Kind.KKRT_OPRF,

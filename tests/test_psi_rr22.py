@@ -19,6 +19,8 @@ from fedhet.protocols.psi import rr22 as psi_rr22
 from psi_oracle import (CASES, check_result, intersection_tests, psi_job_as_processes, psi_runner, scan_a_run,
                         declared_envelopes, max_in_flight, two_runs_differ, unkeyed_hashes)
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 run_psi = psi_runner("psi_rr22_test", backend="rr22", timeout=120.0)
 RR22_KINDS = {psi.Kind.RR22_SETUP, psi.Kind.RR22_REPLY, psi.Kind.RR22_U, psi.Kind.RR22_GGM, psi.Kind.RR22_OKVS,
               psi.Kind.RR22_ACK, psi.Kind.RR22_OPRF, psi.Kind.RR22_RESULT}
@@ -33,6 +35,7 @@ def _elements(rng, n):
 
 
 # ------------------------------------------------------------ GF(2^128)
+@pytest.mark.unit
 def test_gf128_kernels_agree_with_the_integer_reference():
     rng = np.random.default_rng(1)
     a, b = _elements(rng, 300), _elements(rng, 300)
@@ -59,6 +62,7 @@ def test_gf128_kernels_agree_with_the_integer_reference():
 
 
 # ------------------------------------------------------------ IKNP correlated OT
+@pytest.mark.unit
 def test_iknp_rows_are_correlated_by_delta_and_known_answer():
     rng = np.random.default_rng(2)
     k0, k1 = rng.integers(0, 256, (128, 16), dtype=np.uint8), rng.integers(0, 256, (128, 16), dtype=np.uint8)
@@ -79,6 +83,7 @@ KAT_IKNP = "59a68610556a8897"
 
 
 # ------------------------------------------------------------ the band OKVS
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 100, 5000, 1 << 16])
 def test_okvs_round_trip_at_the_parameters_in_use(n):
     rng = np.random.default_rng(n)
@@ -98,6 +103,7 @@ def test_okvs_round_trip_at_the_parameters_in_use(n):
     assert (okvs.decode(p ^ other, starts, bands) == values ^ okvs.decode(other, starts, bands)).all()
 
 
+@pytest.mark.unit
 def test_okvs_failure_bound_is_below_2_to_the_minus_40_for_every_accepted_size():
     for e in range(1, 29):
         assert okvs.failure_log2(1 << e) <= -50
@@ -107,6 +113,7 @@ def test_okvs_failure_bound_is_below_2_to_the_minus_40_for_every_accepted_size()
     assert abs(lam * math.expm1(okvs.theta()) - okvs.theta()) < 1e-12
 
 
+@pytest.mark.unit
 def test_okvs_failures_at_small_widths_are_detected_and_no_more_frequent_than_the_bound():
     """Bands of 28 bits at n = 2^10 fail often enough to count: every encoding either raises
     OKVSFailure or decodes exactly, and the count stays within the stated bound (fixed seed)."""
@@ -128,6 +135,7 @@ def test_okvs_failures_at_small_widths_are_detected_and_no_more_frequent_than_th
     assert 0 < fails <= 2 * bound * trials, (fails, bound * trials)
 
 
+@pytest.mark.unit
 def test_okvs_duplicate_keys_are_dependent_rows():
     keys = np.zeros((2, 16), np.uint8)
     m = okvs.columns(2)
@@ -136,6 +144,7 @@ def test_okvs_duplicate_keys_are_dependent_rows():
         okvs.encode(starts, bands, np.array([[1, 0], [2, 0]], np.uint64), m)
 
 
+@pytest.mark.unit
 def test_okvs_known_answer():
     keys = np.arange(64 * 16, dtype=np.uint32).astype(np.uint8).reshape(64, 16)
     keys[:, 15] = np.arange(64)
@@ -169,6 +178,7 @@ def _vole(m):
     return p, a, b, c, snd.delta, (rcv, snd, sums, corr)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("m", [1, 10, 1000, 70000])
 def test_vole_correlation_holds(m):
     p, a, b, c, delta, _ = _vole(m)
@@ -179,6 +189,7 @@ def test_vole_correlation_holds(m):
     assert len(np.unique(a[:, 0])) == m and not (a == 0).all(axis=1).any()
 
 
+@pytest.mark.unit
 def test_vole_refuses_messages_of_the_wrong_shape():
     p, *_, (rcv, snd, sums, corr) = _vole(100)
     with pytest.raises(vole.VoleError, match="level sums"):
@@ -187,6 +198,7 @@ def test_vole_refuses_messages_of_the_wrong_shape():
         vole.Sender(snd.delta_bits, snd.ks).respond(p, np.zeros((128, 8), np.uint8))
 
 
+@pytest.mark.unit
 def test_vole_receiver_learns_every_leaf_but_its_punctured_one():
     """The GGM step on its own: R's reconstructed leaves equal S's everywhere except at α."""
     rng = np.random.default_rng(4)
@@ -246,6 +258,7 @@ def _code_reference(x, m):
     return out
 
 
+@pytest.mark.unit
 def test_vole_and_code_known_answers():
     x = np.arange(2 * 4096, dtype=np.uint64).reshape(4096, 2) * np.uint64(0x9E3779B97F4A7C15)
     (y,) = vole.code_encode([x], 1000)
@@ -338,6 +351,7 @@ def test_the_okvs_is_rehashed_when_encoding_fails(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.unit
 def test_oprf_output_length_follows_the_sizes():
     assert psi_common.oprf_bytes(1 << 20, 1 << 20) == 10          # 40 + 20 + 20 bits
     assert psi_common.oprf_bytes(0, 0) == 8 and psi_common.oprf_bytes(1 << 40, 1 << 40) == 15
@@ -436,6 +450,7 @@ def test_psi_job_in_memory_three_parties_rr22():
     assert {r["ids_sha256"] for r in kkrt.values()} == {r["ids_sha256"] for r in res.values()}
 
 
+@pytest.mark.processes
 def test_psi_job_rr22_runs_as_processes_and_passes_the_audit(tmp_path):
     rep = psi_job_as_processes(tmp_path / "run", {"n": 500, "psi_backend": "rr22", "workers": 0}, RR22_KINDS)
     assert not {row["kind"] for row in rep.table} & {psi.Kind.KKRT_U, psi.Kind.BLIND_L}

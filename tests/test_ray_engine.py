@@ -18,6 +18,8 @@ from fedhet.parties.launcher import launch
 from fedhet.parties.ray_engine import (EngineError, RayEngine, Unit, bind_free, check_cluster, extract, gpus_of,
                                        plan, public)
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 SMOKE = Path(__file__).parents[1] / "algorithms" / "fedavg_logreg" / "smoke.toml"
 
 

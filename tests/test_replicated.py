@@ -12,6 +12,8 @@ from fedhet.algorithms.f3 import training as T
 from fedhet.parties.settings import parse_settings
 from fedhet.protocols import replicated as rs
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 EDGES = np.array([0, 1, -1, 2, -2, (1 << 62), -(1 << 62), (1 << 63) - 1, -(1 << 63)], dtype=np.int64)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from browser_tools import Page, board_server, browser, needs_browser, nonblank
-from launch_tools import launch_in_background
+from launch_tools import launch_in_background, shared_run
 from fedhet.algorithms.registry import get_algorithm
 from fedhet.parties import cli, presets
 from fedhet.parties.faults import pause_hook
@@ -26,6 +26,8 @@ from fedhet.parties.federation import load
 from fedhet.parties.launcher import launch
 from fedhet.parties.report import render, write
 from fedhet.parties.runview import status, view
+
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,20 +39,15 @@ def _fed(name: str):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two finished process runs: the HE split network's smoke federation and FedAvg's demo, made
-    once for all xdist workers (a file lock in the session's common temporary folder); the tests
-    only read them (a test that tampers works on a copy)."""
-    from filelock import FileLock
+    once for all xdist workers (launch_tools.shared_run); the tests only read them (a test that
+    tampers works on a copy)."""
+    def he(folder):
+        assert launch(replace(_fed("he_split"), hosts=1), folder, progress=False, timeout=300)["ok"]
 
-    root = tmp_path_factory.getbasetemp().parent / "report-runs"
-    with FileLock(f"{root}.lock"):
-        if not (root / "made").is_file():
-            shutil.rmtree(root, ignore_errors=True)
-            he = launch(replace(_fed("he_split"), hosts=1), root / "he", progress=False, timeout=300)
-            fa = launch(replace(load(presets.path("demo")), hosts=1), root / "fedavg", progress=False, timeout=300,
-                        overrides={"rounds": 4})
-            assert he["ok"] and fa["ok"]
-            (root / "made").touch()
-    return root / "he", root / "fedavg"
+    def fedavg(folder):
+        assert launch(replace(load(presets.path("demo")), hosts=1), folder, progress=False, timeout=300,
+                      overrides={"rounds": 4})["ok"]
+    return shared_run(tmp_path_factory, "report-he", he), shared_run(tmp_path_factory, "report-fedavg", fedavg)
 
 
 def _transcript_kinds(run: Path) -> dict[str, int]:
@@ -137,12 +134,14 @@ def test_report_is_one_file_that_loads_nothing_from_the_network(runs, tmp_path):
     assert cli.main(["report", str(tmp_path)]) == 2   # not a run folder: a clear error, no file
 
 
+@pytest.mark.unit
 def test_status_reads_a_damaged_folder_without_raising(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     st = status(tmp_path)
     assert st["state"] == "starting" and st["parties"] == []
 
 
+@pytest.mark.unit
 def test_pause_hook_waits_for_its_file(tmp_path):
     go = tmp_path / "go"
     hook = pause_hook("a", {"FEDHET_PAUSE_AT": f"a:2:{go}"}, poll_s=0.001)
@@ -314,6 +313,7 @@ def test_board_follows_a_run_while_it_goes_on(runs, tmp_path, chromium, monkeypa
         p.close()
 
 
+@pytest.mark.unit
 @pytest.mark.slow
 def test_demo_ends_with_the_report_of_both_runs(tmp_path, capsys):
     """The demo's last line is the path of stfl/report.html, which holds the HE run beside it."""

@@ -2,9 +2,13 @@
 no figure on it is edited by hand.  Nothing here runs a benchmark."""
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from benchmarks import harness, results_doc
+
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
 
 def test_results_page_is_what_the_command_writes_from_the_committed_results():

@@ -36,6 +36,8 @@ from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import launch
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 FEDAVG_SMOKE = Path(str(resources.files("fedhet.algorithms.fedavg_logreg") / "smoke.toml"))
 
 
@@ -108,6 +110,7 @@ def test_kill_specs_are_checked():
             parse(bad)
 
 
+@pytest.mark.federation
 def test_a_role_that_does_not_restore_fails_a_resumed_run_instead_of_starting_over(tmp_path):
     def server(party, s, data):
         for r in range(3):
@@ -151,6 +154,7 @@ def _wait_stopped(run: Path, names: list[str], limit_s: float = 60.0) -> None:
             time.sleep(0.2)
 
 
+@pytest.mark.processes
 def test_the_launcher_killed_then_fedhet_run_resume_gives_the_same_model(tmp_path):
     """SIGKILL to the launcher after client1's checkpoint of round 2 (its parties stop); the server's
     newest checkpoint is then forged on disk (re-encoded, valid, with other weights): ``fedhet run
@@ -185,6 +189,7 @@ def test_the_launcher_killed_then_fedhet_run_resume_gives_the_same_model(tmp_pat
     assert secret and all(s[0] == "parties" and s[2] == PRIVATE for s in secret)
 
 
+@pytest.mark.processes
 def test_a_party_killed_alone_restarts_while_the_others_wait(tmp_path):
     """``restart_grace_s``: the launcher restarts a party killed with SIGKILL (``--resume``); the others
     stop their round where they are, agree on a checkpoint with it and go on: the same model, and

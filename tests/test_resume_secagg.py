@@ -32,6 +32,8 @@ from fedhet.parties.inmemory import FederationFailed, InMemoryParty, run_inmemor
 from fedhet.protocols import aggregation, secagg_client
 from fedhet.protocols.secagg_messages import Kind
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 ALGORITHMS = Path(__file__).resolve().parents[1] / "algorithms"
 RUN_ID = "resume-secagg"
 # (algorithm, its smoke federation, victim, the step after whose checkpoint it is killed, the kinds the others

@@ -16,6 +16,8 @@ from fedhet.protocols.secagg import Faults, Kind, SecAggClient, SecAggConfig, Se
 from fedhet.protocols import aggregation
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 
 def names(k):
     return [f"c{i:02d}" for i in range(k)]
@@ -229,6 +231,7 @@ def test_the_server_never_gets_both_secrets_of_one_client():
     assert set(got) == set(names(k))
 
 
+@pytest.mark.unit
 def test_fewer_than_t_shares_do_not_reconstruct():
     rng = np.random.default_rng(4)
     seed = bytes(rng.integers(0, 256, 32, dtype=np.uint8))
@@ -269,6 +272,7 @@ def test_tampered_keys_or_shares_are_detected_by_the_clients():
     assert any("fail authentication" in str(err) for err in e.value.failures.values())
 
 
+@pytest.mark.unit
 def test_harary_graph_is_symmetric_sparse_and_agreed():
     cfg = SecAggConfig(graph="harary")
     u = [f"p{i}" for i in range(50)]
@@ -291,6 +295,7 @@ def test_harary_graph_is_symmetric_sparse_and_agreed():
         SecAggConfig(graph="harary", degree=12, local_threshold=14).t_local(50)
 
 
+@pytest.mark.unit
 def test_bad_inputs_and_settings_are_named():
     with pytest.raises(ValueError, match="graph"):
         SecAggConfig(graph="ring")
@@ -327,6 +332,7 @@ def test_round_numbers_must_increase():
     assert any("round 1 is not after the previous round 1" in str(err) for err in e.value.failures.values())
 
 
+@pytest.mark.unit
 def test_declarations_accept_ring_vectors_only():
     masked = {d.kind: d for d in secagg.declarations(31, 31, 32)}[Kind.MASKED]
     assert decl.check_record(masked, [("y", "<u4", (32,))]) is None

@@ -22,6 +22,8 @@ from fedhet.protocols import aggregation
 from fedhet.protocols.aggregation_settings import AggregationSettings
 from fedhet.protocols.secagg import STEPS, Faults
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 
 def settings(**kw):
     return job.ALGORITHM.parse(kw)
@@ -94,6 +96,7 @@ def run(cfg: dict, clients: list[str]) -> list[dict]:
     return run_inmemory(job.ALGORITHM, parties, cfg, run_id="secagg-dropouts", timeout=60, clock="virtual")["server"]
 
 
+@pytest.mark.federation
 @pytest.mark.parametrize("graph", ["complete", "harary"])
 def test_with_dropouts_the_sum_over_the_counted_clients_is_exact_within_its_bound(graph):
     k = 20
@@ -120,6 +123,7 @@ def test_with_dropouts_the_sum_over_the_counted_clients_is_exact_within_its_boun
             assert np.max(np.abs(every - total)) > 100 * rec["sum_bound"]
 
 
+@pytest.mark.federation
 def test_the_server_refuses_a_federation_whose_clients_are_not_the_n_clients_named():
     with pytest.raises(FederationFailed, match=r"n_clients = 4 needs the clients \['c00', 'c01', 'c02', 'c03'\]"):
         run({"n_clients": 4, "m": 4}, job.client_names(3))

@@ -26,6 +26,8 @@ from fedhet.protocols.aggregation import Kind as AggKind, make_aggregator
 from fedhet.protocols.secagg import Faults, SecAggClient, SecAggConfig, SecAggServer, neighbours, prune
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 HONEST = ["c0", "c1", "c2", "c3"]
 ATTACKER = "mallory"
 M = 40
@@ -207,6 +209,7 @@ def survives(cfg, n, dropouts, run_id):
     return all(len(((nbrs[u] & u2) | {u}) & u4) >= tl for u in u2)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [20, 50])
 def test_secagg_plus_defaults_survive_random_dropouts_of_n_minus_t_clients(n):
     rng = np.random.default_rng(n)

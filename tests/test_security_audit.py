@@ -23,20 +23,24 @@ from fedhet.parties import cli, presets
 from fedhet.parties.audit import UNTRUSTED_KEYS_WARNING, audit
 from fedhet.parties.federation import load
 from fedhet.parties.launcher import launch
-from transcript_tools import resign  # a helper module of tests/
+from launch_tools import shared_run  # helper modules of tests/
+from transcript_tools import resign
+
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
 def psi_run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("audit")
+    """A PSI run made once for all workers (the tests change copies only), and the auditor's own
+    copy of its federation file, taken before anyone could touch the folder."""
     fed = load(presets.path("psi"))
     fed = replace(fed, algorithm=dict(fed.algorithm, n=200, workers=0))
-    run_dir = base / "run"
-    summary = launch(fed, run_dir, progress=False, timeout=300)
-    assert summary["ok"]
-    trusted = base / "trusted.toml"  # the auditor's own copy, taken before anyone could touch the folder
-    shutil.copy(run_dir / "federation.toml", trusted)
-    return run_dir, trusted
+
+    def make(folder):
+        assert launch(fed, folder / "run", progress=False, timeout=300)["ok"]
+        shutil.copy(folder / "run" / "federation.toml", folder / "trusted.toml")
+    base = shared_run(tmp_path_factory, "audit-psi", make)
+    return base / "run", base / "trusted.toml"
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

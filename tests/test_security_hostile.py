@@ -47,6 +47,8 @@ from fedhet.protocols.aggregation import declarations as agg_declarations
 from fedhet.protocols.secagg import Faults, SecAggError
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 M = 12
 
 
@@ -142,6 +144,7 @@ def test_wrong_share_without_a_redundant_one_cannot_name_a_sender():
     assert "cannot name a sender" in str(err) and "no sum is released" in str(err)
 
 
+@pytest.mark.unit
 def test_redundant_share_checks_detect_and_locate_one_wrong_share():
     from fedhet.crypto.shamir import interpolate, locate_error, parity_check, share, syndromes
     sh = share(F61.random((secagg.SECRET_ELEMS,)), 9, 4)
@@ -279,6 +282,7 @@ def test_a_masked_input_longer_than_the_settings_allow_is_refused_on_receipt():
 
 
 # ------------------------------------------------------------------ item 4: Paillier ciphertexts
+@pytest.mark.unit
 def test_a_ciphertext_that_is_no_unit_is_refused_by_the_decoder():
     pk, _ = pl.generate_keypair(512)
     n = int(pk.n)
@@ -347,6 +351,7 @@ def test_stfl_nan_latents_fail_the_host_naming_the_guest(monkeypatch):
     assert err.peer == "guest1" and err.kind == S.Kind.LATENT and "field 'z': contains NaN or inf" in str(err)
 
 
+@pytest.mark.unit
 def test_schema_arrays_must_be_finite_unless_declared_otherwise():
     a = np.array([[1.0, np.inf]], np.float32)
     with pytest.raises(sch.SchemaError, match=r"field 'z': contains NaN or inf \(first at index \[0, 1\]: inf\)"):

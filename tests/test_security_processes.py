@@ -29,6 +29,8 @@ import pytest
 from fedhet.parties import presets
 from fedhet.parties.federation import load
 
+pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
+
 STARTUP = 120.0  # hang guard for parties coming up on a loaded machine
 ORPHAN_BOUND_S = 5.0  # no process of the run may be left this long after a kill
 

@@ -25,6 +25,9 @@ from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import launch, prepare_local
 from fedhet.parties.runtime import run_party
 from fedhet.parties.transcript import Transcript, verify
+from launch_tools import shared_run  # a helper module of tests/
+
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
 FED = [("server", "server"), ("client1", "client"), ("client2", "client")]
 
@@ -124,12 +127,13 @@ def test_a_failing_party_tells_its_peers_who_stop_within_seconds_and_name_it(tmp
 
 @pytest.fixture(scope="module")
 def fedavg_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("audit") / "run"
-    # the four parties in one host process (one torch import): the audit reads the same transcripts
-    launch(replace(load(presets.path("demo")), hosts=1), run_dir, progress=False,
-           overrides={"rounds": 2, "aggregation": "plain"}, timeout=120)
-    assert audit(run_dir, registry.get_algorithm).ok
-    return run_dir
+    # the four parties in one host process (one torch import): the audit reads the same transcripts;
+    # made once for all workers (the tests change copies only)
+    def make(folder):
+        launch(replace(load(presets.path("demo")), hosts=1), folder, progress=False,
+               overrides={"rounds": 2, "aggregation": "plain"}, timeout=120)
+        assert audit(folder, registry.get_algorithm).ok
+    return shared_run(tmp_path_factory, "receipt-fedavg", make)
 
 
 def _resign(run_dir: Path, name: str, mutate) -> None:
@@ -155,6 +159,7 @@ def _resign(run_dir: Path, name: str, mutate) -> None:
     t.close()
 
 
+@pytest.mark.processes
 def test_audit_checks_receive_records_against_the_declarations(fedavg_run, tmp_path):
     bad = tmp_path / "recv"
     shutil.copytree(fedavg_run, bad)
@@ -170,6 +175,7 @@ def test_audit_checks_receive_records_against_the_declarations(fedavg_run, tmp_p
     assert any("recv record" in p and "agg/plain" in p for p in rep.problems), rep.problems[:5]
 
 
+@pytest.mark.processes
 def test_audit_declarations_are_exact_in_size(fedavg_run, tmp_path):
     bad = tmp_path / "size"
     shutil.copytree(fedavg_run, bad)

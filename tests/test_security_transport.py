@@ -38,6 +38,8 @@ from fedhet.parties.zmq_transport import REJECTS_KEPT, STREAM_START, ZmqParty
 
 from net_tools import curve_dealer, free_port, wait_for  # a helper module of tests/
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "security-run"
 MiB = 1 << 20
@@ -188,6 +190,7 @@ def run_flood(budget: int, chunk: int, rounds: int, messages: int, monkeypatch):
             victim.wait()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("budget,chunk,rounds", [
     (128 * MiB, MiB // 2, 1),
     pytest.param(codec.DEFAULT_MAX_MESSAGE_BYTES, codec.CHUNK_BYTES, 1, marks=pytest.mark.slow),
@@ -269,6 +272,7 @@ def test_short_quotes_at_most_200_characters_of_anything():
 
 
 # ------------------------------------------------------------ item 4: torch
+@pytest.mark.processes
 def test_torch_tagged_frame_does_not_import_torch_in_a_numpy_receiver():
     code = textwrap.dedent("""
         import json, sys

@@ -19,6 +19,8 @@ from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import shamir_share as ss
 from fedhet.protocols import shared_array
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 ALPHA = 1e-4
 SLACK = 1e-9  # relative: float64 rounding of the plain reference computation
 
@@ -84,6 +86,7 @@ OPS = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("op", OPS)
 def test_linear_operations_on_shares_match_plain_within_the_tracked_bound(op):
     fn, plain_fn, (a, b) = OPS[op]
@@ -103,6 +106,7 @@ def test_linear_operations_on_shares_match_plain_within_the_tracked_bound(op):
     assert np.max(np.abs(plain)) <= outs[0].max_abs
 
 
+@pytest.mark.unit
 def test_integer_data_with_integer_matrices_is_exact():
     rng = np.random.default_rng(1)
     xs = [rng.integers(-1000, 1000, (6, 3)) for _ in range(3)]
@@ -114,6 +118,7 @@ def test_integer_data_with_integer_matrices_is_exact():
     assert np.array_equal(got, sum(x @ p for x, p in zip(xs, ps)).astype(np.float64))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("top", [1, 3, 2**20, 2**40, 2**52])
 @pytest.mark.parametrize("p", [F61.p, 4294967291, 11])
 def test_public_matmul_equals_the_generic_field_product(top, p):
@@ -128,6 +133,7 @@ def test_public_matmul_equals_the_generic_field_product(top, p):
             assert np.array_equal(shared_array.public_matmul(a, pub, fld), fld.matmul(a, pub.enc)), (K, ms.shape)
 
 
+@pytest.mark.unit
 def test_fixedpoint_products_add_fractional_bits():
     parts = ss.share_array(X, 3, 2, frac_bits=10, max_abs=4.0)
     one = ss.matmul(parts[0], M, frac_bits=7)
@@ -139,6 +145,7 @@ def test_fixedpoint_products_add_fractional_bits():
         ss.lift(one, 10)
 
 
+@pytest.mark.unit
 def test_overflow_is_refused_before_it_can_wrap():
     parts = ss.share_array(X, 3, 2, frac_bits=16, max_abs=4.0)
     y = ss.matmul(ss.matmul(parts[0], M), M.T)       # 48 fractional bits: still fits
@@ -159,6 +166,7 @@ def test_overflow_is_refused_before_it_can_wrap():
         ss.scale(small[0], 2)
 
 
+@pytest.mark.unit
 def test_max_abs_is_public_and_checked():
     with pytest.raises(ValueError, match="max_abs"):
         ss.share_array(X, 3, 2, max_abs=1.0)
@@ -168,6 +176,7 @@ def test_max_abs_is_public_and_checked():
     assert a.bound == b.bound == 1 << 18 and a.max_abs == 4.0
 
 
+@pytest.mark.unit
 def test_combining_different_sharings_is_refused():
     a = ss.share_array(X, 3, 2)
     b = ss.share_array(X, 4, 3)
@@ -446,6 +455,8 @@ def test_shamir_job_default_config_in_memory():
     assert res["owner2"]["shape"] == [64, 9]
 
 
+@pytest.mark.processes
+@pytest.mark.smoke   # make test's process run of this family
 def test_shamir_preset_runs_as_processes_and_passes_the_audit(tmp_path):
     from fedhet.parties import presets
     from fedhet.parties.audit import audit
@@ -465,6 +476,7 @@ def test_shamir_preset_runs_as_processes_and_passes_the_audit(tmp_path):
     assert not any(k == "shamir/share" for p, k in kinds if p.startswith("holder"))
 
 
+@pytest.mark.unit
 def test_public_encoding_and_fixed_point_decoding_equal_ldexp():
     """encode_public and decode_fixed scale by multiplying with 2**±f; that must equal np.ldexp bit for bit."""
     rng = np.random.default_rng(4)

@@ -19,12 +19,13 @@ from fedhet.algorithms.toolkit import HostRows, epoch_permutation, mlp, seeded
 from fedhet.parties.api import PartyError
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 KINDS = SD.SplitKinds("t/batch", "t/act", "t/grad")
 GUEST_DIMS, WIDTHS, HOST_DIM = (4, 5), (3, 2), 3
 LR, BS = 0.02, 16
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _toy(n_classes=3, n=90, seed=0):
@@ -155,6 +156,7 @@ def _clear_module(n_classes, bad_guest=False):
     return types.SimpleNamespace(NAME="split-test", ROLES={"host": host, "guest": guest}, load_data=None)  # declares nothing: parties accept any kind
 
 
+@pytest.mark.federation
 def test_clear_links_between_parties_equal_local_links():
     mod = _clear_module(3)
     out = run_inmemory(mod, [("host", "host"), ("g1", "guest"), ("g2", "guest")],
@@ -169,6 +171,7 @@ def test_clear_links_between_parties_equal_local_links():
     assert res["train_bytes"]["sent"] > 0
 
 
+@pytest.mark.federation
 def test_guest_link_rejects_a_batch_it_was_not_told_about():
     mod = _clear_module(3, bad_guest=True)  # guests accept at most 4 rows, the host sends 16
     with pytest.raises(FederationFailed, match="t/batch"):

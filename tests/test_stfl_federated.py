@@ -43,6 +43,8 @@ from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import RunFailed, launch, resume_federation
 from fedhet.protocols import psi
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 FAST = {"epochs": 30, "vae_epochs": 30, "lr": 1e-2, "vae_lr": 1e-2}
 PSI_KINDS = {d.kind for d in psi.DECLARATIONS}
 
@@ -77,6 +79,7 @@ def _run(cfg, n_guests=1, seed=3, models=None):
 # ------------------------------------------------------------------ settings and data
 
 
+@pytest.mark.unit
 def test_settings_reject_bad_config():
     assert _settings({"dataset": "breast_sklearn"}).dataset == "breast_sk"
     with pytest.raises(ValueError, match="unknown setting.*'epoch'"):
@@ -91,6 +94,7 @@ def test_settings_reject_bad_config():
         _load({}, "g", "guest", 0, 2)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["breast_sk"] + [pytest.param(n, marks=pytest.mark.data)
                                                   for n in ("cancer", "vehicle", "payment", "credit")])
 def test_declared_shapes_and_host_split_match_data_fate(name):
@@ -105,6 +109,7 @@ def test_declared_shapes_and_host_split_match_data_fate(name):
     assert len(hv.ids_train) + len(hv.ids_test) == _settings({"dataset": name}).expected_common()
 
 
+@pytest.mark.unit
 def test_each_party_loads_only_its_own_part():
     cfg = {"seed": 0, "n_guests": 2}
     hv = _load(cfg, "host", "host", 0, 1)
@@ -273,6 +278,7 @@ def test_hierarchical_killed_at_a_batch_resumes_bit_identically(victim, at, tmp_
         assert all(np.array_equal(parts[p].tensors[k], v) for k, v in part.tensors.items()), p
 
 
+@pytest.mark.unit
 @pytest.mark.slow   # the generic test kills STFL's smoke run as processes; this is the hierarchical variant
 def test_hierarchical_killed_as_processes_resumes_and_passes_the_audit(tmp_path):
     fed = load(presets.path("stfl"))
@@ -341,6 +347,7 @@ def _check(cfg: dict, kind: str, *arrays) -> str | None:
     return check_record(decls[kind], list(arrays)) if kind in decls else "undeclared"
 
 
+@pytest.mark.unit
 def test_declarations_reject_raw_features():
     cfg = {"dataset": "breast_sklearn", "n_guests": 1}
     lat = S.Kind.LATENT
@@ -361,6 +368,8 @@ def test_declarations_reject_raw_features():
     assert _check(hier, S.Kind.BATCH, ("rows", "<i8", (128,))) is not None
 
 
+@pytest.mark.processes
+@pytest.mark.smoke   # make test's process run of this family
 def test_preset_as_processes_passes_audit(tmp_path):
     fed = load(presets.path("stfl"))
     run_dir = tmp_path / "run"

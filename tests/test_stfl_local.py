@@ -14,6 +14,8 @@ from fedhet.algorithms.stfl.settings import Model
 from fedhet.algorithms.toolkit import mlp
 from fedhet.parties.settings import SettingsError, parse_settings
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 FAST = Model(epochs=20, vae_epochs=20, lr=1e-2, vae_lr=1e-2)
 
 

@@ -15,6 +15,8 @@ import torch
 
 from fedhet.algorithms import toolkit as T
 
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
+
 # ------------------------------------------------------------------------------------ seeds
 
 

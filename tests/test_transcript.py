@@ -1,9 +1,13 @@
 """Transcripts: hash chain and signed head catch every edit, removal and cut."""
 import json
 
+import pytest
+
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedhet.parties.transcript import Transcript, verify
+
+pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
 
 def make(tmp_path, n=5):

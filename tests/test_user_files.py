@@ -17,6 +17,8 @@ from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.launcher import launch
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 X, Y = load_breast_cancer(return_X_y=True)
 NAMES = [f"f{i}" for i in range(X.shape[1])]
 
@@ -98,6 +100,7 @@ def test_stfl_runs_from_each_partys_own_csv(tmp_path):
     assert out["host"]["test_accuracy"] > 0.85
 
 
+@pytest.mark.processes
 def test_stfl_from_files_as_processes_passes_the_audit(tmp_path):
     specs = _stfl_files(tmp_path)
     lines = ["[federation]", 'name = "files"', "timeout = 120", "", "[algorithm]", 'name = "stfl"',

@@ -15,6 +15,8 @@ from fedhet.algorithms.chfl.model import load_model
 from fedhet.algorithms.export import check_part
 from fedhet.parties.inmemory import run_inmemory
 
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
+
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
 CLIENTS = ["c0", "c1", "c2"]

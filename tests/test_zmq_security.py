@@ -20,17 +20,14 @@ from fedhet.parties import codec
 from fedhet.parties.api import PeerFault, PeerTimeout
 from fedhet.parties.zmq_transport import WIRE_OVERHEAD, InsecureTransportWarning, ZmqParty
 
-import net_tools  # a helper module of tests/
-from net_tools import free_port
+from net_tools import free_port, wait_for  # a helper module of tests/
+
+pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
 ROLES = {"server": "server", "client1": "client", "client2": "client"}
 RUN = "run-under-test"
 QUIET = logging.getLogger("fedhet.test.quiet")
 QUIET.setLevel(logging.CRITICAL)
-
-
-def wait_for(pred, timeout=5.0, what="condition"):
-    return net_tools.wait_for(pred, timeout, what)
 
 
 class Live:
