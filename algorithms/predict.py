@@ -53,7 +53,7 @@ import torch
 from fedhet.algorithms.export import rebuild, score
 from fedhet.algorithms.party_table import PartyTable, TableSpec, check_features, load_party_table
 from fedhet.parties import schema as sch
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault
 from fedhet.parties.atomic import write_atomic
 from fedhet.parties.contract import PREDICT_SUFFIX, Algorithm, PartyContext, PartyLike, settings_table
 from fedhet.parties.declare import MessageDecl, declare
@@ -377,7 +377,7 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
         for p in peers:
             arr = np.asarray(got[p]["out"])
             if arr.shape[0] != len(rows):
-                raise PartyError(f"{kind} from {p!r} holds {arr.shape[0]} rows; the common list has {len(rows)}")
+                raise PeerFault(party.name, p, kind, f"holds {arr.shape[0]} rows; the common list has {len(rows)}")
             contributions[p] = arr
     t2 = time.perf_counter()
     probs = layout.combine(data.module, part.meta, own, contributions)

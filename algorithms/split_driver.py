@@ -52,7 +52,7 @@ from torch import nn
 
 from fedhet.algorithms.toolkit import (HostRows, accuracy, as_tensor, batch_slices, class_loss, epoch_permutation,
                                        label_tensor, predict_classes)
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 
 # ------------------------------------------------------------------------------ interfaces
@@ -389,7 +389,7 @@ class ClearHostLink:
         msg = self.party.recv(self.guest, self.kinds.activation, timeout=self.timeout)
         a = msg.get("a") if isinstance(msg, dict) else None
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (self._n, self.width):
-            raise PartyError(f"{self.name}: {self.kinds.activation} from {self.guest!r} must be float32 "
+            raise PeerFault(self.name, self.guest, self.kinds.activation, "must be float32 "
                              f"({self._n}, {self.width}), got {_describe(a)}")
         return a
 
@@ -422,7 +422,7 @@ class ClearGuestLink:
             return None
         if op not in ("train", "eval") or not isinstance(rows, list) or not rows or len(rows) > self.batch_size \
                 or not all(isinstance(r, int) and 0 <= r < self.n_rows for r in rows):
-            raise PartyError(f"{self.name}: bad {self.kinds.batch} from {self.host!r}: op {op!r}, rows must be "
+            raise PeerFault(self.name, self.host, self.kinds.batch, f"op {op!r}, rows must be "
                              f"1..{self.batch_size} positions in 0..{self.n_rows - 1}")
         return np.asarray(rows, dtype=np.int64), op == "train"
 
@@ -435,7 +435,7 @@ class ClearGuestLink:
         msg = self.party.recv(self.host, self.kinds.gradient, timeout=self.timeout)
         g = msg.get("g") if isinstance(msg, dict) else None
         if not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.shape != self._shape:
-            raise PartyError(f"{self.name}: {self.kinds.gradient} from {self.host!r} must be float32 "
+            raise PeerFault(self.name, self.host, self.kinds.gradient, "must be float32 "
                              f"{list(self._shape)}, got {_describe(g)}")
         self._trained += 1
         self.party.round = self._trained
@@ -492,7 +492,7 @@ class HEGuestLink:
             return None
         pos = np.asarray(msg.get("pos", []), dtype=np.int64)
         if len(pos) == 0 or pos.max() >= self.n_rows:
-            raise PartyError(f"{self.batch_kind}: positions outside the {self.n_rows} common rows")
+            raise PeerFault(self.party.name, self.host, self.batch_kind, f"positions outside the {self.n_rows} common rows")
         self.party.round = int(msg["round"])
         return pos, bool(msg["train"])
 

@@ -73,6 +73,16 @@ class FederationMismatch(PartyError):
         self.peer, self.sections = peer, sections
 
 
+class ProtocolMismatch(FederationMismatch):
+    """A peer speaks another version of a protocol (another fedhet release on its machine).  As with
+    different federation files, which side is wrong is not provable: names nobody, gives both."""
+
+    def __init__(self, me: str, peer: str, what: str, ours: Any, theirs: Any, hint: str = "run the same fedhet "
+                 "release, from the same federation file, on both machines"):
+        PartyError.__init__(self, f"party {me!r} has {what} {ours!r} and {peer!r} has {theirs!r} ({hint})")
+        self.peer, self.sections = peer, [f"{what}: {me} {ours!r}, {peer} {theirs!r}"]
+
+
 def fingerprint_diff(mine: dict, theirs: dict | None) -> list[str]:
     """The sections (and [algorithm] keys) in which two federation fingerprints differ."""
     if theirs is None:
@@ -106,6 +116,32 @@ class PeerFault(PartyError):
 
     def __init__(self, me: str, peer: str, kind: str, reason: str):
         super().__init__(f"party {me!r} rejected a {kind!r} message from {peer!r}: {reason}")
+        self.peer, self.kind, self.reason = peer, kind, reason
+
+
+class PeersDisagree(PartyError):
+    """Messages of two or more peers contradict each other and nothing shows which one deviated:
+    names none of them and not the receiver (``fedhet.parties.failure``: cause ``inconsistent``)."""
+
+    def __init__(self, me: str, peers: list[str], kind: str, reason: str):
+        super().__init__((f"party {me!r}: " if me else "")
+                         + f"{kind!r} messages of {', '.join(map(repr, peers))} disagree: {reason}")
+        self.peers, self.kind, self.reason = list(peers), kind, reason
+
+
+class RoundFailed(PartyError):
+    """A round could not complete, and no message proves it against anyone: too few parties
+    completed it (dropouts, refused inputs), or the party that runs it stopped it.  Names nobody
+    (``fedhet.parties.failure``: cause ``round_failed``)."""
+
+
+class MessageLost(PartyError):
+    """Messages of a peer were lost on this party's side: its own connection guard cut the
+    connection they came on, so a later sequence gap proves nothing against the sender.  Names
+    nobody (``fedhet.parties.failure``: cause ``local_loss``)."""
+
+    def __init__(self, me: str, peer: str, kind: str, reason: str):
+        super().__init__(f"party {me!r} lost messages of {peer!r} ({kind!r} next): {reason}")
         self.peer, self.kind, self.reason = peer, kind, reason
 
 
@@ -661,6 +697,11 @@ class Party:
     def _transport_close(self, linger_s: float | None = None) -> None:
         pass
 
+    def _cut_links(self, peer: str) -> int:
+        """Connections of ``peer`` this party's own guard has cut (a transport with a guard says);
+        while there are any, a gap in that peer's sequence is a local loss, not its fault."""
+        return 0
+
     def _reject(self, reason: str, peer: str = "?", category: str = "malformed") -> None:
         """Log and count a refused message.  Reasons can reflect what a peer sent: they are cut
         to 200 characters, and only the first MAX_REJECTS_KEPT are kept and logged verbatim."""
@@ -745,7 +786,14 @@ class Party:
                 what = "replayed" if env.seq < expected else "out-of-order"
                 why = f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}"
                 self._reject(why, env.frm, what)
-                if authenticated is not None:
+                cuts = self._cut_links(env.frm)
+                if authenticated is not None and cuts:
+                    # This party's own guard cut a connection of that peer: the gap may be the
+                    # message that was in flight on it.  A local loss, not evidence against the peer.
+                    self._mailbox.poison_sender(env.frm, MessageLost(
+                        self.name, env.frm, env.kind, f"{why}, after this party's connection guard cut "
+                        f"{cuts} connection(s) of {env.frm!r}: the missing message(s) were lost here"))
+                elif authenticated is not None:
                     # Only the holder of env.frm's key can put a message on this link: an honest party
                     # never repeats or skips a sequence number, so its key is replaying or is used by a
                     # second sender.  Every wait on it fails now, naming it, instead of timing out.

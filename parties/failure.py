@@ -16,10 +16,20 @@ evidence names.  ``cause`` is one of:
 ``mismatch``
     a peer's first message carries another federation fingerprint: the two run from different
     federation files.  Which file is wrong is not provable: names nobody, gives both and the sections.
+``inconsistent``
+    messages of two or more peers contradict each other and nothing shows which one deviated
+    (:class:`~fedhet.parties.api.PeersDisagree`): names nobody, gives the peers.
+``round_failed``
+    a round could not complete (too few parties completed it, or the party running it stopped it)
+    and no message proves it against anyone (:class:`~fedhet.parties.api.RoundFailed`): names nobody.
 ``timeout``
     a peer sent nothing in time.  Silence proves nothing about who is at fault (the peer, the
     network, a third party the peer waits for): ``culprit`` is None, and the evidence says whom the
     party waited for, what that peer did send and what the connection showed.
+``local_loss``
+    messages of a peer were lost on this party's side (its own connection guard cut their
+    connection; :class:`~fedhet.parties.api.MessageLost`): a party's own limit is never evidence
+    against a peer.  Names nobody; the evidence gives the peer and the cut.
 ``stopped``
     stopped from outside (a signal, the launcher).  Names nobody.
 
@@ -34,9 +44,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from .api import FederationMismatch, PartyAborted, PeerFault, PeerTimeout
+from .api import (FederationMismatch, MessageLost, PartyAborted, PeerFault, PeersDisagree, PeerTimeout,
+                  RoundFailed)
 
-CAUSES = ("own", "peer_fault", "peer_abort", "mismatch", "timeout", "stopped")
+CAUSES = ("own", "peer_fault", "peer_abort", "mismatch", "inconsistent", "round_failed", "timeout", "local_loss",
+          "stopped")
 
 
 def record(exc: BaseException, party: str, role: str, transport: Any = None, stopped: bool = False) -> dict:
@@ -58,6 +70,15 @@ def record(exc: BaseException, party: str, role: str, transport: Any = None, sto
     elif isinstance(exc, PartyAborted):
         cause, culprit = "peer_abort", exc.peer
         evidence = {"notice": str(exc)}
+    elif isinstance(exc, PeersDisagree):
+        cause, culprit = "inconsistent", None
+        evidence = {"peers": exc.peers, "kind": exc.kind, "detail": exc.reason}
+    elif isinstance(exc, RoundFailed):
+        cause, culprit = "round_failed", None
+        evidence = {"detail": str(exc)}
+    elif isinstance(exc, MessageLost):
+        cause, culprit = "local_loss", None
+        evidence = {"peer": exc.peer, "kind": exc.kind, "detail": exc.reason}
     elif isinstance(exc, PeerTimeout):
         cause, culprit = "timeout", None
         evidence = {"waited_for": exc.peer, "kind": exc.kind, "timeout_s": exc.timeout, "detail": str(exc)}

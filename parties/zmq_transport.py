@@ -408,6 +408,7 @@ class _ConnectionGuard(threading.Thread):
         self._halt = threading.Event()
         self.cut = 0  # connections shut down
         self.cut_by_reason: collections.Counter = collections.Counter()  # "limit", "silent", "slow", "budget"
+        self.cut_users: collections.Counter = collections.Counter()  # listed party -> its connections cut
         self.turned_away = 0  # connections the ZAP handler refused for the budget
         self.peak_held = 0  # largest total held bytes seen (for tests and logs)
         self.looks = 0  # connection measurements made (for tests: idle connections cost none)
@@ -539,6 +540,9 @@ class _ConnectionGuard(threading.Thread):
     def _shut(self, fd: int, held: int, why: str, kind: str = "limit") -> None:
         self.cut += 1  # counted first: whoever sees the connection end sees it counted
         self.cut_by_reason[kind] += 1
+        user = (self._conns.get(fd) or {}).get("user")
+        if user is not None:
+            self.cut_users[user] += 1
         try:
             s = socket.socket(fileno=fd)
             try:
@@ -548,6 +552,8 @@ class _ConnectionGuard(threading.Thread):
         except OSError:
             self.cut -= 1
             self.cut_by_reason[kind] -= 1
+            if user is not None:
+                self.cut_users[user] -= 1
             self._forget(fd)
             return
         self._forget(fd)
@@ -586,7 +592,10 @@ class _ConnectionGuard(threading.Thread):
         if c["floor"] is None:
             return
         if held - c["floor"] > 0:
-            if c["start"] is None:
+            # The unfinished message is the one after the last message that completed: its clock
+            # starts anew whenever one completes (credited), so a busy connection that keeps
+            # delivering whole messages is never judged by the age of its first unfinished byte.
+            if c["start"] is None or credited:
                 c["start"] = now
             self._partial.add(fd)
         else:
@@ -1188,6 +1197,10 @@ class ZmqParty(Party):
         within ``max_message_bytes`` (already checked).
         """
         return None
+
+    def _cut_links(self, peer: str) -> int:
+        guard = self._guard
+        return 0 if guard is None else guard.cut_users[peer]
 
     # ------------------------------------------------------- bounded reporting
     def _reject(self, reason: str, *args: Any, **kw: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
 
 from .he_encoding import LayerSpec, count_clipped
@@ -174,7 +174,7 @@ class CKKSHost:
         self.ck = ckks
         msg = self.party.recv(self.guest, Kind.PUBKEY)  # {"scheme", "key"}: checked against its schema
         if msg["scheme"] != "ckks":
-            raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host 'ckks'")
+            raise ProtocolMismatch(self.party.name, self.guest, "HE scheme", "ckks", msg["scheme"])
         try:
             self.ctx = ckks.context_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
         except ValueError as e:

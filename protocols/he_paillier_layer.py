@@ -29,7 +29,7 @@ import numpy as np
 
 from fedhet.crypto import paillier as pl
 from fedhet.crypto.fixedpoint import dequantize
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
 
 from .he_encoding import (
@@ -369,13 +369,14 @@ class IntegerHost:
     def setup(self) -> None:
         msg = self.party.recv(self.guest, Kind.PUBKEY)  # {"scheme", "key"}: checked against its schema
         if msg["scheme"] != self.spec.scheme:  # differing settings, not proven malice: nobody is named
-            raise PartyError(f"guest {self.guest!r} uses HE scheme {msg['scheme']!r}, host {self.spec.scheme!r}")
+            raise ProtocolMismatch(self.party.name, self.guest, "HE scheme", self.spec.scheme, msg["scheme"])
         try:
             pk = pl.public_key_from_bytes(np.asarray(msg["key"], dtype=np.uint8).tobytes())
         except ValueError as e:
             raise fault(self.party, self.guest, Kind.PUBKEY, str(e)) from None
         if pk.n.bit_length() != self.spec.key_bits:
-            raise PartyError(f"guest {self.guest!r} sent a {pk.n.bit_length()}-bit key, expected {self.spec.key_bits}")
+            raise ProtocolMismatch(self.party.name, self.guest, "Paillier key bits", self.spec.key_bits,
+                                   pk.n.bit_length())
         if self.spec.scheme == "paillier":
             ctx = pl.PaillierContext(pk, None, workers=self.spec.workers,
                                      obfuscation=self.spec.obfuscation, kappa=self.spec.kappa)

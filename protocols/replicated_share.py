@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from fedhet.parties import schema as sch
+from fedhet.parties.api import PeerFault, PeersDisagree
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.declare import MessageDecl, declare
 from fedhet.protocols import replicated as rs
@@ -59,17 +60,17 @@ def receive_shares(party: PartyLike, owners: Sequence[str], kind: str, shape_of:
     for o in owners:
         msg = party.recv(o, kind)
         if msg["v"] != VERSION or msg["frac_bits"] != frac_bits:
-            raise ValueError(f"{kind} from {o!r}: version {msg['v']} / frac_bits {msg['frac_bits']}, expected "
-                             f"{VERSION} / {frac_bits}")
+            raise PeerFault(party.name, o, kind, f"version {msg['v']} / frac_bits {msg['frac_bits']}, expected "
+                            f"{VERSION} / {frac_bits}")
         shape = tuple(msg["shape"])
         want = tuple(shape_of[o])
         if len(shape) != len(want) or any(w is not None and w != v for v, w in zip(shape, want)) \
                 or any(v > MAX_ROUND_WORDS for v in shape):
-            raise ValueError(f"{kind} from {o!r}: an array of shape {shape}, expected {want}")
+            raise PeerFault(party.name, o, kind, f"an array of shape {shape}, expected {want}")
         try:
             out[o] = rs.Rss(rs.expand(msg["a"], shape), rs.expand(msg["b"], shape))
         except ValueError as e:
-            raise ValueError(f"{kind} from {o!r}: {e}") from None
+            raise PeerFault(party.name, o, kind, str(e)) from None
     return out
 
 
@@ -92,8 +93,8 @@ def connect(party: PartyLike, holders: Sequence[str], prefix: str) -> rs.Holder:
         msg = party.recv(nxt, f"{prefix}/round")
         w = np.asarray(msg["w"])
         if msg["r"] != r or w.size != words.size:
-            raise ValueError(f"{prefix}/round from {nxt!r}: round {msg['r']} with {w.size} words, expected round "
-                             f"{r} with {words.size} (the holders are out of step)")
+            raise PeerFault(party.name, nxt, f"{prefix}/round", f"round {msg['r']} with {w.size} words, expected "
+                            f"round {r} with {words.size} (the holders are out of step)")
         return w.reshape(words.shape)
     return rs.Holder(i, key, got, exchange)
 
@@ -112,14 +113,14 @@ def open_at(party: PartyLike, holders: Sequence[str], kind: str, step: int) -> n
     for h in names:
         msg = party.recv(h, kind)
         if msg["step"] != step:
-            raise ValueError(f"{kind} from {h!r}: step {msg['step']}, expected {step}")
+            raise PeerFault(party.name, h, kind, f"step {msg['step']}, expected {step}")
         pairs.append((np.asarray(msg["a"]), np.asarray(msg["b"])))
     try:
         return rs.open_pairs(pairs)
     except rs.OpenError as e:
         a, b = (names[j] for j in e.holders)
-        raise ValueError(f"{kind} step {step}: holders {a!r} and {b!r} sent different copies of component "
-                         f"{e.component}: one of the two deviated (the opening cannot tell which)") from None
+        raise PeersDisagree(party.name, [a, b], kind, f"step {step}: they sent different copies of component "
+                            f"{e.component}: one of the two deviated (the opening cannot tell which)") from None
 
 
 def declarations(prefix: str, owner: str, holder: str, share_shape: tuple, width: int | None = None) -> list[MessageDecl]:

@@ -42,9 +42,9 @@ from fedhet.crypto.field import F61
 from fedhet.crypto.prg import random_seed
 
 from fedhet.parties.contract import PartyLike
-from fedhet.parties.api import PeerFault
+from fedhet.parties.api import PeerFault, PeerTimeout, ProtocolMismatch
 
-from .secagg_config import SecAggConfig, SecAggError, neighbours
+from .secagg_config import SecAggConfig, SecAggDisagree, SecAggFault, SecAggRoundFailed, neighbours
 from .secagg_masks import apply_masks, share_secrets
 from .secagg_messages import (SECRET_ELEMS, STEPS, Kind, RoundInbox, check_round, keys_signed_message,
                               round_context, seed_commitment)
@@ -101,6 +101,7 @@ class ClientRound:
     x: np.ndarray
     w: float
     ctx: bytes
+    server: str = ""   # whose list, relay and requests this client checks
     # round 0
     c_sk: Any = None
     s_sk: Any = None
@@ -146,38 +147,43 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
     cfg, r, me = st.cfg, st.r, st.me
     universe = p["universe"]
     if len(set(universe)) != len(universe) or me not in universe:
-        raise SecAggError(f"round {r}: the server's client list is malformed or lacks {me!r}")
+        raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the client list is malformed or lacks {me!r}")
     universe = sorted(universe)
     strangers = [u for u in universe if u != me and peer_roles.get(u) != own_role]
     if strangers:
-        raise SecAggError(f"round {r}: the server listed parties that are not {own_role}s: {strangers}")
+        raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: it lists parties that are not {own_role}s: "
+                          f"{strangers}")
     n = len(universe)
     st.universe, st.t, st.tl = universe, cfg.t(n), cfg.t_local(n)
     quant = st.quant = cfg.quantizer(n)
     if (p["frac_bits"], p["ring_bits"]) != (quant.frac_bits, quant.ring_bits):
-        raise SecAggError(f"round {r}: the server encodes with frac_bits={p['frac_bits']}, ring_bits="
-                          f"{p['ring_bits']}; this client's configuration gives {quant.frac_bits}, "
-                          f"{quant.ring_bits} (do both use the same secagg_* settings?)")
+        raise ProtocolMismatch(me, st.server, "secure aggregation encoding (frac_bits, ring_bits)",
+                               (quant.frac_bits, quant.ring_bits), (p["frac_bits"], p["ring_bits"]),
+                               "do both use the same secagg_* settings?")
     st.nbrs = neighbours(universe, cfg, st.seed, st.run_id, r)[me]
     keys = p["keys"]
     if me not in keys:
-        raise SecAggError(f"round {r}: the key list lacks this client's own keys")
+        raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the key list lacks this client's own keys")
     seen: set[bytes] = set()
     for v, entry in keys.items():
         if v != me and v not in st.nbrs:
-            raise SecAggError(f"round {r}: the key list holds {v!r}, not a neighbour of {me!r}")
+            raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the key list holds {v!r}, not a neighbour "
+                              f"of {me!r}")
         vc, vs, vcommit, vsig = (bytes(e) for e in entry)
         if v == me:
             if (vc, vs, vcommit) != (st.c_pk, st.s_pk, st.commit):
-                raise SecAggError(f"round {r}: the server relayed keys for {me!r} that are not its own")
+                raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: it relayed keys for {me!r} that are not "
+                                  "its own")
         elif not ck.verify(ident_of(v), keys_signed_message(cfg.tag, st.run_id, r, v, vc, vs, vcommit), vsig):
-            raise SecAggError(f"round {r}: the signature on {v!r}'s keys does not verify")
+            raise SecAggDisagree(me, [v, st.server], Kind.KEYLIST, f"round {r}: the signature on {v!r}'s keys, "
+                                 "as the server relayed them, does not verify")
         if vc in seen or vs in seen or vc == vs:
-            raise SecAggError(f"round {r}: public keys in the key list are not distinct")
+            raise SecAggDisagree(me, [v, st.server], Kind.KEYLIST, f"round {r}: public keys in the key list are "
+                                 "not distinct")
         seen.update((vc, vs))
         st.peer_keys[v] = (vc, vs, vcommit)
     if len(st.peer_keys) < st.tl:
-        raise SecAggError(f"round {r}: only {len(st.peer_keys)} share holders, below the threshold {st.tl}")
+        raise SecAggRoundFailed(f"round {r}: only {len(st.peer_keys)} share holders, below the threshold {st.tl}")
     st.idx = {u: i for i, u in enumerate(universe)}
     shares = share_secrets([st.b, ck.private_bytes(st.s_sk)], n, st.tl)  # row i: for universe[i], x = i + 1
     st.own_share = shares[st.idx[me]].copy()
@@ -209,24 +215,27 @@ def masked_input(st: ClientRound, p: dict) -> dict:
     r, me = st.r, st.me
     u2, relayed = p["u2"], p["ct"]
     if not (me in u2 and set(u2) <= set(st.universe) and (st.nbrs & set(u2)) <= set(st.peer_keys)):
-        raise SecAggError(f"round {r}: malformed relay of shares (U2 must hold {me!r} and only "
-                          "clients whose keys were listed)")
+        raise SecAggFault(me, st.server, Kind.RELAY, f"round {r}: malformed relay of shares (U2 must hold {me!r} "
+                          "and only clients whose keys were listed)")
     st.u2 = set(u2)
     if len(st.u2) < st.t:
-        raise SecAggError(f"round {r}: only {len(st.u2)} clients shared keys, below t={st.t}")
+        raise SecAggRoundFailed(f"round {r}: only {len(st.u2)} clients shared keys, below t={st.t}")
     mask_peers = sorted((st.nbrs & st.u2) - {me})
     if set(relayed) != set(mask_peers):
-        raise SecAggError(f"round {r}: relayed shares come from {sorted(relayed)}, expected {mask_peers}")
+        raise SecAggFault(me, st.server, Kind.RELAY, f"round {r}: relayed shares come from {sorted(relayed)}, "
+                          f"expected {mask_peers}")
     assert st.own_share is not None  # set by share_keys
     st.held = {me: st.own_share}
     for v in mask_peers:
         try:
             raw = ck.open_sealed(st.enc[v], relayed[v], aad=st.ctx + msgpack.packb([v, me]))
         except (ck.AuthenticationError, TypeError) as e:
-            raise SecAggError(f"round {r}: the shares from {v!r} fail authentication: {e}") from None
+            raise SecAggDisagree(me, [v, st.server], Kind.RELAY, f"round {r}: the shares from {v!r}, as the server "
+                                 f"relayed them, fail authentication: {e}") from None
         row = np.frombuffer(raw, dtype=np.uint64)
         if row.size != 2 * SECRET_ELEMS:
-            raise SecAggError(f"round {r}: the shares from {v!r} have the wrong size")
+            raise SecAggDisagree(me, [v, st.server], Kind.RELAY, f"round {r}: the shares from {v!r} have the wrong "
+                                 "size")
         st.held[v] = F61.asarray(row.copy(), f"shares from {v}")
     if st.y is None:
         premask(st)
@@ -244,10 +253,11 @@ def unmask_shares(st: ClientRound, p: dict) -> dict:
     r, me = st.r, st.me
     u3 = p["u3"]
     if not (me in u3 and set(u3) <= st.u2):
-        raise SecAggError(f"round {r}: malformed unmask request (U3 must hold {me!r} and lie within U2)")
+        raise SecAggFault(me, st.server, Kind.UNMASK_REQUEST, f"round {r}: malformed unmask request (U3 must hold "
+                          f"{me!r} and lie within U2)")
     u3 = set(u3)
     if len(u3) < st.t:
-        raise SecAggError(f"round {r}: only {len(u3)} masked inputs, below t={st.t}; refusing to unmask")
+        raise SecAggRoundFailed(f"round {r}: only {len(u3)} masked inputs, below t={st.t}; refusing to unmask")
     b_of = sorted(v for v in st.held if v in u3)
     s_of = sorted(v for v in st.held if v not in u3)  # dropped after sharing: reveal its mask key only
     # One array, b-shares then s-shares: never empty (it holds our own b-share).
@@ -294,10 +304,9 @@ class SecAggClient:
         assert self._inbox is not None  # made by submit
         p = self._inbox.recv(party, server, kind, r, party.now() + self._timeout(party))
         if p is None:
-            raise SecAggError(f"client {party.name!r}: no {kind!r} from {server!r} for round {r} within "
-                              f"{self._timeout(party):g}s")
+            raise PeerTimeout(party.name, server, kind, self._timeout(party), f"no message for round {r}")
         if p.get("abort"):
-            raise SecAggError(f"round {r} aborted by the server: {p['abort']}")
+            raise SecAggRoundFailed(f"round {r} aborted by the server: {p['abort']}")
         return p
 
     def _faults_for(self, r: int) -> Faults:
@@ -327,7 +336,7 @@ class SecAggClient:
         if faults.stop_after == "start":
             return SubmitResult("stopped", r, "before advertising keys")
         st = ClientRound(self.cfg, party.name, party.run_id, party.seed, r, x, w,
-                         round_context(self.cfg.tag, party.run_id, r))
+                         round_context(self.cfg.tag, party.run_id, r), server=server)
 
         def send(step: str, payload: dict) -> bool:
             """Send ``step``'s message as the faults say; True when the client vanishes after it."""

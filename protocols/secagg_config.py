@@ -54,7 +54,7 @@ import msgpack
 import numpy as np
 
 from fedhet.crypto.prg import PRG
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault, PeersDisagree, RoundFailed
 
 from .secagg_quantizer import Quantizer
 
@@ -65,7 +65,22 @@ PRIVACY_BITS = 40      # ... and a random coalition of the assumed size breaks a
 
 
 class SecAggError(PartyError):
-    """A secure-aggregation round failed (too few clients, bad message, failed check); nothing was released."""
+    """A secure-aggregation round failed (too few clients, bad message, failed check); nothing was released.
+    Raised as such for this party's own settings; a round's failure is one of the three below, which
+    say whom the evidence names (fedhet.parties.failure)."""
+
+
+class SecAggFault(SecAggError, PeerFault):
+    """A message of one party (the server's list or relay, a client's input) is wrong by itself: names it."""
+
+
+class SecAggDisagree(SecAggError, PeersDisagree):
+    """A client's signed or sealed message, relayed by the server, does not check: the client or the
+    relaying server deviated, and nothing shows which.  Names neither."""
+
+
+class SecAggRoundFailed(SecAggError, RoundFailed):
+    """Too few clients completed a step, or the server stopped the round: names nobody."""
 
 
 

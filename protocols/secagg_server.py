@@ -37,7 +37,7 @@ from fedhet.crypto.field import F61
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerFault
 
-from .secagg_config import SecAggConfig, SecAggError, neighbours
+from .secagg_config import SecAggConfig, SecAggDisagree, SecAggError, SecAggRoundFailed, neighbours
 from .secagg_masks import SharedSecret, apply_masks, recover_secrets
 from .secagg_messages import (SECRET_ELEMS, Kind, RoundInbox, check_round, round_context, seed_commitment)
 from .secagg_quantizer import Quantizer
@@ -141,7 +141,7 @@ class ServerRound:
         msg = f"secure aggregation round {self.r} failed: {reason}; no sum is released"
         for u in sorted(waiting):
             self.party.send(u, next_kind, {"r": self.r, "abort": msg})
-        raise SecAggError(msg)
+        raise SecAggRoundFailed(msg)
 
     def tell_dropped(self, who: Iterable[str], next_kind: str) -> None:
         for u in sorted(who):
@@ -251,8 +251,9 @@ def check_shares(st: ServerRound, items: dict) -> None:
         raise PeerFault(st.party.name, proven[0], Kind.UNMASK,
                         f"secure aggregation round {r}: wrong unmasking shares from {proven} "
                         f"(proven: no single other party explains them); {evidence}; no sum is released")
-    raise SecAggError(f"secure aggregation round {r} failed: inconsistent unmasking shares, sender unknown"
-                      + (f" ({'; '.join(unsure)})" if unsure else "") + f": {evidence}; no sum is released")
+    raise SecAggDisagree(st.party.name, sorted(against), Kind.UNMASK,
+                         f"secure aggregation round {r} failed: inconsistent unmasking shares, sender unknown"
+                         + (f" ({'; '.join(unsure)})" if unsure else "") + f": {evidence}; no sum is released")
 
 
 def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[str],
@@ -278,8 +279,8 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
 
     un = st.collect(Kind.UNMASK, sorted(u3), valid_unmask)
     if len(un) < st.t:
-        raise SecAggError(f"secure aggregation round {r} failed: only {len(un)} of {st.n} clients sent "
-                          f"unmasking shares, below the threshold t={st.t}; no sum is released")
+        raise SecAggRoundFailed(f"secure aggregation round {r} failed: only {len(un)} of {st.n} clients sent "
+                                f"unmasking shares, below the threshold t={st.t}; no sum is released")
     b_rows: dict[str, list] = {u: [] for u in u3}
     s_rows: dict[str, list] = {v: [] for v in u2 - u3}
     for h in sorted(un, key=idx.__getitem__):  # ascending x = idx + 1
@@ -310,7 +311,7 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
     try:
         recover_secrets(list(b_items.values()) + list(s_items.values()), tl)
     except SecAggError as e:
-        raise SecAggError(f"secure aggregation round {r} failed: {e}; no sum is released") from None
+        raise SecAggRoundFailed(f"secure aggregation round {r} failed: {e}; no sum is released") from None
     check_shares(st, {**{("b", u): it for u, it in b_items.items()}, **{("s", v): it for v, it in s_items.items()}})
     secret = {what: it.secret for what, it in [*b_items.items(), *s_items.items()] if it.secret is not None}
     masks: list[tuple[bytes, int]] = [(secret[u], -1) for u in b_items]
@@ -326,7 +327,9 @@ def unmask_round(st: ServerRound, adv: dict[str, dict], u2: set[str], u3: set[st
     st.steps["unmask_compute"] = {"seconds": time.monotonic() - t0}
     e_sum, e_mean = st.quant.bounds(len(u3), wsum)
     if not wsum > 0:
-        raise SecAggError(f"secure aggregation round {r}: the weights sum to {wsum}")
+        raise SecAggDisagree(st.party.name, sorted(u3), Kind.MASKED, f"secure aggregation round {r}: the weights "
+                             f"sum to {wsum} (some client's masked input or unmasking share is wrong; the sum "
+                             "cannot tell whose)")
     return SecAggResult(
         sum=total, weight=wsum, mean=total / wsum, contributors=sorted(u3), dropped=sorted(set(st.universe) - u3),
         sum_error_bound=e_sum, mean_error_bound=e_mean, round=r, frac_bits=st.quant.frac_bits,

@@ -56,7 +56,7 @@ from fedhet.parties.api import PeerTimeout
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 
-from .shared_array import (PUBLIC_FRAC_BITS, SharedArray, ShamirError, ShareRangeError, add, add_public,
+from .shared_array import (PUBLIC_FRAC_BITS, SharedArray, ShamirDisagree, ShamirError, ShamirFault, ShareRangeError, add, add_public,
                            batched_lmatmul, check_threshold, concatenate, contiguous_u64, decode_fixed, interpolate, lift, lmatmul,
                            matmul, max_signed, neg, reconstruct_shares, scale, share_array, stack, sub,
                            sum_shares)
@@ -108,21 +108,24 @@ def _meta(a: SharedArray, tag: str) -> dict:
             "bound": int(a.bound), "err": float(a.err), "shares": contiguous_u64(a.values)}
 
 
-def _parse(msg: dict, frm: str, kind: str, tag: str, fld: PrimeField) -> SharedArray:
-    """A share message as a SharedArray (its types and ranges were checked on receipt by :func:`share_schema`)."""
-    where = f"{kind} from {frm!r}"
+def _parse(msg: dict, frm: str, kind: str, tag: str, fld: PrimeField, me: str | None = None) -> SharedArray:
+    """A share message as a SharedArray (its types and ranges were checked on receipt by :func:`share_schema`).
+    ``me``: the receiving party (a wrong message is the sender's fault); None: this party's own checkpoint."""
+    def bad(why: str) -> ShamirError:
+        return ShamirError(f"{kind} from {frm!r}: {why}") if me is None else ShamirFault(me, frm, kind, why)
+
     if msg["v"] != PROTOCOL_VERSION:
-        raise ShamirError(f"{where}: protocol version {msg['v']!r}, expected {PROTOCOL_VERSION}")
+        raise bad(f"protocol version {msg['v']!r}, expected {PROTOCOL_VERSION}")
     if msg["tag"] != tag:
-        raise ShamirError(f"{where}: tag {msg['tag']!r}, expected {tag!r} (a message of another sharing)")
+        raise bad(f"tag {msg['tag']!r}, expected {tag!r} (a message of another sharing)")
     if msg["p"] != fld.p:
-        raise ShamirError(f"{where}: field modulus {msg['p']!r}, expected {fld.p}")
+        raise bad(f"field modulus {msg['p']!r}, expected {fld.p}")
     if msg["x"] >= fld.p or msg["bound"] > max_signed(fld) or msg["err"] < 0:
-        raise ShamirError(f"{where}: x, bound or err out of range ({msg['x']}, {msg['bound']}, {msg['err']})")
+        raise bad(f"x, bound or err out of range ({msg['x']}, {msg['bound']}, {msg['err']})")
     try:
         sh = fld.asarray(msg["shares"], f"shares from {frm!r}")
     except ValueError as e:
-        raise ShamirError(str(e)) from None
+        raise bad(str(e)) from None
     return SharedArray(sh, msg["x"], msg["t"], msg["frac_bits"], msg["bound"], float(msg["err"]), fld)
 
 
@@ -198,13 +201,14 @@ def receive_shares(party: PartyLike, owners: str | Sequence[str], kind_prefix: s
         raise ValueError(f"receive_shares: owners must be distinct, got {owners}")
     out: dict[str, SharedArray] = {}
     for o in owners:
-        out[o] = _parse(party.recv(o, kind, timeout=timeout), o, kind, str(tag), field)
+        out[o] = _parse(party.recv(o, kind, timeout=timeout), o, kind, str(tag), field, party.name)
     first = out[owners[0]]
     for o, a in out.items():
         if t is not None and a.t != int(t):
-            raise ShamirError(f"{kind} from {o!r}: threshold t={a.t}, expected {int(t)}")
+            raise ShamirFault(party.name, o, kind, f"threshold t={a.t}, expected {int(t)}")
         if (a.x, a.t) != (first.x, first.t):
-            raise ShamirError(f"owners disagree on this holder's point or threshold: {owners[0]!r} used "
+            raise ShamirDisagree(party.name, [owners[0], o], kind, "owners disagree on this holder's point or "
+                                 f"threshold: {owners[0]!r} used "
                               f"x={first.x}, t={first.t}, {o!r} used x={a.x}, t={a.t}; every owner must "
                               "share to the same holder list with the same t")
     return out
@@ -270,7 +274,7 @@ def reconstruct_at_coordinator(party: PartyLike, holders: Sequence[str], t: int,
             # A late answer to an earlier reconstruction (its holder was left out then).
             party.log.warning("discarding %s from %s with tag %r (expected %r)", kind, h, msg["tag"], tag)
             return
-        got[h] = _parse(msg, h, kind, str(tag), field)
+        got[h] = _parse(msg, h, kind, str(tag), field, party.name)
         pending.remove(h)
 
     while pending and len(got) < quorum:

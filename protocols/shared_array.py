@@ -78,7 +78,7 @@ from fedhet.crypto import field_matmul, shamir
 from fedhet.crypto.field import F61, PrimeField
 from fedhet.crypto.fixedpoint import DEFAULT_FRAC_BITS, FixedPoint
 from fedhet.crypto.prg import PRG
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault, PeersDisagree
 
 __all__ = [
     "SharedArray", "ShamirError", "ShareRangeError", "PUBLIC_FRAC_BITS", "PublicOperand",
@@ -92,7 +92,16 @@ _MAX_EXACT = 1 << 53                   # integers beyond this do not survive flo
 
 
 class ShamirError(PartyError):
-    """The protocol cannot produce a result: too few holders answered, inconsistent or malformed shares."""
+    """The protocol cannot produce a result: too few holders answered, inconsistent or malformed shares.
+    Raised as such for this party's own data; a peer's message is judged by the two below."""
+
+
+class ShamirFault(ShamirError, PeerFault):
+    """A peer's share message is wrong by itself (version, tag, field, range, threshold): names it."""
+
+
+class ShamirDisagree(ShamirError, PeersDisagree):
+    """Shares of several peers do not fit together and nothing shows whose is wrong: names none."""
 
 
 class ShareRangeError(ValueError):
@@ -610,9 +619,9 @@ def interpolate(rows: list[np.ndarray], xs: list[int], t: int, fld: PrimeField, 
         for i in range(1, t):
             fld.add(pred, fld.mul(rows[i], lam[i]), out=pred)
         if not np.array_equal(pred, r):
-            raise ShamirError(f"inconsistent shares: the share of {who} (x={x}) does not lie on the polynomial "
-                              f"through the shares at x={base_x}; a holder computed something else or sent "
-                              "corrupted data")
+            raise ShamirDisagree("", list(names), "shares", f"inconsistent shares: the share of {who} (x={x}) does "
+                                 f"not lie on the polynomial through the shares at x={base_x}; a holder computed "
+                                 "something else or sent corrupted data")
     return raw
 
 

@@ -18,7 +18,12 @@ Each rule is a function over a :class:`Tree` (the four packages' files, parsed o
 - ``party-untyped``: a ``party`` parameter in ``protocols/`` or ``algorithms/`` without an
   annotation (a party object is a ``PartyLike``; a party's name is a ``str``);
 - ``bare-seed-tag``: a literal number as a seed-stream tag (``default_rng([seed, 7919])``,
-  ``SeedSequence([seed, 8])``) instead of a named ``toolkit.Stream`` tag.
+  ``SeedSequence([seed, 8])``) instead of a named ``toolkit.Stream`` tag;
+- ``peer-check``: in ``protocols/`` or ``algorithms/``, a function that receives (``.recv(``,
+  ``.gather(``) and then raises ``ValueError``, ``PartyError``, ``RuntimeError`` or ``TypeError``:
+  a check on a peer's message raises ``PeerFault`` (names the sender, with the message's evidence),
+  ``PeersDisagree`` or ``ProtocolMismatch`` (name nobody); a failure that is truly the party's own
+  (its memory, its own policy) says so with an ``# own:`` comment on the ``raise`` line or the one above.
 """
 from __future__ import annotations
 
@@ -56,10 +61,13 @@ class Tree:
 
     def _parse(self, folders: tuple[str, ...]) -> dict[str, ast.Module]:
         out = {}
+        self.lines: dict[str, list[str]] = getattr(self, "lines", {})
         for pkg in folders:
             for f in sorted((self.root / pkg).rglob("*.py")):
                 rel = f.relative_to(self.root).as_posix()
-                out[rel] = ast.parse(f.read_text(), filename=rel)
+                text = f.read_text()
+                out[rel] = ast.parse(text, filename=rel)
+                self.lines[rel] = text.splitlines()
         return out
 
     @staticmethod
@@ -299,6 +307,37 @@ def bare_seed_tags(tree: Tree) -> list[Violation]:
     return out
 
 
+_RECEIVES = ("recv", "gather")
+_OWN_ERRORS = ("ValueError", "PartyError", "RuntimeError", "TypeError")
+
+
+def peer_checks(tree: Tree) -> list[Violation]:
+    out = []
+    for rel, mod in tree.files.items():
+        if not rel.startswith(("protocols/", "algorithms/")):
+            continue
+        lines = tree.lines[rel]
+        for fn in ast.walk(mod):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            received = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Attribute) and n.func.attr in _RECEIVES]
+            if not received:
+                continue
+            for r in ast.walk(fn):
+                if not isinstance(r, ast.Raise) or r.exc is None or r.lineno < min(received):
+                    continue
+                e = r.exc.func if isinstance(r.exc, ast.Call) else r.exc
+                name = e.id if isinstance(e, ast.Name) else e.attr if isinstance(e, ast.Attribute) else ""
+                near = " ".join(lines[max(0, r.lineno - 2):r.lineno])
+                if name in _OWN_ERRORS and "# own:" not in near:
+                    out.append(Violation("peer-check", _where(rel, r),
+                                         f"{fn.name} receives, then raises {name}: a check on a peer's message "
+                                         "raises PeerFault (or PeersDisagree / ProtocolMismatch); a failure "
+                                         "of the party's own says so with an '# own:' comment"))
+    return out
+
+
 RULES = {
     "toolkit-twin": toolkit_twins,
     "settings-dict": settings_as_dict,
@@ -308,6 +347,7 @@ RULES = {
     "import-cycle": import_cycles,
     "party-untyped": untyped_parties,
     "bare-seed-tag": bare_seed_tags,
+    "peer-check": peer_checks,
 }
 
 

@@ -67,6 +67,13 @@ PLANTED = {
         def run(party, items):
             return party
         """},
+    "peer-check": {"protocols/psi/kkrt.py": """
+        def answer_setup(party: PartyLike, lo, timeout):
+            setup = party.recv(lo, "psi/kkrt/setup", timeout=timeout)
+            if setup["bins"] != 8:
+                raise PartyError("PSI-KKRT: the setup announces the wrong number of bins")
+            return setup
+        """},
     "bare-seed-tag": {"algorithms/mmvfl/data.py": """
         import numpy as np
         def split(seed, n):

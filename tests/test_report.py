@@ -41,13 +41,12 @@ def runs(tmp_path_factory):
     """Two finished process runs: the HE split network's smoke federation and FedAvg's demo, made
     once for all xdist workers (launch_tools.shared_run); the tests only read them (a test that
     tampers works on a copy)."""
-    def he(folder):
-        assert launch(replace(_fed("he_split"), hosts=1), folder, progress=False, timeout=300)["ok"]
-
-    def fedavg(folder):
-        assert launch(replace(load(presets.path("demo")), hosts=1), folder, progress=False, timeout=300,
+    def make(folder):   # the two side by side: the board serves exactly these two runs
+        assert launch(replace(_fed("he_split"), hosts=1), folder / "he", progress=False, timeout=300)["ok"]
+        assert launch(replace(load(presets.path("demo")), hosts=1), folder / "fedavg", progress=False, timeout=300,
                       overrides={"rounds": 4})["ok"]
-    return shared_run(tmp_path_factory, "report-he", he), shared_run(tmp_path_factory, "report-fedavg", fedavg)
+    root = shared_run(tmp_path_factory, "report", make)
+    return root / "he", root / "fedavg"
 
 
 def _transcript_kinds(run: Path) -> dict[str, int]:

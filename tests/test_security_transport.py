@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 import zmq
 
-from fedhet.parties import codec
+from fedhet.parties import codec, failure
+from fedhet.parties.api import MessageLost, PeerFault
 from fedhet.parties.zmq_transport import REJECTS_KEPT, STREAM_START, ZmqParty
 
 from net_tools import curve_dealer, free_port, wait_for  # a helper module of tests/
@@ -422,7 +423,9 @@ def test_a_listed_key_cannot_pin_descriptors_with_idle_connections():
 # ------------------------------------------- issue 27, item 10: slow-loris from a listed key
 class Throttle(threading.Thread):
     """A TCP relay between one client and the victim: full speed until ``trickle`` is set, then
-    10 bytes every 0.1 s (100 bytes/s at most).  ``cut`` is set when the victim closes its side."""
+    10 bytes every 0.1 s (100 bytes/s at most); with ``lag`` > 0 it holds back the stream's last
+    ``lag`` bytes (the victim always has an unfinished message while whole ones keep completing).
+    ``cut`` is set when the victim closes its side."""
 
     def __init__(self, target: tuple[str, int]):
         super().__init__(daemon=True)
@@ -432,6 +435,7 @@ class Throttle(threading.Thread):
         self.trickle = threading.Event()
         self.cut = threading.Event()
         self.trickled = 0
+        self.lag = 0
         self.why = ""  # how the relay ended
 
     def _back(self, victim: socket.socket, client: socket.socket) -> None:
@@ -459,7 +463,11 @@ class Throttle(threading.Thread):
                     backlog += data
                 except socket.timeout:
                     pass
-                if not self.trickle.is_set():
+                if self.lag and not self.trickle.is_set():
+                    if len(backlog) > self.lag:
+                        victim.sendall(backlog[:-self.lag])
+                        backlog = backlog[-self.lag:]
+                elif not self.trickle.is_set():
                     victim.sendall(backlog)
                     backlog = b""
                 elif backlog:
@@ -475,6 +483,51 @@ class Throttle(threading.Thread):
             self.listener.close()
 
 
+def relayed_dealer(ctx, keys, port: int, name: str = "client2"):
+    """A raw CURVE DEALER holding ``name``'s keys, one connection, the one through the relay."""
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.reconnect_ivl = -1
+    s.curve_serverkey = keys["server"][0]
+    s.curve_publickey, s.curve_secretkey = keys[name]
+    s.connect(f"tcp://127.0.0.1:{port}")
+    return s
+
+
+def test_a_busy_honest_connection_that_keeps_completing_messages_is_never_cut():
+    """Issue 43, item 1: whole messages keep arriving while the next one is always unfinished (a
+    loaded sender, a full pipe).  The guard judged the unfinished bytes by the age of the first
+    one, cut the connection, lost the message in flight and blamed the honest sender for the gap.
+    The unfinished message's clock now starts when the previous message completed."""
+    keys, eps, make = loopback_federation()
+    server = make("server", timeout=60, identify_s=1.0, min_rate=1024)
+    relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
+    relay.start()
+    ctx = zmq.Context()
+    try:
+        s = relayed_dealer(ctx, keys, relay.port)
+        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
+        assert server.recv("client2", "k") == "first"
+        relay.lag = 300   # every message below is ~600 bytes: the newest one is always unfinished
+        n = 0
+        t_end = time.monotonic() + 3 * server._guard.identify_s
+        while time.monotonic() < t_end or n < 20:
+            n += 1
+            s.send_multipart(codec.encode(RUN, "client2", "server", "k", n, {"x": np.full(64, n, dtype=np.float64)}))
+            if n > 1:   # the one before is whole once this one's first bytes passed the relay
+                assert server.recv("client2", "k")["x"][0] == n - 1
+            time.sleep(0.05)
+        relay.lag = 0   # let the last one through
+        s.send_multipart(codec.encode(RUN, "client2", "server", "k", n + 1, "last"))
+        assert server.recv("client2", "k")["x"][0] == n
+        assert server.recv("client2", "k") == "last"
+        assert server._guard.cut == 0, (server._guard.cut_by_reason, relay.why)
+        assert not relay.cut.is_set()
+    finally:
+        ctx.destroy(linger=0)
+        server._transport_close(linger_s=0)
+
+
 def test_a_listed_key_trickling_a_message_is_cut():
     keys, eps, make = loopback_federation()
     server = make("server", timeout=60, identify_s=2.0, min_rate=1024)
@@ -483,12 +536,7 @@ def test_a_listed_key_trickling_a_message_is_cut():
     relay.start()
     ctx = zmq.Context()
     try:
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        s.reconnect_ivl = -1  # one connection, the one through the relay
-        s.curve_serverkey = keys["server"][0]
-        s.curve_publickey, s.curve_secretkey = keys["client2"]
-        s.connect(f"tcp://127.0.0.1:{relay.port}")
+        s = relayed_dealer(ctx, keys, relay.port)
         s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
         assert server.recv("client2", "k") == "first"  # at full speed: delivered
         relay.trickle.set()
@@ -501,4 +549,35 @@ def test_a_listed_key_trickling_a_message_is_cut():
     finally:
         ctx.destroy(linger=0)
         client._transport_close(linger_s=0)
+        server._transport_close(linger_s=0)
+
+
+def test_a_message_lost_to_the_receivers_own_cut_blames_nobody():
+    """Issue 43, item 1: when the receiver's own guard cut a connection of a peer, the gap in that
+    peer's sequence that follows is a local loss (``MessageLost``, cause ``local_loss``, no
+    culprit), never proof against the sender, as it was."""
+    keys, eps, make = loopback_federation()
+    server = make("server", timeout=60, identify_s=1.0, min_rate=1024)
+    relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
+    relay.start()
+    ctx = zmq.Context()
+    try:
+        s = relayed_dealer(ctx, keys, relay.port)
+        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
+        assert server.recv("client2", "k") == "first"
+        relay.trickle.set()
+        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 1, {"x": np.zeros(8192)}))  # cut, lost
+        assert relay.cut.wait(60), "the trickling connection was never cut"
+        dctx, direct = curve_dealer(keys, eps["server"], client="client2")  # the sender goes on: seq 2
+        direct.send_multipart(codec.encode(RUN, "client2", "server", "k", 2, "after"))
+        with pytest.raises(MessageLost) as info:
+            server.recv("client2", "k")
+        assert not isinstance(info.value, PeerFault)
+        assert "seq 2, expected 1" in str(info.value) and "guard cut 1 connection" in str(info.value)
+        rec = failure.record(info.value, "server", "server", transport=server)
+        assert rec["cause"] == "local_loss" and rec["culprit"] is None
+        assert failure.verdict({"server": rec})["party"] is None
+        dctx.destroy(linger=0)
+    finally:
+        ctx.destroy(linger=0)
         server._transport_close(linger_s=0)

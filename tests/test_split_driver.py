@@ -16,7 +16,7 @@ import torch
 
 from fedhet.algorithms import split_driver as SD
 from fedhet.algorithms.toolkit import HostRows, epoch_permutation, mlp, seeded
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PeerFault
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
@@ -189,8 +189,9 @@ def test_host_link_rejects_wrong_activation_shape():
 
     ln = SD.ClearHostLink(FakeParty(), "g1", KINDS, width=2, name="test")
     ln.begin(np.arange(3), True, 0)
-    with pytest.raises(PartyError, match=r"test: t/act from 'g1' must be float32 \(3, 2\)"):
+    with pytest.raises(PeerFault, match=r"'test' rejected a 't/act' message from 'g1': must be float32 \(3, 2\)") as e:
         ln.finish_forward()
+    assert e.value.peer == "g1"   # the sender is named, never the receiver
 
 
 def test_plain_linear_layer_by_hand():

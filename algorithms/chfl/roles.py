@@ -39,7 +39,7 @@ from fedhet.algorithms.chfl.messages import Kind
 from fedhet.algorithms.chfl.models import init_common_flat
 from fedhet.algorithms.chfl.settings import Settings, aggregation_defaults
 from fedhet.algorithms.toolkit import derive_seed, synchronize
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation
 
@@ -137,7 +137,7 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
             # The schema has checked G float32 (P_c,) vectors, finite; the round is the role's to check.
             msg = party.recv(server_name, Kind.GLOBAL, timeout=s.recv_timeout)
             if msg["r"] != r:
-                raise PartyError(f"chfl: global model for round {msg['r']} from {server_name} in round {r}")
+                raise PeerFault(party.name, server_name, Kind.GLOBAL, f"global model for round {msg['r']} in round {r}")
             for fm, th in zip(federated, msg["theta"]):
                 fm.set_common(th)
         if r > 0:  # Theta_k^(r-1) = (theta_c^(r), theta_u,k, U_k)

@@ -29,7 +29,7 @@ from fedhet.algorithms.f3.roles import HolderLink, MpcLink, owners_in_order
 from fedhet.algorithms.f3.settings import MAX_BATCH, Settings, owner_widths
 from fedhet.algorithms.predict import Exchange, PartData, Rows, Vertical
 from fedhet.parties import schema as sch
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault, PeersDisagree
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.declare import MessageDecl, declare
 from fedhet.algorithms.f3 import mpc
@@ -72,7 +72,7 @@ def owner_label(party: PartyLike, s: Settings, data: PartData, rows: Rows, peers
     _upload(party, s, h)
     p = np.asarray(party.recv(coord, PREDICTIONS)["p"])
     if p.shape[0] != len(h):
-        raise PartyError(f"f3: {PREDICTIONS} from {coord!r} holds {p.shape[0]} rows, the common list {len(h)}")
+        raise PeerFault(party.name, coord, PREDICTIONS, f"holds {p.shape[0]} rows, the common list {len(h)}")
     return {coord: p}
 
 
@@ -97,7 +97,7 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
             for o, w in zip(order, meta["widths"]):
                 h = np.asarray(party.recv(o, REP)["h"])
                 if h.shape != (n, int(w)):
-                    raise PartyError(f"f3: {REP} from {o!r} has shape {h.shape}, expected ({n}, {w})")
+                    raise PeerFault(party.name, o, REP, f"has shape {h.shape}, expected ({n}, {w})")
                 hs.append(torch.as_tensor(h))
             p = scorer(*hs).numpy()
         else:
@@ -127,7 +127,7 @@ def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
         return _mpc_holder(party, s, order, coord)
     got = ss.receive_shares(party, order, SHARE_PREFIX, t=s.t, tag="h")
     if len({got[o].shape[0] for o in order}) != 1:
-        raise PartyError(f"f3 holder {party.name}: the owners shared different row counts "
+        raise PeersDisagree(party.name, order, SHARE_PREFIX, "the owners shared different row counts "
                          f"{ {o: got[o].shape for o in order} }")
     total, n = got[order[0]].shape[0], len(order)
     shares = OwnerShares([got[o] for o in order])
@@ -137,10 +137,10 @@ def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
         if msg["op"] == "stop":
             return {"role": HOLDER, "steps": steps}
         if msg["op"] != "forward":
-            raise PartyError(f"f3 holder {party.name}: prediction asks for forward steps only, got {msg['op']!r}")
+            raise PeerFault(party.name, coord, Kind.OP, f"prediction asks for forward steps only, got {msg['op']!r}")
         rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"])
         if rows.size == 0 or int(rows.max()) >= total:
-            raise PartyError(f"f3 holder {party.name}: {Kind.OP} asks for rows outside 0..{total - 1}")
+            raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} asks for rows outside 0..{total - 1}")
         if msg["packed"]:
             A = unpack_symmetric(A, n)
         U, _ = holder_forward(shares, rows, A.astype(np.float64), [np.asarray(c) for c in msg["C"]], s)
@@ -155,7 +155,7 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> 
     got = rsh.receive_shares(party, order, RSS_PREFIX + "/share", {o: (None, w) for o, w in zip(order, widths)},
                              mpc.H_BITS)
     if len({got[o].shape[0] for o in order}) != 1:
-        raise PartyError(f"f3 holder {party.name}: the owners shared different row counts "
+        raise PeersDisagree(party.name, order, SHARE_PREFIX, "the owners shared different row counts "
                          f"{ {o: got[o].shape for o in order} }")
     total, n = got[order[0]].shape[0], len(order)
     shares = mpc.MpcShares([got[o] for o in order])
@@ -166,11 +166,11 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> 
         if msg["op"] == "stop":
             return {"role": HOLDER, "steps": steps, "rounds": h.rounds}
         if msg["op"] != "forward":
-            raise PartyError(f"f3 holder {party.name}: prediction asks for forward steps only, got {msg['op']!r}")
+            raise PeerFault(party.name, coord, Kind.OP, f"prediction asks for forward steps only, got {msg['op']!r}")
         rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"], dtype=np.float64)
         C, W1 = [np.asarray(c) for c in msg["C"]], np.asarray(msg["W1"])
         if rows.size == 0 or int(rows.max()) >= total or A.shape != (n, n) or len(C) != n:
-            raise PartyError(f"f3 holder {party.name}: {Kind.OP} asks for rows outside 0..{total - 1} or sends Â "
+            raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} asks for rows outside 0..{total - 1} or sends Â "
                              f"{A.shape} / {len(C)} C_i for {n} owners")
         mpc.check_room(A, C, W1)
         logits, _ = mpc.forward(h, shares, rows, A, C, W1)

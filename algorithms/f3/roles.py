@@ -30,6 +30,7 @@ from fedhet.algorithms.f3.model import coordinator_part, owner_part
 from fedhet.algorithms.f3.settings import Settings, n_rows, owner_widths
 from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_global, entropy, plain_first_layer, predict, \
     pretrain_owner, scores, train_global
+from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.settings import SettingsError
 from fedhet.algorithms.f3 import mpc
@@ -66,7 +67,7 @@ def owner(party: PartyLike, s: Settings, data: dict) -> dict:
     while not saved["last"]:   # the global epochs: checkpoint where the coordinator and the holders do
         msg = party.recv(coord, Kind.EPOCH)
         if msg["checkpoint"] != step + 1:
-            raise ValueError(f"f3 owner {party.name}: the coordinator ended checkpoint step {msg['checkpoint']}, "
+            raise PeerFault(party.name, coord, Kind.EPOCH, f"ended checkpoint step {msg['checkpoint']}, "
                              f"expected {step + 1}")
         step = msg["checkpoint"]
         party.send(coord, Kind.EPOCH_DONE, {"checkpoint": step})
@@ -125,8 +126,8 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
         got = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
         for o, w in zip(order, widths):
             if got[o].shape != (total, w):
-                raise ValueError(f"f3 holder {party.name}: {o!r} shared an array of shape {got[o].shape}, the "
-                                 f"settings say ({total}, {w})")
+                raise PeerFault(party.name, o, Kind.SHARE_PREFIX, f"shared an array of shape {got[o].shape}, the "
+                                f"settings say ({total}, {w})")
         saved = {"shares": [ss.share_state(got[o]) for o in order], "steps": 0, "busy": 0.0}
         party.checkpoint(1, saved)
     shares = OwnerShares([ss.share_from_state(a) for a in saved["shares"]])
@@ -143,26 +144,26 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
         if msg["op"] == "forward":
             rows, A, C = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"]), msg["C"]
             if rows.size == 0 or int(rows.max()) >= total:   # at most MAX_BATCH rows: the schema's bound
-                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']} asks for rows outside "
+                raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} step {msg['step']} asks for rows outside "
                                  f"0..{total - 1}")
             if msg["packed"]:
                 if A.shape != (rows.size, n * (n + 1) // 2):
-                    raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: packed Â {A.shape}, "
+                    raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} step {msg['step']}: packed Â {A.shape}, "
                                      f"expected ({rows.size}, {n * (n + 1) // 2})")
                 A = unpack_symmetric(A, n)
             if len(C) != n or any(np.shape(c)[0] != w for c, w in zip(C, widths)) or \
                     A.shape[-2:] != (n, n) or (A.ndim == 3 and A.shape[0] != rows.size):
-                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
+                raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
                                  f"do not fit {n} owners, batch {rows.size}, hidden {s.hidden}")
             U, Gs = holder_forward(shares, rows, A.astype(np.float64), [np.asarray(c) for c in C], s)
             G, g_rows, g_step = (Gs if msg["keep"] else None), rows, msg["step"]
             ss.send_to_coordinator(party, coord, U, Kind.PRE_PREFIX, tag=f"u{msg['step']}")
         else:
             if g_rows is None or msg["step"] != g_step or (G is None and msg["dU"] is not None):
-                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']} without its forward")
+                raise PeerFault(party.name, coord, Kind.OP, f"backward step {msg['step']} without its forward")
             E = np.asarray(msg["E"])
             if E.shape[:2] != (g_rows.size, n):
-                raise ValueError(f"f3 holder {party.name}: E has shape {E.shape}, expected "
+                raise PeerFault(party.name, coord, Kind.OP, f"E has shape {E.shape}, expected "
                                  f"({g_rows.size}, {n}, {s.hidden})")
             dC, dA = holder_backward(shares, g_rows, G, E, msg["dU"], msg["summed"], s)
             ss.send_to_coordinator(party, coord, dC, Kind.GRAD_PREFIX, tag=f"g{msg['step']}")
@@ -200,10 +201,10 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
             rows, A = np.asarray(msg["rows"], dtype=np.int64), np.asarray(msg["A"], dtype=np.float64)
             C, W1 = [np.asarray(c) for c in msg["C"]], np.asarray(msg["W1"])
             if rows.size == 0 or int(rows.max()) >= total:
-                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']} asks for rows outside "
+                raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} step {msg['step']} asks for rows outside "
                                  f"0..{total - 1}")
             if A.shape != (n, n) or len(C) != n or any(c.shape[0] != w for c, w in zip(C, widths)):
-                raise ValueError(f"f3 holder {party.name}: {Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
+                raise PeerFault(party.name, coord, Kind.OP, f"{Kind.OP} step {msg['step']}: Â {A.shape} or C_i shapes "
                                  f"do not fit {n} owners of widths {sorted(set(widths))}")
             mpc.check_room(A, C, W1)
             logits, kept = mpc.forward(h, shares, rows, A, C, W1)
@@ -211,12 +212,12 @@ def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str, tot
             rsh.send_open(party, coord, Kind.MPC_LOGITS, logits, msg["step"])
         else:
             if kept is None or msg["step"] != k_step or A is None:
-                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']} without its forward")
+                raise PeerFault(party.name, coord, Kind.OP, f"backward step {msg['step']} without its forward")
             try:
                 shape = (kept["rows"].size, W1.shape[0])
                 dl = rs.Rss(rs.expand(msg["ga"], shape), rs.expand(msg["gb"], shape))
             except ValueError as e:
-                raise ValueError(f"f3 holder {party.name}: backward step {msg['step']}: dℓ {e}") from None
+                raise PeerFault(party.name, coord, Kind.OP, f"backward step {msg['step']}: dℓ {e}") from None
             rsh.send_open(party, coord, Kind.MPC_GRAD, mpc.backward(h, shares, kept, dl, W1, A, msg["summed"]),
                           msg["step"])
             kept = None
@@ -354,7 +355,7 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
             reps = [np.asarray(party.recv(o, Kind.REP)["h"]) for o in order]
             for o, h, w in zip(order, reps, widths):
                 if h.shape[1] != w:   # rows, dtype and finite values: the schema's
-                    raise ValueError(f"f3: {Kind.REP} from {o!r}: shape {h.shape}, expected ({tr + va + te}, {w})")
+                    raise PeerFault(party.name, o, Kind.REP, f"shape {h.shape}, expected ({tr + va + te}, {w})")
         saved = {"y": y, "reps": reps, "wait_upload_s": time.perf_counter() - t0, "training": {}, "link": None}
         party.checkpoint(1, saved)
     y, reps, wait_upload_s = saved["y"], saved["reps"], saved["wait_upload_s"]
@@ -393,7 +394,7 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
         party.broadcast(Kind.EPOCH, {"checkpoint": step, "last": last}, to=order)
         for o, msg in party.gather(Kind.EPOCH_DONE, frm=order).items():
             if msg["checkpoint"] != step:
-                raise ValueError(f"f3: {o!r} answered the end of checkpoint step {step} with {msg['checkpoint']}")
+                raise PeerFault(party.name, o, Kind.EPOCH_DONE, f"answered the end of checkpoint step {step} with {msg['checkpoint']}")
         party.checkpoint(step, {**saved, "training": training, "link": None if link is None else link.state()})
     history = train_global(model, first, y, trp, vap, gcfg, progress=progress, resume=saved["training"],
                            end_epoch=end_epoch)

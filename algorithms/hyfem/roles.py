@@ -41,7 +41,7 @@ from fedhet.algorithms.hyfem import core as H
 from fedhet.algorithms.hyfem import model
 from fedhet.algorithms.hyfem.messages import Kind
 from fedhet.algorithms.hyfem.settings import AGGREGATION_DEFAULTS, Settings, model_spec
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault, PeersDisagree, RoundFailed
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation
 from fedhet.protocols.secagg import SecAggError
@@ -101,9 +101,9 @@ def unflat_layers(vec: np.ndarray, widths: list[int]):
     return out
 
 
-def _check_round(msg: dict, r: int, kind: str, frm: str) -> None:
+def _check_round(party: PartyLike, msg: dict, r: int, kind: str, frm: str) -> None:
     if msg.get("round") != r:
-        raise PartyError(f"hyfem: {kind} from {frm} is for round {msg.get('round')}, expected {r}")
+        raise PeerFault(party.name, frm, kind, f"for round {msg.get('round')}, expected {r}")
 
 
 def client(party: PartyLike, s: Settings, data: dict) -> dict:
@@ -132,10 +132,10 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
         ext = {}
         for d in views:
             msg = party.recv(srv, Kind.theta(d))
-            _check_round(msg, r, Kind.theta(d), srv)
+            _check_round(party, msg, r, Kind.theta(d), srv)
             ext[d] = np.asarray(msg["theta"], dtype=np.float32)
         msg = party.recv(srv, Kind.W)
-        _check_round(msg, r, Kind.W, srv)
+        _check_round(party, msg, r, Kind.W, srv)
         received = H.ClientModels(views, ext, unflat_layers(np.asarray(msg["w"]), widths))
         ev = H.evaluate_local(received, spec, data["x_test"], data["y_test"], party.device)
         curve.append({"accuracy": ev["accuracy"], "loss": ev["loss"]})
@@ -159,7 +159,7 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
             clipped += int(a > clip)
             res = agg.submit(party, srv, vec, weight=1.0, round=r * D + d)
             if res.status != "ok":
-                raise PartyError(f"hyfem round {r}: view {d} aggregation {res.status} ({res.reason})")
+                raise RoundFailed(f"hyfem round {r}: view {d} aggregation {res.status} ({res.reason})")
         party.send(srv, Kind.INFERENCE, {"round": r, "w": flat_layers(trained.inference)})
         party.progress(r + 1, s.rounds, loss=round(info["loss"], 4))
         party.checkpoint(r + 1, {"curve": curve, "train_loss": train_loss, "train_s": train_s,
@@ -191,12 +191,13 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
         index = {n: int(h["index"]) for n, h in hello.items()}
         client_views = {index[n]: tuple(int(d) for d in hello[n]["views"]) for n in names}
     if sorted(index.values()) != list(range(len(names))):
-        raise PartyError(f"hyfem: client indices {sorted(index.values())} are not 0..{len(names) - 1}")
+        raise PeersDisagree(party.name, names, Kind.HELLO, f"client indices {sorted(index.values())} are not "
+                            f"0..{len(names) - 1}")
     by_index = {i: n for n, i in index.items()}
     holders = check_holders(s, [client_views[m] for m in range(len(names))], party.name)
     in_clear = plain_views(s, holders)
     orphan = [d for d, h in holders.items() if not h]
-    if orphan:
+    if orphan:   # own: the federation's views, as the clients declare them, leave a view without a holder
         raise PartyError(f"hyfem: view(s) {orphan} are held by no client")
     cfg = s.config(party.device)
     agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
@@ -231,15 +232,15 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
             h = [by_index[m] for m in holders[d]]
             if d in in_clear:
                 msg = party.recv(h[0], Kind.PLAIN_VIEW)
-                _check_round(msg, r, Kind.PLAIN_VIEW, h[0])
+                _check_round(party, msg, r, Kind.PLAIN_VIEW, h[0])
                 if msg["view"] != d or np.shape(msg["theta"]) != state.extractors[d].shape:
-                    raise PartyError(f"hyfem: {h[0]} sent a malformed plain view {msg['view']} for view {d}")
+                    raise PeerFault(party.name, h[0], Kind.PLAIN_VIEW, f"a malformed plain view {msg['view']} for view {d}")
                 means[d] = np.asarray(msg["theta"], dtype=np.float32)
                 view_method[d] = "plain (too few holders)"
                 continue
             res = agg.aggregate(party, h, round=r * D + d, length=int(state.extractors[d].size))
-            if res.dropped:
-                raise PartyError(f"hyfem round {r}: view {d} aggregation dropped {res.dropped}")
+            if res.dropped:   # HyFEM's server needs every holder of a view (its policy, not a proof)
+                raise RoundFailed(f"hyfem round {r}: view {d} aggregation dropped {res.dropped}")
             means[d] = res.mean.astype(np.float32)
             bound = max(bound, float(res.mean_error_bound))
             view_method[d] = agg.method
@@ -247,7 +248,7 @@ def server(party: PartyLike, s: Settings, data: dict) -> dict:
         inf = party.gather(Kind.INFERENCE, frm=names)
         layers = {}
         for n, msg in inf.items():
-            _check_round(msg, r, Kind.INFERENCE, n)
+            _check_round(party, msg, r, Kind.INFERENCE, n)
             layers[index[n]] = unflat_layers(np.asarray(msg["w"]), spec.inference_widths(client_views[index[n]]))
         state, _ = H.match_inference(state, spec, layers, cfg, r)
         round_s.append(time.perf_counter() - t0)

@@ -19,6 +19,7 @@ from typing import Any, Callable, ContextManager, Literal
 
 import numpy as np
 
+from fedhet.parties.api import PeerFault, RoundFailed
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation, psi
 from fedhet.protocols.aggregation_settings import AggregationSettings
@@ -71,7 +72,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict[str, Any]:
             res = z_agg.aggregate(party, participants, round=2 * r, length=n_rows * n_classes)
             agg_z_s.append(time.perf_counter() - t0)
             if res.dropped:
-                raise RuntimeError(f"mmvfl round {r}: participants {res.dropped} dropped out of the Z aggregation")
+                raise RoundFailed(f"mmvfl round {r}: participants {res.dropped} dropped out of the Z aggregation")
             Z = core.combine_z(res.sum, res.weight).reshape(n_rows, n_classes)
             bound = max(bound, res.mean_error_bound)
             party.broadcast(Kind.Z, {"r": r, "Z": Z}, to=participants)
@@ -79,7 +80,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict[str, Any]:
             tot = o_agg.aggregate(party, participants, round=2 * r + 1, length=len(core.OBJECTIVE_FIELDS))
             agg_o_s.append(time.perf_counter() - t0)
             if tot.dropped:
-                raise RuntimeError(f"mmvfl round {r}: participants {tot.dropped} dropped out of the objective")
+                raise RoundFailed(f"mmvfl round {r}: participants {tot.dropped} dropped out of the objective")
             objective.append(float(tot.sum[0]))
             smoothed.append(float(tot.sum[1]))
             stop = core.should_stop(smoothed, s.tol, s.max_iter)
@@ -166,14 +167,14 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
             zstep_s.append(time.perf_counter() - t0)
             z_agg.submit(party, srv, Z_k.ravel(), weight=state.zeta, round=2 * r)
             msg = party.recv(srv, Kind.Z)
-            check_round(msg, r, Kind.Z)
+            check_round(party, srv, msg, r, Kind.Z)
             Z = msg["Z"]
             t0 = time.perf_counter()
             state, terms = core.participant_w_step(state, Z, cs)
             solve_s.append(time.perf_counter() - t0)
             o_agg.submit(party, srv, terms, weight=1.0, round=2 * r + 1)
             step = party.recv(srv, Kind.STEP)
-            check_round(step, r, Kind.STEP)
+            check_round(party, srv, step, r, Kind.STEP)
             rounds, stop = r + 1, bool(step["stop"])
             party.checkpoint(rounds, {"W": state.W, "Z_k": state.Z_k, "XW": state.XW,
                                       "inner_iterations": state.inner_iterations, "Z": Z, "solve_s": solve_s,
@@ -202,10 +203,10 @@ def participants_in_order(party: PartyLike) -> list[str]:
     return [n for n, r in party.roles.items() if r == PARTICIPANT]
 
 
-def check_round(msg: dict[str, Any], r: int, kind: str) -> None:
-    """RuntimeError unless ``msg`` (checked against its schema) is for round ``r``."""
+def check_round(party: PartyLike, frm: str, msg: dict[str, Any], r: int, kind: str) -> None:
+    """PeerFault (naming ``frm``) unless ``msg`` (checked against its schema) is for round ``r``."""
     if msg["r"] != r:
-        raise RuntimeError(f"mmvfl: {kind} for round {msg['r']} arrived in round {r}")
+        raise PeerFault(party.name, frm, kind, f"for round {msg['r']}, arrived in round {r}")
 
 
 ROLES: dict[str, Callable[..., dict[str, Any]]] = {SERVER: server, PARTICIPANT: participant}

@@ -41,7 +41,7 @@ from fedhet.algorithms.stfl.models import latent_width
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
 from fedhet.algorithms.toolkit import (GuestRows, HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed,
                                        resolve_device)
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import psi
 
@@ -163,8 +163,8 @@ def _host_stfl(party: PartyLike, s: Settings, guests: list[str], rows: HostRows,
         for g, w in zip(order, s.latent_widths()):
             z = msgs[g]["z"]
             if z.shape != (rows.n_common, w):
-                raise PartyError(f"stfl: {Kind.LATENT} from {g!r} must be float32 ({rows.n_common}, {w}), got "
-                                 f"{list(z.shape)}")
+                raise PeerFault(party.name, g, Kind.LATENT, f"must be float32 ({rows.n_common}, {w}), got "
+                                f"{list(z.shape)}")
             zs.append(z)
         party.checkpoint(1, {**run.keep, "zs": zs, "order": order, "wait_latents_s": wait_s})
 

@@ -32,7 +32,7 @@ from numba import njit
 from fedhet.crypto import cuckoo, okvs, ot, vole
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import schema as sch
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.declare import MessageDecl, declare
 
@@ -323,7 +323,7 @@ def expect_ack(party: PartyLike, frm: str, kind: str, want: int, timeout: float 
     """Flow control: the next acknowledgement from ``frm`` must name chunk ``want``."""
     i = party.recv(frm, kind, timeout=timeout)["i"]
     if i != want:
-        raise PartyError(f"{proto}: {kind} from {frm!r} acknowledges chunk {i!r}, expected {want}")
+        raise PeerFault(party.name, frm, kind, f"{proto}: acknowledges chunk {i!r}, expected {want}")
 
 
 def receive_rows(party: PartyLike, frm: str, kind: str, total: int, row_shape: tuple[int, ...],
@@ -335,8 +335,8 @@ def receive_rows(party: PartyLike, frm: str, kind: str, total: int, row_shape: t
         msg = party.recv(frm, kind, timeout=timeout)
         v = msg["v"]
         if msg["i"] != i or tuple(v.shape[1:]) != tuple(row_shape) or not 0 < len(v) <= total - got:
-            raise PartyError(f"{proto}: {kind} chunk {msg['i']} from {frm!r} is not chunk {i} of "
-                             f"(rows<={total - got}, {', '.join(map(str, row_shape))}) values")
+            raise PeerFault(party.name, frm, kind, f"{proto}: chunk {msg['i']} is not chunk {i} of "
+                            f"(rows<={total - got}, {', '.join(map(str, row_shape))}) values")
         parts.append(v)
         got += len(v)
         i += 1
@@ -485,11 +485,11 @@ def send_positions(party: PartyLike, peers: Sequence[str], kind: str, where: dic
         party.send(p, kind, {"idx": where[p][common].astype(np.uint32)})
 
 
-def received_rows(msg: dict, lo: str, kind: str, perm: np.ndarray, first_rows: np.ndarray) -> np.ndarray:
-    """This feature party's rows of the common IDs, from the label owner's positions (its ``kind`` message)."""
+def received_rows(me: str, msg: dict, lo: str, kind: str, perm: np.ndarray, first_rows: np.ndarray) -> np.ndarray:
+    """Feature party ``me``'s rows of the common IDs, from the label owner's positions (its ``kind`` message)."""
     idx = msg["idx"].astype(np.int64)
     if len(idx) and (idx.max() >= len(perm) or len(np.unique(idx)) != len(idx)):
-        raise PartyError(f"PSI: {kind} from {lo!r} names positions outside our {len(perm)} IDs or twice")
+        raise PeerFault(me, lo, kind, f"PSI: names positions outside our {len(perm)} IDs or twice")
     return first_rows[perm[idx]]
 
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from fedhet.crypto import ecdh_psi as grp
-from fedhet.parties.api import PartyError, PeerTimeout
+from fedhet.parties.api import PartyError, PeerFault, PeerTimeout, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
 
 from .common import (ECDH_VERSION, MAX_CHUNK, Kind, PSIResult, agreed_order, as_id_list, dedupe, feature_result,
@@ -199,11 +199,11 @@ def _chunks(party: PartyLike, frm: str, kind: str, total: int, timeout: float | 
     while got < total:
         msg = _recv(party, frm, kind, timeout, streamers)
         if msg["i"] != i:
-            raise PartyError(f"PSI: {kind} chunk {msg['i']} from {frm!r}, expected chunk {i}")
+            raise PeerFault(party.name, frm, kind, f"PSI: chunk {msg['i']}, expected chunk {i}")
         pts = msg["pts"]
         if not 0 < len(pts) <= min(MAX_CHUNK, total - got):
-            raise PartyError(f"PSI: {kind} chunk {i} from {frm!r} has {len(pts)} rows; "
-                             f"{total - got} were still due (at most {MAX_CHUNK} per chunk)")
+            raise PeerFault(party.name, frm, kind, f"PSI: chunk {i} has {len(pts)} rows; "
+                            f"{total - got} were still due (at most {MAX_CHUNK} per chunk)")
         yield pts
         got += len(pts)
         i += 1
@@ -234,7 +234,7 @@ def answer_setup(party: PartyLike, lo: str, m: int, timeout: float | None) -> tu
     """F: the label owner's (|X|, reveal mode, hash context), after answering |Y| = ``m``."""
     setup = _recv(party, lo, Kind.SETUP, timeout, ())
     if setup["v"] != ECDH_VERSION:
-        raise PartyError(f"PSI: {lo!r} speaks PSI version {setup['v']!r}, we speak {ECDH_VERSION}")
+        raise ProtocolMismatch(party.name, lo, "PSI (ecdh) version", ECDH_VERSION, setup["v"])
     party.send(lo, Kind.SIZE, {"n": m})
     return setup["n"], setup["reveal"], setup["ctx"]
 
@@ -367,7 +367,7 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
         own.join()
         dbl.join()
     t_blind = time.perf_counter()
-    rows = received_rows(_recv(party, lo, Kind.RESULT, timeout, ()), lo, Kind.RESULT, perm, first_rows) \
+    rows = received_rows(party.name, _recv(party, lo, Kind.RESULT, timeout, ()), lo, Kind.RESULT, perm, first_rows) \
         if reveal else None
     t_end = time.perf_counter()
     stats = {

@@ -91,7 +91,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from fedhet.crypto import cuckoo, ot
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PeerFault, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
 
 from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, OTPeer, PSIResult, as_id_list,
@@ -177,7 +177,7 @@ def extend(party: PartyLike, r: PeerRun, tab: Table, context: bytes, u_rows: int
     try:
         k0, k1 = ot.co_sender_keys(r.a, r.A, reply["B"])
     except ot.OTError as e:
-        raise PartyError(f"PSI-KKRT: {Kind.KKRT_REPLY} from {r.name!r}: {e}") from None
+        raise PeerFault(party.name, r.name, Kind.KKRT_REPLY, f"PSI-KKRT: {e}") from None
     receiver = ot.KkrtReceiver(k0, k1)
     code = code_for(reply["code"], context)
     ell = output_bytes(n, r.n)
@@ -218,16 +218,16 @@ def answer_setup(party: PartyLike, lo: str, mine: int, timeout: float | None) ->
     """F: the label owner's setup (checked), after answering with our size, base-OT choices and code seed."""
     setup = party.recv(lo, Kind.KKRT_SETUP, timeout=timeout)
     if setup["v"] != KKRT_VERSION:
-        raise PartyError(f"PSI-KKRT: {lo!r} speaks version {setup['v']!r}, we speak {KKRT_VERSION}")
+        raise ProtocolMismatch(party.name, lo, "PSI (kkrt) version", KKRT_VERSION, setup["v"])
     n, m = setup["n"], setup["bins"]
     if m != cuckoo.num_bins(n):
-        raise PartyError(f"PSI-KKRT: {Kind.KKRT_SETUP} from {lo!r} announces {m} bins for {n} IDs, "
-                         f"expected {cuckoo.num_bins(n)}")
+        raise PeerFault(party.name, lo, Kind.KKRT_SETUP, f"PSI-KKRT: announces {m} bins for {n} IDs, "
+                        f"expected {cuckoo.num_bins(n)}")
     s_bits = ot.KkrtSender.new_choices()
     try:
         B, ks = ot.co_receiver_choose(setup["A"], s_bits)
     except ot.OTError as e:
-        raise PartyError(f"PSI-KKRT: {Kind.KKRT_SETUP} from {lo!r}: {e}") from None
+        raise PeerFault(party.name, lo, Kind.KKRT_SETUP, f"PSI-KKRT: {e}") from None
     code_seed = os.urandom(ot.BLOCK)
     party.send(lo, Kind.KKRT_REPLY, {"n": mine, "B": B, "code": code_seed})
     return setup, ot.KkrtSender(s_bits, ks), code_seed
@@ -241,8 +241,8 @@ def receive_u(party: PartyLike, lo: str, sender: ot.KkrtSender, m: int, timeout:
         msg = party.recv(lo, Kind.KKRT_U, timeout=timeout)
         u = msg["u"]
         if msg["i"] != i or not 0 < len(u) <= m - got or (len(u) % cuckoo.BIN_ALIGN):
-            raise PartyError(f"PSI-KKRT: {Kind.KKRT_U} chunk {msg['i']} from {lo!r} is not chunk {i} of "
-                             f"(rows<={m - got}, {ot.CODE_BYTES}) OT-extension rows")
+            raise PeerFault(party.name, lo, Kind.KKRT_U, f"PSI-KKRT: chunk {msg['i']} is not chunk {i} of "
+                            f"(rows<={m - got}, {ot.CODE_BYTES}) OT-extension rows")
         q[got:got + len(u)] = sender.chunk(u, got)
         party.send(lo, Kind.KKRT_ACK, {"i": i})
         got += len(u)
@@ -321,7 +321,7 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     send_oprf(party, lo, q, masked, bins, ell, chunk)
     del q, masked
     t_sent = time.perf_counter()
-    rows = received_rows(party.recv(lo, Kind.KKRT_RESULT, timeout=timeout), lo, Kind.KKRT_RESULT, perm,
+    rows = received_rows(party.name, party.recv(lo, Kind.KKRT_RESULT, timeout=timeout), lo, Kind.KKRT_RESULT, perm,
                          first_rows) if setup["reveal"] else None
     t_end = time.perf_counter()
     stats = {

@@ -78,7 +78,7 @@ import numpy as np
 
 from fedhet.crypto import gf128, okvs, ot, vole
 from fedhet.crypto.ot import aes_ecb
-from fedhet.parties.api import PartyError
+from fedhet.parties.api import PartyError, PeerFault, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
 
 from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, OTPeer, PSIResult, as_id_list, available_bytes,
@@ -187,7 +187,7 @@ def start_vole(party: PartyLike, r: PeerRun, n: int, m: int, key: bytes, timeout
     try:
         k0, k1 = ot.co_sender_keys(r.a, r.A, reply["B"])
     except ot.OTError as e:
-        raise PartyError(f"PSI-RR22: {Kind.RR22_REPLY} from {r.name!r}: {e}") from None
+        raise PeerFault(party.name, r.name, Kind.RR22_REPLY, f"PSI-RR22: {e}") from None
     r.receiver = vole.Receiver(vole.params(m), k0, k1)
     party.send(r.name, Kind.RR22_U, {"n": n, "cols": m, "key": key, "u": r.receiver.extension()})
 
@@ -218,7 +218,7 @@ def own_values(party: PartyLike, r: PeerRun, rows: Rows, timeout: float | None) 
     try:
         c = r.receiver.finish_c(msg["sums"], msg["corr"])
     except vole.VoleError as e:
-        raise PartyError(f"PSI-RR22: {Kind.RR22_GGM} from {r.name!r}: {e}") from None
+        raise PeerFault(party.name, r.name, Kind.RR22_GGM, f"PSI-RR22: {e}") from None
     r.receiver = None
     ell = oprf_bytes(len(rows.starts), r.n)
     r.values = output_hash(rows.values, okvs.decode(c, rows.starts, rows.bands, rows.order), ell)
@@ -243,12 +243,12 @@ def answer_setup(party: PartyLike, lo: str, timeout: float | None) -> tuple[dict
     """F, first thing: the label owner's setup (checked), answered with base-OT points (choices Δ)."""
     setup = party.recv(lo, Kind.RR22_SETUP, timeout=timeout)
     if setup["v"] != RR22_VERSION:
-        raise PartyError(f"PSI-RR22: {lo!r} speaks version {setup['v']!r}, we speak {RR22_VERSION}")
+        raise ProtocolMismatch(party.name, lo, "PSI (rr22) version", RR22_VERSION, setup["v"])
     delta_bits = vole.Sender.new_delta_bits()
     try:
         B, ks = ot.co_receiver_choose(setup["A"], delta_bits)
     except ot.OTError as e:
-        raise PartyError(f"PSI-RR22: {Kind.RR22_SETUP} from {lo!r}: {e}") from None
+        raise PeerFault(party.name, lo, Kind.RR22_SETUP, f"PSI-RR22: {e}") from None
     party.send(lo, Kind.RR22_REPLY, {"B": B})
     return setup, vole.Sender(delta_bits, ks)
 
@@ -260,18 +260,18 @@ def answer_vole(party: PartyLike, lo: str, sender: vole.Sender, mine: int,
     msg = party.recv(lo, Kind.RR22_U, timeout=timeout)
     n, m = msg["n"], msg["cols"]
     if m != okvs.columns(n):
-        raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r} announces {m} OKVS columns for {n} IDs, "
-                         f"expected {okvs.columns(n)}")
+        raise PeerFault(party.name, lo, Kind.RR22_U, f"PSI-RR22: announces {m} OKVS columns for {n} IDs, "
+                        f"expected {okvs.columns(n)}")
     # The VOLE expands a small message into O(n) memory here: a size this machine cannot hold is refused
     # before any of it is allocated (the label owner's own signed message announced it).
     need, have = vole.sender_bytes(vole.params(m)) + 32 * m, available_bytes()
-    if have is not None and need > have:
+    if have is not None and need > have:   # own: this machine's memory, not the label owner's fault
         raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r} announces {n} IDs; the VOLE for them needs about "
                          f"{need / 2**30:.1f} GiB and this machine has {have / 2**30:.1f} GiB available")
     try:
         sums, corr = sender.respond(vole.params(m), msg["u"])
     except vole.VoleError as e:
-        raise PartyError(f"PSI-RR22: {Kind.RR22_U} from {lo!r}: {e}") from None
+        raise PeerFault(party.name, lo, Kind.RR22_U, f"PSI-RR22: {e}") from None
     party.send(lo, Kind.RR22_GGM, {"n": mine, "sums": sums, "corr": corr})
     return msg, sender.finish()
 
@@ -284,8 +284,8 @@ def receive_okvs(party: PartyLike, lo: str, m: int, timeout: float | None) -> tu
         msg = party.recv(lo, Kind.RR22_OKVS, timeout=timeout)
         p = msg["p"]
         if msg["i"] != i or not 0 < len(p) <= m - got or (i and msg["key"] != key):
-            raise PartyError(f"PSI-RR22: {Kind.RR22_OKVS} chunk {msg['i']} from {lo!r} is not chunk {i} of "
-                             f"(rows<={m - got}, 16) OKVS elements under one key")
+            raise PeerFault(party.name, lo, Kind.RR22_OKVS, f"PSI-RR22: chunk {msg['i']} is not chunk {i} of "
+                            f"(rows<={m - got}, 16) OKVS elements under one key")
         key = msg["key"]
         out[got:got + len(p)] = p
         party.send(lo, Kind.RR22_ACK, {"i": i})
@@ -372,7 +372,7 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     ell = oprf_bytes(n, mine)
     send_oprf(party, lo, output_hash(rows.values, v, ell), chunk)
     t_sent = time.perf_counter()
-    out_rows = received_rows(party.recv(lo, Kind.RR22_RESULT, timeout=timeout), lo, Kind.RR22_RESULT, perm,
+    out_rows = received_rows(party.name, party.recv(lo, Kind.RR22_RESULT, timeout=timeout), lo, Kind.RR22_RESULT, perm,
                              first_rows) if setup["reveal"] else None
     t_end = time.perf_counter()
     stats = {
