@@ -32,6 +32,7 @@ RESUME_KIND = decl.RESUME_KIND  # a resumed party's offer: the checkpoint steps 
 QUEUE_MAX_BYTES = 256 << 20
 QUEUE_MAX_MESSAGES = 4096
 MAX_REJECTS_KEPT = 100  # reasons kept verbatim; beyond, only counted by category
+MAX_EXCLUSIONS_KEPT = 1000  # rounds with exclusions kept verbatim in result.json; beyond, only counted
 MAX_RESTARTS = 8  # restarts of peers one run takes in its stride (restart_grace_s); then offers are refused
 MAX_EVIDENCE_KEYS = 4096  # (peer, kind) pairs whose last message's seq and digest are kept as evidence
 
@@ -133,6 +134,18 @@ class RoundFailed(PartyError):
     """A round could not complete, and no message proves it against anyone: too few parties
     completed it (dropouts, refused inputs), or the party that runs it stopped it.  Names nobody
     (``fedhet.parties.failure``: cause ``round_failed``)."""
+
+
+class RestartedWithoutResume(PartyError):
+    """This party was started again in a run that went on without it, and not with ``--resume``: a
+    peer's first message to it continues the earlier start's conversation.  The party's own failure
+    (it names itself, the one that restarted), never its peer's."""
+
+    def __init__(self, me: str, peer: str, seq: int):
+        super().__init__(f"party {me!r} restarted without --resume: {peer!r} goes on with the run at message "
+                         f"{seq} of its link to the earlier start of {me!r} (restart the run with `fedhet run "
+                         "--resume`, or start every party again with a new run id)")
+        self.peer, self.seq = peer, seq
 
 
 class MessageLost(PartyError):
@@ -358,6 +371,7 @@ class Party:
         clock: RealClock | VirtualClock | None = None,
         fingerprint: dict | None = None,
         incarnation: int = 0,
+        restarted: bool = False,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -408,6 +422,12 @@ class Party:
         self.checkpoint_every = 0
         self.after_checkpoint: Callable[[int], None] | None = None
         self.incarnation = int(incarnation)   # before any message: the transport checks it on receipt
+        # This party started before in this run (its folder keeps an earlier transcript) and now starts
+        # afresh, without resume: a peer whose first message to it is numbered past 0 goes on with the
+        # earlier start, so the gap is this party's own restart, never the peer's fault.
+        self.restarted = bool(restarted)
+        self.exclusions: list[dict] = []   # rounds that went on without some parties (note_round)
+        self.exclusion_count = 0
         # what checkpoints cost: seconds the role waited (encoding), write_s the writes took
         self.checkpoint_stats = {"written": 0, "bytes": 0, "seconds": 0.0, "write_s": 0.0}
         self.restart_grace: bool = False          # a peer may restart alone: accept its resume offer
@@ -636,6 +656,20 @@ class Party:
             with open(self._metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
 
+    def note_round(self, step: str, round: int, contributors: Iterable[str], excluded: Mapping[str, str]) -> None:
+        """Record a round of ``step`` (an aggregation, a view) that went on without some parties:
+        its contributors and each excluded party with the reason.  The runner writes these into
+        ``result.json`` (``"exclusions"``), so a run that left a party out never reads as complete."""
+        if not excluded:
+            return
+        with self._lock:
+            self.exclusion_count += 1
+            if len(self.exclusions) < MAX_EXCLUSIONS_KEPT:
+                self.exclusions.append({"step": step, "round": int(round), "contributors": sorted(contributors),
+                                        "excluded": {str(k): str(v) for k, v in sorted(excluded.items())}})
+        self.log.warning("%s round %d went on without %s", step, round,
+                         "; ".join(f"{k} ({v})" for k, v in sorted(excluded.items())))
+
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
@@ -787,7 +821,9 @@ class Party:
                 why = f"{what} message from {env.frm!r}: seq {env.seq}, expected {expected}"
                 self._reject(why, env.frm, what)
                 cuts = self._cut_links(env.frm)
-                if authenticated is not None and cuts:
+                if self.restarted and expected == 0 and env.seq > 0:
+                    self._mailbox.poison_sender(env.frm, RestartedWithoutResume(self.name, env.frm, env.seq))
+                elif authenticated is not None and cuts:
                     # This party's own guard cut a connection of that peer: the gap may be the
                     # message that was in flight on it.  A local loss, not evidence against the peer.
                     self._mailbox.poison_sender(env.frm, MessageLost(

@@ -104,7 +104,6 @@ def group_alive(pgid: int) -> bool:
 # ---------------------------------------------------------------- file limits
 # Every TCP connection to a party costs it a file descriptor, so an outsider with
 # no key can open idle connections until the party cannot open its own files.
-FD_RETRY_S = 30.0  # how long a result or error write waits for descriptors to free up
 
 
 def raise_open_file_limit() -> int:
@@ -126,20 +125,6 @@ def raise_open_file_limit() -> int:
 
 def _out_of_descriptors(e: OSError) -> bool:
     return e.errno in (errno.EMFILE, errno.ENFILE)
-
-
-def write_json_when_possible(path: Path, obj: dict, wait_s: float = FD_RETRY_S) -> None:
-    """write_json_atomic, retried while the process is out of file descriptors (idle connections
-    are dropped by the transport's handshake timeout, which frees them)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            write_json_atomic(path, obj)
-            return
-        except OSError as e:
-            if not _out_of_descriptors(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 class PartyRunning(RuntimeError):
@@ -297,6 +282,7 @@ class PartyRun:
         self._status = StatusFile(self.pdir / STATUS_FILE)   # the one writer of status.json
         self.resume = resume
         earlier = keep_earlier_transcript(self.pdir)
+        self.restarted = earlier is not None and not resume   # started here before, now afresh
         # a resumed party's transcript goes on from the earlier one's records (those the chain holds)
         self.earlier: list[dict] | None = None
         if resume:
@@ -351,7 +337,7 @@ class PartyRun:
         """Write the "stopped" records (error.json and status) of a party stopped from outside."""
         rec = failure.record(Stopped(why), self.name, self.spec.role, stopped=True)
         rec.update(traceback="", wall_s=time.perf_counter() - self.t0)
-        write_json_when_possible(self.pdir / "error.json", rec)
+        write_json_atomic(self.pdir / "error.json", rec)
         self.status({"state": "stopped", "error": f"Stopped: {why}"})
 
     def announce_early(self, reason: str) -> None:
@@ -424,7 +410,8 @@ class PartyRun:
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
                 declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-                lost_s=max(min(fed.peer_lost_s, fed.timeout), fed.restart_grace_s), incarnation=incarnation, **extra,
+                lost_s=max(min(fed.peer_lost_s, fed.timeout), fed.restart_grace_s), incarnation=incarnation,
+                restarted=self.restarted, **extra,
             )
             party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
             party.after_checkpoint = kill_hook(name, self.run_dir)
@@ -444,11 +431,12 @@ class PartyRun:
                 self.stage("model written")
             transcript.close()
             wall = time.perf_counter() - t0
-            write_json_when_possible(pdir / "result.json", {
+            write_json_atomic(pdir / "result.json", {
                 "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
                 "resumed_from": party.resumed_from, "incarnation": party.incarnation,
                 "checkpoints": party.checkpoint_stats,
                 "result": result, "traffic": party.traffic(), "wall_s": wall,
+                "exclusions": party.exclusions, "rounds_with_exclusions": party.exclusion_count,
                 "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device, "insecure": insecure,
             })
             status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
@@ -464,7 +452,7 @@ class PartyRun:
             rec = failure.record(e, name, spec.role, transport=party, stopped=stopped)
             rec["wall_s"] = time.perf_counter() - t0
             try:
-                write_json_when_possible(pdir / "error.json", rec)
+                write_json_atomic(pdir / "error.json", rec)
                 status({"state": "stopped" if stopped else "failed", "error": reason,
                         "culprit": rec["culprit"], "cause": rec["cause"]})
             except Exception:

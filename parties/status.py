@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_json_atomic
+from .atomic import FD_RETRY_S, write_json_atomic
 
 STATUS_FILE = "status.json"
 ORDER = {"starting": 0, "running": 1, "done": 2, "failed": 2, "stopped": 2}
@@ -58,7 +58,8 @@ class StatusFile:
         try:
             if not may_follow(self.state, new):
                 return False
-            write_json_atomic(self.path, st)
+            # progress is advisory: it never waits for descriptors; a final state does (atomic.py)
+            write_json_atomic(self.path, st, fd_wait_s=FD_RETRY_S if new in FINAL else 0.0)
             self.state = new
             return True
         finally:

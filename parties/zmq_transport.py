@@ -106,6 +106,22 @@ LISTEN_BACKLOG = 1024
 IDENTIFY_S = HANDSHAKE_S  # an accepted connection must deliver a message (its hello) within this
 CONNS_PER_PEER = 4  # identified connections per listed key, and as many not yet identified
 MIN_RATE = 1024  # bytes/s an unfinished message must arrive at, on average, once it is identify_s old
+FD_RESERVE = 256  # descriptors no unidentified connection may take: the party's files, libraries, listed peers
+
+
+def unidentified_cap(peers: int) -> int:
+    """How many accepted connections may wait at once to say whose key they carry: the process's
+    open-file limit less a reserve for the party's own files (checkpoints, transcript, metrics), its
+    libraries and its listed peers' connections.  Beyond it the oldest waiting one is shut, so strangers
+    can never take the descriptors a checkpoint write needs."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):   # pragma: no cover - not POSIX
+        return 1 << 30
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(16, soft - FD_RESERVE - 2 * CONNS_PER_PEER * peers)
 DIAGNOSE_S = 5.0  # a dialled link bad this long is reported; a refused handshake then fails the waiting recv
 DIAL_RECONNECT_MAX_MS = 500  # reconnect back-off cap: a dead peer costs two retries a second, not ten
 
@@ -377,7 +393,8 @@ class _ConnectionGuard(threading.Thread):
                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
     def __init__(self, watched: list, total_limit: int, curve: bool, log, identify_s: float = IDENTIFY_S,
-                 min_rate: float = MIN_RATE, per_peer: int = CONNS_PER_PEER, on_link=None, tick=None):
+                 min_rate: float = MIN_RATE, per_peer: int = CONNS_PER_PEER, on_link=None, tick=None,
+                 max_unidentified: int = 1 << 30):
         """``watched``: [(socket, limit per connection)]; ``total_limit`` over all connections.
 
         ``on_link(peer, event, value)``: a monitor event of the socket :meth:`watch` was given
@@ -387,6 +404,7 @@ class _ConnectionGuard(threading.Thread):
         super().__init__(name="conn-guard", daemon=True)
         self.total_limit, self.curve, self.log = int(total_limit), curve, log
         self.identify_s, self.min_rate, self.per_peer = float(identify_s), float(min_rate), int(per_peer)
+        self.max_unidentified = int(max_unidentified)   # accepted, not yet identified, at once (unidentified_cap)
         self.on_link, self.tick = on_link, tick
         self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit), None) for sock, limit in watched]
         self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
@@ -505,6 +523,15 @@ class _ConnectionGuard(threading.Thread):
                                        "last": now, "floor": None, "start": None, "mon": id(mon)}
                     if inbound:
                         self._unknown.add(fd)
+                        if len(self._unknown) > self.max_unidentified:
+                            # the oldest goes: an honest connection identifies itself within a round trip,
+                            # so only strangers grow old here, and a finite flood cannot starve a newcomer
+                            old = min(self._unknown, key=lambda f: self._conns[f]["t"])
+                            self._shut(old, 0, f"more than {self.max_unidentified} connections wait to identify "
+                                       "themselves (descriptors are kept for this party's files and peers); the "
+                                       "oldest goes", "unidentified")
+                            if old == fd:
+                                continue
                     if got is not None:
                         self._register(fd)
                         self._active.add(fd)
@@ -937,7 +964,7 @@ class ZmqParty(Party):
         self._guard: _ConnectionGuard | None = _ConnectionGuard(
             [(self.router, per_conn)], (len(self.peers) + 2) * per_conn, curve=not insecure, log=self.log,
             identify_s=identify_s, min_rate=min_rate, per_peer=conns_per_peer, on_link=self._link_event,
-            tick=self._check_links)
+            tick=self._check_links, max_unidentified=unidentified_cap(len(self.peers)))
         self.router.bind(bind_endpoint or endpoints[name])
         self._streams = _Streams(self)
         self._halt = threading.Event()

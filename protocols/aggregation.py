@@ -91,6 +91,16 @@ class AggregateResult:
     rejected: dict = field(default_factory=dict)  # client -> why its update was refused (it is in dropped)
 
 
+def note_exclusions(party: PartyLike, step: str, r: int, contributors: Iterable[str], asked: Iterable[str],
+                    rejected: Mapping[str, str], timeout: float | None) -> None:
+    """Record the round's excluded clients with the reason (``party.note_round``: result.json)."""
+    got = set(contributors)
+    excluded = {u: rejected.get(u) or (f"silent past the {timeout:g}s collection timeout" if timeout
+                                       else "no input in time")
+                for u in sorted(set(asked) - got)}
+    party.note_round(step, r, sorted(got), excluded)
+
+
 class Aggregator:
     """The interface: ``submit`` on clients, ``aggregate`` on the server; one object per party."""
 
@@ -211,6 +221,7 @@ class PlainAggregator(Aggregator):
             raise AggregationError(f"plain aggregation round {r}: no client sent an acceptable update within "
                                    f"{timeout:g}s{detail}")
         assert acc is not None  # some update was accepted
+        note_exclusions(party, "plain aggregation", r, got, clients, rejected, timeout)
         eps = 2.0 ** -24 * (1 + 2.0 ** -23) if self.dtype == np.float32 else 0.0
         return AggregateResult(sum=acc, weight=wsum, mean=acc / wsum, contributors=got,
                                dropped=sorted(set(clients) - set(got)), sum_error_bound=e_sum * eps,
@@ -240,7 +251,10 @@ class SecureAggregator(Aggregator):
     def aggregate(self, party: PartyLike, clients, round=0, length=None) -> AggregateResult:
         if self._server is None:
             self._server = SecAggServer(self.config, self._observer)
+        clients = list(clients)
         res = self._server.aggregate(party, clients, round, length)
+        note_exclusions(party, "secure aggregation", res.round, res.contributors, clients, res.rejected,
+                        self.config.timeout)
         return AggregateResult(
             sum=res.sum, weight=res.weight, mean=res.mean, contributors=res.contributors, dropped=res.dropped,
             sum_error_bound=res.sum_error_bound, mean_error_bound=res.mean_error_bound, round=res.round,

@@ -21,6 +21,7 @@ from fedhet.protocols.aggregation_settings import AggregationSettings
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
 CLIENTS = [f"c{i}" for i in range(5)]
+NOTED: dict = {}   # the server party's exclusions after federate() (what result.json records)
 
 
 def federate(cfg, xs, ws, rounds=(0,), late=None):
@@ -33,6 +34,7 @@ def federate(cfg, xs, ws, rounds=(0,), late=None):
             if i:
                 party.gather("test/ready", frm=CLIENTS)
             out.append(agg.aggregate(party, CLIENTS, r))
+        NOTED["exclusions"] = list(party.exclusions)
         return out
 
     def client(party, c, d):
@@ -105,6 +107,10 @@ def test_a_late_client_is_left_out_and_its_stale_update_ignored(method):
     cfg = {"aggregation": method, "aggregation_timeout": 0.4, "secagg_max_weight": 200.0}
     r0, r1 = federate(cfg, xs, ws, rounds=(0, 1), late=("c3", 0, 1.0))
     assert r0.dropped == ["c3"] and r1.dropped == []
+    # issue 43, item 7: the round that went on without c3 says so, with the reason (result.json)
+    (ex,) = NOTED["exclusions"]
+    assert ex["round"] == 0 and ex["step"] == f"{method} aggregation" and "c3" not in ex["contributors"]
+    assert list(ex["excluded"]) == ["c3"] and ("silent" in ex["excluded"]["c3"] or "dropped" in ex["excluded"]["c3"])
     assert np.max(np.abs(r0.mean - exact_mean(xs, ws, [c for c in CLIENTS if c != "c3"], 0))) <= \
         r0.mean_error_bound + 1e-12
     assert np.max(np.abs(r1.mean - exact_mean(xs, ws, CLIENTS, 1))) <= r1.mean_error_bound + 1e-12

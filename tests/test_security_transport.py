@@ -34,7 +34,7 @@ import pytest
 import zmq
 
 from fedhet.parties import codec, failure
-from fedhet.parties.api import MessageLost, PeerFault
+from fedhet.parties.api import MessageLost, PeerFault, RestartedWithoutResume
 from fedhet.parties.zmq_transport import REJECTS_KEPT, STREAM_START, ZmqParty
 
 from net_tools import curve_dealer, free_port, wait_for  # a helper module of tests/
@@ -581,3 +581,32 @@ def test_a_message_lost_to_the_receivers_own_cut_blames_nobody():
     finally:
         ctx.destroy(linger=0)
         server._transport_close(linger_s=0)
+
+
+@pytest.mark.parametrize("restarted", [True, False])
+def test_a_party_restarted_without_resume_names_itself_not_its_peer(restarted):
+    """Issue 43, item 3: a client killed and started again by hand with the same run id (no
+    --resume) got the server's next message, numbered past 0, and named the honest server proven at
+    fault.  A party that knows it restarted (its folder keeps an earlier transcript: PartyRun passes
+    ``restarted``) names itself; one that did not still holds the peer to its sequence."""
+    keys, eps, make = loopback_federation()
+    server = make("server", timeout=30)
+    first = make("client1", timeout=30)
+    again = None
+    try:
+        for i in range(3):
+            server.send("client1", "k", i)
+            assert first.recv("server", "k") == i
+        first._transport_close(linger_s=0)
+        again = make("client1", timeout=30, restarted=restarted)
+        server.send("client1", "k", 3)   # seq 3 on a link the new start has never seen
+        with pytest.raises(RestartedWithoutResume if restarted else PeerFault) as info:
+            again.recv("server", "k")
+        rec = failure.record(info.value, "client1", "client", transport=again)
+        assert rec["culprit"] == ("client1" if restarted else "server"), rec
+        if restarted:
+            assert rec["cause"] == "own" and "restarted without --resume" in rec["error"]
+    finally:
+        for p in (server, first, again):
+            if p is not None:
+                p._transport_close(linger_s=0)
