@@ -321,20 +321,24 @@ class _Mailbox:
                 self.aborted, self.aborted_by = reason, peer
             self._wake()
 
-    def get(self, frm: str, kind: str, timeout: float) -> codec.Envelope | None:
+    def get(self, frm: str, kind: str | tuple[str, ...], timeout: float) -> codec.Envelope | None:
+        """The next message from ``frm`` of ``kind`` (or of any of a tuple of kinds, the first queued)."""
+        kinds = (kind,) if isinstance(kind, str) else tuple(kind)
         deadline = self.clock.now() + timeout
         with self._cv:
             while True:
-                q = self._queues.get((frm, kind))
-                if q:
-                    env = q.popleft()
-                    self._bytes[(frm, kind)] -= env.nbytes
-                    return env
+                for k in kinds:
+                    q = self._queues.get((frm, k))
+                    if q:
+                        env = q.popleft()
+                        self._bytes[(frm, k)] -= env.nbytes
+                        return env
                 if self._interrupt is not None:
                     err, self._interrupt = self._interrupt, None
                     raise err
-                if (frm, kind) in self._poisoned:
-                    raise self._poisoned[(frm, kind)]
+                for k in kinds:
+                    if (frm, k) in self._poisoned:
+                        raise self._poisoned[(frm, k)]
                 if frm in self._poisoned_senders:
                     raise self._poisoned_senders[frm]
                 if self._failed is not None:
@@ -478,13 +482,19 @@ class Party:
                 self._record("send", to, kind, self.round, seq, n, digest, payload)
 
     def recv(self, frm: str, kind: str, timeout: float | None = None) -> Any:
+        return self.recv_any(frm, (kind,), timeout)[1]
+
+    def recv_any(self, frm: str, kinds: Iterable[str], timeout: float | None = None) -> tuple[str, Any]:
+        """The first message from ``frm`` of any of ``kinds``: (its kind, its payload).  For a party
+        that must tell which of several first messages a peer sent (a peer on another PSI backend)."""
+        kinds = tuple(kinds)
         if frm not in self.roles or frm == self.name:
             raise PartyError(f"party {self.name!r} cannot receive from {frm!r}: not a peer ({self.peers})")
         t = self.timeout if timeout is None else float(timeout)
-        env = self._mailbox.get(frm, kind, t)
+        env = self._mailbox.get(frm, kinds, t)
         if env is None:
-            raise PeerTimeout(self.name, frm, kind, t, self._what_peer_did(frm))
-        return env.payload
+            raise PeerTimeout(self.name, frm, " or ".join(kinds), t, self._what_peer_did(frm))
+        return env.kind, env.payload
 
     def last_received(self, peer: str, kind: str) -> dict | None:
         """Evidence of the last ``kind`` message accepted from ``peer`` at the sequence layer: its seq,

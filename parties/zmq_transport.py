@@ -75,7 +75,7 @@ import termios
 import threading
 import time
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import zmq
 import zmq.utils.z85
@@ -1000,19 +1000,23 @@ class ZmqParty(Party):
             link = self._links.get(peer)
             return did if link is None else f"{did}; {link.describe()}"
 
-    def recv(self, frm: str, kind: str, timeout: float | None = None) -> Any:
+    def recv_any(self, frm: str, kinds: Iterable[str], timeout: float | None = None) -> tuple[str, Any]:
+        kinds = tuple(kinds)
         with self._links_lock:
-            self._awaiting[(frm, kind)] += 1
+            for kind in kinds:
+                self._awaiting[(frm, kind)] += 1
             why = self._gave_up.get(frm)
         try:
-            if why is not None:  # raised only if no message of this kind is queued already
-                self._mailbox.poison(frm, kind, PeerUnreachable(self.name, frm, kind, why, 0.0))
-            return super().recv(frm, kind, timeout)
+            if why is not None:  # raised only if no message of these kinds is queued already
+                for kind in kinds:
+                    self._mailbox.poison(frm, kind, PeerUnreachable(self.name, frm, kind, why, 0.0))
+            return super().recv_any(frm, kinds, timeout)
         finally:
             with self._links_lock:
-                self._awaiting[(frm, kind)] -= 1
-                if self._awaiting[(frm, kind)] <= 0:
-                    del self._awaiting[(frm, kind)]
+                for kind in kinds:
+                    self._awaiting[(frm, kind)] -= 1
+                    if self._awaiting[(frm, kind)] <= 0:
+                        del self._awaiting[(frm, kind)]
 
     def _admit_connection(self, user: str) -> str | None:
         """The ZAP handler's question for a listed key: may it open one more connection?"""

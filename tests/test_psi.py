@@ -11,6 +11,7 @@ import pytest
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import codec
 from fedhet.parties import declare as decl
+from fedhet.parties.api import PeerTimeout, ProtocolMismatch
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import psi
 
@@ -308,3 +309,25 @@ def test_backend_switch_refuses_an_unknown_backend_and_both_backends_agree():
     e, k = run("ecdh"), run("kkrt")
     assert k["lo"].stats["backend"] == "kkrt" and "backend" not in e["lo"].stats
     assert [r.ids for r in e.values()] == [r.ids for r in k.values()] == [[3, b"x", "a"]] * 2
+
+
+@pytest.mark.parametrize("lo_backend,f_backend", [("kkrt", "ecdh"), ("rr22", "ecdh"), ("ecdh", "rr22"),
+                                                  ("kkrt", "rr22")])
+def test_a_backend_mismatch_through_the_api_fails_at_once_naming_both(lo_backend, f_backend):
+    """Issue 43, item 9: a label owner on one backend and a feature party on another, through the Python
+    API (no federation file, so no fingerprint): each side used to wait out its timeout and call the
+    other silent.  The feature party's first receive takes any backend's setup and names both
+    backends at once; nobody is blamed (which side is misconfigured is not provable).  The timeout
+    is an hour, on the virtual clock: a run that waits for it fails the test's own check below."""
+    algo = types.SimpleNamespace(NAME="psi_mismatch_test", load_data=None, ROLES={
+        "label_owner": lambda party, cfg, ids: psi.psi_label_owner(
+            party, ids, party.peers_with_role("feature"), workers=0, backend=lo_backend),
+        "feature": lambda party, cfg, ids: psi.psi_feature_party(party, ids, "lo", workers=0, backend=f_backend)})
+    with pytest.raises(FederationFailed) as e:
+        run_inmemory(algo, [("lo", "label_owner"), ("f0", "feature")], cfg={},
+                     data={"lo": [1, 2, 3], "f0": [2, 3, 4]}, timeout=3600.0, clock="virtual")
+    err = e.value.failures["f0"]
+    assert isinstance(err, ProtocolMismatch), err
+    assert f"PSI backend {f_backend!r}" in str(err) and repr(lo_backend) in str(err)
+    assert e.value.verdict["party"] is None
+    assert not any(isinstance(x, PeerTimeout) for x in e.value.failures.values()), e.value.failures

@@ -32,7 +32,7 @@ from numba import njit
 from fedhet.crypto import cuckoo, okvs, ot, vole
 from fedhet.crypto import ecdh_psi as grp
 from fedhet.parties import schema as sch
-from fedhet.parties.api import PeerFault
+from fedhet.parties.api import PeerFault, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.declare import MessageDecl, declare
 
@@ -317,6 +317,20 @@ class OTPeer:
         self.values: np.ndarray | None = None   # our OPRF values, one row per de-duplicated ID
         self.sent = 0
         self.acked = 0
+
+
+SETUP_KINDS = {Kind.SETUP: "ecdh", Kind.KKRT_SETUP: "kkrt", Kind.RR22_SETUP: "rr22"}   # each backend's first message
+
+
+def setup_from(party: PartyLike, lo: str, backend: str, timeout: float | None) -> dict:
+    """F's first message: the label owner's setup for ``backend``.  A label owner on another backend
+    fails this at once, naming both backends (ProtocolMismatch: which side is wrong is not provable),
+    instead of each side waiting out its timeout for the other."""
+    kind, setup = party.recv_any(lo, SETUP_KINDS, timeout=timeout)
+    if SETUP_KINDS[kind] != backend:
+        raise ProtocolMismatch(party.name, lo, "PSI backend", backend, SETUP_KINDS[kind],
+                               "set psi_backend the same for every party")
+    return setup
 
 
 def expect_ack(party: PartyLike, frm: str, kind: str, want: int, timeout: float | None, proto: str) -> None:

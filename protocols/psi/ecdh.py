@@ -63,7 +63,8 @@ from fedhet.parties.api import PartyError, PeerFault, PeerTimeout, ProtocolMisma
 from fedhet.parties.contract import PartyLike
 
 from .common import (ECDH_VERSION, MAX_CHUNK, Kind, PSIResult, agreed_order, as_id_list, dedupe, feature_result,
-                     label_owner_result, received_rows, secure_permutation, send_positions, traffic, traffic_stats)
+                     label_owner_result, received_rows, secure_permutation, send_positions, setup_from, traffic,
+                     traffic_stats)
 
 POOL_MIN_MULTS = 1 << 14   # below this many scalar multiplications, worker start-up costs more than it saves
 
@@ -232,7 +233,7 @@ def exchange_sizes(party: PartyLike, peers: Sequence[str], n: int, reveal: bool,
 
 def answer_setup(party: PartyLike, lo: str, m: int, timeout: float | None) -> tuple[int, bool, bytes]:
     """F: the label owner's (|X|, reveal mode, hash context), after answering |Y| = ``m``."""
-    setup = _recv(party, lo, Kind.SETUP, timeout, ())
+    setup = setup_from(party, lo, "ecdh", timeout)
     if setup["v"] != ECDH_VERSION:
         raise ProtocolMismatch(party.name, lo, "PSI (ecdh) version", ECDH_VERSION, setup["v"])
     party.send(lo, Kind.SIZE, {"n": m})

@@ -96,7 +96,8 @@ from fedhet.parties.contract import PartyLike
 
 from .common import (KKRT_MAX_ITEMS, KKRT_VERSION, MAX_U_ROWS, SIGMA, Kind, OTPeer, PSIResult, as_id_list,
                      common_to_all, digest_dedupe, expect_ack, feature_inputs, feature_result, label_owner_result,
-                     match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, traffic, traffic_stats)
+                     match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, setup_from, traffic,
+                     traffic_stats)
 
 U_WINDOW_BYTES = 64 << 20   # unacknowledged U bytes in flight per feature party
 _CTX_PERSON = b"fedhet-kkrt-ctx"
@@ -216,7 +217,7 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
 
 def answer_setup(party: PartyLike, lo: str, mine: int, timeout: float | None) -> tuple[dict, ot.KkrtSender, bytes]:
     """F: the label owner's setup (checked), after answering with our size, base-OT choices and code seed."""
-    setup = party.recv(lo, Kind.KKRT_SETUP, timeout=timeout)
+    setup = setup_from(party, lo, "kkrt", timeout)
     if setup["v"] != KKRT_VERSION:
         raise ProtocolMismatch(party.name, lo, "PSI (kkrt) version", KKRT_VERSION, setup["v"])
     n, m = setup["n"], setup["bins"]

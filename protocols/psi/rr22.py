@@ -83,7 +83,8 @@ from fedhet.parties.contract import PartyLike
 
 from .common import (MAX_OKVS_ROWS, RR22_MAX_ITEMS, RR22_VERSION, Kind, OTPeer, PSIResult, as_id_list, available_bytes,
                      common_to_all, digest_dedupe, expect_ack, feature_inputs, feature_result, label_owner_result,
-                     match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, traffic, traffic_stats)
+                     match_values, oprf_bytes, peak_rss_mib, receive_rows, received_rows, setup_from, traffic,
+                     traffic_stats)
 
 OKVS_WINDOW_BYTES = 64 << 20   # unacknowledged OKVS bytes in flight per feature party
 _KEY_OUT = hashlib.blake2b(b"fedhet RR22 output hash", digest_size=16).digest()
@@ -241,7 +242,7 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
 
 def answer_setup(party: PartyLike, lo: str, timeout: float | None) -> tuple[dict, vole.Sender]:
     """F, first thing: the label owner's setup (checked), answered with base-OT points (choices Δ)."""
-    setup = party.recv(lo, Kind.RR22_SETUP, timeout=timeout)
+    setup = setup_from(party, lo, "rr22", timeout)
     if setup["v"] != RR22_VERSION:
         raise ProtocolMismatch(party.name, lo, "PSI (rr22) version", RR22_VERSION, setup["v"])
     delta_bits = vole.Sender.new_delta_bits()
