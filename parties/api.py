@@ -586,6 +586,7 @@ class Party:
                 self.transcript.mark("resume", incarnation=self.incarnation, earlier=None, offer_from=cause.peer,
                                      offered={str(k): v for k, v in sorted(offered.items())})
         self._mailbox.reset(self.wire_id)
+        self._restart_seen()
         self.log.warning("%s; checkpoints held: %s", cause, sorted(offered) or "none")
         with self._lock:
             waiting, self._restart_offers = self._restart_offers, {}
@@ -604,7 +605,16 @@ class Party:
             if env.frm in self._restart_offers or len(self._restart_offers) >= len(self.peers):
                 return False
             self._restart_offers[env.frm] = [bytes(f) for f in frames]
-        self._mailbox.interrupt(PeerRestarted(self.name, env.frm, self.incarnation + 1))
+            # A party that restarts died first: its connections ended.  The next incarnation begins
+            # only once an offer comes from a party whose restart this one can see; the others' first
+            # messages of it (they began it already) wait with it.  Offers from a party whose
+            # connections never broke alone roll nobody back: they stay held, and the run goes on.
+            seen = [p for p in self._restart_offers if self._restart_visible(p)]
+        if not seen:
+            self.log.warning("a resume offer from %r, whose connections never broke since this party's last "
+                             "(re)start: held, not honoured while no restart is visible", env.frm)
+            return True
+        self._mailbox.interrupt(PeerRestarted(self.name, seen[0], self.incarnation + 1))
         return True
 
     def flush_checkpoints(self) -> None:
@@ -740,6 +750,14 @@ class Party:
 
     def _transport_close(self, linger_s: float | None = None) -> None:
         pass
+
+    def _restart_visible(self, peer: str) -> bool:
+        """Whether ``peer`` can have restarted since this incarnation began (a transport that sees
+        connections says: one of its connections ended); in memory every offer is a real restart."""
+        return True
+
+    def _restart_seen(self) -> None:
+        """A new incarnation begins: restarts are judged from here on (the transport's hook)."""
 
     def _cut_links(self, peer: str) -> int:
         """Connections of ``peer`` this party's own guard has cut (a transport with a guard says);

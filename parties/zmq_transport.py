@@ -427,6 +427,8 @@ class _ConnectionGuard(threading.Thread):
         self.cut = 0  # connections shut down
         self.cut_by_reason: collections.Counter = collections.Counter()  # "limit", "silent", "slow", "budget"
         self.cut_users: collections.Counter = collections.Counter()  # listed party -> its connections cut
+        self.breaks: collections.Counter = collections.Counter()  # listed party -> its connections that ended
+        self.joined: collections.Counter = collections.Counter()  # listed party -> its connections made (either way)
         self.turned_away = 0  # connections the ZAP handler refused for the budget
         self.peak_held = 0  # largest total held bytes seen (for tests and logs)
         self.looks = 0  # connection measurements made (for tests: idle connections cost none)
@@ -512,6 +514,8 @@ class _ConnectionGuard(threading.Thread):
                 if peer is not None and self.on_link is not None:
                     self.on_link(peer, ev["event"], ev["value"])
                 if ev["event"] in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+                    if peer is not None and ev["event"] == zmq.EVENT_CONNECTED:
+                        self.joined[peer] += 1
                     self._forget(fd)  # a reused fd number: what we knew of the old connection is void
                     got = self._received(fd)
                     inbound = ev["event"] == zmq.EVENT_ACCEPTED
@@ -538,6 +542,9 @@ class _ConnectionGuard(threading.Thread):
                 elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
                     c = self._conns.get(fd)
                     if c is not None and c["mon"] == id(mon):  # not a reused number now another socket's
+                        who = peer if peer is not None else c["user"]
+                        if who is not None and ev["event"] == zmq.EVENT_DISCONNECTED:
+                            self.breaks[who] += 1   # a peer's connection ended (it died, or the network broke)
                         self._forget(fd)
 
     def _register(self, fd: int) -> None:
@@ -601,6 +608,7 @@ class _ConnectionGuard(threading.Thread):
         if user is None:  # --insecure: no key to count it against
             return
         c["user"] = user
+        self.joined[user] += 1
         with self._lock:
             q = self._pending.get(user)
             if q:
@@ -905,6 +913,7 @@ class ZmqParty(Party):
         # broke): waits on it end then, not after the whole timeout, and later waits at once
         self.lost_s = None if lost_s is None else float(lost_s)
         self._links: dict[str, _Link] = {}  # dialled peer -> what its DEALER's monitor told
+        self._breaks_seen: dict[str, int] = {}  # peer -> its ended connections when this incarnation began
         self._links_lock = threading.Lock()
         self._awaiting: collections.Counter = collections.Counter()  # (peer, kind) -> recvs waiting on it
         self._gave_up: dict[str, str] = {}  # peer -> why a recv from it fails at once
@@ -1228,6 +1237,18 @@ class ZmqParty(Party):
         within ``max_message_bytes`` (already checked).
         """
         return None
+
+    def _restart_visible(self, peer: str) -> bool:
+        """One of ``peer``'s connections ended since this incarnation began, or this party never had
+        one with it before the one its offer came on (then nothing here can tell; the parties that
+        did talk with it judge the offer)."""
+        guard = self._guard
+        return guard is None or guard.breaks[peer] > self._breaks_seen.get(peer, 0) or guard.joined[peer] <= 1
+
+    def _restart_seen(self) -> None:
+        guard = self._guard
+        if guard is not None:
+            self._breaks_seen = dict(guard.breaks)
 
     def _cut_links(self, peer: str) -> int:
         guard = self._guard

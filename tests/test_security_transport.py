@@ -610,3 +610,42 @@ def test_a_party_restarted_without_resume_names_itself_not_its_peer(restarted):
         for p in (server, first, again):
             if p is not None:
                 p._transport_close(linger_s=0)
+
+
+@pytest.mark.parametrize("died", [False, True])
+def test_a_resume_offer_is_honoured_only_from_a_party_whose_connections_broke(died):
+    """Issue 43, item 4: with restart_grace_s set, a listed client that never died sent real resume
+    offers and every party restarted from its checkpoint, again and again.  A restarted party died
+    first, so its connections ended: an offer from one whose connections never broke is held, never
+    honoured alone (logged, nobody blamed), and the run goes on; a real restart is still honoured."""
+    from fedhet.parties.api import PeerRestarted
+    from fedhet.parties.declare import RESUME_KIND
+
+    keys, eps, make = loopback_federation()
+    server = make("server", timeout=30)
+    server.restart_grace = True
+    client = make("client1", timeout=30)
+    ctx = None
+    try:
+        client.send("server", "k", 1)
+        assert server.recv("client1", "k") == 1
+        server.send("client1", "k", 2)
+        assert client.recv("server", "k") == 2
+        if died:
+            client._transport_close(linger_s=0)
+            wait_for(lambda: server._guard.breaks["client1"] > 0, what="the server to see client1's link end")
+        ctx, raw = curve_dealer(keys, eps["server"], client="client1")
+        raw.send_multipart(codec.encode(f"{RUN}/resume-1", "client1", "server", RESUME_KIND, 0,
+                                        {"held": [], "incarnation": 1}))
+        if died:
+            with pytest.raises(PeerRestarted):
+                server.recv("client1", "k")
+        else:
+            wait_for(lambda: "client1" in server._restart_offers, what="the offer to be held")
+            client.send("server", "k", 3)   # the run goes on, in the same incarnation
+            assert server.recv("client1", "k") == 3 and server.incarnation == 0
+    finally:
+        if ctx is not None:
+            ctx.destroy(linger=0)
+        client._transport_close(linger_s=0)
+        server._transport_close(linger_s=0)
