@@ -205,22 +205,19 @@ def idle_strangers(run_dir: Path, proc: subprocess.Popen, name: str, n: int, soc
     assert proc.poll() is None, "the run ended before the connections were made: make it longer"
 
 
-def test_two_thousand_idle_connections_from_a_stranger_do_not_stop_a_run(tmp_path):
+def beside_idle_strangers(fed_file: Path, run_dir: Path, name: str, limit) -> tuple[int, dict]:
+    """``fedhet run`` of ``fed_file`` under the open-file limit ``limit()`` sets in its process, with
+    2,000 idle connections from no key to party ``name``; its exit code and run summary."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 2600:
         pytest.skip(f"the hard open-file limit ({hard}) cannot hold 2,000 connections")
     want = 2600 if hard == resource.RLIM_INFINITY else min(hard, 4096)
     if soft < want:  # our own 2,000 client sockets
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    run_dir = tmp_path / "run"
-
-    def common_limit():  # what many systems give a process: 1,024 open files (the hard limit stays)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
-
-    proc = fedhet_run(psi_fed(tmp_path, n=20000, workers=0), run_dir, preexec_fn=common_limit)
+    proc = fedhet_run(fed_file, run_dir, preexec_fn=lambda: limit(hard))
     socks: list[socket.socket] = []
     try:
-        idle_strangers(run_dir, proc, "owner", 2000, socks)
+        idle_strangers(run_dir, proc, name, 2000, socks)
         code = proc.wait(timeout=300)
     finally:
         for s in socks:
@@ -230,7 +227,13 @@ def test_two_thousand_idle_connections_from_a_stranger_do_not_stop_a_run(tmp_pat
             proc.wait()
         if soft < want:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    summary = json.loads((run_dir / "result.json").read_text())
+    return code, json.loads((run_dir / "result.json").read_text())
+
+
+def test_two_thousand_idle_connections_from_a_stranger_do_not_stop_a_run(tmp_path):
+    # what many systems give a process: 1,024 open files (the hard limit stays)
+    code, summary = beside_idle_strangers(psi_fed(tmp_path, n=20000, workers=0), tmp_path / "run", "owner",
+                                          lambda hard: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)))
     assert code == 0 and summary["ok"], summary.get("failed")
     assert {p["result"]["size"] for p in summary["parties"].values()} == {10000}
 
@@ -283,36 +286,14 @@ def test_the_demo_writes_every_checkpoint_under_2000_idle_strangers_at_1024_desc
     1,024 descriptors; its next checkpoint write failed (EMFILE) and the run failed, the server named.
     Now strangers never take the descriptors kept for the party's files (unidentified_cap), and a write
     that still finds none waits for them (atomic.py)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 2600:
-        pytest.skip(f"the hard open-file limit ({hard}) cannot hold 2,000 connections")
-    want = 2600 if hard == resource.RLIM_INFINITY else min(hard, 4096)
-    if soft < want:  # our own 2,000 client sockets
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     rounds = 300
     fed = load(presets.path("demo"))
     fed = replace(fed, timeout=120.0, source="<memory>", algorithm=dict(fed.algorithm, rounds=rounds))
     fed_file = tmp_path / "fed.toml"
     fed_file.write_text(fed.to_toml())
-    run_dir = tmp_path / "run"
-
-    def hard_1024():   # ulimit -n 1024: soft and hard, so no party can raise it
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-
-    proc = fedhet_run(fed_file, run_dir, preexec_fn=hard_1024)
-    socks: list[socket.socket] = []
-    try:
-        idle_strangers(run_dir, proc, "server", 2000, socks)
-        code = proc.wait(timeout=300)
-    finally:
-        for s in socks:
-            s.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if soft < want:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    summary = json.loads((run_dir / "result.json").read_text())
+    # ulimit -n 1024: soft and hard, so no party can raise it
+    code, summary = beside_idle_strangers(fed_file, tmp_path / "run", "server",
+                                          lambda hard: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)))
     assert code == 0 and summary["ok"], summary.get("failed")
     server = summary["parties"]["server"]
     assert server["checkpoints"]["written"] >= rounds, server["checkpoints"]

@@ -483,6 +483,20 @@ class Throttle(threading.Thread):
             self.listener.close()
 
 
+def relayed_server(**kw):
+    """A server party, a relay to it and client2's raw DEALER through the relay, its first message
+    delivered at full speed: (keys, endpoints, server, relay, context, dealer)."""
+    keys, eps, make = loopback_federation()
+    server = make("server", **kw)
+    relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
+    relay.start()
+    ctx = zmq.Context()
+    s = relayed_dealer(ctx, keys, relay.port)
+    s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
+    assert server.recv("client2", "k") == "first"
+    return keys, eps, server, relay, ctx, s
+
+
 def relayed_dealer(ctx, keys, port: int, name: str = "client2"):
     """A raw CURVE DEALER holding ``name``'s keys, one connection, the one through the relay."""
     s = ctx.socket(zmq.DEALER)
@@ -499,15 +513,8 @@ def test_a_busy_honest_connection_that_keeps_completing_messages_is_never_cut():
     loaded sender, a full pipe).  The guard judged the unfinished bytes by the age of the first
     one, cut the connection, lost the message in flight and blamed the honest sender for the gap.
     The unfinished message's clock now starts when the previous message completed."""
-    keys, eps, make = loopback_federation()
-    server = make("server", timeout=60, identify_s=1.0, min_rate=1024)
-    relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
-    relay.start()
-    ctx = zmq.Context()
+    keys, eps, server, relay, ctx, s = relayed_server(timeout=60, identify_s=1.0, min_rate=1024)
     try:
-        s = relayed_dealer(ctx, keys, relay.port)
-        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
-        assert server.recv("client2", "k") == "first"
         relay.lag = 300   # every message below is ~600 bytes: the newest one is always unfinished
         n = 0
         t_end = time.monotonic() + 3 * server._guard.identify_s
@@ -556,15 +563,8 @@ def test_a_message_lost_to_the_receivers_own_cut_blames_nobody():
     """Issue 43, item 1: when the receiver's own guard cut a connection of a peer, the gap in that
     peer's sequence that follows is a local loss (``MessageLost``, cause ``local_loss``, no
     culprit), never proof against the sender, as it was."""
-    keys, eps, make = loopback_federation()
-    server = make("server", timeout=60, identify_s=1.0, min_rate=1024)
-    relay = Throttle(("127.0.0.1", int(eps["server"].rsplit(":", 1)[1])))
-    relay.start()
-    ctx = zmq.Context()
+    keys, eps, server, relay, ctx, s = relayed_server(timeout=60, identify_s=1.0, min_rate=1024)
     try:
-        s = relayed_dealer(ctx, keys, relay.port)
-        s.send_multipart(codec.encode(RUN, "client2", "server", "k", 0, "first"))
-        assert server.recv("client2", "k") == "first"
         relay.trickle.set()
         s.send_multipart(codec.encode(RUN, "client2", "server", "k", 1, {"x": np.zeros(8192)}))  # cut, lost
         assert relay.cut.wait(60), "the trickling connection was never cut"
