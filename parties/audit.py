@@ -37,7 +37,7 @@ record and field; they never crash the audit (``record_problem``,
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -138,15 +138,19 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
         rep.marks += [{"party": name, "i": i, "problem": f"{name}: record {i}: {t}"} for i, ts in v.at.items() for t in ts]
         inc = 0
         checkpoints: set[tuple] = set()
+        order = _Order(rep, declared, name)
         for r in v.records:
             kind_of = r.get("type", "msg")
             if kind_of != "msg":
                 inc = _restart_record(rep, name, r, inc, checkpoints, restored)
+                if inc != order.inc:   # a new incarnation: the order starts afresh
+                    order.reset(inc)
                 continue
             fault = record_problem(r)
             if fault is not None:
                 rep.flag(name, r.get("i"), f"{name}: record {short(r.get('i'))}: {fault}")
                 continue
+            order.check(r)
             rep.messages += 1
             c = counts[(name, r.get("kind"))]
             if r.get("dir") == "send":
@@ -208,6 +212,38 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
         for (p, k), c in sorted(counts.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
     ]
     return rep
+
+
+class _Order:
+    """The protocols' order in one party's transcript: a kind declared ``after`` others is never sent
+    more often than its causes were received before it, within an incarnation (``declare``'s
+    ``after``).  Two colluders who delete a matched message from both transcripts and renumber what
+    follows keep every chain, signature and sequence intact, but not this."""
+
+    def __init__(self, rep: AuditReport, declared: dict, name: str) -> None:
+        self.rep, self.declared, self.name = rep, declared, name
+        self.reset(0)
+
+    def reset(self, inc: int) -> None:
+        self.inc = inc
+        self.got: Counter = Counter()
+        self.sent: Counter = Counter()
+
+    def check(self, r: dict) -> None:
+        kind = r.get("kind")
+        if r.get("dir") == "recv":
+            self.got[kind] += 1
+            return
+        d = self.declared.get(kind)
+        self.sent[kind] += 1
+        if d is None or not getattr(d, "after", ()):
+            return
+        causes = sum(self.got[a] for a in d.after)
+        if self.sent[kind] > causes:
+            self.rep.flag(self.name, r.get("i"),
+                          f"{self.name}: impossible order: {kind} #{self.sent[kind]}{_inc(self.inc)} sent after only "
+                          f"{causes} {' or '.join(d.after)} received (a message it answers is missing from the "
+                          "transcript)")
 
 
 def _inc(inc: int) -> str:

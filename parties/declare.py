@@ -38,9 +38,13 @@ class MessageDecl:
     what: str                        # plain words: what the payload is
     payload: sch.Spec | None = field(default=None, compare=False)   # the payload's schema (checked on receipt)
     protects: str | None = None      # a key of PROTECTIONS: what protects the values (None: not stated)
+    # The protocol's order: a party sends this kind in a round only after it received one of these
+    # kinds in that round (the audit checks every transcript; a message deleted from two
+    # transcripts and the rest renumbered still leaves its answer without its cause).
+    after: tuple[str, ...] = ()
 
     def __post_init__(self):
-        for attr in ("sender", "receiver"):
+        for attr in ("sender", "receiver", "after"):
             v = getattr(self, attr)
             if isinstance(v, str):
                 object.__setattr__(self, attr, (v,))
@@ -50,11 +54,13 @@ class MessageDecl:
 
 
 def declare(kind: str, sender, receiver, what: str, payload: sch.Spec | None = None,
-            protects: str | None = None) -> MessageDecl:
+            protects: str | None = None, after: str | tuple[str, ...] = ()) -> MessageDecl:
     """One message kind.  ``payload`` is its schema (:mod:`fedhet.parties.schema`): the
     receiver validates every message against it and the audit checks every record.
-    ``protects``: what protects its values (a key of :data:`PROTECTIONS`)."""
-    return MessageDecl(kind, sender, receiver, what, payload, protects)
+    ``protects``: what protects its values (a key of :data:`PROTECTIONS`).  ``after``: the kinds
+    one of which the sender must have received in the same round before it sends this one (the
+    protocol's order, checked by the audit)."""
+    return MessageDecl(kind, sender, receiver, what, payload, protects, after)
 
 
 ANY_ROLE = "*"

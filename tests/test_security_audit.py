@@ -135,3 +135,40 @@ def test_local_runs_keep_secret_keys_out_of_the_run_folder(psi_run):
     key_dir = load(run_dir / "federation.toml").key_dir
     assert key_dir is not None and not str(key_dir.resolve()).startswith(str(run_dir.resolve()))
     assert not key_dir.exists(), f"the secret key folder {key_dir} outlived the run"
+
+
+@pytest.fixture(scope="module")
+def secure_run(tmp_path_factory):
+    """The demo (FedAvg with secure aggregation) for two rounds, made once for all workers."""
+    def make(folder):
+        assert launch(replace(load(presets.path("demo")), hosts=1), folder, progress=False, timeout=300,
+                      overrides={"rounds": 2, "aggregation": "secure"})["ok"]
+    return shared_run(tmp_path_factory, "audit-secure-demo", make)
+
+
+def _drop_and_renumber(recs: list, direction: str, peer: str, kind: str, nth: int) -> int:
+    """Delete the ``nth`` record of ``kind`` exchanged with ``peer`` in ``direction`` and number the
+    later ones on that link one less; returns the deleted record's seq."""
+    hits = [i for i, r in enumerate(recs) if r.get("dir") == direction and r.get("peer") == peer
+            and r.get("kind") == kind]
+    gone = recs.pop(hits[nth])
+    for r in recs:
+        if r.get("dir") == direction and r.get("peer") == peer and r.get("seq", -1) > gone["seq"]:
+            r["seq"] -= 1
+    return gone["seq"]
+
+
+def test_a_matched_message_deleted_by_two_colluders_and_renumbered_is_an_impossible_order(secure_run, tmp_path):
+    """Issue 43, item 5: the server and client1 delete the second round's ``secagg/keylist`` from both
+    transcripts and renumber what follows on that link: every chain, signature, sequence and pairing
+    checks, and the audit passed.  client1 still sent its shares for that round: the declared order
+    (``secagg/shares`` after ``secagg/keylist``) shows a message is missing."""
+    assert audit(secure_run, trust_folder_keys=True).ok   # the clean run keeps the order
+    run = copy_run(secure_run, tmp_path / "run")
+    resign(run, "server", lambda recs: _drop_and_renumber(recs, "send", "client1", "secagg/keylist", 1))
+    resign(run, "client1", lambda recs: _drop_and_renumber(recs, "recv", "server", "secagg/keylist", 1))
+    rep = audit(run, trust_folder_keys=True)
+    assert not rep.ok
+    order = [p for p in rep.problems if "impossible order" in p]
+    assert order and all(p.startswith("client1:") for p in order), rep.problems
+    assert not [p for p in rep.problems if "never received" in p or "never sent" in p or "gap" in p], rep.problems
