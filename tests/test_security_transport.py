@@ -262,7 +262,7 @@ def test_reflected_values_are_truncated_and_rejects_are_bounded(live):
     assert size < 100 * 1000, f"log grew to {size} bytes"
     # and the party still serves client1 from seq 0
     sock.send_multipart(codec.encode(RUN, "client1", "server", "k", 0, {"ok": 1}))
-    assert party.recv("client1", "k", timeout=5) == {"ok": 1}
+    assert party.recv("client1", "k", timeout=60) == {"ok": 1}
 
 
 def test_short_quotes_at_most_200_characters_of_anything():
