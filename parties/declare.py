@@ -60,7 +60,7 @@ def declare(kind: str, sender, receiver, what: str, payload: sch.Spec | None = N
     ``protects``: what protects its values (a key of :data:`PROTECTIONS`).  ``after``: the kinds
     one of which the sender must have received in the same round before it sends this one (the
     protocol's order, checked by the audit)."""
-    return MessageDecl(kind, sender, receiver, what, payload, protects, after)
+    return MessageDecl(kind, sender, receiver, what, payload, protects, (after,) if isinstance(after, str) else after)
 
 
 ANY_ROLE = "*"
