@@ -42,9 +42,11 @@ class InMemoryHub:
         self.parties[name] = p
         return p
 
-    def abort(self, reason: str, peer: str | None = None) -> None:
+    def abort(self, reason: str, peer: str | None = None, relayed_by: str | None = None) -> None:
+        """Stop every party with ``peer``'s notice.  ``relayed_by``: a party the notice stopped passes
+        it on as ``peer``'s, to every party but itself (``peer`` too: a forger gets its notice back)."""
         for p in self.parties.values():
-            if p.name != peer:
+            if p.name != (peer if relayed_by is None else relayed_by):
                 p.abort(reason, peer)
 
 
@@ -146,9 +148,12 @@ def run_inmemory(algorithm: Any, parties: list[tuple[str, str]], cfg: Any = None
             if not isinstance(e, PartyAborted):
                 failures[name] = e
                 tbs[name] = traceback.format_exc()
+                hub.abort(f"party {name!r} failed: {e}", name)
             else:
+                # stopped by a notice: the hub passes that notice on as its sender's, never as this
+                # party's own (a party process sends none then; one in its name would read as forged)
                 aborted[name] = e
-            hub.abort(f"party {name!r} failed: {e}", name)
+                hub.abort(str(e), e.peer, relayed_by=name)
         finally:
             if vclock is not None:
                 vclock.finish(name)
