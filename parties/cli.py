@@ -517,4 +517,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if sys.argv[1:2] in (["party"], ["host"]):
+        from .runtime import exit_now
+        exit_now(code)   # its records are written: a party exits now, not after freeing its heap
+    sys.exit(code)

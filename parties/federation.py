@@ -6,7 +6,7 @@ A TOML file (example: ``fedhet presets``)::
     name = "demo"            # free text
     key_dir = "keys"         # relative to this file; secret keys of the parties run here
     timeout = 120            # seconds a party waits for any one message
-    # peer_lost_s = 10       # a peer whose connection broke and stays down this long is gone
+    # peer_lost_s = 10       # a peer whose connection broke and stays down is gone: we exit within this
     # checkpoint_every = 1   # each party checkpoints every 1st round/epoch (0: never); see --resume
     # restart_grace_s = 0    # > 0: a party that dies may restart alone (--resume); the others wait this long
     seed = 0
@@ -76,7 +76,7 @@ FEDERATION_KEYS: dict[str, str] = {
     "name": "free text naming the federation",
     "key_dir": "folder of this machine's secret keys, relative to the file",
     "timeout": "seconds a party waits for any one message",
-    "peer_lost_s": "seconds a peer's broken connection may stay down before waits on it end (default 10)",
+    "peer_lost_s": "seconds after a peer's connection breaks and stays down by which this party has given up on it and exited (default 10)",
     "restart_grace_s": "seconds the others wait for a dead party to restart alone with --resume (0 = off)",
     "checkpoint_every": "each party checkpoints its state every N-th round or epoch, 0 = never (default 1)",
     "seed": "seed of the run (the [algorithm] seed defaults to it)",
@@ -166,7 +166,7 @@ class Federation:
     base_dir: str = ""  # the federation file's folder: relative data paths start there
     hosts: int = 0  # host processes for the parties that name no host (0: one process per party)
     host_threads: int = 0  # torch / BLAS threads per host process (0: the libraries' defaults)
-    peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down this long is gone
+    peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down is gone; exited by then
     checkpoint_every: int = 1  # each party checkpoints every N-th step (round or epoch); 0: never
     restart_grace_s: float = 0.0  # > 0: a dead party may restart alone; its peers wait this long for it
     engine: str = "local"  # `fedhet run`: local processes, or "ray" (parties/ray_engine.py)

@@ -58,6 +58,33 @@ LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties 
 # A failed party gives queued messages this long to leave before it exits (not the whole timeout).
 FAILED_LINGER_S = 2.0
 
+# ``[federation] peer_lost_s`` is when a party that lost a peer has exited, not when it starts to:
+# its waits give up this much earlier (a quarter of peer_lost_s at most), the time its own records,
+# the notice to the others and the exit take, on a loaded machine too.
+EXIT_RESERVE_S = 2.0
+
+
+def give_up_after(fed: Federation) -> float:
+    """Seconds a peer's broken connection may stay down before this party's waits on it give up:
+    ``peer_lost_s`` less the exit reserve, never longer than the federation's timeout, never shorter
+    than ``restart_grace_s`` (a peer restarting within the grace is waited for)."""
+    lost = fed.peer_lost_s - min(EXIT_RESERVE_S, fed.peer_lost_s / 4)
+    return max(min(lost, fed.timeout), fed.restart_grace_s)
+
+
+def exit_now(code: int) -> None:
+    """End a party or host process whose records are written and transport closed: flush the log
+    and the console, then exit without the interpreter's teardown (a party's heap of transcripts
+    and tensors takes a second or more to free, which ``peer_lost_s`` does not allow for); its pool
+    workers follow it (they watch their parent)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:   # a closed console must not change the exit code
+            pass
+    os._exit(code)
+
 
 def die_with_launcher(report=None) -> None:
     """Under ``fedhet run``, end this party when the launcher dies, even by SIGKILL.
@@ -410,7 +437,7 @@ class PartyRun:
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
                 transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
                 declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-                lost_s=max(min(fed.peer_lost_s, fed.timeout), fed.restart_grace_s), incarnation=incarnation,
+                lost_s=give_up_after(fed), incarnation=incarnation,
                 restarted=self.restarted, **extra,
             )
             party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
