@@ -1274,6 +1274,10 @@ class ZmqParty(Party):
     def traffic(self) -> dict:
         t = super().traffic()
         t["rejected"] = max(t.get("rejected", 0), self.reject_count)
+        guard = self._guard
+        if guard is not None:   # connections this party's own guard cut: listed peers' and strangers'
+            t["guard_cuts"] = {"total": guard.cut, "by_reason": dict(guard.cut_by_reason),
+                               "listed": {u: n for u, n in guard.cut_users.items() if n}}
         return t
 
     def metric(self, **values: Any) -> None:

@@ -551,6 +551,8 @@ def test_a_listed_key_trickling_a_message_is_cut():
         assert relay.cut.wait(60), f"the trickling connection was never cut ({relay.trickled} bytes trickled)"
         assert server._guard.cut_by_reason["slow"] == 1, (server._guard.cut_by_reason, relay.why)
         assert relay.trickled < 64 << 10  # cut long before the message could finish
+        cuts = server.traffic()["guard_cuts"]   # what result.json reports: the cut, its reason and whose
+        assert cuts["total"] == 1 and cuts["by_reason"].get("slow") == 1 and cuts["listed"] == {"client2": 1}
         client.send("server", "honest", 5)  # and the honest peer is still served
         assert server.recv("client1", "honest") == 5
     finally:
