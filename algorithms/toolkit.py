@@ -25,16 +25,19 @@ batch order            :func:`epoch_permutation` (keyed, one permutation per epo
 PSI-aligned views      :func:`align_host_rows` -> :class:`HostRows`, :func:`align_guest_rows`
                        -> :class:`GuestRows`, :func:`sorted_intersection` (PSI's sorted order,
                        computed in one process for references)
+a role's result        :class:`Phases` (every timing under one convention, ``<phase>_s``, the
+                       report's), :func:`traffic_totals` (bytes as the runtime counted them)
 =====================  =========================================================================
 
-Everything here is deterministic given its inputs; nothing touches the network.
+Everything here but :class:`Phases` is deterministic given its inputs; nothing touches the network.
 """
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -386,3 +389,45 @@ def sorted_intersection(*id_lists: Sequence[Any]) -> tuple[list, list[np.ndarray
             first.setdefault(v, i)
         rows.append(np.array([first[v] for v in order], dtype=np.int64))
     return order, rows
+
+
+# ------------------------------------------------------------------------- a role's result
+
+@dataclass
+class Phases:
+    """A role's timings, one convention: each phase's seconds under ``<phase>_s`` (the key the report
+    and the benchmarks read), a list with one entry per time the phase ran.  A role times a phase with
+    ``with phases.timed("train", device): ...`` (``device``: waits for CUDA before the clock stops),
+    puts :meth:`result` into its result and keeps :meth:`state` in its checkpoints."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, phase: str, device: str | torch.device | None = None) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        if device is not None:
+            synchronize(device)
+        self.add(phase, time.perf_counter() - t0)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds.setdefault(phase, []).append(float(seconds))
+
+    def last(self, phase: str) -> float:
+        return self.seconds[phase][-1]
+
+    def result(self) -> dict[str, list[float]]:
+        return {f"{k}_s": list(v) for k, v in self.seconds.items()}
+
+    def state(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.seconds.items()}
+
+    @classmethod
+    def restored(cls, saved: dict[str, list[float]] | None) -> "Phases":
+        return cls({k: list(v) for k, v in (saved or {}).items()})
+
+
+def traffic_totals(party: Any) -> dict[str, int]:
+    """The bytes ``party`` sent and received so far, as its runtime counted them (never summed by a role)."""
+    return {"bytes_sent": int(sum(party.bytes_sent.values())),
+            "bytes_received": int(sum(party.bytes_received.values()))}

@@ -274,3 +274,28 @@ def test_sorted_intersection_first_occurrence():
     assert [r.tolist() for r in rows] == [[2, 0], [0, 1], [1, 2]]
     with pytest.raises(ValueError):
         T.sorted_intersection()
+
+
+def test_phases_record_every_timing_as_phase_s_and_survive_a_checkpoint():
+    from fedhet.algorithms.toolkit import Phases
+
+    ph = Phases()
+    for _ in range(3):
+        with ph.timed("train", "cpu"):
+            sum(range(1000))
+    ph.add("submit", 0.25)
+    res = ph.result()
+    assert set(res) == {"train_s", "submit_s"} and len(res["train_s"]) == 3 and res["submit_s"] == [0.25]
+    assert all(t >= 0 for t in res["train_s"]) and ph.last("submit") == 0.25
+    again = Phases.restored(ph.state())
+    again.add("train", 1.0)
+    assert again.result()["train_s"][:3] == res["train_s"] and len(ph.result()["train_s"]) == 3   # a copy
+
+
+def test_traffic_totals_are_the_runtimes_counts():
+    from types import SimpleNamespace
+
+    from fedhet.algorithms.toolkit import traffic_totals
+
+    party = SimpleNamespace(bytes_sent={"a": 3, "b": 4}, bytes_received={"a": 10})
+    assert traffic_totals(party) == {"bytes_sent": 7, "bytes_received": 10}
