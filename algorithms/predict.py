@@ -6,7 +6,7 @@ part reads its OWN, ``RUN/parties/<name>/model/`` (:func:`fedhet.parties.model_s
 refuses one that does not fit (:func:`open_part`: the algorithm, the party and its role, every
 training setting, the federation's parties; then the columns of its new file against the part's
 feature names, in order), rebuilds it with the algorithm's ``load_model`` and proves the rebuilt
-module scores its recorded check rows exactly as the trained part did (:func:`export.rebuild`).
+module scores its recorded check rows exactly as the trained part did (:func:`fedhet.algorithms.scoring.rebuild`).
 
 An algorithm declares its job with :func:`prediction_job` and one of two layouts:
 
@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from fedhet.algorithms.export import rebuild, score
+from fedhet.algorithms.scoring import rebuild, score
 from fedhet.algorithms.party_table import PartyTable, TableSpec, check_features, load_party_table
 from fedhet.parties import schema as sch
 from fedhet.parties.api import PartyError, PeerFault
@@ -165,22 +165,6 @@ def job_settings(training: type) -> type:
                                      flatten=True)),
          ("job", JobKeys, setting(JobKeys(), "the prediction job's own keys", flatten=True))],
         frozen=True)
-
-
-def job_federation(fed: Federation, trained_run: str | Path, out: str | Path) -> Federation:
-    """``fed`` (the training federation, its parties' data now their new rows; or a prediction job's
-    federation file, whose run folders are replaced) as its prediction job."""
-    if not (Path(trained_run) / "parties").is_dir():
-        raise ValueError(f"--model {trained_run}: not a run folder (no parties/ in it)")
-    again = fed.algorithm_name.endswith(PREDICT_SUFFIX)
-    name = fed.algorithm_name[:-len(PREDICT_SUFFIX)] if again else fed.algorithm_name
-    table = {k: v for k, v in fed.algorithm.items() if k != "name" and not (again and k in known_keys(JobKeys))}
-    clash = [k for k in known_keys(JobKeys) if k in table]
-    if clash:
-        raise ValueError(f"{fed.source}: [algorithm] sets {clash}: fedhet predict sets these itself")
-    algo = {"name": name + PREDICT_SUFFIX, **table,
-            "trained_run": str(Path(trained_run).resolve()), "predictions_out": str(Path(out).resolve())}
-    return dataclasses.replace(fed, algorithm=algo)
 
 
 # ------------------------------------------------------------------------------------ the parts

@@ -59,7 +59,7 @@ def board_server(runs_dir: Path, token: str, refresh_s: float = 0.25) -> Iterato
     import uvicorn
 
     from fedhet.algorithms.registry import get_algorithm
-    from fedhet.parties.board import app
+    from fedhet.parties.ops.board import app
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

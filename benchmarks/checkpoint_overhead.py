@@ -22,7 +22,7 @@ from benchmarks import harness
 from fedhet.algorithms import registry
 from fedhet.parties.contract import installed_entry_points
 from fedhet.parties.federation import load
-from fedhet.parties.presets import path as preset_path
+from fedhet.parties.ops.presets import path as preset_path
 
 NAME = "checkpoint_overhead"
 BOUND = 0.05

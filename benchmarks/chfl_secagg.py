@@ -1,7 +1,7 @@
 """Federated CHFL as real party processes: plain vs secure aggregation, and one row of Table II.
 
 Every party is its own process over CURVE-encrypted ZeroMQ on loopback
-(``fedhet.parties.launcher.launch`` of the ``chfl`` preset: 1 server + 5 clients on covertype).
+(``fedhet.parties.ops.launcher.launch`` of the ``chfl`` preset: 1 server + 5 clients on covertype).
 
 1. **Rounds.**  The same CHFL job (mu = 0.5, lr = 1e-3, E local epochs) with
    ``aggregation = "plain"`` (float64 on the wire, CHFL's default: exactly the in-process mean),

@@ -11,7 +11,7 @@ the project's two ways of running parties.
 * **Timing** (:func:`best_of`, :func:`best_of_interleaved`): the least wall and CPU time over
   repeats (the noise of a shared machine only ever adds time).
 * **Parties as processes** (:func:`launch_audited`): a preset or a federation built in code
-  (:func:`federation`) through the real launcher (``fedhet.parties.launcher.launch``, every
+  (:func:`federation`) through the real launcher (``fedhet.parties.ops.launcher.launch``, every
   party its own process over CURVE ZeroMQ), then ``fedhet audit`` on the run folder; returns
   the launcher's summary, each party's result, the audit verdict and table, and the CPU time
   of every process of the run.
@@ -369,7 +369,7 @@ def _no_nulls(table: dict | None) -> dict:
 
 def preset(name: str):
     """A preset that ships with fedhet (``fedhet presets``), as a Federation."""
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.federation import load
 
     return load(presets.path(name))
@@ -404,7 +404,7 @@ class Launched:
 def launch_audited(fed, *, overrides: dict | None = None, run_dir: str | os.PathLike | None = None,
                    keep: bool = False, insecure: bool = False, timeout: float | None = None,
                    audit: bool = True, env: dict | None = None) -> Launched:
-    """Run ``fed`` (a Federation or a preset name) with ``fedhet.parties.launcher.launch`` and
+    """Run ``fed`` (a Federation or a preset name) with ``fedhet.parties.ops.launcher.launch`` and
     audit its run folder with ``fedhet.parties.audit.audit``.
 
     ``overrides`` replace ``[algorithm]`` keys (None values are left out).  ``run_dir`` None: a
@@ -412,7 +412,7 @@ def launch_audited(fed, *, overrides: dict | None = None, run_dir: str | os.Path
     its logs).  Raises ``launcher.RunFailed`` when a party fails.
     """
     from fedhet.parties.audit import audit as audit_run
-    from fedhet.parties.launcher import launch
+    from fedhet.parties.ops.launcher import launch
 
     if isinstance(fed, str):
         fed = preset(fed)

@@ -37,7 +37,7 @@ import numpy as np
 
 from benchmarks import harness
 from fedhet.algorithms import he_split
-from fedhet.parties.launcher import RunFailed
+from fedhet.parties.ops.launcher import RunFailed
 from fedhet.protocols import he_interactive as hei
 
 FULL_EPOCHS = 100  # the run whose default plan the "auto, default" variant uses

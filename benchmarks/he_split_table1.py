@@ -32,7 +32,7 @@ import torch
 
 from benchmarks import harness
 from fedhet.algorithms import he_split
-from fedhet.parties.launcher import RunFailed
+from fedhet.parties.ops.launcher import RunFailed
 PAPER = {"cancer": 92.04, "payment": 74.87, "credit": 93.44}  # STFL paper, Table I, FATE column
 
 

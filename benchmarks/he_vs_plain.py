@@ -1,7 +1,7 @@
 """Encrypted vs plaintext vertical training, side by side (STFL paper, Table III's shape).
 
 For each dataset, one run of every variant as real party processes over
-CURVE ZeroMQ (``fedhet.parties.launcher.launch``), same data, same epochs,
+CURVE ZeroMQ (``fedhet.parties.ops.launcher.launch``), same data, same epochs,
 batch 128, Adam:
 
     stfl           STFL: guests send VAE latent codes once; no encryption needed
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks import harness
 from fedhet.algorithms import he_split
-from fedhet.parties.launcher import RunFailed
+from fedhet.parties.ops.launcher import RunFailed
 
 VARIANTS = {
     "stfl": ("stfl", {"variant": "stfl"}),

@@ -41,7 +41,7 @@ def one_run(folder: Path, rounds: int) -> dict:
 
     threading.Thread(target=watch, daemon=True).start()
     t0 = time.perf_counter()
-    rc = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", "demo", "--set", f"rounds={rounds}",
+    rc = subprocess.run([sys.executable, "-m", "fedhet.parties.ops.cli", "run", "demo", "--set", f"rounds={rounds}",
                          "--out", str(folder), "--no-progress"], capture_output=True, text=True).returncode
     done.set()
     return {"rc": rc, "wall_s": time.perf_counter() - t0, "peak_load": peak[0], **summarize_run(folder)}

@@ -27,9 +27,11 @@ import numpy as np
 
 from benchmarks import harness
 from fedhet.algorithms import registry
-from fedhet.algorithms.export import export_run, load_export, score
+from fedhet.algorithms.scoring import score
+from fedhet.parties.ops.export import export_run, load_export
 from fedhet.algorithms.party_table import TableSpec, load_party_table
-from fedhet.algorithms.predict import PREDICTIONS, columns, job_federation, own_rows, read_predictions
+from fedhet.algorithms.predict import PREDICTIONS, columns, own_rows, read_predictions
+from fedhet.parties.ops.predict import job_federation
 from fedhet.algorithms.toolkit import sorted_intersection
 from fedhet.parties.contract import installed_entry_points
 from fedhet.parties.federation import Federation, load

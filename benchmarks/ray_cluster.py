@@ -15,24 +15,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedhet.parties.ops.engines.local import free_port
+
 
 def ray_binary() -> str | None:
     """The ``ray`` command of this interpreter's environment (or the PATH's)."""
     here = Path(sys.executable).parent / "ray"
     return str(here) if here.is_file() else shutil.which("ray")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def processes_with(text: str) -> dict[int, str]:

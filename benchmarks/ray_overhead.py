@@ -93,7 +93,7 @@ class Reported(threading.Thread):
 
 def one(fed, overrides: dict, engine: str, cluster) -> dict:
     from fedhet.parties.audit import audit
-    from fedhet.parties.launcher import launch
+    from fedhet.parties.ops.launcher import launch
 
     run_dir = Path(tempfile.mkdtemp(prefix=f"ray-overhead-{engine}-"))
     if engine == "ray":

@@ -38,12 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from fedhet.algorithms.registry import get_algorithm
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.faults import PAUSE_ENV
     from fedhet.parties.federation import load
-    from fedhet.parties.launcher import launch
-    from fedhet.parties.report import write
-    from fedhet.parties.runview import view
+    from fedhet.parties.ops.launcher import launch
+    from fedhet.parties.ops.report import write
+    from fedhet.parties.ops.runview import view
 
     # the results file names no path of this machine: the runs folder is "RUNS", each run its name in it
     shown = list(sys.argv[1:] if argv is None else argv)

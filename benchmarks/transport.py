@@ -43,7 +43,7 @@ import numpy as np
 import zmq
 
 from benchmarks import harness
-from fedhet.parties.launcher import free_port
+from fedhet.parties.ops.engines.local import free_port
 RUN = "transport-bench"
 ROLES = {"a": "bench", "b": "bench"}
 LAYERS = ["party", "raw", "chunked"]

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import runfolder as rf
 from . import declare as decl
 from .contract import from_module, installed_algorithm, prepare
 from .codec import short
@@ -106,7 +107,7 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
     run_dir = Path(run_dir)
     rep = AuditReport(run_dir)
     rep.keys_trusted = federation is not None or bool(trust_folder_keys)
-    cfg_path = run_dir / "config.json"
+    cfg_path = run_dir / rf.CONFIG
     try:
         config = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
@@ -129,7 +130,7 @@ def audit(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
     restored: dict[int, dict[str, int]] = defaultdict(dict)   # incarnation -> party -> step it resumed from
     for p in config.get("party", []):
         name = p["name"]
-        tpath = run_dir / "parties" / name / "transcript.jsonl"
+        tpath = rf.party_dir(run_dir, name) / rf.TRANSCRIPT
         if not tpath.exists():
             rep.problems.append(f"{name}: transcript missing ({tpath})")
             continue

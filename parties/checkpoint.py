@@ -33,10 +33,10 @@ import numpy as np
 from safetensors.numpy import load as _load_arrays, save as _save_arrays   # at import: not in a round's time
 
 from .atomic import write_atomic
+from .runfolder import PRIVATE
 
 FORMAT = "fedhet-checkpoint-v1"
 KEEP = 2
-PRIVATE = "private"   # a party folder's secret part: never handed to an auditor
 _NAME = re.compile(r"^step-(\d{6,})\.ckpt$")
 
 

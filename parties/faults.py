@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from . import runfolder as rf
+
 KILL_ENV = "FEDHET_KILL_AT"
 PAUSE_ENV = "FEDHET_PAUSE_AT"
 WHO = ("self", "launcher", "all")
@@ -43,7 +45,7 @@ def parse(spec: str) -> tuple[str, int, str]:
 
 def _pids(run_dir: Path) -> list[int]:
     out = []
-    for lock in sorted((run_dir / "parties").glob("*/.lock")):
+    for lock in sorted((run_dir / rf.PARTIES).glob(f"*/{rf.LOCK}")):
         try:
             out.append(int(lock.read_text().strip()))
         except (OSError, ValueError):

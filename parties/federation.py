@@ -169,7 +169,7 @@ class Federation:
     peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down is gone; exited by then
     checkpoint_every: int = 1  # each party checkpoints every N-th step (round or epoch); 0: never
     restart_grace_s: float = 0.0  # > 0: a dead party may restart alone; its peers wait this long for it
-    engine: str = "local"  # `fedhet run`: local processes, or "ray" (parties/ray_engine.py)
+    engine: str = "local"  # `fedhet run`: local processes, or "ray" (parties/ops/engines/ray.py)
     ray_address: str = ""  # engine = "ray": the cluster ("": Ray's own look-up)
     placement: str = "spread"  # engine = "ray": spread or pack the hosts over the nodes
     party_ports: tuple[int, int] | None = None  # engine = "ray": the ports parties listen on (None: any)

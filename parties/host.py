@@ -26,16 +26,13 @@ import threading
 import time
 from pathlib import Path
 
+from . import runfolder as rf
 from .atomic import write_json_atomic
 from .contract import Algorithm
 from .federation import Federation
 from .runtime import PartyRun, die_with_launcher, raise_open_file_limit
 
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def host_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "hosts"
 
 
 def limit_threads(n: int) -> None:
@@ -97,7 +94,7 @@ def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: 
         stopping.set()
         with lock:
             for r in runs:
-                if r.code is None and not (r.pdir / "result.json").exists():
+                if r.code is None and not (r.pdir / rf.RESULT).exists():
                     try:
                         r.record_stop(why)
                     except Exception:
@@ -131,8 +128,8 @@ def run_host(fed: Federation, host: str, run_dir: str | os.PathLike, algorithm: 
     code = 0 if all(c == 0 for c in codes.values()) else 1
     usage = process_usage()
     try:
-        host_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(host_dir(run_dir) / f"{host}.json", {
+        rf.host_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(rf.host_dir(run_dir) / f"{host}.json", {
             "host": host, "pid": os.getpid(), "party_codes": codes, "exit_code": code,
             "wall_s": time.perf_counter() - t0, "fd_limit": fd_limit, "host_threads": fed.host_threads,
             "peak_fds": max(peak["fds"], usage.get("fds", 0)),

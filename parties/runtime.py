@@ -34,13 +34,15 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import runfolder as rf
 from . import failure
 from . import keys as keyfiles
 from .api import PartyAborted
 from .checkpoint import Checkpoints, private_dir
 from .faults import kill_hook, pause_hook
 from .atomic import write_json_atomic
-from .status import STATUS_FILE, StatusFile
+from .status import StatusFile
+from .runfolder import party_dir
 from .contract import Algorithm, prepare
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
@@ -166,7 +168,7 @@ def lock_party_dir(pdir: Path, name: str) -> int:
     """Hold ``pdir/.lock`` for the life of the process (an flock: the OS drops it when the process
     dies, however it dies).  A second start of the same party in the same folder is refused here,
     before it touches any file of the first."""
-    fd = os.open(pdir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(pdir / rf.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -184,7 +186,7 @@ def lock_party_dir(pdir: Path, name: str) -> int:
 def keep_earlier_transcript(pdir: Path) -> Path | None:
     """A restarted party never destroys evidence: an earlier start's transcript is kept beside as
     ``transcript.K.jsonl`` (K = 1, 2, ...) before the new one is opened."""
-    t = pdir / "transcript.jsonl"
+    t = pdir / rf.TRANSCRIPT
     if not t.exists() or t.stat().st_size == 0:
         t.unlink(missing_ok=True)
         return None
@@ -194,10 +196,6 @@ def keep_earlier_transcript(pdir: Path) -> Path | None:
     dest = pdir / f"transcript.{k}.jsonl"
     os.replace(t, dest)
     return dest
-
-
-def party_dir(run_dir: Path, name: str) -> Path:
-    return Path(run_dir) / "parties" / name
 
 
 def _logger(name: str, path: Path, echo: bool, level: str = "info") -> logging.Logger:
@@ -304,9 +302,9 @@ class PartyRun:
         self.pdir = party_dir(self.run_dir, name)
         self.pdir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_party_dir(self.pdir, name)   # before anything in the folder is touched
-        for stale in ("result.json", "error.json", STATUS_FILE):
+        for stale in (rf.RESULT, rf.ERROR, rf.STATUS):
             (self.pdir / stale).unlink(missing_ok=True)
-        self._status = StatusFile(self.pdir / STATUS_FILE)   # the one writer of status.json
+        self._status = StatusFile(self.pdir / rf.STATUS)   # the one writer of status.json
         self.resume = resume
         earlier = keep_earlier_transcript(self.pdir)
         self.restarted = earlier is not None and not resume   # started here before, now afresh
@@ -317,7 +315,7 @@ class PartyRun:
                 kept = sorted((f for f in self.pdir.glob("transcript.*.jsonl") if f.name.split(".")[1].isdigit()),
                               key=lambda f: int(f.name.split(".")[1]))
                 earlier = kept[-1] if kept else None
-            if earlier is None and not (self.pdir / "stdout.log").exists() and not (self.pdir / "log.txt").exists():
+            if earlier is None and not (self.pdir / rf.STDOUT).exists() and not (self.pdir / rf.LOG).exists():
                 raise NothingToResume(f"party {name!r}: nothing to resume in {self.pdir} (it never started "
                                       "there): run it without --resume")
             # a party killed before its first record holds no checkpoint: it resumes from none (the others
@@ -325,7 +323,7 @@ class PartyRun:
             self.earlier = chain_prefix(earlier, name) if earlier is not None else []
             self.earlier_file = earlier.name if earlier is not None else None
         self.checkpoints = Checkpoints(private_dir(self.pdir) / "checkpoints", background=True)
-        self.log = _logger(name, self.pdir / "log.txt", echo, log_level)
+        self.log = _logger(name, self.pdir / rf.LOG, echo, log_level)
         # progress lines (role, step, metric, elapsed, ETA): on the terminal of `fedhet party`, and in log.txt
         self._lines = LinePrinter() if echo else None
         self._logged = LinePrinter(stream=_LogStream(self.log))
@@ -364,7 +362,7 @@ class PartyRun:
         """Write the "stopped" records (error.json and status) of a party stopped from outside."""
         rec = failure.record(Stopped(why), self.name, self.spec.role, stopped=True)
         rec.update(traceback="", wall_s=time.perf_counter() - self.t0)
-        write_json_atomic(self.pdir / "error.json", rec)
+        write_json_atomic(self.pdir / rf.ERROR, rec)
         self.status({"state": "stopped", "error": f"Stopped: {why}"})
 
     def announce_early(self, reason: str) -> None:
@@ -401,7 +399,7 @@ class PartyRun:
         transcript = None
         party = None
         try:
-            write_json_atomic(self.run_dir / "config.json", config_record(fed, run_id, insecure))
+            write_json_atomic(self.run_dir / rf.CONFIG, config_record(fed, run_id, insecure))
             algo = self.algorithm
             if algo.name != fed.algorithm_name:
                 raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
@@ -421,7 +419,7 @@ class PartyRun:
                 raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
                                  "in the federation file")
             self.stage("keys loaded")
-            transcript = Transcript(pdir / "transcript.jsonl", name, run_id, signing, earlier=self.earlier)
+            transcript = Transcript(pdir / rf.TRANSCRIPT, name, run_id, signing, earlier=self.earlier)
             incarnation, offered = 0, None
             if self.earlier is not None:
                 incarnation = 1 + sum(r.get("type") == "resume" for r in self.earlier)
@@ -435,7 +433,7 @@ class PartyRun:
                 name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
                 secret_key=secret, insecure=insecure, bind_endpoint=self.bind, run_id=run_id, seed=fed.seed,
                 device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
-                transcript=transcript, logger=log, metrics_path=pdir / "metrics.jsonl", status_cb=status,
+                transcript=transcript, logger=log, metrics_path=pdir / rf.METRICS, status_cb=status,
                 declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
                 lost_s=give_up_after(fed), incarnation=incarnation,
                 restarted=self.restarted, **extra,
@@ -454,11 +452,11 @@ class PartyRun:
             self.stage("closing barrier passed")
             part = trained_part(algo, settings, party, fed.fingerprint())
             if part is not None:
-                write_part(pdir / "model", part, part.header)
+                write_part(pdir / rf.MODEL, part, part.header)
                 self.stage("model written")
             transcript.close()
             wall = time.perf_counter() - t0
-            write_json_atomic(pdir / "result.json", {
+            write_json_atomic(pdir / rf.RESULT, {
                 "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
                 "resumed_from": party.resumed_from, "incarnation": party.incarnation,
                 "checkpoints": party.checkpoint_stats,
@@ -479,7 +477,7 @@ class PartyRun:
             rec = failure.record(e, name, spec.role, transport=party, stopped=stopped)
             rec["wall_s"] = time.perf_counter() - t0
             try:
-                write_json_atomic(pdir / "error.json", rec)
+                write_json_atomic(pdir / rf.ERROR, rec)
                 status({"state": "stopped" if stopped else "failed", "error": reason,
                         "culprit": rec["culprit"], "cause": rec["cause"]})
             except Exception:

@@ -20,7 +20,6 @@ from typing import Any
 
 from .atomic import FD_RETRY_S, write_json_atomic
 
-STATUS_FILE = "status.json"
 ORDER = {"starting": 0, "running": 1, "done": 2, "failed": 2, "stopped": 2}
 FINAL = frozenset(s for s, k in ORDER.items() if k == 2)
 # A writer holding the lock finishes one small atomic write; a stop waits at most this long for it

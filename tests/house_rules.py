@@ -10,7 +10,10 @@ Each rule is a function over a :class:`Tree` (the four packages' files, parsed o
 - ``settings-dict``: a role (a function in an algorithm's ``roles.py``) reading its settings as
   a table: ``s.get(...)``, ``s[...]``, ``dict(s)``, ``**s``;
 - ``crypto-parties``: ``crypto/`` importing ``parties/`` (crypto knows no party);
-- ``parties-algorithms``: ``parties/`` importing an algorithm (only the CLI wires them);
+- ``runtime-algorithms``: the runtime (``parties/`` outside ``parties/ops/``), ``protocols/`` or
+  ``crypto/`` importing an algorithm (only the operations layer wires them);
+- ``ops-layer``: a module outside the operations layer (``parties/ops/``) importing it, or importing
+  the web stack (plotly, jinja2, starlette, uvicorn: the ``report`` extra);
 - ``private-import``: a private name (``_x``) imported from another fedhet module (in the library,
   the benchmarks and the tests), or, in the library, read as an attribute of an imported one;
 - ``import-cycle``: modules that import each other, directly or round a loop (every import
@@ -184,15 +187,40 @@ def crypto_imports_parties(tree: Tree) -> list[Violation]:
     return out
 
 
-def parties_import_algorithms(tree: Tree) -> list[Violation]:
+OPS = "parties/ops/"          # the operations layer (CLI, launcher, engines, report, board, export...)
+WEB_STACK = ("plotly", "jinja2", "starlette", "uvicorn")   # the `report` extra: the operations layer's only
+
+
+def _is_under(target: str, package: str) -> bool:
+    return target == package or target.startswith(package + ".")
+
+
+def runtime_imports_algorithms(tree: Tree) -> list[Violation]:
     out = []
     for rel, mod in tree.files.items():
-        if not rel.startswith("parties/") or rel == "parties/cli.py":
+        if rel.startswith(OPS) or rel.startswith("algorithms/"):
             continue
         for node, target, _ in _imports(tree, rel, mod):
-            if target == "fedhet.algorithms" or target.startswith("fedhet.algorithms."):
-                out.append(Violation("parties-algorithms", _where(rel, node),
-                                     f"parties/ imports {target}; only parties/cli.py wires the algorithms"))
+            if _is_under(target, "fedhet.algorithms"):
+                out.append(Violation("runtime-algorithms", _where(rel, node),
+                                     f"{rel.split('/')[0]}/ imports {target}; only the operations layer "
+                                     f"({OPS}) wires the algorithms (the runtime finds one by its entry point)"))
+    return out
+
+
+def ops_layer(tree: Tree) -> list[Violation]:
+    out = []
+    for rel, mod in tree.files.items():
+        if rel.startswith(OPS):
+            continue
+        for node, target, _ in _imports(tree, rel, mod):
+            if _is_under(target, "fedhet.parties.ops"):
+                out.append(Violation("ops-layer", _where(rel, node),
+                                     f"{rel} imports {target}: nothing outside the operations layer imports it"))
+            elif target.split(".")[0] in WEB_STACK:
+                out.append(Violation("ops-layer", _where(rel, node),
+                                     f"{rel} imports {target}: the web stack is the operations layer's (the "
+                                     f"`report` extra); a party machine does not install it"))
     return out
 
 
@@ -342,7 +370,8 @@ RULES = {
     "toolkit-twin": toolkit_twins,
     "settings-dict": settings_as_dict,
     "crypto-parties": crypto_imports_parties,
-    "parties-algorithms": parties_import_algorithms,
+    "runtime-algorithms": runtime_imports_algorithms,
+    "ops-layer": ops_layer,
     "private-import": private_imports,
     "import-cycle": import_cycles,
     "party-untyped": untyped_parties,

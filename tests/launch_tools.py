@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 
 
 def launch_in_background(fed, run_dir, overrides: dict | None = None) -> tuple[threading.Thread, dict]:

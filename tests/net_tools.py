@@ -1,17 +1,11 @@
 """Loopback networking helpers of the transport tests (a helper module of tests/)."""
 from __future__ import annotations
 
-import socket
 import time
 
 import zmq
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on just now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from fedhet.parties.ops.engines.local import free_port  # noqa: F401  (the one definition; tests import it from here)
 
 
 def wait_for(pred, timeout=60.0, what="condition", poll=0.005):

@@ -185,10 +185,10 @@ def two_runs_differ(run_psi, wire, arrays):
 def psi_job_as_processes(run_dir, overrides: dict, kinds: set, timeout: float = 180):
     """The ``psi`` preset as party processes with ``overrides``: every party agrees on a correct
     intersection, the audit passes, and the transcripts hold at least the PSI ``kinds``; the audit report."""
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.audit import audit
     from fedhet.parties.federation import load
-    from fedhet.parties.launcher import launch
+    from fedhet.parties.ops.launcher import launch
 
     summary = launch(load(presets.path("psi")), run_dir=run_dir, progress=False, timeout=timeout,
                      overrides=overrides)

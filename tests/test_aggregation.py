@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from fedhet.parties import declare as decl
-from fedhet.parties import federation, presets
+from fedhet.parties import federation
+from fedhet.parties.ops import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 from fedhet.protocols import aggregation, secagg
 from fedhet.protocols.aggregation import (AggregationError, Kind, PlainAggregator, SecureAggregator,
                                           make_aggregator)

@@ -20,14 +20,15 @@ import pytest
 
 from algorithm_tools import comparable, jsonable, smoke_federation  # a helper module of tests/
 from fedhet.algorithms import registry
-from fedhet.algorithms.export import check_part, export_run, load_export
+from fedhet.algorithms.scoring import check_part
+from fedhet.parties.ops.export import export_run, load_export
 from fedhet.parties.audit import audit
 from fedhet.parties.checkpoint import Checkpoints
 from fedhet.parties.contract import ENTRY_POINT_GROUP
 from fedhet.parties.federation import Federation
 from fedhet.parties.faults import KILL_ENV
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import RunFailed, launch, resume_federation
+from fedhet.parties.ops.launcher import RunFailed, launch, resume_federation
 
 pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 

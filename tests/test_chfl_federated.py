@@ -33,7 +33,8 @@ from fedhet.algorithms.chfl.data import client_data, own_client_data
 from fedhet.algorithms.chfl.experiments import sweep
 from fedhet.algorithms.chfl.models import MLPColumn, UniqueColumn, common_numel, init_common_flat
 from fedhet.algorithms.chfl.settings import max_train_rows
-from fedhet.parties import api, presets
+from fedhet.parties import api
+from fedhet.parties.ops import presets
 from fedhet.parties.contract import PartyContext
 from fedhet.parties.declare import check_record
 from fedhet.parties.schema import SchemaError
@@ -41,7 +42,7 @@ from fedhet.parties.settings import SettingsError
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 from fedhet.algorithms.partition import chfl_partition
 from fedhet.algorithms.toolkit import derive_seed
 from fedhet.protocols import aggregation, secagg
@@ -417,7 +418,7 @@ def test_a_clients_part_is_its_selected_network_scoring_raw_rows(digits, method)
     an earlier one than the last), and rebuilt from the part alone it gives the client's raw test rows
     the reported test accuracy."""
     from fedhet.algorithms.chfl.data import column_names
-    from fedhet.algorithms.export import check_part, score
+    from fedhet.algorithms.scoring import check_part, score
 
     lrs = [0.1, 0.01] if method == "local" else [0.05, 0.003]   # some client's best round is not the last
     cfg = {"method": method, "lr": lrs, "mu": [0.0, 0.5], "rounds": 4, "aggregation": "plain",
@@ -472,7 +473,8 @@ def test_exported_parts_score_the_same_in_onnxruntime(tmp_path):
     give the parts' logits to float32 precision in another runtime."""
     ort = pytest.importorskip("onnxruntime")
     from fedhet.algorithms import registry
-    from fedhet.algorithms.export import export_run, score
+    from fedhet.algorithms.scoring import score
+    from fedhet.parties.ops.export import export_run
     from fedhet.parties.model_store import write_part
 
     models: dict = {}

@@ -234,7 +234,7 @@ def test_both_transports_parties_are_party_like():
 
 @pytest.mark.processes
 def test_cli_messages_lists_kinds_with_schemas():
-    out = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "messages", "fedavg_logreg", "--json"],
+    out = subprocess.run([sys.executable, "-m", "fedhet.parties.ops.cli", "messages", "fedavg_logreg", "--json"],
                          capture_output=True, text=True, cwd=_root())
     assert out.returncode == 0, out.stderr
     import json

@@ -1,6 +1,6 @@
 """A trained model leaves its run: each party's part is saved by its role (parties/model_store.py),
 `fedhet export` writes safetensors, metadata and ONNX, and the loaded part scores exactly as the
-trained one did (algorithms/export.py)."""
+trained one did (algorithms/scoring.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from fedhet.algorithms import registry
-from fedhet.algorithms.export import ExportError, check_part, export_run, load_export, score
-from fedhet.parties import presets
+from fedhet.algorithms.scoring import ExportError, check_part, score
+from fedhet.parties.ops.export import export_run, load_export
+from fedhet.parties.ops import presets
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 from fedhet.parties.model_store import ModelFileError, make_part, read_part, write_part
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
@@ -88,7 +89,7 @@ def test_process_run_exports_weights_metadata_and_onnx_that_score_the_same(tmp_p
     summary = launch(fed, tmp_path / "run", progress=False, overrides={"rounds": 2}, timeout=240)
     assert summary["ok"]
     out = tmp_path / "exp"
-    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "export", str(tmp_path / "run"), "--out", str(out)],
+    p = subprocess.run([sys.executable, "-m", "fedhet.parties.ops.cli", "export", str(tmp_path / "run"), "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     names = {q.name for q in fed.parties}

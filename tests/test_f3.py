@@ -192,7 +192,7 @@ def test_asking_t_holders_in_turn_gives_the_model_that_asking_all_gives():
     """Reconstruction is exact in the field, so whichever t holders answer, the coordinator gets the same
     values: ``ask = "t"`` (rotating) and ``ask = "all"`` must train the identical model."""
     from fedhet.algorithms import registry
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.federation import load
     from fedhet.parties.inmemory import run_inmemory
     fed = load(presets.path("f3_grid"))   # generated graph: no data folder needed
@@ -214,7 +214,7 @@ def test_asking_t_holders_in_turn_gives_the_model_that_asking_all_gives():
 def test_holders_in_a_trusted_run_fail_at_once_naming_the_setting():
     """Trusted fusion has no holders: a holder listed anyway stops the run with the reason, instead of
     waiting out its receive timeout for shares no owner sends."""
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.federation import load
     from fedhet.parties.inmemory import FederationFailed, run_inmemory
 
@@ -229,7 +229,7 @@ def test_holders_in_a_trusted_run_fail_at_once_naming_the_setting():
 
 # ----------------------------------------------------------------------- trained parts (algorithms/f3/model.py)
 def _grid_parts(fusion, graph):
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.federation import load
     from fedhet.parties.inmemory import run_inmemory
     fed = load(presets.path("f3_grid"))
@@ -243,7 +243,7 @@ def _grid_parts(fusion, graph):
 def _chain(models):
     """Every owner's part on its own raw check rows (the same samples: rows align by index), their h into
     the coordinator's part."""
-    from fedhet.algorithms.export import score
+    from fedhet.algorithms.scoring import score
     owners = models["coordinator"].meta["owners"]
     hs = {}
     for o in owners:
@@ -308,7 +308,7 @@ def test_a_learned_graph_part_scores_with_fixed_draws_from_its_theta():
 
 def test_a_vowels_owner_part_reads_each_row_to_its_length(shared_data):
     """Japanese Vowels' series are zero-padded: the owner's part takes the lengths and ignores what follows."""
-    from fedhet.algorithms.export import check_part, score
+    from fedhet.algorithms.scoring import check_part, score
     from fedhet.parties.inmemory import run_inmemory
     models: dict = {}
     parties = [("c", "coordinator")] + [(f"o{i}", "owner") for i in range(12)]

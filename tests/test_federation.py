@@ -4,8 +4,9 @@ import stat
 
 import pytest
 
-from fedhet.parties import keys, presets
-from fedhet.parties.cli import main
+from fedhet.parties import keys
+from fedhet.parties.ops import presets
+from fedhet.parties.ops.cli import main
 from fedhet.parties.federation import FederationError, from_dict, load
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)

@@ -13,14 +13,15 @@ import torch
 
 from fedhet.algorithms import he_split
 from fedhet.crypto import ckks
-from fedhet.parties import codec, presets
+from fedhet.parties import codec
+from fedhet.parties.ops import presets
 from fedhet.parties.api import Party
 from fedhet.parties.audit import audit
 from fedhet.parties.declare import check_record
 from fedhet.parties.declare import index as decl_index
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 from fedhet.protocols import he_interactive as hei
 
 from he_link import run_pair  # a helper module of tests/
@@ -210,7 +211,7 @@ def test_each_part_holds_its_own_share_and_the_host_scores_with_the_guests_outpu
     The host's part scores nothing without the guest's interactive output: given A_g W, computed here from
     the guest's part on the same rows and both shares (what the exchange computes), it gives the
     probabilities it recorded."""
-    from fedhet.algorithms.export import check_part
+    from fedhet.algorithms.scoring import check_part
     from fedhet.algorithms.he_split import model as hm
     from fedhet.algorithms.he_split.data import guest_data, host_data
     from fedhet.algorithms.toolkit import align_host_rows, sorted_intersection

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from fedhet.algorithms import registry
-from fedhet.parties import presets
+from fedhet.parties.ops import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import FederationError, from_dict, load
-from fedhet.parties.launcher import RunFailed, launch
+from fedhet.parties.ops.launcher import RunFailed, launch
 
 from launch_tools import launch_in_background, shared_run  # a helper module of tests/
 
@@ -226,7 +226,7 @@ def test_fedhet_host_cli_refuses_an_unknown_host(tmp_path):
     fed = replace(load(presets.path("shamir")), hosts=2, source="<memory>")
     f = tmp_path / "fed.toml"
     f.write_text(fed.to_toml())
-    out = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "host", str(f), "--host", "nope",
+    out = subprocess.run([sys.executable, "-m", "fedhet.parties", "host", str(f), "--host", "nope",
                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
     said = " ".join((out.stdout + out.stderr).split())  # the console wraps long lines
     assert out.returncode != 0 and "no host 'nope' runs two or more parties" in said

@@ -53,10 +53,15 @@ PLANTED = {
     "crypto-parties": {"crypto/keys.py": """
         from fedhet.parties.atomic import write
         """},
-    "parties-algorithms": {"parties/runtime.py": """
+    "runtime-algorithms": {"parties/runtime.py": """
         def run(name):
             from fedhet.algorithms.chfl import ALGORITHM
             return ALGORITHM
+        """},
+    "ops-layer": {"algorithms/predict.py": """
+        from fedhet.parties.ops.launcher import launch
+        """, "parties/audit.py": """
+        import jinja2
         """},
     "private-import": {"protocols/psi.py": """
         from fedhet.protocols.secagg import _internal

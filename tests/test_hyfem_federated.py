@@ -15,13 +15,14 @@ import json
 import numpy as np
 import pytest
 from fedhet.algorithms import hyfem, registry
-from fedhet.algorithms.export import check_part, export_run, load_export, score
+from fedhet.algorithms.scoring import check_part, score
+from fedhet.parties.ops.export import export_run, load_export
 from fedhet.algorithms.hyfem.data import raw_views
-from fedhet.parties import presets
+from fedhet.parties.ops import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 from fedhet.parties.settings import parse_settings
 
 pytestmark = [pytest.mark.federation, pytest.mark.data]   # Handwritten (the generic all-algorithms test covers HyFEM on digits)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.parties import cli, presets
+from fedhet.parties.ops import cli, presets
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import RunFailed, launch
+from fedhet.parties.ops.launcher import RunFailed, launch
 
 from launch_tools import launch_in_background, shared_run  # a helper module of tests/
 
@@ -170,7 +170,7 @@ def test_fedhet_run_cli_exits_nonzero_naming_the_killed_party(tmp_path):
     log = tmp_path / "cli.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fedhet.parties.cli", "run", str(fed_file), "--out", str(run_dir),
+            [sys.executable, "-m", "fedhet.parties.ops.cli", "run", str(fed_file), "--out", str(run_dir),
              "--set", "rounds=100000", "--no-progress"],
             stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="400"))
     try:
@@ -200,7 +200,7 @@ def test_no_party_outlives_a_killed_launcher(tmp_path, sig):
     fed_file = tmp_path / "fed.toml"
     fed_file.write_text(fed.to_toml())
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "fedhet.parties.cli", "run", str(fed_file), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "fedhet.parties.ops.cli", "run", str(fed_file), "--out",
                              str(run_dir), "--set", "rounds=100000", "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

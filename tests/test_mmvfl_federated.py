@@ -87,10 +87,10 @@ def test_label_holder_must_be_first(tmp_path):
 @pytest.mark.processes
 @pytest.mark.data   # Handwritten's view widths (the all-algorithms test runs the digits preset as processes)
 def test_processes_audit_and_nothing_label_or_x_shaped_leaves(tmp_path):
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.audit import audit
     from fedhet.parties.federation import load
-    from fedhet.parties.launcher import launch
+    from fedhet.parties.ops.launcher import launch
     from fedhet.algorithms import registry
 
     over = {"train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 100]}
@@ -132,7 +132,7 @@ def test_a_participants_part_scores_its_own_rows_alone_as_it_scored_them(knn_k):
     rows, the accuracies it reported: exactly, but where neighbours tie in exact arithmetic (digits' integer
     pixels on two features) torch's and numpy's rounding of the distances may pick another one (here one
     row of 40, with k = 3 at 10 %).  The server saves no part."""
-    from fedhet.algorithms.export import check_part
+    from fedhet.algorithms.scoring import check_part
     from fedhet.algorithms.mmvfl.model import load_model
 
     cfg = {"dataset": "digits", "train_per_class": 10, "val_per_class": 4, "max_iter": 2, "percents": [10, 50, 100],

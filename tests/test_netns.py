@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from fedhet.parties import cli
+from fedhet.parties.ops import cli
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import Federation, PartySpec, load
 from fedhet.parties.inmemory import run_inmemory
@@ -97,7 +97,7 @@ def test_two_namespaces_complete_fedavg(namespaces, tmp_path):
         for name, side in PLACE.items():
             log = open(tmp_path / f"{name}.out", "wb")
             procs[name] = subprocess.Popen(
-                ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties.cli", "party",
+                ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties", "party",
                  str(fed_file), "--name", name, "--out", str(run_dir), "--run-id", run_id, "--quiet"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()
@@ -142,7 +142,7 @@ def test_wrong_port_across_namespaces_is_named_within_seconds(namespaces, tmp_pa
     try:
         for name, side in place.items():
             procs[name] = subprocess.Popen(
-                ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties.cli", "party",
+                ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties", "party",
                  str(fed_file), "--name", name, "--out", str(run_dir), "--run-id", run_id, "--quiet",
                  "--bind", binds[name]],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -184,7 +184,7 @@ def _federation(tmp_path, name, algorithm, place, port0, device=None):
 
 def _start(namespaces, side, fed_file, name, run_dir, run_id):
     return subprocess.Popen(
-        ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties.cli", "party",
+        ["ip", "netns", "exec", namespaces[side], sys.executable, "-m", "fedhet.parties", "party",
          str(fed_file), "--name", name, "--out", str(run_dir), "--run-id", run_id, "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
 

@@ -2,7 +2,7 @@
 before launch, brackets kept in messages, hints that work, ``keys --update`` that keeps the
 user's file, and arrays checked through the Python API.
 
-The CLI runs in-process (``fedhet.parties.cli.main``); where a run would start parties,
+The CLI runs in-process (``fedhet.parties.ops.cli.main``); where a run would start parties,
 ``launch`` or ``subprocess.Popen`` is replaced, so no test here starts a process.
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from fedhet.parties import cli, launcher
-from fedhet.parties.cli import main
+from fedhet.parties.ops import cli, launcher
+from fedhet.parties.ops.engines import local as local_engine
+from fedhet.parties.ops.cli import main
 from fedhet.parties.federation import FederationError, check_keys_present, from_dict, load
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
@@ -52,7 +53,7 @@ def console(monkeypatch):
 def no_party_starts(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError(f"a party process was started: {a[0] if a else kw}")
-    monkeypatch.setattr(launcher.subprocess, "Popen", refuse)
+    monkeypatch.setattr(local_engine.subprocess, "Popen", refuse)
 
 
 # ------------------------------------------------------------------------- item 8: headline

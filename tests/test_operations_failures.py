@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhet.parties import presets
+from fedhet.parties.ops import presets
 from fedhet.parties.federation import load
-from fedhet.parties.launcher import RunFailed, launch, prepare_local
+from fedhet.parties.ops.engines.local import prepare_local
+from fedhet.parties.ops.launcher import RunFailed, launch
 
 pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 
@@ -33,7 +34,7 @@ def by_hand(tmp_path: Path, fed, names=None):
 
 def start(fed_file, name, run_dir, run_id):
     return subprocess.Popen(
-        [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", name, "--out",
+        [sys.executable, "-m", "fedhet.parties", "party", str(fed_file), "--name", name, "--out",
          str(run_dir), "--run-id", run_id, "--quiet"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
 
@@ -83,7 +84,7 @@ def test_a_second_start_of_a_running_party_is_refused_and_leaves_the_first_alone
         status_before = (run_dir / "parties" / "server" / "status.json").read_bytes() \
             if (run_dir / "parties" / "server" / "status.json").exists() else None
         second = subprocess.run(
-            [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", "server", "--out",
+            [sys.executable, "-m", "fedhet.parties", "party", str(fed_file), "--name", "server", "--out",
              str(run_dir), "--run-id", resolved.run_id, "--quiet"],
             capture_output=True, text=True, timeout=HANG_GUARD)
         assert second.returncode == 1

@@ -8,7 +8,8 @@ import pytest
 import subprocess
 import sys
 
-from fedhet.parties import presets, progress
+from fedhet.parties import progress
+from fedhet.parties.ops import presets
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
@@ -53,7 +54,7 @@ def demo_in_one_host(tmp_path) -> str:
 @pytest.mark.processes
 def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "fedhet.parties.ops.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
                         "--set", "rounds=20"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
@@ -72,7 +73,7 @@ def test_redirected_run_prints_progress_lines_and_log_records_stages(tmp_path):
 @pytest.mark.processes
 def test_log_level_warning_keeps_info_out_of_log_txt(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "fedhet.parties.ops.cli", "run", demo_in_one_host(tmp_path), "--out", str(out),
                         "--set", "rounds=2", "--no-progress", "--log-level", "warning"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from fedhet.parties import presets, runtime
+from fedhet.parties import runtime
+from fedhet.parties.ops import presets
 from fedhet.parties.federation import load
 
 pytestmark = pytest.mark.unit

@@ -23,14 +23,16 @@ import pytest
 
 from benchmarks.predict_throughput import job_layout, plaintext_vertical, smoke, train, write_rows
 from fedhet.algorithms import registry
-from fedhet.algorithms.export import export_run, load_export, score
+from fedhet.algorithms.scoring import score
+from fedhet.parties.ops.export import export_run, load_export
 from fedhet.algorithms.party_table import DataFileError, TableSpec, load_party_table
-from fedhet.algorithms.predict import (MISSING, PREDICTIONS, Horizontal, PredictError, Vertical, job_federation,
+from fedhet.parties.ops.predict import job_federation
+from fedhet.algorithms.predict import (MISSING, PREDICTIONS, Horizontal, PredictError, Vertical,
                                        own_rows, read_predictions)
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import Federation
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -272,7 +274,7 @@ def test_the_command_line_predicts_and_the_audit_passes(trained, tmp_path):
                                                            f'id = "id" }}\n')
     fed_text = fed_text.replace("[federation]\n", "[federation]\nhosts = 1\n", 1)   # one host process: one torch import
     (t.folder / "predict.toml").write_text(fed_text)
-    cli = [sys.executable, "-m", "fedhet.parties.cli"]
+    cli = [sys.executable, "-m", "fedhet.parties.ops.cli"]
     p = subprocess.run(cli + ["predict", str(t.folder / "predict.toml"), "--model", str(t.run), "--out",
                               str(tmp_path / "pred"), "--no-progress"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

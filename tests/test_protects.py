@@ -124,7 +124,7 @@ def test_an_unknown_protection_is_refused_naming_the_kind():
 def test_cli_messages_shows_protects(capsys, monkeypatch):
     import json
 
-    from fedhet.parties import cli
+    from fedhet.parties.ops import cli
 
     assert cli.main(["messages", "fedavg_logreg", "--json"]) == 0
     kinds = json.loads(capsys.readouterr().out)

@@ -28,7 +28,7 @@ from fedhet.parties.audit import audit
 from fedhet.parties.faults import PAUSE_ENV
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import run_inmemory
-from fedhet.parties.launcher import RunFailed, launch
+from fedhet.parties.ops.launcher import RunFailed, launch
 
 pytestmark = pytest.mark.ray
 
@@ -98,7 +98,7 @@ def test_a_pinned_party_runs_on_its_labelled_node_and_pack_keeps_the_others_toge
 
 @pytest.mark.data
 def test_f3_metr_la_in_shamir_mode_spread_over_the_nodes_passes_the_audit(cluster, tmp_path, shared_data):
-    from fedhet.parties.presets import path as preset_path
+    from fedhet.parties.ops.presets import path as preset_path
 
     fed = on_ray(load(preset_path("f3_metr_la")), cluster, data_dir=str(shared_data))
     over = {"fusion": "shamir_linear", "local_epochs": 1, "epochs": 1, "patience": 1, "test_samples": 2}

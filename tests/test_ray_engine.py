@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.parties.cli import main
+from fedhet.parties.ops.cli import main
 from fedhet.parties.federation import FederationError, from_dict, load
-from fedhet.parties.launcher import launch
-from fedhet.parties.ray_engine import (EngineError, RayEngine, Unit, bind_free, check_cluster, extract, gpus_of,
+from fedhet.parties.ops.launcher import launch
+from fedhet.parties.ops.engines import Engine, EngineCannot, check_capabilities
+from fedhet.parties.ops.engines.local import LocalProcesses
+from fedhet.parties.ops.engines.ray import (EngineError, RayEngine, Unit, bind_free, check_cluster, extract, gpus_of,
                                        plan, public)
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
@@ -121,15 +123,20 @@ def test_an_address_without_the_ray_engine_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("setting, says", [
-    ({"resume": True}, "--resume is for local runs"),
-    ({"restart_grace_s": 5.0}, "restart_grace_s = 5 restarts a killed party process on this machine"),
+    ({"resume": True}, "--resume: the ray engine cannot resume a run"),
+    ({"restart_grace_s": 5.0}, "restart_grace_s = 5 restarts a killed party process; the ray engine does not"),
 ])
-def test_what_only_the_local_engine_does_is_refused_before_anything_starts(setting, says):
+def test_what_only_the_local_engine_does_is_refused_before_anything_starts(setting, says, tmp_path):
+    """The engine's capability flags, checked by the launcher before the run folder exists."""
     fed = load(SMOKE)
     if "restart_grace_s" in setting:
         fed = replace(fed, restart_grace_s=setting["restart_grace_s"])
-    with pytest.raises(EngineError, match=says):
-        RayEngine().check(fed, resume=bool(setting.get("resume")))
+    assert isinstance(RayEngine(), Engine) and not RayEngine.supports_resume and LocalProcesses.supports_resume
+    with pytest.raises(EngineCannot, match=says):
+        check_capabilities(RayEngine(), fed, resume=bool(setting.get("resume")))
+    with pytest.raises(EngineCannot, match=says):
+        launch(replace(fed, engine="ray"), tmp_path / "r", progress=False, resume=bool(setting.get("resume")))
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_units_folder_comes_back_with_nothing_outside_the_run_folder(tmp_path):

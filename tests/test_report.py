@@ -20,12 +20,12 @@ import pytest
 from browser_tools import Page, board_server, browser, needs_browser, nonblank
 from launch_tools import launch_in_background, shared_run
 from fedhet.algorithms.registry import get_algorithm
-from fedhet.parties import cli, presets
+from fedhet.parties.ops import cli, presets
 from fedhet.parties.faults import pause_hook
 from fedhet.parties.federation import load
-from fedhet.parties.launcher import launch
-from fedhet.parties.report import render, write
-from fedhet.parties.runview import status, view
+from fedhet.parties.ops.launcher import launch
+from fedhet.parties.ops.report import render, write
+from fedhet.parties.ops.runview import status, view
 
 pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 

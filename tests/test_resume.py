@@ -29,12 +29,13 @@ import torch
 
 from fedhet.algorithms import registry
 from fedhet.parties.audit import audit
-from fedhet.parties.checkpoint import PRIVATE, CheckpointError, Checkpoints, decode, encode
+from fedhet.parties.runfolder import PRIVATE
+from fedhet.parties.checkpoint import CheckpointError, Checkpoints, decode, encode
 from fedhet.parties.contract import Algorithm
 from fedhet.parties.faults import KILL_ENV, parse
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
@@ -165,7 +166,7 @@ def test_the_launcher_killed_then_fedhet_run_resume_gives_the_same_model(tmp_pat
     run = tmp_path / "run"
     fed_file = tmp_path / "fed.toml"   # the smoke federation in one host process (one torch import)
     fed_file.write_text(FEDAVG_SMOKE.read_text().replace("[federation]\n", "[federation]\nhosts = 1\n", 1))
-    cli = [sys.executable, "-m", "fedhet.parties.cli", "run"]
+    cli = [sys.executable, "-m", "fedhet.parties.ops.cli", "run"]
     env = dict(os.environ, **{KILL_ENV: "client1:2:launcher"})
     killed = subprocess.run(cli + [str(fed_file), "--out", str(run), "--no-progress"], env=env,
                             capture_output=True, text=True, timeout=300)

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from fedhet.algorithms import secagg_job as job
-from fedhet.parties import presets
+from fedhet.parties.ops import presets
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import check_before_launch
+from fedhet.parties.ops.launcher import check_before_launch
 from fedhet.parties.settings import SettingsError
 from fedhet.protocols import aggregation
 from fedhet.protocols.aggregation_settings import AggregationSettings

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.parties import cli, presets
+from fedhet.parties.ops import cli, presets
 from fedhet.parties.audit import UNTRUSTED_KEYS_WARNING, audit
 from fedhet.parties.federation import load
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 from launch_tools import shared_run  # helper modules of tests/
 from transcript_tools import resign
 

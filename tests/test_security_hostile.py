@@ -31,7 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedhet.crypto import paillier as pl
 from fedhet.crypto.field import F61
-from fedhet.parties import api, cli, codec, contract
+from fedhet.parties import api, codec, contract
+from fedhet.parties.ops import cli
 from fedhet.parties import schema as sch
 from fedhet.parties.api import PeerFault
 from fedhet.parties.audit import audit

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.parties import presets
+from fedhet.parties.ops import presets
 from fedhet.parties.federation import load
 
 pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
@@ -44,7 +44,7 @@ def psi_fed(tmp_path: Path, **algorithm) -> Path:
 
 
 def fedhet_run(fed_file: Path, run_dir: Path, preexec_fn=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fedhet.parties.cli", "run", str(fed_file), "--out", str(run_dir),
+    return subprocess.Popen([sys.executable, "-m", "fedhet.parties.ops.cli", "run", str(fed_file), "--out", str(run_dir),
                              "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=preexec_fn)
 
@@ -249,7 +249,7 @@ def test_kill_9_of_the_launcher_leaves_no_secret_key_behind(tmp_path):
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "fedhet.parties.cli", "run", str(psi_fed(tmp_path, n=30000)),
+    proc = subprocess.Popen([sys.executable, "-m", "fedhet.parties.ops.cli", "run", str(psi_fed(tmp_path, n=30000)),
                              "--out", str(run_dir), "--no-progress"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env)
     everything: set[int] = set()
@@ -274,7 +274,7 @@ def test_kill_9_of_the_launcher_leaves_no_secret_key_behind(tmp_path):
         stop(proc, everything)
     assert list(tmp.glob("fedhet-keys-*")), "the killed launcher's key folder (secret-free) is still there"
     # the next start sweeps the dead launcher's folder, and its own goes with its end
-    again = subprocess.run([sys.executable, "-m", "fedhet.parties.cli", "run", str(psi_fed(tmp_path, n=2000)),
+    again = subprocess.run([sys.executable, "-m", "fedhet.parties.ops.cli", "run", str(psi_fed(tmp_path, n=2000)),
                             "--out", str(tmp_path / "run2"), "--no-progress"], capture_output=True, text=True,
                            env=env, timeout=STARTUP)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]

@@ -16,13 +16,14 @@ import pytest
 
 from fedhet.algorithms import fedavg_logreg, registry
 from fedhet.parties import keys as keyfiles
-from fedhet.parties import presets
+from fedhet.parties.ops import presets
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties.audit import audit
 from fedhet.parties.contract import Algorithm
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import launch, prepare_local
+from fedhet.parties.ops.engines.local import prepare_local
+from fedhet.parties.ops.launcher import launch
 from fedhet.parties.runtime import run_party
 from fedhet.parties.transcript import Transcript, verify
 from launch_tools import shared_run  # a helper module of tests/

@@ -458,10 +458,10 @@ def test_shamir_job_default_config_in_memory():
 @pytest.mark.processes
 @pytest.mark.smoke   # make test's process run of this family
 def test_shamir_preset_runs_as_processes_and_passes_the_audit(tmp_path):
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.audit import audit
     from fedhet.parties.federation import load
-    from fedhet.parties.launcher import launch
+    from fedhet.parties.ops.launcher import launch
 
     fed_ = load(presets.path("shamir"))
     summary = launch(fed_, run_dir=tmp_path / "run", progress=False, timeout=120)

@@ -28,11 +28,12 @@ import torch
 
 from fedhet.algorithms import data_fate as D
 from fedhet.algorithms import registry
-from fedhet.algorithms.export import check_part, score
+from fedhet.algorithms.scoring import check_part, score
 from fedhet.algorithms import stfl as S
 from fedhet.algorithms.stfl import core as L
 from fedhet.algorithms.stfl.settings import SHAPES, Model
-from fedhet.parties import api, presets
+from fedhet.parties import api
+from fedhet.parties.ops import presets
 from fedhet.parties.audit import audit
 from fedhet.parties.checkpoint import Checkpoints
 from fedhet.parties.contract import PartyContext
@@ -40,7 +41,7 @@ from fedhet.parties.declare import check_record
 from fedhet.parties.faults import KILL_ENV
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import RunFailed, launch, resume_federation
+from fedhet.parties.ops.launcher import RunFailed, launch, resume_federation
 from fedhet.protocols import psi
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)

@@ -15,7 +15,7 @@ from fedhet.algorithms.party_table import PartyDataError
 from fedhet.parties.audit import audit
 from fedhet.parties.federation import load
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
-from fedhet.parties.launcher import launch
+from fedhet.parties.ops.launcher import launch
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 

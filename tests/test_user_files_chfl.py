@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedhet.algorithms.chfl.model import load_model
-from fedhet.algorithms.export import check_part
+from fedhet.algorithms.scoring import check_part
 from fedhet.parties.inmemory import run_inmemory
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)

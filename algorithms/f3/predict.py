@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from fedhet.algorithms.export import score
+from fedhet.algorithms.scoring import score
 from fedhet.algorithms.f3.core import OwnerShares, SharedFirstLayer, holder_forward, unpack_symmetric
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
 from fedhet.algorithms.f3.messages import declarations as training_declarations

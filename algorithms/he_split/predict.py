@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fedhet.algorithms.export import score
+from fedhet.algorithms.scoring import score
 from fedhet.algorithms.predict import Exchange, PartData, Rows, Vertical
 from fedhet.crypto.fixedpoint import dequantize
 from fedhet.parties.api import PartyError

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fedhet.algorithms.export import score
+from fedhet.algorithms.scoring import score
 from fedhet.algorithms.predict import Rows, Vertical
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from fedhet.algorithms.export import score
+from fedhet.algorithms.scoring import score
 from fedhet.algorithms.predict import Rows, Vertical
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
 from fedhet.algorithms.toolkit import class_probabilities

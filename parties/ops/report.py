@@ -1,7 +1,7 @@
 """``fedhet report RUN [--compare RUN2]``: one self-contained HTML file of a run.
 
 The page (``RUN/report.html``) needs no network: Plotly's JavaScript, the styles and the page's
-own script are inline, and the run's data (:func:`fedhet.parties.runview.view`) is embedded as
+own script are inline, and the run's data (:func:`fedhet.parties.ops.runview.view`) is embedded as
 JSON, so the file can be mailed to an auditor and opened anywhere.  It holds the summary with the
 audit verdict at the top (green or red), the message map drawn as a diagram with a per-round
 sequence view (each kind coloured by what protects it; a record the audit failed in red at its
@@ -16,8 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from .atomic import write_atomic
-from .runview import view
+from fedhet.parties import runfolder as rf
+from fedhet.parties.atomic import write_atomic
+from fedhet.parties.ops.runview import view
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -86,10 +87,10 @@ def write(run_dir: str | Path, compare: str | Path | None = None, lookup: Callab
           federation: str | Path | None = None, out: str | Path | None = None) -> Path:
     """Write ``RUN/report.html`` (or ``out``) atomically; returns its path."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / rf.CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.json)")
-    if compare is not None and not (Path(compare) / "config.json").is_file():
+    if compare is not None and not (Path(compare) / rf.CONFIG).is_file():
         raise FileNotFoundError(f"--compare {compare} is not a run folder (no config.json)")
-    path = Path(out) if out else run_dir / "report.html"
+    path = Path(out) if out else run_dir / rf.REPORT
     write_atomic(path, render(run_dir, compare, lookup, federation))
     return path

@@ -18,7 +18,7 @@ Every message printed through rich is escaped (:func:`rich.markup.escape`) or pr
 ``Text``: the messages quote TOML sections (``[[party]] #1``, ``[algorithm]``), which rich
 would otherwise read as markup and drop.
 
-This module is the one place in ``parties/`` that imports ``fedhet.algorithms``: it resolves
+With the rest of the operations layer, the one part of ``parties/`` that imports ``fedhet.algorithms``: it resolves
 algorithm names through the registry and hands the Algorithm to the runtime and the audit.
 """
 from __future__ import annotations
@@ -34,7 +34,9 @@ from rich.console import Console
 from rich.markup import escape  # messages quote [sections] and schemas [item]: rich would eat them
 from rich.text import Text
 
-from .progress import LOG_LEVELS
+from fedhet.parties import runfolder as rf
+from fedhet.parties import entry
+from fedhet.parties.progress import LOG_LEVELS
 
 console = Console(stderr=False)
 
@@ -49,8 +51,8 @@ def _version() -> str:
 
 
 def _load_federation(spec: str):
-    from . import presets
-    from .federation import load
+    from fedhet.parties.ops import presets
+    from fedhet.parties.federation import load
 
     p = Path(spec)
     if p.is_dir():
@@ -66,16 +68,6 @@ def _load_federation(spec: str):
         return load(presets.path(spec))
     raise SystemExit(f"fedhet: {spec!r} is neither a federation file nor a preset "
                      f"(presets: {', '.join(presets.names())})")
-
-
-def _with_data_dir(fed, data_dir: str | None):
-    """The federation with ``--data-dir`` (folder of the built-in data sets) in force."""
-    if not data_dir:
-        return fed
-    p = Path(data_dir).expanduser()
-    if not p.is_dir():
-        raise ValueError(f"--data-dir {data_dir!r} is not a folder")
-    return dataclasses.replace(fed, data_dir=str(p.resolve()))
 
 
 def _parse_overrides(items: list[str]) -> dict:
@@ -98,7 +90,7 @@ def _registry():
 
 
 def cmd_presets(args) -> int:
-    from . import presets
+    from fedhet.parties.ops import presets
 
     if args.describe:
         return _describe_settings(args.describe)
@@ -137,8 +129,8 @@ def _describe_settings(spec: str) -> int:
 def cmd_messages(args) -> int:
     from rich.table import Table
 
-    from .contract import prepare
-    from .declare import NOT_STATED
+    from fedhet.parties.contract import prepare
+    from fedhet.parties.declare import NOT_STATED
 
     algo, fed = _algorithm_of(args.algorithm)
     table = dict(fed.algorithm_cfg()) if fed is not None else {}
@@ -167,8 +159,8 @@ def cmd_messages(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    from . import keys as keyfiles
-    from .federation import load, update_public_keys
+    from fedhet.parties import keys as keyfiles
+    from fedhet.parties.federation import load, update_public_keys
 
     fed = load(args.file)
     if fed.key_dir is None:
@@ -192,44 +184,6 @@ def cmd_keys(args) -> int:
         console.print(f"# wrote the public keys into {args.file} (the rest of the file is unchanged)",
                       markup=False, highlight=False)
     return 0
-
-
-def cmd_party(args) -> int:
-    from .federation import load
-    from .runtime import run_party
-
-    fed = _with_data_dir(load(args.file), args.data_dir)
-    out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
-    if args.insecure:
-        console.print("[bold red]WARNING[/bold red]: --insecure: CURVE encryption and sender authentication "
-                      "are OFF (only for measuring their cost)", highlight=False)
-    if not args.run_id and not fed.run_id:
-        console.print("note: no --run-id and no run_id in the file: using the file's hash; give each run a fresh "
-                      "--run-id so messages of an earlier run can never be replayed into this one", style="yellow")
-    algorithm = _registry().get_algorithm(fed.algorithm_name)
-    code = run_party(fed, args.name, out, algorithm, insecure=args.insecure, bind=args.bind,
-                     run_id=args.run_id or None, echo=not args.quiet, log_level=args.log_level, resume=args.resume)
-    if not args.quiet:
-        console.print(f"party {args.name}: {'done' if code == 0 else 'FAILED'}; run folder {out}", markup=False)
-        err = out / "parties" / args.name / "error.json"
-        if code != 0 and err.exists():
-            rec = json.loads(err.read_text())
-            who = rec.get("culprit")
-            blame = (f"the evidence names {who!r}" if who and who != args.name else
-                     "it failed on its own" if who == args.name else "no party is proven at fault")
-            console.print(f"  {rec.get('cause')}: {blame}: {rec.get('error')}", markup=False, highlight=False)
-    return code
-
-
-def cmd_host(args) -> int:
-    from .federation import load
-    from .host import run_host
-
-    fed = load(args.file)
-    out = Path(args.out) if args.out else Path("runs") / f"{fed.algorithm_name}-{fed.derived_run_id()}"
-    algorithm = _registry().get_algorithm(fed.algorithm_name)
-    return run_host(fed, args.host, out, algorithm, insecure=args.insecure, run_id=args.run_id or None,
-                    echo=not args.quiet, log_level=args.log_level, resume=args.resume)
 
 
 def _show_value(v: Any) -> str:
@@ -281,7 +235,7 @@ def _print_summary(summary: dict, title: str, headline: tuple[str, ...] = ()) ->
 
 
 def cmd_run(args) -> int:
-    from .launcher import RunFailed, launch, resume_federation
+    from fedhet.parties.ops.launcher import RunFailed, launch, resume_federation
 
     if args.resume:
         if args.federation or args.out or args.set:
@@ -289,12 +243,12 @@ def cmd_run(args) -> int:
                           "federation file, --out or --set with it", markup=False)
             return 2
         args.out = args.resume
-        fed = _with_data_dir(resume_federation(args.resume), args.data_dir)
+        fed = entry.with_data_dir(resume_federation(args.resume), args.data_dir)
     elif not args.federation:
         console.print("error: give a federation file or preset name (or --resume RUN)", markup=False)
         return 2
     else:
-        fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
+        fed = entry.with_data_dir(_load_federation(args.federation), args.data_dir)
     if args.engine:
         fed = dataclasses.replace(fed, engine=args.engine)
     if args.address:
@@ -321,7 +275,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from .audit import audit, render
+    from fedhet.parties.audit import audit, render
 
     rep = audit(args.run_dir, _registry().get_algorithm, federation=args.federation,
                 trust_folder_keys=args.trust_folder_keys)
@@ -333,8 +287,9 @@ def cmd_audit(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from fedhet.algorithms.export import ExportError, export_run
-    from .model_store import ModelFileError
+    from fedhet.algorithms.scoring import ExportError
+    from fedhet.parties.ops.export import export_run
+    from fedhet.parties.model_store import ModelFileError
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "export"
     try:
@@ -349,10 +304,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from fedhet.algorithms.predict import job_federation
-    from .launcher import RunFailed, launch
+    from fedhet.parties.ops.predict import job_federation
+    from fedhet.parties.ops.launcher import RunFailed, launch
 
-    fed = _with_data_dir(_load_federation(args.federation), args.data_dir)
+    fed = entry.with_data_dir(_load_federation(args.federation), args.data_dir)
     out = Path(args.out)
     job = job_federation(fed, args.model, out)
     algorithm = _registry().get_algorithm(job.algorithm_name)
@@ -364,13 +319,13 @@ def cmd_predict(args) -> int:
     _print_summary(summary, f"{job.algorithm_name}: {len(fed.parties)} parties, {summary['wall_s']:.1f}s",
                    algorithm.headline)
     for name in summary["parties"]:
-        if (out / "parties" / name / "predictions.csv").exists():
+        if (rf.party_dir(out, name) / "predictions.csv").exists():
             console.print(f"{name}: {out / 'parties' / name / 'predictions.csv'}", markup=False, highlight=False)
     return 0
 
 
 def cmd_report(args) -> int:
-    from .report import write
+    from fedhet.parties.ops.report import write
 
     path = write(args.run_dir, compare=args.compare, lookup=_registry().get_algorithm, federation=args.federation,
                  out=args.out)
@@ -379,7 +334,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_board(args) -> int:
-    from .board import serve
+    from fedhet.parties.ops.board import serve
 
     if not Path(args.runs).is_dir():
         raise FileNotFoundError(f"--runs {args.runs}: no such folder")
@@ -392,7 +347,7 @@ def cmd_board(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import demo
+    from fedhet.parties.ops import demo
 
     return demo.main(out=args.out, progress=not args.no_progress, console=console, he_epochs=args.he_epochs,
                      lookup=_registry().get_algorithm)
@@ -421,29 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the public keys into FILE (only those values change; keys this machine already "
                         "has are reused unless --force)")
     p.set_defaults(fn=cmd_keys)
-    p = sub.add_parser("party", help="run one party of a federation (one per machine)")
-    p.add_argument("file")
-    p.add_argument("--name", required=True)
-    p.add_argument("--out", help="run folder (default runs/ALGORITHM-RUNID)")
-    p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
-    p.add_argument("--bind", help="endpoint to listen on if it differs from the advertised one (tcp://*:5555)")
-    p.add_argument("--data-dir", help="folder of the built-in data sets (overrides [federation] data_dir)")
-    p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what log.txt records (and echoes)")
-    p.add_argument("--resume", action="store_true",
-                   help="go on with the run in --out from the newest checkpoint every party holds")
-    p.set_defaults(fn=cmd_party)
-    p = sub.add_parser("host", help="run the parties of one host of a federation (`fedhet run` starts these)")
-    p.add_argument("file")
-    p.add_argument("--host", required=True, help="the host's name ([[party]] host, or host1.. from hosts = N)")
-    p.add_argument("--out", help="run folder (default runs/ALGORITHM-RUNID)")
-    p.add_argument("--run-id", help="the id every party of this run uses (fresh per run)")
-    p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
-    p.add_argument("--resume", action="store_true", help="resume the run in --out (see `fedhet party --resume`)")
-    p.set_defaults(fn=cmd_host)
+    entry.add_commands(sub)   # `fedhet party` and `fedhet host`: the runtime's own (python -m fedhet.parties)
     p = sub.add_parser("run", help="run every party of a federation as a local process")
     p.add_argument("federation", nargs="?", help="federation file or preset name")
     p.add_argument("--resume", metavar="RUN",
@@ -508,17 +441,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        code = args.fn(args)
     except KeyboardInterrupt:
-        return 130
+        code = 130
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError) as e:
         console.print(f"[bold red]fedhet {args.cmd}[/bold red]: {escape(str(e))}", highlight=False)
-        return 2
+        code = 2
+    if argv is None and args.cmd in ("party", "host"):   # the `fedhet` command itself runs a party
+        from fedhet.parties.runtime import exit_now
+        exit_now(code)   # its records are written: exit now, not after freeing its heap
+    return code
 
 
 if __name__ == "__main__":
-    code = main()
-    if sys.argv[1:2] in (["party"], ["host"]):
-        from .runtime import exit_now
-        exit_now(code)   # its records are written: a party exits now, not after freeing its heap
-    sys.exit(code)
+    sys.exit(main())

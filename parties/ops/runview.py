@@ -17,8 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from . import declare as decl
-from .progress import eta
+from fedhet.parties import runfolder as rf
+from fedhet.parties import declare as decl
+from fedhet.parties.progress import eta
 
 MAX_ROUNDS = 400        # rounds of the flow kept (the first and last halves of a longer run)
 MAX_STEPS = 200         # steps kept per round (consecutive messages of one kind and link are one step)
@@ -76,7 +77,7 @@ def find_runs(root: str | Path, depth: int = 3) -> list[Path]:
     out: list[Path] = []
 
     def walk(d: Path, level: int) -> None:
-        if (d / "config.json").is_file():
+        if (d / rf.CONFIG).is_file():
             out.append(d)
             return
         if level >= depth:
@@ -97,18 +98,18 @@ def status(run_dir: str | Path) -> dict:
     alive), ``stopped`` (none is, and no result: killed) or ``starting``; and per party its state,
     step, total, current metrics, elapsed time and ETA."""
     run_dir = Path(run_dir)
-    config = read_json(run_dir / "config.json") or {}
-    result = read_json(run_dir / "result.json")
+    config = read_json(run_dir / rf.CONFIG) or {}
+    result = read_json(run_dir / rf.RESULT)
     parties = []
     cfg_parties: list = config["party"] if isinstance(config.get("party"), list) else []
     for p in cfg_parties:
         if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             continue
-        pdir = run_dir / "parties" / p["name"]
-        st = read_json(pdir / "status.json")
+        pdir = rf.party_dir(run_dir, p["name"])
+        st = read_json(pdir / rf.STATUS)
         st = st if isinstance(st, dict) else {}
         state = str(st.get("state", "waiting"))
-        if state == "running" and not _alive(pdir / ".lock"):
+        if state == "running" and not _alive(pdir / rf.LOCK):
             state = "stopped"
         done, total, el = st.get("done", 0), st.get("total", 0), st.get("elapsed_s")
         parties.append({"name": p["name"], "role": p.get("role", "?"), "state": state,
@@ -140,7 +141,7 @@ def status(run_dir: str | Path) -> dict:
 
 def _mtime(run_dir: Path) -> float:
     times = [0.0]
-    for f in [run_dir / "config.json", run_dir / "result.json", *run_dir.glob("parties/*/status.json")]:
+    for f in [run_dir / rf.CONFIG, run_dir / rf.RESULT, *run_dir.glob(f"{rf.PARTIES}/*/{rf.STATUS}")]:
         try:
             times.append(f.stat().st_mtime)
         except OSError:
@@ -154,13 +155,13 @@ def view(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
     """Everything the report shows of one run folder.  ``lookup`` maps the run's algorithm name to
     its Algorithm (declarations, headline keys); ``federation``: the federation file whose signing
     keys the auditor trusts (else the folder's own keys, and the verdict says so)."""
-    from .audit import audit
-    from .contract import from_module, installed_algorithm, prepare
+    from fedhet.parties.audit import audit
+    from fedhet.parties.contract import from_module, installed_algorithm, prepare
 
     run_dir = Path(run_dir)
-    config = read_json(run_dir / "config.json")
+    config = read_json(run_dir / rf.CONFIG)
     config = config if isinstance(config, dict) else {}
-    result = read_json(run_dir / "result.json")
+    result = read_json(run_dir / rf.RESULT)
     result = result if isinstance(result, dict) else {}
     st = status(run_dir)
     alg_name = (config.get("algorithm") or {}).get("name") if isinstance(config.get("algorithm"), dict) else None
@@ -203,7 +204,7 @@ def view(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
                         "undeclared": "not declared by the protocol: the audit fails"},
         "kinds": _kinds(messages, declared),
         "flow": _flow(messages),
-        "curves": _curves(run_dir / "metrics.jsonl"),
+        "curves": _curves(run_dir / rf.METRICS),
         "phases": _phases(result, messages),
     }
 
@@ -252,7 +253,7 @@ def _records(run_dir: Path, names: list[str]) -> list[dict]:
     """Every message record of every party's transcript, as read (the audit has checked them)."""
     out = []
     for name in names:
-        path = run_dir / "parties" / name / "transcript.jsonl"
+        path = rf.party_dir(run_dir, name) / rf.TRANSCRIPT
         try:
             lines = path.read_bytes().split(b"\n")
         except OSError:

@@ -15,7 +15,7 @@ CURVE-encrypted ZeroMQ:
 Both runs are audited (signed transcripts against each protocol's declared
 disclosures) and one table shows accuracy, time, bytes and the ratios; the demo
 ends with the path of ``stfl/report.html``, the report of both runs side by side
-(:mod:`fedhet.parties.report`).  The HE
+(:mod:`fedhet.parties.ops.report`).  The HE
 run does ``he_epochs`` epochs (default 3, to keep the demo near a minute); its
 100-epoch time is extrapolated from the measured epochs and marked so.
 """
@@ -49,10 +49,10 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
     from rich.markup import escape
     from rich.table import Table
 
-    from fedhet.parties import presets
+    from fedhet.parties.ops import presets
     from fedhet.parties.audit import audit
     from fedhet.parties.federation import load
-    from fedhet.parties.launcher import RunFailed, launch
+    from fedhet.parties.ops.launcher import RunFailed, launch
 
     console = console or Console()
     root = Path(out) if out else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -100,7 +100,7 @@ def main(out: str | None = None, progress: bool = True, console=None, he_epochs:
     for r in rows:
         for p in r["audit"].problems[:5]:
             console.print(f"  - {r['label']}: {p}", markup=False)
-    from fedhet.parties.report import write
+    from fedhet.parties.ops.report import write
 
     page = write(stfl["run_dir"], compare=he["run_dir"], lookup=lookup)
     console.print(f"\nReport of both runs (STFL compared with HE; open it in a browser, it needs no network): {page}",

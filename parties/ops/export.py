@@ -11,9 +11,9 @@ For every party of a finished run whose role saved a trained part (``<party>/mod
 - ``model.onnx``: where the algorithm's scoring module is a plain torch network (ONNX opset 17,
   batch dimension dynamic).
 
-:func:`load_export` reads such a folder back into the algorithm's own scoring module (the
-algorithm's ``load_model``), and :func:`check_part` shows that module gives the outputs the
-trained part gave: the round trip is identical, not approximately so.
+Each part is rebuilt and proven to score as the trained one did first
+(:func:`fedhet.algorithms.scoring.rebuild`).  :func:`load_export` reads such a folder back into the
+algorithm's own scoring module (the algorithm's ``load_model``).
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 
+from fedhet.algorithms.scoring import ExportError, inputs, rebuild
+from fedhet.parties import runfolder as rf
 from fedhet.parties.atomic import write_json_atomic
 from fedhet.parties.contract import Algorithm
 from fedhet.parties.model_store import TENSORS, ModelFileError, TrainedPart, read_part
@@ -34,42 +35,9 @@ WEIGHTS, METADATA, ONNX = "weights.safetensors", "metadata.json", "model.onnx"
 OPSET = 17
 
 
-class ExportError(ValueError):
-    """A run or an export folder that cannot be exported or loaded; the text says which and why."""
-
-
-def _inputs(meta: Mapping[str, Any], rows: Mapping[str, Any]) -> list[torch.Tensor]:
-    out = []
-    for spec in meta.get("inputs") or []:
-        dtype = torch.float64 if spec.get("dtype") == "float64" else torch.float32
-        out.append(torch.as_tensor(np.asarray(rows[spec["name"]]), dtype=dtype))
-    return out
-
-
-def score(module: Any, meta: Mapping[str, Any], rows: Mapping[str, Any]) -> np.ndarray:
-    """The scoring module's outputs for ``rows`` (input name -> array, the meta's ``inputs``)."""
-    with torch.no_grad():
-        return module(*_inputs(meta, rows)).detach().cpu().numpy()
-
-
-def check_part(module: Any, meta: Mapping[str, Any]) -> str | None:
-    """None when ``module`` gives exactly the outputs the trained part recorded in ``meta["check"]``
-    (a part without a check passes); else what differs."""
-    check = meta.get("check")
-    if not check:
-        return None
-    got = score(module, meta, check["inputs"])
-    want = np.asarray(check["outputs"], dtype=got.dtype)
-    if got.shape != want.shape:
-        return f"outputs of shape {list(got.shape)}, the trained part gave {list(want.shape)}"
-    if not np.array_equal(got, want):
-        return f"outputs differ from the trained part's by up to {float(np.max(np.abs(got - want))):.3g}"
-    return None
-
-
 def _onnx(module: torch.nn.Module, meta: Mapping[str, Any], path: Path) -> None:
     specs = meta.get("inputs") or []
-    example = _inputs(meta, meta["check"]["inputs"]) if meta.get("check") else [
+    example = inputs(meta, meta["check"]["inputs"]) if meta.get("check") else [
         torch.zeros([1 if d is None else int(d) for d in s["shape"]],
                     dtype=torch.float64 if s.get("dtype") == "float64" else torch.float32) for s in specs]
     names = [s["name"] for s in specs]
@@ -81,24 +49,12 @@ def _onnx(module: torch.nn.Module, meta: Mapping[str, Any], path: Path) -> None:
                           dynamic_axes={n: {0: "rows"} for n in names + outputs})
 
 
-def rebuild(algo: Algorithm, part: TrainedPart, where: str | Path) -> Any:
-    """``part``'s scoring module, rebuilt by ``algo.load_model`` and checked to score its check rows as the
-    trained part did; an :class:`ExportError` naming ``where`` otherwise."""
-    if algo.load_model is None:
-        raise ExportError(f"{where}: algorithm {algo.name!r} has no loader for its trained parts")
-    module = algo.load_model(part.meta, part.tensors)
-    problem = check_part(module, part.meta)
-    if problem:
-        raise ExportError(f"{where}: the rebuilt part does not score as the trained one: {problem}")
-    return module
-
-
 def export_run(run_dir: str | Path, out_dir: str | Path, get_algorithm: Callable[[str], Algorithm],
                party: str | None = None, onnx: bool = True) -> dict[str, Path]:
     """Export every party's trained part of ``run_dir`` (or ``party``'s) into ``out_dir``; party ->
     its export folder.  Each part is first rebuilt and checked against the outputs it recorded."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    parties_dir = run_dir / "parties"
+    parties_dir = run_dir / rf.PARTIES
     if not parties_dir.is_dir():
         raise ExportError(f"{run_dir}: not a run folder (no parties/ in it)")
     names = sorted(p.name for p in parties_dir.iterdir() if p.is_dir())
@@ -108,7 +64,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, get_algorithm: Callable
         names = [party]
     done: dict[str, Path] = {}
     for name in names:
-        folder = parties_dir / name / "model"
+        folder = parties_dir / name / rf.MODEL
         if not folder.is_dir():
             if party is not None:
                 raise ExportError(f"{run_dir}: party {name!r} saved no trained part (no {folder})")

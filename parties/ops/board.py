@@ -2,7 +2,7 @@
 
 It lists every run folder with its live state (each party's ``status.json``: state, step, current
 metrics, elapsed time and ETA), refreshing itself while runs go on, and links each run to its
-report (:mod:`fedhet.parties.report`), rendered on the fly.
+report (:mod:`fedhet.parties.ops.report`), rendered on the fly.
 
 Safety: the server binds 127.0.0.1 unless told otherwise, answers only GET, never writes, and
 every request must carry the random token printed at start (``?token=...``; the page passes it on
@@ -15,7 +15,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable
 
-from .runview import find_runs, status
+from fedhet.parties import runfolder as rf
+from fedhet.parties.ops.runview import find_runs, status
 
 REFRESH_S = 1.0   # how often the page asks for the runs' state
 
@@ -28,7 +29,7 @@ def app(runs_dir: str | Path, token: str, lookup: Callable[[str], Any] | None = 
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
-    from .report import embed_json, environment, render
+    from fedhet.parties.ops.report import embed_json, environment, render
 
     root = Path(runs_dir).resolve()
 
@@ -41,7 +42,7 @@ def app(runs_dir: str | Path, token: str, lookup: Callable[[str], Any] | None = 
 
     def run_path(rel: str) -> Path | None:
         p = (root / rel).resolve()
-        if (p == root or root in p.parents) and (p / "config.json").is_file():
+        if (p == root or root in p.parents) and (p / rf.CONFIG).is_file():
             return p
         return None
 

@@ -33,29 +33,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import failure as failure_records
-from . import keys as keyfiles
-from . import status as party_status
-from .atomic import write_atomic, write_json_atomic
-from .contract import Algorithm, installed_algorithm, prepare
-from .federation import Federation, absolute_data
-from .settings import SettingsError
-from .host import THREAD_ENV, host_dir
-from .progress import LinePrinter
-from .faults import KILL_ENV
-from .runtime import LAUNCHER_PID_ENV, group_alive, party_dir, raise_open_file_limit
+from fedhet.parties import failure as failure_records
+from fedhet.parties import runfolder as rf
+from fedhet.parties import status as party_status
+from fedhet.parties.atomic import write_atomic, write_json_atomic
+from fedhet.parties.contract import Algorithm, installed_algorithm, prepare
+from fedhet.parties.federation import Federation
+from fedhet.parties.ops.engines import Engine, check_capabilities, make_engine
+from fedhet.parties.progress import LinePrinter
+from fedhet.parties.runfolder import host_dir, party_dir
+from fedhet.parties.settings import SettingsError
 
 
 class RunFailed(RuntimeError):
@@ -66,15 +61,6 @@ class RunFailed(RuntimeError):
         who = f"party {party!r}{where} failed" if party else "the run failed, no party proven at fault"
         super().__init__(f"{who}: {reason} (logs in {run_dir})")
         self.party, self.reason, self.run_dir, self.host = party, reason, run_dir, host
-
-
-MAX_RESTARTS = 3   # per party process, with [federation] restart_grace_s > 0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def default_run_dir(fed: Federation) -> Path:
@@ -101,202 +87,36 @@ def check_before_launch(fed: Federation, overrides: dict[str, Any] | None = None
         raise SettingsError(f"{fed.source}: [algorithm]{how}: {msg}{hint}; no party was started") from None
 
 
-def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None,
-                  key_dir: Path | None = None, run_id: str | None = None) -> tuple[Federation, Path]:
-    """Fresh keys, loopback ports and a run id; returns the resolved federation and its file.
-
-    Secret keys go to ``key_dir`` (default: a new :class:`~fedhet.parties.keys.TemporaryKeys`
-    folder, never inside ``run_dir``, whose secrets live in this process's memory); the caller
-    releases it when the run is over (``keys.release_temporary``; at the latest at exit).
-    ``run_id``: keep this id (a resumed run) instead of a fresh one.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    temporary = None
-    if key_dir is None:
-        temporary = keyfiles.TemporaryKeys(run_dir.name)
-        key_dir = temporary.path
-    parties = []
-    used: set[int] = set()
-    for p in fed.parties:
-        pub = (temporary.generate(p.name) if temporary is not None
-               else keyfiles.generate(key_dir, p.name, overwrite=True))
-        port = free_port()
-        while port in used:
-            port = free_port()
-        used.add(port)
-        parties.append(replace(p, endpoint=f"tcp://127.0.0.1:{port}", public_key=pub.curve, sign_key=pub.sign,
-                               data=absolute_data(p.data, fed.base_dir)))
-    algorithm = dict(fed.algorithm)
-    algorithm.update(overrides or {})
-    resolved = replace(fed, parties=parties, key_dir=key_dir.resolve(),
-                       algorithm=algorithm, source=str(run_dir / "federation.toml"),
-                       run_id=run_id or uuid.uuid4().hex)
-    fed_file = run_dir / "federation.toml"
-    write_atomic(fed_file, resolved.to_toml())
-    return resolved, fed_file
-
-
 def resume_federation(run_dir: str | os.PathLike) -> Federation:
     """The federation a run folder was launched with (its ``federation.toml``: the settings and
     ``--set`` overrides in force, the run id), to resume it; FederationError naming what is missing."""
-    from .federation import FederationError, load
+    from fedhet.parties.federation import FederationError, load
 
-    path = Path(run_dir) / "federation.toml"
+    path = Path(run_dir) / rf.FEDERATION
     if not path.is_file():
         raise FederationError(f"{run_dir}: not a run folder of `fedhet run` (no federation.toml): nothing to resume")
     return load(path)
 
 
-def _stop_all(procs: dict[str, subprocess.Popen], grace: float = 3.0) -> None:
-    """SIGTERM every party's process group, SIGKILL what is left after ``grace`` seconds.
-
-    Groups are signalled even when their leader (the party) has exited: its
-    pool workers and other children live on in the group until killed.
-    """
-    def signal_groups(sig: int) -> None:
-        for p in procs.values():
-            try:
-                os.killpg(p.pid, sig)  # a party's group id is its pid (start_new_session)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    signal_groups(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs.values():
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    while time.monotonic() < deadline and any(group_alive(p.pid) for p in procs.values()):
-        time.sleep(0.05)
-    signal_groups(signal.SIGKILL)
-    for p in procs.values():
-        p.wait()
-
-
-class LocalProcesses:
-    """The default engine: every party, or host, an OS process of this machine (see the module's text).
-
-    An engine is what :func:`launch` runs the federation on.  It makes the keys and endpoints
-    (:meth:`prepare`), starts each unit, a party alone or a host of several (:meth:`start`), says how
-    each unit stands (:meth:`poll`: name -> exit code, None while it runs; a unit the engine lost
-    reads as an exit code too), keeps every party's ``status.json``, ``error.json`` and
-    ``result.json`` in the run folder up to date, and at the end stops every unit and brings all of
-    its files into the run folder (:meth:`stop`) before :meth:`close` frees the keys.  The Ray engine
-    (:mod:`fedhet.parties.ray_engine`) is the other one."""
-
-    name = "local"
-
-    def __init__(self, env: dict[str, str] | None = None, insecure: bool = False, log_level: str = "info"):
-        self.env, self.insecure, self.log_level = env, insecure, log_level
-        self.procs: dict[str, subprocess.Popen] = {}  # party name, or host name for a host process
-        self.commands: dict[str, tuple[list[str], Path, dict]] = {}  # ... its command, output file, environment
-        self.restarts: dict[str, int] = {}
-        self.fed: Federation | None = None
-        self.fed_file: Path | None = None
-
-    def check(self, fed: Federation, resume: bool) -> None:
-        """Settings this engine cannot run, refused before the run folder exists (none here)."""
-
-    def prepare(self, fed: Federation, run_dir: Path, overrides: dict[str, Any] | None,
-                run_id: str | None) -> Federation:
-        raise_open_file_limit()  # the parties' secret keys are two descriptors each here (keys.TemporaryKeys)
-        self.fed, self.fed_file = prepare_local(fed, run_dir, overrides, run_id=run_id)
-        return self.fed
-
-    def start(self, run_dir: Path, resume: bool) -> None:
-        assert self.fed is not None and self.fed_file is not None
-        resolved, fed_file, log_level = self.fed, self.fed_file, self.log_level
-        hosts = resolved.host_groups()
-        child_env = dict(os.environ if self.env is None else self.env)
-        child_env.setdefault("PYTHONUNBUFFERED", "1")
-        child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # children exit if we die (runtime.die_with_launcher)
-        host_env = dict(child_env)
-        if resolved.host_threads > 0:  # before the host loads BLAS / OpenMP (torch is set in the host)
-            host_env.update({k: str(resolved.host_threads) for k in THREAD_ENV})
-        hosted = {n for ns in hosts.values() for n in ns}
-        for p in resolved.parties:
-            if p.name in hosted:
-                continue
-            pdir = party_dir(run_dir, p.name)
-            cmd = [sys.executable, "-m", "fedhet.parties.cli", "party", str(fed_file), "--name", p.name,
-                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            cmd += ["--insecure"] * self.insecure
-            self.commands[p.name] = (cmd, pdir / "stdout.log", child_env)
-            self.procs[p.name] = _start(cmd + ["--resume"] * resume, pdir / "stdout.log", child_env, append=resume)
-        if hosts:
-            host_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        for h in hosts:
-            (host_dir(run_dir) / f"{h}.json").unlink(missing_ok=True)
-            cmd = [sys.executable, "-m", "fedhet.parties.cli", "host", str(fed_file), "--host", h,
-                   "--out", str(run_dir), "--run-id", resolved.run_id, "--quiet", "--log-level", log_level]
-            cmd += ["--insecure"] * self.insecure
-            self.commands[h] = (cmd, host_dir(run_dir) / f"{h}.log", host_env)
-            self.procs[h] = _start(cmd + ["--resume"] * resume, host_dir(run_dir) / f"{h}.log", host_env,
-                                   append=resume)
-
-    def poll(self) -> dict[str, int | None]:
-        assert self.fed is not None
-        codes = {n: pr.poll() for n, pr in self.procs.items()}
-        for n, c in codes.items():   # with restart_grace_s, a process killed by a signal comes back
-            if (c is not None and c < 0 and self.fed.restart_grace_s > 0
-                    and self.restarts.get(n, 0) < MAX_RESTARTS and not self.insecure):
-                self.restarts[n] = self.restarts.get(n, 0) + 1
-                cmd, log_file, proc_env = self.commands[n]
-                proc_env = {k: v for k, v in proc_env.items() if k != KILL_ENV}   # a cue fires once
-                print(f"{n} was killed ({signal.Signals(-c).name}); restarting it with --resume "
-                      f"({self.restarts[n]} of {MAX_RESTARTS}); the others wait up to {self.fed.restart_grace_s:g}s",
-                      file=sys.stderr, flush=True)
-                self.procs[n] = _start(cmd + ["--resume"], log_file, proc_env, append=True)
-                codes[n] = None
-        return codes
-
-    def exit_record(self, run_dir: Path, unit: str, party: str, role: str, code: int) -> dict:
-        """The record of ``party`` when its unit ended with ``code`` and the party left none."""
-        detail = f"host {unit!r} ended" if unit != party else _stdout_tail(run_dir, party)
-        return failure_records.exit_record(party, role, code, detail)
-
-    def stop(self) -> None:
-        _stop_all(self.procs)
-
-    def codes(self) -> dict[str, int | None]:
-        return {n: pr.returncode for n, pr in self.procs.items()}
-
-    def describe(self) -> dict[str, Any] | None:
-        return None
-
-    def close(self) -> None:
-        if self.fed is not None and self.fed.key_dir is not None and not keyfiles.release_temporary(self.fed.key_dir):
-            shutil.rmtree(self.fed.key_dir, ignore_errors=True)
-
-
-def make_engine(fed: Federation, env: dict[str, str] | None = None, insecure: bool = False,
-                log_level: str = "info"):
-    """The engine ``[federation] engine`` names: :class:`LocalProcesses`, or the Ray engine."""
-    if fed.engine == "ray":
-        from .ray_engine import RayEngine
-
-        return RayEngine(fed.ray_address, fed.placement, env=env, insecure=insecure, log_level=log_level)
-    return LocalProcesses(env, insecure, log_level)
-
-
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
            timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
            env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
-           log_level: str = "info", resume: bool = False, engine: Any = None) -> dict[str, Any]:
+           log_level: str = "info", resume: bool = False, engine: Engine | None = None) -> dict[str, Any]:
     """Run the federation locally; returns the run summary or raises RunFailed.
 
     ``resume``: go on with the run in ``run_dir`` (``fed`` is then the folder's own
     ``federation.toml``: :func:`resume_federation`): the same run id and settings, fresh keys and
     ports, every party restarted with ``--resume`` from the newest checkpoint all of them hold.
 
-    ``engine``: what runs the parties (:class:`LocalProcesses`, or :func:`make_engine` of
-    ``[federation] engine``: the Ray engine).  ``env``: the parties' environment (default this one's).
+    ``engine``: what runs the parties (an :class:`~fedhet.parties.ops.engines.Engine`; default
+    :func:`~fedhet.parties.ops.engines.make_engine` of ``[federation] engine``); what the run asks for
+    that the engine cannot do (its capability flags) is refused before the run folder exists.  ``env``: the parties' environment (default this one's).
 
     Bad settings raise :class:`SettingsError` before any party starts and before the run folder
     is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
     check_before_launch(fed, overrides, algorithm)
     engine = engine if engine is not None else make_engine(fed, env, insecure, log_level)
+    check_capabilities(engine, fed, resume)
     engine.check(fed, resume)
     run_dir = Path(run_dir) if run_dir else default_run_dir(fed)
     t0 = time.perf_counter()
@@ -363,22 +183,15 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
                           codes=engine.codes(), engine=engine.describe())
 
 
-def _start(cmd: list[str], log_file: Path, env: dict, append: bool = False) -> subprocess.Popen:
-    """A party or host process in its own session, its output to ``log_file``."""
-    with open(log_file, "ab" if append else "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
-
-
 def _unfinished(run_dir: Path, names: list[str]) -> list[str]:
     """Parties (of a host) with neither a result nor an error of their own yet."""
-    return [n for n in names if not (party_dir(run_dir, n) / "result.json").exists()
-            and not (party_dir(run_dir, n) / "error.json").exists()] or list(names)
+    return [n for n in names if not (party_dir(run_dir, n) / rf.RESULT).exists()
+            and not (party_dir(run_dir, n) / rf.ERROR).exists()] or list(names)
 
 
 def _own_error(run_dir: Path, name: str) -> dict | None:
     """A party's error report, unless it only says the party was stopped from outside."""
-    err = _read_json(party_dir(run_dir, name) / "error.json")
+    err = _read_json(party_dir(run_dir, name) / rf.ERROR)
     return err if err is not None and not err.get("stopped") else None
 
 
@@ -393,7 +206,7 @@ def _verdict(fed: Federation, run_dir: Path, hosts: dict[str, list[str]],
     host_of = {n: h for h, ns in hosts.items() for n in ns}
     records: dict[str, dict | None] = {}
     for p in fed.parties:
-        rec = _read_json(party_dir(run_dir, p.name) / "error.json")
+        rec = _read_json(party_dir(run_dir, p.name) / rf.ERROR)
         proc = host_of.get(p.name, p.name)
         code = codes.get(proc)
         if rec is None and code not in (None, 0):
@@ -413,11 +226,7 @@ def _verdict(fed: Federation, run_dir: Path, hosts: dict[str, list[str]],
 
 
 def _hosted_any_record(run_dir: Path, names: list[str]) -> bool:
-    return any((party_dir(run_dir, n) / "error.json").exists() for n in names)
-
-
-def _stdout_tail(run_dir: Path, name: str) -> str:
-    return failure_records.output_tail(party_dir(run_dir, name) / "stdout.log")
+    return any((party_dir(run_dir, n) / rf.ERROR).exists() for n in names)
 
 
 def _trap_termination():
@@ -453,14 +262,14 @@ def _mark_stopped(fed: Federation, run_dir: Path, failure: dict) -> None:
              else f"stopped by the launcher ({failure.get('reason')})")
     for p in fed.parties:
         pdir = party_dir(run_dir, p.name)
-        err = _read_json(pdir / "error.json")
+        err = _read_json(pdir / rf.ERROR)
         own_failure = err is not None and not err.get("stopped")  # a party stopped by SIGTERM says so
-        if (pdir / "result.json").exists() or own_failure or p.name == failure.get("party"):
+        if (pdir / rf.RESULT).exists() or own_failure or p.name == failure.get("party"):
             continue
-        if (party_status.read(pdir / party_status.STATUS_FILE) or {}).get("reason"):
+        if (party_status.read(pdir / rf.STATUS) or {}).get("reason"):
             continue
         try:   # refused where the party's own final state is there already (done, failed)
-            party_status.advance(pdir / party_status.STATUS_FILE,
+            party_status.advance(pdir / rf.STATUS,
                                  {"party": p.name, "role": p.role, "state": "stopped", "reason": cause})
         except OSError:
             pass
@@ -468,11 +277,11 @@ def _mark_stopped(fed: Federation, run_dir: Path, failure: dict) -> None:
 
 def _party_summary(p, run_dir: Path, failure: dict | None) -> dict[str, Any]:
     pdir = party_dir(run_dir, p.name)
-    res = _read_json(pdir / "result.json")
+    res = _read_json(pdir / rf.RESULT)
     if res is not None:
         return dict(res, state="done")
-    st = _read_json(pdir / "status.json") or {}
-    err = _read_json(pdir / "error.json")
+    st = _read_json(pdir / rf.STATUS) or {}
+    err = _read_json(pdir / rf.ERROR)
     if st.get("state") == "stopped" and (failure is None or failure.get("party") != p.name):
         return {"role": p.role, "state": "stopped",
                 "error": st.get("reason") or (err or {}).get("error") or "stopped by the launcher"}
@@ -491,7 +300,7 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
     for p in fed.parties:
         pdir = party_dir(run_dir, p.name)
         parties[p.name] = _party_summary(p, run_dir, failure)
-        m = pdir / "metrics.jsonl"
+        m = pdir / rf.METRICS
         if m.exists():
             for line in m.read_text().splitlines():
                 try:
@@ -499,7 +308,7 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
                 except ValueError:
                     pass
     merged.sort(key=lambda r: (r.get("round", 0), r.get("party", "")))
-    write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
+    write_atomic(run_dir / rf.METRICS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
     summary = {
         "ok": ok, "run_id": fed.run_id, "algorithm": fed.algorithm_name, "federation": fed.name,
         "wall_s": wall, "parties": parties,
@@ -514,7 +323,7 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
         summary["engine"] = engine
     if failure is not None:
         summary["failed"] = failure
-    write_json_atomic(run_dir / "result.json", summary)
+    write_json_atomic(run_dir / rf.RESULT, summary)
     return summary
 
 
@@ -531,7 +340,7 @@ class _Lines:
 
     def update(self) -> None:
         for p in self.fed.parties:
-            st = _read_json(party_dir(self.run_dir, p.name) / "status.json")
+            st = _read_json(party_dir(self.run_dir, p.name) / rf.STATUS)
             if st is not None:
                 self.printer.maybe(st)
 
@@ -557,7 +366,7 @@ class _Progress:
 
     def update(self) -> None:
         for name, task in self.tasks.items():
-            st = party_dir(self.run_dir, name) / "status.json"
+            st = party_dir(self.run_dir, name) / rf.STATUS
             try:
                 s = json.loads(st.read_text())
             except (OSError, ValueError):

@@ -1,7 +1,7 @@
 """The Ray engine: ``fedhet run --engine ray`` places the federation's hosts on a Ray cluster.
 
-Beyond one machine, :func:`fedhet.parties.launcher.launch` runs on this engine instead of
-:class:`~fedhet.parties.launcher.LocalProcesses`.  The unit of placement is the same as in a local
+Beyond one machine, :func:`fedhet.parties.ops.launcher.launch` runs on this engine instead of
+:class:`~fedhet.parties.ops.engines.local.LocalProcesses`.  The unit of placement is the same as in a local
 run: a host (``host`` / ``hosts`` in the federation file: many parties, one process), or a party
 that runs alone.  Each unit becomes one Ray actor (:class:`HostWorker`), which runs the unit's
 ``fedhet host`` or ``fedhet party`` process on its node, exactly as the local launcher would.
@@ -59,16 +59,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import failure as failure_records
-from .atomic import write_atomic
-from .checkpoint import PRIVATE
-from .federation import Federation, FederationError, absolute_data
-from .host import THREAD_ENV, host_dir
-from .runtime import LAUNCHER_PID_ENV, group_alive, party_dir
+from fedhet.parties import runfolder as rf
+from fedhet.parties import failure as failure_records
+from fedhet.parties.atomic import write_atomic
+from fedhet.parties.federation import Federation, FederationError, absolute_data
+from fedhet.parties.host import THREAD_ENV
+from fedhet.parties.runtime import LAUNCHER_PID_ENV, group_alive
+from fedhet.parties.runfolder import PRIVATE, host_dir, party_dir
 
 RAY_MISSING = ("engine = \"ray\" needs Ray, which is not installed here: pip install 'fedhet[ray]' "
                "(or pip install 'ray[default]'), then start a cluster (docs/ray.md)")
-SYNCED = ("status.json", "error.json", "result.json")  # what each poll brings back while the run goes on
+SYNCED = (rf.STATUS, rf.ERROR, rf.RESULT)  # what each poll brings back while the run goes on
 POLL_S = 0.3             # the driver asks every actor how its unit stands this often
 CALL_TIMEOUT_S = 30.0    # a poll that takes longer counts as a strike against the unit
 STRIKES = 3              # an unreachable actor on a live node is lost after this many strikes
@@ -173,7 +174,7 @@ class HostWorker:
     unit's secrets."""
 
     def __init__(self, unit: Unit):
-        from .keys import TemporaryKeys
+        from fedhet.parties.keys import TemporaryKeys
 
         self.unit = unit
         self.work = Path(tempfile.mkdtemp(prefix=f"fedhet-ray-{unit.name}-"))
@@ -202,7 +203,7 @@ class HostWorker:
 
     def start(self, fed: Federation, insecure: bool, log_level: str) -> int:
         """Write the federation file (this node's key folder) and start the unit's process; its pid."""
-        fed_file = self.work / "federation.toml"
+        fed_file = self.work / rf.FEDERATION
         mine = replace(fed, key_dir=self.keys.path, source=str(fed_file))
         write_atomic(fed_file, mine.to_toml())
         for n in self.unit.parties:
@@ -215,8 +216,8 @@ class HostWorker:
             host_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             which, log = ["host", str(fed_file), "--host", self.unit.name], host_dir(self.run_dir) / f"{self.unit.name}.log"
         else:
-            which, log = ["party", str(fed_file), "--name", self.unit.name], party_dir(self.run_dir, self.unit.name) / "stdout.log"
-        cmd = [sys.executable, "-m", "fedhet.parties.cli", *which, "--out", str(self.run_dir),
+            which, log = ["party", str(fed_file), "--name", self.unit.name], party_dir(self.run_dir, self.unit.name) / rf.STDOUT
+        cmd = [sys.executable, "-m", "fedhet.parties.ops.cli", *which, "--out", str(self.run_dir),
                "--run-id", fed.run_id, "--quiet", "--log-level", log_level] + ["--insecure"] * insecure
         for s in self.held:   # the parties bind these ports now
             s.close()
@@ -231,7 +232,7 @@ class HostWorker:
         (read after the code: a unit that has ended has written all of them)."""
         code = self.proc.poll() if self.proc is not None else None
         files: dict[str, bytes] = {}
-        paths = [self.run_dir / "config.json"] + [party_dir(self.run_dir, n) / f for n in self.unit.parties
+        paths = [self.run_dir / rf.CONFIG] + [party_dir(self.run_dir, n) / f for n in self.unit.parties
                                                     for f in SYNCED]
         for path in paths:
             try:
@@ -263,8 +264,8 @@ class HostWorker:
         """The unit's run folder (its parties' folders, its host's report and log) as a tar archive."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-            if (self.run_dir / "config.json").is_file():   # the run's public record: the same from every party
-                tar.add(self.run_dir / "config.json", arcname="config.json")
+            if (self.run_dir / rf.CONFIG).is_file():   # the run's public record: the same from every party
+                tar.add(self.run_dir / rf.CONFIG, arcname=rf.CONFIG)
             for n in self.unit.parties:
                 if party_dir(self.run_dir, n).is_dir():
                     tar.add(party_dir(self.run_dir, n), arcname=str(party_dir(Path("."), n)), filter=public)
@@ -340,10 +341,12 @@ class Placed:
 
 
 class RayEngine:
-    """The Ray engine for :func:`fedhet.parties.launcher.launch` (the interface of
-    :class:`~fedhet.parties.launcher.LocalProcesses`; see the module's text)."""
+    """The Ray engine for :func:`fedhet.parties.ops.launcher.launch` (an
+    :class:`~fedhet.parties.ops.engines.Engine`; see the module's text)."""
 
     name = "ray"
+    supports_resume = False    # the launcher refuses --resume and restart_grace_s for this engine
+    supports_restart = False
 
     def __init__(self, address: str = "", placement: str = "spread", env: dict[str, str] | None = None,
                  insecure: bool = False, log_level: str = "info"):
@@ -360,12 +363,6 @@ class RayEngine:
         self.closed = False
 
     def check(self, fed: Federation, resume: bool) -> None:
-        if resume:
-            raise EngineError("--resume is for local runs: the Ray engine cannot resume a run yet (run it again, "
-                              "or resume it with the local engine, every party on this machine)")
-        if fed.restart_grace_s > 0:
-            raise EngineError(f"{fed.source}: restart_grace_s = {fed.restart_grace_s:g} restarts a killed party "
-                              f"process on this machine; the Ray engine does not (set it to 0 for a Ray run)")
         require_ray()
         plan(fed)
 
@@ -411,8 +408,8 @@ class RayEngine:
         algorithm = dict(fed.algorithm)
         algorithm.update(overrides or {})
         resolved = replace(fed, parties=parties, key_dir=None, algorithm=algorithm,
-                           source=str(run_dir / "federation.toml"), run_id=run_id or uuid.uuid4().hex)
-        write_atomic(run_dir / "federation.toml", resolved.to_toml())
+                           source=str(run_dir / rf.FEDERATION), run_id=run_id or uuid.uuid4().hex)
+        write_atomic(run_dir / rf.FEDERATION, resolved.to_toml())
         self.fed = resolved
         return resolved
 
@@ -520,7 +517,7 @@ class RayEngine:
                                                              seen_by="ray engine"))
         detail = f"{what} ended on {self.where(pl)}"
         if pl.unit.kind == "party":
-            tail = failure_records.output_tail(party_dir(run_dir, party) / "stdout.log")
+            tail = failure_records.output_tail(party_dir(run_dir, party) / rf.STDOUT)
             detail += f": {tail}" if tail else ""
         return failure_records.exit_record(party, role, code, detail, evidence=evidence)
 
