@@ -225,7 +225,7 @@ def render(doc: dict) -> str:
         any_row = next(iter(t["rows"].values()))
         L += ["", f"Common column: {any_row['common_params']:,} parameters (the only vector a client "
               f"sends); largest |θ_c| seen {max(r['max_abs_common'] for r in t['rows'].values()):.3f} "
-              f"(secure clip {C.AGG_DEFAULTS.secagg_clip:g}; clipped submissions: "
+              f"(secure clip {C.AGGREGATION_DEFAULTS.secagg_clip:g}; clipped submissions: "
               f"{sum(r['clipped_submissions'] for r in t['rows'].values())}).", ""]
     tb = doc.get("table2")
     if tb:

@@ -29,12 +29,12 @@ from fedhet.algorithms.chfl.messages import Kind, declarations, sizes
 from fedhet.algorithms.chfl.model import load_model
 from fedhet.algorithms.chfl.models import HIDDEN
 from fedhet.algorithms.chfl.roles import ROLES
-from fedhet.algorithms.chfl.settings import AGG_DEFAULTS, NAME, Settings
+from fedhet.algorithms.chfl.settings import AGGREGATION_DEFAULTS, NAME, Settings
 from fedhet.algorithms.predict import with_prediction
 from fedhet.algorithms.chfl import predict
 from fedhet.parties.contract import Algorithm
 
-__all__ = ["AGG_DEFAULTS", "ALGORITHM", "HIDDEN", "ClientRows", "Kind", "Settings", "client_rows",
+__all__ = ["AGGREGATION_DEFAULTS", "ALGORITHM", "HIDDEN", "ClientRows", "Kind", "Settings", "client_rows",
            "declarations", "load_data", "load_table", "sizes"]
 
 ALGORITHM = Algorithm(name=NAME, summary="CHFL: horizontal FL with common and client-unique features "

@@ -11,7 +11,7 @@ counts, timings).  The server sends ``chfl/global``: the averaged common column(
 """
 from __future__ import annotations
 
-from fedhet.algorithms.chfl.settings import AGG_DEFAULTS, Settings
+from fedhet.algorithms.chfl.settings import AGGREGATION_DEFAULTS, Settings
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 from fedhet.protocols import aggregation
@@ -39,4 +39,4 @@ def declarations(s: Settings) -> list[MessageDecl]:
                                        "theta": sch.ListOf(sch.Arr("<f4", ("P_c",)), length="G")}),
                    protects="derived")
     P = s.common_params
-    return [glob, result] + aggregation.declarations(P, P, s.agg, AGG_DEFAULTS)
+    return [glob, result] + aggregation.declarations(P, P, s.agg, AGGREGATION_DEFAULTS)

@@ -36,7 +36,7 @@ FILES_MAX_WEIGHT = 1_000_000.0
 # CHFL's aggregation defaults for unset keys.  plain_dtype stays the aggregator's float64: its
 # float32 path forms w * x in float32, which would break equality with the in-process mean.
 DEFAULT_CLIP = 16.0
-AGG_DEFAULTS = AggregationSettings(aggregation="secure", secagg_clip=DEFAULT_CLIP)
+AGGREGATION_DEFAULTS = AggregationSettings(aggregation="secure", secagg_clip=DEFAULT_CLIP)
 
 
 def _distinct(values: float | tuple[float, ...]) -> tuple[float, ...]:
@@ -166,4 +166,4 @@ def max_train_rows(s: Settings, n_clients: int) -> int:
 def aggregation_defaults(s: Settings, n_clients: int) -> AggregationSettings:
     """CHFL's defaults for the aggregation keys left unset (``make_aggregator``'s ``defaults``)."""
     weight = FILES_MAX_WEIGHT if s.dataset == FILES else float(max_train_rows(s, n_clients))
-    return replace(AGG_DEFAULTS, secagg_max_weight=weight)
+    return replace(AGGREGATION_DEFAULTS, secagg_max_weight=weight)

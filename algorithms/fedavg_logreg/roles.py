@@ -47,7 +47,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
 
 
 def client(party: PartyLike, s: Settings, data: dict[str, np.ndarray]) -> dict:
-    srv = party.peers_with_role("server")[0]
+    srv = party.peer_with_role("server")
     n = len(data["y_train"])
     agg = aggregation.make_aggregator(s.agg, AGGREGATION_DEFAULTS)
     acc = None

@@ -68,7 +68,7 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
     step = dropout_plan(s).get(party.name)
     faults = None if step is None else {r: Faults(stop_after=step) for r in range(1, s.bench_rounds + 1)}
     agg = aggregation.make_aggregator(s.agg, DEFAULTS, faults=faults)
-    srv = party.peers_with_role(SERVER)[0]
+    srv = party.peer_with_role(SERVER)
     # The next round's start comes once the server has timed out this round's dropouts: at most one wait
     # of its per-step timeout for every step, on top of the party's own timeout.
     per_step = aggregation.secagg_config(s.agg.over(DEFAULTS)).timeout if s.dropouts else 0.0
