@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.toolkit import (HostRows, accuracy, as_tensor, batch_slices, class_loss, epoch_permutation,
-                                       label_tensor, predict_classes)
+                                       label_tensor, predict_classes, traffic_totals)
 from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 
@@ -187,9 +187,11 @@ def load_torch_state(module: nn.Module, optimizers: Sequence[torch.optim.Optimiz
 
 
 def _traffic(party: PartyLike | None) -> tuple[int, int]:
+    """(sent, received) bytes so far (:func:`toolkit.traffic_totals`); none without a party."""
     if party is None:
         return 0, 0
-    return int(sum(party.bytes_sent.values())), int(sum(party.bytes_received.values()))
+    t = traffic_totals(party)
+    return t["bytes_sent"], t["bytes_received"]
 
 
 def _outputs(links: Sequence[HostLink], device: torch.device) -> list[torch.Tensor]:
@@ -237,6 +239,91 @@ def evaluate_host(host: HostPart, links: Sequence[HostLink], x: np.ndarray, y: n
     return accuracy(np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64), y)
 
 
+@dataclass(frozen=True)
+class BatchBudget:
+    """How many training batches the host runs: ``per_epoch`` batches in an epoch of ``n_train`` rows, ``budget``
+    in all (the schedule's epochs, cut at ``max_batches``), over ``epochs`` epochs (the last maybe cut)."""
+
+    n_train: int
+    per_epoch: int
+    budget: int
+    epochs: int
+
+    @classmethod
+    def of(cls, schedule: Schedule, n_train: int) -> "BatchBudget":
+        if n_train == 0:
+            raise ValueError("no training rows")
+        per_epoch = -(-n_train // schedule.batch_size)
+        budget = schedule.epochs * per_epoch
+        if schedule.max_batches is not None:
+            budget = min(budget, schedule.max_batches)
+        return cls(n_train, per_epoch, budget, -(-budget // per_epoch))
+
+
+@dataclass
+class HostState:
+    """What the host's loop carries across batches (its checkpoint, with the model's and the optimisers' state):
+    the training batches done, the epoch under way with its batch losses and sizes so far, each finished epoch's
+    mean batch loss and mean row loss, and where its clock and traffic counters stand (``t0``, ``bytes0``: as if
+    training had never stopped, so that ``train_s`` and ``train_bytes`` run on across a resume)."""
+
+    done: int = 0
+    epoch: int = 0
+    batch_losses: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    row_losses: list[float] = field(default_factory=list)
+    t0: float = 0.0
+    bytes0: tuple[int, int] = (0, 0)
+
+    def state(self, host: HostPart, party: PartyLike | None) -> dict[str, Any]:
+        return {"torch": torch_state(host.module, host.optimizers), "done": self.done, "epoch": self.epoch,
+                "losses": self.losses, "row_losses": self.row_losses, "batch_losses": self.batch_losses,
+                "sizes": self.sizes, "train_s": self.train_s(), "train_bytes": self.train_bytes(party)}
+
+    @classmethod
+    def restored(cls, saved: Mapping[str, Any], host: HostPart, party: PartyLike | None) -> "HostState":
+        """The state :meth:`state` gave (loaded into ``host``), or the first batch's when ``saved`` is empty."""
+        if saved:
+            load_torch_state(host.module, host.optimizers, saved["torch"])
+        prior_s, prior_bytes = float(saved.get("train_s", 0.0)), saved.get("train_bytes", (0, 0))
+        now = _traffic(party)
+        return cls(int(saved.get("done", 0)), int(saved.get("epoch", 0)), list(saved.get("batch_losses", [])),
+                   list(saved.get("sizes", [])), list(saved.get("losses", [])), list(saved.get("row_losses", [])),
+                   t0=time.perf_counter() - prior_s,
+                   bytes0=(now[0] - int(prior_bytes[0]), now[1] - int(prior_bytes[1])))
+
+    def train_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def train_bytes(self, party: PartyLike | None) -> tuple[int, int]:
+        now = _traffic(party)
+        return now[0] - self.bytes0[0], now[1] - self.bytes0[1]
+
+    def begin_epoch(self, epoch: int, schedule: Schedule, n_train: int) -> list[np.ndarray]:
+        """Epoch ``epoch``'s batches still to run: all of a new epoch, those after the ones done of a resumed one."""
+        if epoch != self.epoch:
+            self.epoch, self.batch_losses, self.sizes = epoch, [], []
+        order = epoch_permutation(schedule.order_key, epoch, n_train)
+        return batch_slices(order, schedule.batch_size)[len(self.batch_losses):]
+
+    def add_batch(self, loss: float, size: int) -> None:
+        self.batch_losses.append(loss)
+        self.sizes.append(size)
+        self.done += 1
+
+    def end_epoch(self) -> float | None:
+        """The epoch's mean batch loss and mean row loss onto the traces; the former, or None for no batches."""
+        if not self.batch_losses:
+            return None
+        self.losses.append(float(np.mean(self.batch_losses)))
+        total = 0.0
+        for loss, m in zip(self.batch_losses, self.sizes):   # in order: the sum the results were made with
+            total += loss * m
+        self.row_losses.append(total / sum(self.sizes))
+        return self.losses[-1]
+
+
 def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_classes: int, schedule: Schedule,
                party: PartyLike | None = None, resume: Mapping[str, Any] | None = None,
                checkpoint: Checkpoint | None = None) -> dict[str, Any]:
@@ -253,75 +340,56 @@ def train_host(host: HostPart, links: Sequence[HostLink], rows: HostRows, n_clas
     such a ``state``, to go on from there.
     """
     dev = next(host.module.parameters()).device
-    xtr = as_tensor(rows.x_train, dev)
-    ytr = label_tensor(rows.y_train, n_classes, dev)
+    xtr, ytr = as_tensor(rows.x_train, dev), label_tensor(rows.y_train, n_classes, dev)
     pos_train = np.asarray(rows.pos_train)
-    n_train = len(pos_train)
-    if n_train == 0:
-        raise ValueError("no training rows")
-    bs = schedule.batch_size
-    per_epoch = -(-n_train // bs)
-    budget = schedule.epochs * per_epoch
-    if schedule.max_batches is not None:
-        budget = min(budget, schedule.max_batches)
-    total_epochs = -(-budget // per_epoch)
-    saved = dict(resume or {})
-    if saved:
-        load_torch_state(host.module, host.optimizers, saved["torch"])
-    done, first = int(saved.get("done", 0)), int(saved.get("epoch", 0))
-    losses, row_losses = list(saved.get("losses", [])), list(saved.get("row_losses", []))
-    batch_losses, sizes = list(saved.get("batch_losses", [])), list(saved.get("sizes", []))
-    prior_s, prior_bytes = float(saved.get("train_s", 0.0)), saved.get("train_bytes", (0, 0))
-    now = _traffic(party)
-    b0 = (now[0] - int(prior_bytes[0]), now[1] - int(prior_bytes[1]))
-    t0 = time.perf_counter() - prior_s
+    plan = BatchBudget.of(schedule, len(pos_train))
+    state = HostState.restored(resume or {}, host, party)
     host.module.train()
-    for epoch in range(first, schedule.epochs):
-        if party is not None and schedule.round_per == "epoch":
-            party.round = epoch + 1
-        if epoch > first:
-            batch_losses, sizes = [], []
-        # a resumed epoch goes on after the batches it had done
-        for idx in batch_slices(epoch_permutation(schedule.order_key, epoch, n_train), bs)[len(batch_losses):]:
-            if done >= budget:
+    for epoch in range(state.epoch, schedule.epochs):
+        _count_round(party, schedule, "epoch", epoch + 1)
+        for idx in state.begin_epoch(epoch, schedule, plan.n_train):
+            if state.done >= plan.budget:
                 break
-            if party is not None and schedule.round_per == "batch":
-                party.round = done
+            _count_round(party, schedule, "batch", state.done)
             for ln in links:
-                ln.begin(pos_train[idx], True, done)
-            batch_losses.append(host_step(host, links, xtr[idx], ytr[idx]))
-            sizes.append(len(idx))
-            done += 1
+                ln.begin(pos_train[idx], True, state.done)
+            state.add_batch(host_step(host, links, xtr[idx], ytr[idx]), len(idx))
             if checkpoint is not None:
-                b = _traffic(party)
-                checkpoint(done, {"torch": torch_state(host.module, host.optimizers), "done": done, "epoch": epoch,
-                                  "losses": losses, "row_losses": row_losses, "batch_losses": batch_losses,
-                                  "sizes": sizes, "train_s": time.perf_counter() - t0,
-                                  "train_bytes": (b[0] - b0[0], b[1] - b0[1])})
-        if batch_losses:
-            losses.append(float(np.mean(batch_losses)))
-            total = 0.0
-            for loss, m in zip(batch_losses, sizes):
-                total += loss * m
-            row_losses.append(total / sum(sizes))
-            if party is not None:
-                party.metric(epoch=epoch + 1, loss=losses[-1], s=round(time.perf_counter() - t0, 3))
-                party.progress(epoch + 1, total_epochs, loss=round(losses[-1], 4))
-        if done >= budget:
+                checkpoint(state.done, state.state(host, party))
+        _report_epoch(party, state, plan, epoch)
+        if state.done >= plan.budget:
             break
     t_trained = time.perf_counter()
-    train_s = t_trained - t0
-    b1 = _traffic(party)
-    acc = (evaluate_host(host, links, rows.x_test, rows.y_test, np.asarray(rows.pos_test), bs, done)
-           if schedule.evaluate else None)
-    eval_s = time.perf_counter() - t_trained
+    train_s, train_bytes = t_trained - state.t0, state.train_bytes(party)
+    acc = (evaluate_host(host, links, rows.x_test, rows.y_test, np.asarray(rows.pos_test), schedule.batch_size,
+                         state.done) if schedule.evaluate else None)
+    return _host_result(state, plan, acc, t_trained, train_s, train_bytes)
+
+
+def _count_round(party: PartyLike | None, schedule: Schedule, per: str, value: int) -> None:
+    """``party.round`` (the envelope's round) set to ``value`` where the schedule counts rounds ``per``."""
+    if party is not None and schedule.round_per == per:
+        party.round = value
+
+
+def _report_epoch(party: PartyLike | None, state: HostState, plan: BatchBudget, epoch: int) -> None:
+    """The epoch's losses onto the traces; its metric line and progress when it ran batches."""
+    loss = state.end_epoch()
+    if loss is not None and party is not None:
+        party.metric(epoch=epoch + 1, loss=loss, s=round(state.train_s(), 3))
+        party.progress(epoch + 1, plan.epochs, loss=round(loss, 4))
+
+
+def _host_result(state: HostState, plan: BatchBudget, acc: float | None, t_trained: float, train_s: float,
+                 train_bytes: tuple[int, int]) -> dict[str, Any]:
+    done, per_epoch = state.done, plan.per_epoch
     s_batch = train_s / max(1, done)
     return {"test_accuracy": acc, "train_s": train_s, "t_trained": t_trained,
             "epochs": done // per_epoch if done % per_epoch == 0 else done / per_epoch, "batches": done,
             "batches_per_epoch": per_epoch, "s_per_batch": s_batch, "s_per_epoch": s_batch * per_epoch,
-            "s_per_epoch_extrapolated": done % per_epoch != 0 or done == 0, "eval_s": eval_s,
-            "losses": losses, "row_losses": row_losses,
-            "train_bytes": {"sent": b1[0] - b0[0], "received": b1[1] - b0[1]}}
+            "s_per_epoch_extrapolated": done % per_epoch != 0 or done == 0,
+            "eval_s": time.perf_counter() - t_trained, "losses": state.losses, "row_losses": state.row_losses,
+            "train_bytes": {"sent": train_bytes[0], "received": train_bytes[1]}}
 
 
 def serve_guest(bottom: GuestBottom, link: GuestLink, resume: Mapping[str, Any] | None = None,
