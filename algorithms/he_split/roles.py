@@ -50,12 +50,9 @@ def exact(W: np.ndarray) -> list:
     return [[str(v) for v in row] for row in W.tolist()] if W.dtype == object else W.tolist()
 
 
-def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
-    torch.set_num_threads(s.torch_threads)
-    guests = party.peers_with_role(GUEST)
-    if not guests:
-        raise PartyError("he_split needs at least one guest")
-    start, saved = party.restore()
+def align_by_psi(party: PartyLike, s: Settings, data: HostData, guests: list[str]):
+    """Step 1: the rows every guest holds too (PSI, the label owner's side), aligned in PSI's common
+    order; refused when training on them would take more batches than the HE layer is sized for."""
     t0 = time.perf_counter()
     ids = np.concatenate([data.ids_train, data.ids_test])
     res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=s.psi_timeout)
@@ -69,6 +66,17 @@ def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
         raise PartyError(f"he_split: {s.planned_steps(n_train)} training batches ({s.epochs} epochs of "
                          f"{n_train} rows) exceed he_max_steps={s.max_steps}, which the HE layer's slot "
                          "width is sized for; raise he_max_steps (or set slot_bits)")
+    return res, hd, psi_s
+
+
+def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
+    torch.set_num_threads(s.torch_threads)
+    guests = party.peers_with_role(GUEST)
+    if not guests:
+        raise PartyError("he_split needs at least one guest")
+    start, saved = party.restore()
+    res, hd, psi_s = align_by_psi(party, s, data, guests)
+    n_train, n_test = len(hd.pos_train), len(hd.pos_test)
     t1 = time.perf_counter()
     widths = [int(party.recv(g, Kind.WIDTH)["width"]) for g in guests]
     model, Ws = build_host(s, data.x_train.shape[1], widths, int(data.n_classes))
