@@ -174,6 +174,7 @@ def test_he_training_matches_plaintext_split(paillier_run):
     assert np.max(np.abs(_ints_to_float(_exact(h["W_share"]["guest1"])))) * 2.0 ** -FRAC_W > 1e3
 
 
+@pytest.mark.federation   # paillier_run starts the parties for whichever of its tests runs first
 def test_he_training_learns(paillier_run):
     _, res, _, _ = paillier_run
     h = res["host"]
@@ -184,6 +185,7 @@ def test_he_training_learns(paillier_run):
     assert h["he"] == "paillier" and h["key_bits"] == KEY and h["bytes"]["sent"] > 0
 
 
+@pytest.mark.federation   # paillier_run starts the parties for whichever of its tests runs first
 def test_guest_sends_only_ciphertexts_masks_and_psi(paillier_run):
     cfg, _, sent, _ = paillier_run
     declared = decl_index(he_split.declarations(he_split.ALGORITHM.parse(cfg)))
@@ -206,6 +208,7 @@ def test_guest_sends_only_ciphertexts_masks_and_psi(paillier_run):
     assert check_record(declared["hei/acts"], bad) is not None
 
 
+@pytest.mark.federation   # paillier_run starts the parties for whichever of its tests runs first
 def test_each_part_holds_its_own_share_and_the_host_scores_with_the_guests_outputs(paillier_run):
     """The guest's part: its bottom model and eps; the host's: its network and W_g; neither holds W = W_g + eps.
     The host's part scores nothing without the guest's interactive output: given A_g W, computed here from
