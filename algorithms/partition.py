@@ -5,7 +5,7 @@ random into a *common* set held by every client (``common_ratio`` of them,
 30% by default) and the rest, which is divided among the K clients as their
 *unique* features; the samples are split 60/20/20 into train/val/test and
 each part is spread evenly over the clients, so sample sets are disjoint
-(eq. 5) and every client shares the common features (eq. 4).
+(Eq. (5)) and every client shares the common features (Eq. (4)).
 
 :func:`vertical_split` is the plain vertical counterpart (one feature group
 per party) for the VFL algorithms.
@@ -172,7 +172,7 @@ class HybridSplit:
         return len(self.views)
 
     def holders_of_view(self, d: int) -> list[int]:
-        """The clients that hold view d (who joins view d's aggregation, eq. 7)."""
+        """The clients that hold view d (who joins view d's aggregation, Eq. (7))."""
         return [m for m, v in enumerate(self.views) if int(d) in v]
 
     def view_class_counts(self, labels) -> np.ndarray:

@@ -27,6 +27,7 @@ PSI-aligned views      :func:`align_host_rows` -> :class:`HostRows`, :func:`alig
                        computed in one process for references)
 a role's result        :class:`Phases` (every timing under one convention, ``<phase>_s``, the
                        report's), :func:`traffic_totals` (bytes as the runtime counted them)
+the federation         :func:`role_members` (a role's parties, in federation order)
 =====================  =========================================================================
 
 Everything here but :class:`Phases` is deterministic given its inputs; nothing touches the network.
@@ -425,6 +426,12 @@ class Phases:
     @classmethod
     def restored(cls, saved: dict[str, list[float]] | None) -> "Phases":
         return cls({k: list(v) for k, v in (saved or {}).items()})
+
+
+def role_members(party: Any, role: str) -> list[str]:
+    """Every party of ``role``, ``party`` itself included, in federation order (an algorithm's
+    "first owner", "first participant": position 0 of this list)."""
+    return [n for n, r in party.roles.items() if r == role]
 
 
 def traffic_totals(party: Any) -> dict[str, int]:

@@ -9,6 +9,7 @@ import torch
 
 from fedhet.algorithms import f3
 from fedhet.algorithms.f3 import training as T
+from fedhet.algorithms.toolkit import role_members
 from fedhet.parties.settings import parse_settings
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
@@ -117,7 +118,7 @@ def test_holder_refuses_rows_outside_the_shared_arrays(shared_data):
 
     def hostile(party, st, data):
         holders = party.peers_with_role(f3.HOLDER)
-        order = f3.owners_in_order(party)
+        order = role_members(party, f3.OWNER)
         party.recv(order[0], f3.Kind.LABELS)
         party.broadcast(f3.Kind.OP, {"op": "forward", "step": 1, "rows": np.array([10 ** 6], dtype=np.uint32),
                                   "A": np.eye(12, dtype=np.float32), "packed": False, "C": [np.zeros((16, 16))] * 12, "keep": False},

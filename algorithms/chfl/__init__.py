@@ -7,7 +7,7 @@ from the common one.  The package:
 
 - :mod:`.settings` -- the ``[algorithm]`` keys (``fedhet presets --describe chfl``);
 - :mod:`.data` -- each client's own rows and columns (built-in tables or the client's own file);
-- :mod:`.models` -- the two-column network (eqs. 6-7) and the flat common vector;
+- :mod:`.models` -- the two-column network (Eqs. (6)-(7)) and the flat common vector;
 - :mod:`.model` -- the trained parts as they leave the run (a client's selected network, the
   server's global columns) and their loader;
 - :mod:`.core` -- Algorithm 2's local training, FedAvg's mean, the per-client selection;

@@ -7,7 +7,7 @@ Data".  Per mini-batch of client k (Algorithm 2, lines 13-16):
    with the common-only loss L(F_{theta_c}(x^c), y);
 2. with theta_c fixed (the updated copy), one Adam step on the unique column
    theta_u,k and the lateral matrices U_k with the loss of the whole network
-   L(softmax(z_c^(L) + z_u^(L)), y) (eqs. 6-7).
+   L(softmax(z_c^(L) + z_u^(L)), y) (Eqs. (6)-(7)).
 
 After E local epochs the client returns theta_c as one flat float32 vector;
 the server averages them (Algorithm 2 line 7; :func:`aggregate`, a mean
@@ -237,7 +237,7 @@ class LocalClient(_Trainer):
 def aggregate(vectors: Sequence[np.ndarray], weights: Sequence[float] | None = None) -> np.ndarray:
     """FedAvg's server step: sum_k w_k v_k / sum_k w_k (float64 sum, float32 out).
 
-    With ``weights=None`` (or equal weights) this is eq. (1)'s plain mean."""
+    With ``weights=None`` (or equal weights) this is Eq. (1)'s plain mean."""
     if len(vectors) == 0:
         raise ValueError("aggregate needs at least one vector")
     vs = [np.asarray(v) for v in vectors]

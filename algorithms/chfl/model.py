@@ -4,7 +4,7 @@ A client's part (``meta["model"] = "chfl/client"``) is the network the client re
 whole, with its own scaler (its training rows' mean and deviation, applied inside the module) and its
 feature order (its common features, then its unique ones, as its data puts them).  It scores the
 client's RAW rows alone -- nothing from another party is needed -- and returns the class LOGITS
-(float32; ``softmax`` of them is eq. 7's F, their argmax the predicted class code, ``meta["classes"]``
+(float32; ``softmax`` of them is Eq. (7)'s F, their argmax the predicted class code, ``meta["classes"]``
 maps codes to labels).  Which network, by ``method``:
 
 - ``"chfl"``: Theta_k = (theta_c, theta_u,k, U_k): the global common column the client received at the
@@ -94,7 +94,7 @@ class GlobalColumns(nn.Module):
 
 
 def score_chfl(m: Mapping[str, nn.Module], xc: torch.Tensor, xu: torch.Tensor) -> torch.Tensor:
-    """Eq. 7's logits z_c^(L) + z_u^(L) (as :meth:`CHFLClient.evaluate` forms them)."""
+    """Eq. (7)'s logits z_c^(L) + z_u^(L) (as :meth:`CHFLClient.evaluate` forms them)."""
     common, unique = m["common"], m["unique"]
     assert isinstance(common, MLPColumn)
     zc = common.forward_all(xc)

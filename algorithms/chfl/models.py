@@ -4,12 +4,12 @@ Each client's model has a *common column* (an MLP on the common features,
 trained by FedAvg across clients) and a *unique column* of the same shape on
 the client's unique features (trained locally).  Lateral connections feed
 the common column's layer i into the unique column's layer i+1, scaled by a
-fixed ``mu`` in [0, 1] (eq. 6 with U replaced by mu*U):
+fixed ``mu`` in [0, 1] (Eq. (6) with U replaced by mu*U):
 
     z_u^(i+1) = a(W_u^(i+1) z_u^(i) + b_u^(i+1) + mu * U^(i+1) z_c^(i)),  i = 1..L-1
 
 with a = ReLU on hidden layers and the identity on the output layer (the
-logits).  The output is F = softmax(z_c^(L) + z_u^(L)) (eq. 7); the loss is
+logits).  The output is F = softmax(z_c^(L) + z_u^(L)) (Eq. (7)); the loss is
 cross-entropy on the summed logits.  ``mu = 0`` means no laterals: the
 columns meet only at the output sum.
 
@@ -63,7 +63,7 @@ class MLPColumn(nn.Module):
 
 
 class UniqueColumn(nn.Module):
-    """The unique column with its lateral matrices U^(2..L) (eq. 6).
+    """The unique column with its lateral matrices U^(2..L) (Eq. (6)).
 
     ``lateral=False`` builds no U at all; with laterals present the term is
     always computed and scaled by ``mu`` (so mu=0 is exactly "no laterals").
@@ -117,7 +117,7 @@ class CHFLNet(nn.Module):
         return self.unique.mu
 
     def forward(self, xc: torch.Tensor, xu: torch.Tensor) -> torch.Tensor:
-        """Logits z_c^(L) + z_u^(L); softmax of these is F (eq. 7)."""
+        """Logits z_c^(L) + z_u^(L); softmax of these is F (Eq. (7))."""
         zc = self.common.forward_all(xc)
         return zc[-1] + self.unique(xu, zc)
 

@@ -2,7 +2,7 @@
 
 Roles: ``owner`` (n; the first in federation order is the label owner), ``holder`` (m, fusion =
 "shamir_linear" or "mpc") and ``coordinator`` (:mod:`.roles`).  Modules: :mod:`.settings` (the one parser),
-:mod:`.data` (with :mod:`.vowels`, :mod:`.traffic`), :mod:`.models` (eqs. 3, 8, 9), :mod:`.training` (the
+:mod:`.data` (with :mod:`.vowels`, :mod:`.traffic`), :mod:`.models` (Eqs. (3), (8), (9)), :mod:`.training` (the
 loops), :mod:`.core` (the first layer on shares), :mod:`.messages` (kinds and schemas), :mod:`.roles`,
 :mod:`.baselines` (Tables 2 and 3, plaintext), :mod:`.model` (the trained parts as they leave the run: an owner's
 frozen LSTM with its scaler, raw series -> h; the coordinator's fusion model taking every owner's h; a holder
@@ -53,7 +53,7 @@ from fedhet.algorithms.f3.core import InProcessHolders, SharedFirstLayer
 from fedhet.algorithms.f3.data import OwnerData, load_data, n_owners, owner_data
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind, declarations
 from fedhet.algorithms.f3.model import load_model
-from fedhet.algorithms.f3.roles import ROLES, owners_in_order
+from fedhet.algorithms.f3.roles import ROLES
 from fedhet.algorithms.f3.settings import NAME, Settings, n_rows, owner_seed, owner_widths
 from fedhet.algorithms.f3.training import pretrain_owner
 from fedhet.algorithms.f3 import predict
@@ -62,7 +62,7 @@ from fedhet.parties.contract import Algorithm
 
 __all__ = ["ALGORITHM", "COORDINATOR", "HOLDER", "InProcessHolders", "Kind", "OWNER", "OwnerData", "Settings",
            "SharedFirstLayer", "declarations", "load_data", "n_owners", "n_rows", "owner_data", "owner_seed", "owner_widths",
-           "owners_in_order", "pretrain_owner"]
+           "pretrain_owner"]
 
 ALGORITHM = Algorithm(
     name=NAME, summary="F³: frozen local LSTMs, representations secret-shared to holders, a GCN over a consensus "

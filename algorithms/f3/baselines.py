@@ -3,13 +3,13 @@
 Paper -> names
   Alg. 1 lines 1-4, every owner at once   -> :class:`GroupedLSTM` (n independent LocalLSTMs as one module:
                                              stacked weights, batched matmuls) and :func:`train_locals`
-                                             (each owner's eq. (3) training, all owners in one loop;
+                                             (each owner's Eq. (3) training, all owners in one loop;
                                              equal to :func:`~fedhet.algorithms.f3.training.train_local`
                                              per owner: same init, same batch order, same early stopping)
   Table 2, A: horizontal FL               -> :func:`fedavg_locals`: FedAvg of identically-shaped local LSTMs
   Table 2, B / C / D                      -> :func:`majority_vote`, :func:`threshold_vote` (binary),
                                              :func:`best_local` (by validation F1)
-  Table 2, E (eq. 5) / G                  -> ``models.MeanPool`` / ``models.Concat``
+  Table 2, E (Eq. (5)) / G                  -> ``models.MeanPool`` / ``models.Concat``
   Table 2, F: Set Transformer             -> :class:`SetTransformer` (Lee et al. 2019: 2 SAB layers, 4 heads,
                                              PMA pooling; shared input projection: invariant to owner order)
   Table 2, L / M: VFL end to end          -> :class:`EndToEndVFL` (GroupedLSTM -> GlobalGCN, gradients into the

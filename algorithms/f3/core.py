@@ -1,4 +1,4 @@
-"""F³'s first layer on Shamir shares (f3.txt, eq. (8), Algorithm 1 lines 5-10): the maths, no parties.
+"""F³'s first layer on Shamir shares (f3.txt, Eq. (8), Algorithm 1 lines 5-10): the maths, no parties.
 
 Eq. (8), first layer Â H W_0        -> :func:`holder_forward` (one holder, on its shares)
 its gradients (backward pass)        -> :func:`holder_backward`

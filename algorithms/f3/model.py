@@ -1,11 +1,11 @@
 """F³'s trained parts as they leave the run: an owner's frozen local model, the coordinator's fusion model.
 
-owner        :func:`owner_part` -> :class:`OwnerScorer`: its frozen LSTM (eq. 3) with the standardisation
+owner        :func:`owner_part` -> :class:`OwnerScorer`: its frozen LSTM (Eq. (3)) with the standardisation
              of its own training series inside, so it takes RAW series: ``forward(x[, lengths])`` is the
              representation h^i (float32, (rows, d_i)), what it shares in the federation; its local head is
              in the part too (:meth:`OwnerScorer.local_probabilities`, the local model's class
              probabilities).  It scores alone: it needs nothing from the other parties.
-coordinator  :func:`coordinator_part` -> :class:`FusionScorer`: the global model of eq. (8) as the coordinator
+coordinator  :func:`coordinator_part` -> :class:`FusionScorer`: the global model of Eq. (8) as the coordinator
              holds it (P_i, W_0, W_1, the learned graph's θ, or the given graph), taking every owner's h^i as
              an input (``forward(h_<owner 1>, ..., h_<owner n>)`` -> class probabilities).  It cannot score
              alone: it needs each owner's h^i of the same sample (an owner's part makes it from the owner's

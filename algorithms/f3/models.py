@@ -1,11 +1,11 @@
-"""F³ models (f3.txt): the owners' local model (eq. 3) and the global fusion model (eq. 8), torch.
+"""F³ models (f3.txt): the owners' local model (Eq. (3)) and the global fusion model (Eq. (8)), torch.
 
 Eq. (3) local model           -> LocalLSTM (LSTM(1 -> d) over the series, h = last hidden, linear softmax head)
 Eq. (8) global model          -> GlobalGCN: softmax((1/n) 1ᵀ Â ReLU(Â H W_0) W_1), H rows = P_i h^i
 Alignment P_i                 -> soft (Xavier, unconstrained), hard (sinkhorn, 10 iterations), tied, none
 Eq. (9) ICDF Bernoulli graph  -> icdf_sample: z = sigmoid((Φ⁻¹(θ) − s) / τ), s ~ N(0, 1)
 Â                             -> normalise_adj: D^-1/2 (A + I) D^-1/2
-Baselines                     -> mean pooling (E, eq. 5) and concatenation (G): MeanPool, Concat
+Baselines                     -> mean pooling (E, Eq. (5)) and concatenation (G): MeanPool, Concat
 Table 3, Gumbel-softmax graph -> gumbel_sample (binary Concrete), GlobalGCN(graph="gumbel"), for comparison
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def icdf_sample(theta, tau: float = 0.1, generator=None, batch: int | None = Non
 def gumbel_sample(theta, tau: float = 0.1, generator=None, batch: int | None = None):
     """Gumbel-softmax over {edge, no edge} (binary Concrete): sigmoid((logit θ + log u − log(1 − u)) / τ), u ~ U(0, 1).
 
-    The comparison to eq. (9) in Table 3: the same θ, clamped alike, logistic instead of Gaussian noise;
+    The comparison to Eq. (9) in Table 3: the same θ, clamped alike, logistic instead of Gaussian noise;
     ``batch`` as in :func:`icdf_sample`.
     """
     th = theta.clamp(1e-4, 0.9999)
@@ -169,7 +169,7 @@ class GlobalGCN(nn.Module):
 
 
 class MeanPool(nn.Module):
-    """Baseline E (eq. 5): mean of the owners' representations, linear softmax head."""
+    """Baseline E (Eq. (5)): mean of the owners' representations, linear softmax head."""
 
     def __init__(self, d: int, n_classes: int):
         super().__init__()

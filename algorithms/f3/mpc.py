@@ -1,4 +1,4 @@
-"""F³ with ``fusion = "mpc"`` (f3.txt, eq. (8)): the first layer, ReLU, the pooling and W_1 on shares; the
+"""F³ with ``fusion = "mpc"`` (f3.txt, Eq. (8)): the first layer, ReLU, the pooling and W_1 on shares; the
 coordinator receives only each sample's logits and batch-summed gradients.
 
 The owners' representations are 2-of-3 replicated shares over Z_2^64 held by exactly three holders
@@ -6,7 +6,7 @@ The owners' representations are 2-of-3 replicated shares over Z_2^64 held by exa
 Public operands (Â, C_i = P_iᵀW_0ᵀ, a = (1/n) Âᵀ1, W_1) are encoded by the holders from what the coordinator
 sends.  Per sample b (n owners, ``hidden`` units):
 
-  eq. (8) first layer  G_b[i] = h_b^i C_i,  U_b = Â G_b                -> :func:`forward` (local, public x shared)
+  Eq. (8) first layer  G_b[i] = h_b^i C_i,  U_b = Â G_b                -> :func:`forward` (local, public x shared)
   ReLU                 Z_b = ReLU(U_b), s_b = [U_b >= 0]                 -> replicated.relu (11 rounds, exact)
   pooling              p_b = (1/n) 1ᵀ Â Z_b = a Z_b  (hidden,)           -> local, then truncated (10 rounds)
   logits               ℓ_b = W_1 p_b  (classes,)                         -> local; OPENED to the coordinator
@@ -75,7 +75,7 @@ def _tt(a) -> torch.Tensor:
 
 
 def pooling_weights(A: np.ndarray) -> np.ndarray:
-    """a = (1/n) Âᵀ 1: the pooling of eq. (8) as weights over the owners (GlobalGCN.fuse's ``A.mean(-2)``)."""
+    """a = (1/n) Âᵀ 1: the pooling of Eq. (8) as weights over the owners (GlobalGCN.fuse's ``A.mean(-2)``)."""
     return np.asarray(A, dtype=np.float64).mean(-2)
 
 

@@ -6,7 +6,7 @@ common rows and hands its representations h on as training does: with ``fusion =
 shares to the holders (``f3p/share``), who compute the first layer ``Â_k H W_0`` for each of the coordinator's
 part's graphs on request (``f3/op``, ``f3/pre/result``: the kinds of training); with ``"trusted"`` in the
 clear to the coordinator (``f3/predict_rep``).  The first owner tells the coordinator how many rows there are
-(``f3/predict_rows``); the coordinator finishes eq. (8) with its part (:meth:`FusionScorer.fused`) and sends
+(``f3/predict_rows``); the coordinator finishes Eq. (8) with its part (:meth:`FusionScorer.fused`) and sends
 the class probabilities to the first owner only (``f3/predictions``), which writes them.
 
 Numbers: "trusted" gives exactly the coordinator part's output on the owners' h.  "shamir_linear" reconstructs the
@@ -25,7 +25,8 @@ from fedhet.algorithms.scoring import score
 from fedhet.algorithms.f3.core import OwnerShares, SharedFirstLayer, holder_forward, unpack_symmetric
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
 from fedhet.algorithms.f3.messages import declarations as training_declarations
-from fedhet.algorithms.f3.roles import HolderLink, MpcLink, owners_in_order
+from fedhet.algorithms.f3.roles import HolderLink, MpcLink
+from fedhet.algorithms.toolkit import role_members
 from fedhet.algorithms.f3.settings import MAX_BATCH, Settings, owner_widths
 from fedhet.algorithms.predict import Exchange, PartData, Rows, Vertical
 from fedhet.parties import schema as sch
@@ -87,7 +88,7 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
     if data.part is None:
         raise PartyError("f3: the coordinator has no trained part loaded")
     scorer, meta = data.module, data.part.meta
-    order = owners_in_order(party)
+    order = role_members(party, OWNER)
     if list(meta["owners"]) != order:
         raise PartyError(f"f3: the coordinator's part fuses owners {meta['owners']}, the federation has {order}")
     n = int(party.recv(order[0], ROWS)["n"])
@@ -121,7 +122,7 @@ def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
     """The first layer on this holder's shares of the owners' new h, one forward request at a time."""
     if s.fusion == "trusted":
         return {"role": HOLDER, "steps": 0}
-    order = owners_in_order(party)
+    order = role_members(party, OWNER)
     coord = party.peer_with_role(COORDINATOR)
     if s.fusion == "mpc":
         return _mpc_holder(party, s, order, coord)

@@ -53,7 +53,7 @@ from fedhet.algorithms.f3.models import GlobalGCN
 from fedhet.algorithms.f3.settings import Settings, n_rows, owner_widths
 from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_global, entropy, plain_first_layer, predict, \
     pretrain_owner, scores, train_global
-from fedhet.algorithms.toolkit import Phases, traffic_totals
+from fedhet.algorithms.toolkit import Phases, role_members, traffic_totals
 from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.settings import SettingsError
@@ -74,17 +74,13 @@ def _threads(s: Settings) -> None:
             pass
 
 
-def owners_in_order(party: PartyLike) -> list[str]:
-    return [n for n, r in party.roles.items() if r == OWNER]
-
-
 # ------------------------------------------------------------------------------------------------- owner
 
 def owner(party: PartyLike, s: Settings, data: dict) -> dict:
     _threads(s)
-    order = owners_in_order(party)
+    order = role_members(party, OWNER)
     idx = order.index(party.name)
-    coord = party.peers_with_role(COORDINATOR)[0]
+    coord = party.peer_with_role(COORDINATOR)
     start, saved = party.restore()
     if start == 0:
         saved = {"report": _pretrain_and_upload(party, s, data, order, idx, coord), "last": False}
@@ -181,8 +177,8 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
                             f"(the owners send their representations to the coordinator); remove the holders "
                             f"or set fusion = 'shamir_linear' or 'mpc'")
     _threads(s)
-    order = owners_in_order(party)
-    coord = party.peers_with_role(COORDINATOR)[0]
+    order = role_members(party, OWNER)
+    coord = party.peer_with_role(COORDINATOR)
     total = sum(n_rows(s))
     widths = owner_widths(s, len(order))
     state = holder_state(party, s, order, total, widths)
@@ -482,7 +478,7 @@ class CoordinatorState:
 
 def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     _threads(s)
-    order = owners_in_order(party)
+    order = role_members(party, OWNER)
     widths = owner_widths(s, len(order))
     check_alignable(s, widths)
     state = coordinator_state(party, s, order, widths)

@@ -50,7 +50,7 @@ class Settings:
     hidden: int = setting(16, "width of W_0's output", lo=1)
     align: Literal["none", "soft", "hard", "tied"] = setting("soft", "alignment P_i (none needs d_i = d)")
     graph: Literal["none", "given", "icdf"] = setting("icdf", "consensus graph: none (Â = I), given (the road "
-                                                              "graph, binarised), icdf (eq. 9, learned)")
+                                                              "graph, binarised), icdf (Eq. (9), learned)")
     tau: float = setting(0.1, "ICDF temperature", lo=0, lo_open=True)
     test_samples: int = setting(10, "ICDF graphs averaged at evaluation", lo=1)
     epochs: int = setting(100, "global epochs at most", lo=1)

@@ -1,9 +1,9 @@
 """F³ training loops (f3.txt, Algorithm 1), independent of where the first layer is computed.
 
-Algorithm 1, lines 1-4 (each owner, alone)  -> :func:`train_local`: eq. (3), LSTM -> h^i -> linear softmax,
+Algorithm 1, lines 1-4 (each owner, alone)  -> :func:`train_local`: Eq. (3), LSTM -> h^i -> linear softmax,
                                                Adam, mini-batches, early stopping on the owner's validation loss;
                                                :func:`represent`: the frozen model's h_k^i for every sample
-Algorithm 1, lines 5-7 (global model)       -> :func:`train_global`: eq. (8) by Adam on the coordinator's
+Algorithm 1, lines 5-7 (global model)       -> :func:`train_global`: Eq. (8) by Adam on the coordinator's
                                                parameters (P_i, W_0, W_1, θ), early stopping on validation loss
 Algorithm 1, lines 8-10 (inference)         -> :func:`predict`
 Metrics (Tables 2, 3)                       -> :func:`scores`: macro F1 and AUC
@@ -95,7 +95,7 @@ class EarlyStop:
         self.model.load_state_dict(self.state)
 
 
-# ------------------------------------------------------------------------------ local (eq. 3)
+# ------------------------------------------------------------------------------ local (Eq. (3))
 def train_local(x: np.ndarray, lengths: np.ndarray | None, y: np.ndarray, x_val: np.ndarray,
                 lengths_val: np.ndarray | None, y_val: np.ndarray, n_classes: int, cfg: LocalConfig,
                 progress: Callable[[int, float], None] | None = None) -> tuple[LocalLSTM, dict]:
@@ -151,7 +151,7 @@ def local_probabilities(model: LocalLSTM, x: np.ndarray, lengths: np.ndarray | N
     return torch.softmax(model(as_tensor(x, dev), lengths), -1).double().cpu().numpy()
 
 
-# ----------------------------------------------------------------------------- global (eq. 8)
+# ----------------------------------------------------------------------------- global (Eq. (8))
 def build_global(n: int, dims: list[int], n_classes: int, cfg: GlobalConfig, given=None) -> GlobalGCN:
     dev = resolve_device(cfg.device)
     with seeded(cfg.seed, dev):

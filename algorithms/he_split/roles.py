@@ -69,7 +69,7 @@ def align_by_psi(party: PartyLike, s: Settings, data: HostData, guests: list[str
     return res, hd, psi_s
 
 
-def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
+def host(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
     torch.set_num_threads(s.torch_threads)
     guests = party.peers_with_role(GUEST)
     if not guests:
@@ -121,18 +121,18 @@ def host_role(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
     return out
 
 
-def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
+def guest(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
     torch.set_num_threads(s.torch_threads)
-    host = party.peer_with_role(HOST)
+    host_name = party.peer_with_role(HOST)
     start, saved = party.restore()
-    res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host, timeout=s.psi_timeout)
+    res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host_name, timeout=s.psi_timeout)
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
     rows = align_guest_rows(data.x, res.rows)
     x_common = rows.x_common
     bottom = guest_bottom(s, x_common, party.name)
-    party.send(host, Kind.WIDTH, {"width": s.guest_bottom_width})
-    layer = hei.guest_layer(party, host, s.layer, s.guest_bottom_width, s.interactive_width)
+    party.send(host_name, Kind.WIDTH, {"width": s.guest_bottom_width})
+    layer = hei.guest_layer(party, host_name, s.layer, s.guest_bottom_width, s.interactive_width)
     if start:   # the share eps the run had when it was stopped
         layer.eps = part.share(saved["share"])
     # A new key pair on every start, resumed or not: no ciphertext outlives its batch, so a checkpoint
@@ -143,7 +143,7 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
         party.checkpoint(k, {"driver": driver, "share": part.share_tensors("share", layer.eps)})
 
     try:
-        batches = serve_guest(bottom, HEGuestLink(party, host, layer, Kind.BATCH, len(x_common)), saved.get("driver"),
+        batches = serve_guest(bottom, HEGuestLink(party, host_name, layer, Kind.BATCH, len(x_common)), saved.get("driver"),
                               checkpoint)["train_batches"]
     finally:
         layer.close()
@@ -157,4 +157,4 @@ def guest_role(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any
     return out
 
 
-ROLES: dict[str, Callable[..., dict[str, Any]]] = {HOST: host_role, GUEST: guest_role}
+ROLES: dict[str, Callable[..., dict[str, Any]]] = {HOST: host, GUEST: guest}

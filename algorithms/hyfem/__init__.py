@@ -2,13 +2,13 @@
 Federated Learning", Algorithm 1), as a fedhet algorithm: one ``server`` and M ``client`` parties.
 
 Each client holds some rows and some views; per view a feature extractor theta_d is averaged by
-secure aggregation among the clients holding it (eq. (7)), and the clients' inference models are
-merged by Hungarian-matched averaging (eq. (8), :mod:`.matching`).
+secure aggregation among the clients holding it (Eq. (7)), and the clients' inference models are
+merged by Hungarian-matched averaging (Eq. (8), :mod:`.matching`).
 
 Modules: ``settings`` (the ``[algorithm]`` keys, the scenarios, the networks' shapes), ``data``
 (views, split, each client's part), ``models`` (extractors, inference MLP), ``model`` (each
 party's trained part as it leaves the run), ``matching``
-(eq. (8)), ``core`` (one function per step of Algorithm 1), ``messages`` (the kinds and their
+(Eq. (8)), ``core`` (one function per step of Algorithm 1), ``messages`` (the kinds and their
 schemas), ``roles`` (``server``, ``client``).
 
 ``scenario = "fig3"``: D = 4 views (the first four), 3 per client, 3/4 of the classes, no unused

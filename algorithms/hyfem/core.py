@@ -5,16 +5,16 @@ in-memory sweeps, which run those roles) call the one implementation step by ste
 Round t of Algorithm 1 and the functions that compute it:
 
 1. local update at client m, Q steps (``local_update``):
-   HyFEM-Avg, eq. (9):  min  sum_n l(h(theta_m; x_m^n); w_m; y_m^n)
-   HyFEM-Prox, eq. (6): the same + mu ||Pi_m theta_0 - w_m||^2 + sum_{d in D_m} ||theta_{m,d} - theta_{0,d}||^2
+   HyFEM-Avg, Eq. (9):  min  sum_n l(h(theta_m; x_m^n); w_m; y_m^n)
+   HyFEM-Prox, Eq. (6): the same + mu ||Pi_m theta_0 - w_m||^2 + sum_{d in D_m} ||theta_{m,d} - theta_{0,d}||^2
    where Pi_m theta_0 and theta_{0,d} are what the client received at the start of the round
    (Algorithm 1 sets w_m^{t,0} = Pi_m theta_0, theta_{m,d}^{t,0} = theta_{0,d}), so the client
    keeps no state between rounds beyond its data;
-2. theta_{0,d} = mean of theta_{m,d} over the clients holding view d, eq. (7), written as a sum
+2. theta_{0,d} = mean of theta_{m,d} over the clients holding view d, Eq. (7), written as a sum
    that secure aggregation can compute: each holder contributes ``extractor_share`` (its weight
    times theta_{m,d}), the sum is formed (``sum_view_shares`` in the clear, secure aggregation in
    the federated run) and the server divides (``view_means``) and stores (``update_extractors``);
-3. matched averaging of the inference models, eq. (8) (``match_inference``, via
+3. matched averaging of the inference models, Eq. (8) (``match_inference``, via
    :mod:`.matching`): needs every w_m at the server in the clear;
 4. what goes back (``message_for_client``): w_m = Pi_m theta_0 restricted to the client's views,
    and theta_{0,d} for d in D_m.
@@ -33,11 +33,11 @@ where it says, else the plainest choice):
 =================  ==========  ==============================================================
 field              default     meaning
 =================  ==========  ==============================================================
-method             "avg"       "avg" (eq. 9) or "prox" (eq. 6)
-mu                 0.1         weight of ||Pi_m theta_0 - w_m||^2 in eq. (6) (paper: 0.1, 0.5)
-extractor_weight   1.0         weight of sum_d ||theta_{m,d} - theta_{0,d}||^2 (eq. (6): 1)
+method             "avg"       "avg" (Eq. (9)) or "prox" (Eq. (6))
+mu                 0.1         weight of ||Pi_m theta_0 - w_m||^2 in Eq. (6) (paper: 0.1, 0.5)
+extractor_weight   1.0         weight of sum_d ||theta_{m,d} - theta_{0,d}||^2 (Eq. (6): 1)
 loss_reduction     "mean"      data term: batch-mean cross-entropy ("mean"), or that times the
-                               client's row count ("sum": an unbiased estimate of eq. (6)'s
+                               client's row count ("sum": an unbiased estimate of Eq. (6)'s
                                sum over its rows, which makes both penalties n_m times weaker)
 lr                 0.005       initial learning rate (paper)
 lr_decay           0.2         multiplied in every ``decay_every`` rounds (paper)
@@ -58,9 +58,9 @@ device             "cpu"       "cpu", "cuda", "cuda:N" or "auto" (training and e
 seed               0           init, batch order and matching picks derive from it
 =================  ==========  ==============================================================
 
-The data term is by default the mean cross-entropy of the mini-batch (eq. (6) sums over the
+The data term is by default the mean cross-entropy of the mini-batch (Eq. (6) sums over the
 client's rows; the mean keeps the penalties' weights independent of the client's row count, as
-FedProx implementations do); ``loss_reduction="sum"`` follows eq. (6) literally.
+FedProx implementations do); ``loss_reduction="sum"`` follows Eq. (6) literally.
 The optimizer starts fresh each round.  Batches are drawn from a generator seeded by
 (seed, client, round), so a round repeats exactly given its inputs (on one device).
 """
@@ -214,7 +214,7 @@ def _optimizer(params, cfg: HyFEMConfig, lr: float) -> torch.optim.Optimizer:
 
 def local_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec,
                  cfg: HyFEMConfig, round_index: int, client_id: int = 0) -> tuple[ClientModels, dict]:
-    """Q local steps of eq. (9) (method "avg") or eq. (6) (method "prox") from ``received``
+    """Q local steps of Eq. (9) (method "avg") or Eq. (6) (method "prox") from ``received``
     (Pi_m theta_0 and theta_{0,d}, which are also the Prox anchors).  Returns the trained models
     (numpy, CPU) and {"loss": mean cross-entropy over the steps, "objective": mean penalised
     loss, "lr", "steps", "n_train"}."""
@@ -265,7 +265,7 @@ def local_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec,
 
 
 def extractor_share(models: ClientModels, view: int, weight: float = 1.0) -> np.ndarray:
-    """What client m puts into view d's aggregation (eq. (7)): weight x theta_{m,d} (float64).
+    """What client m puts into view d's aggregation (Eq. (7)): weight x theta_{m,d} (float64).
     Eq. (7) is the plain mean, weight 1; a row-count weight gives the weighted mean."""
     if int(view) not in models.extractors:
         raise ValueError(f"the client does not hold view {view} (it holds {list(models.views)})")
@@ -328,7 +328,7 @@ def view_holders(state: ServerState, view: int) -> list[int]:
 def sum_view_shares(updates: Mapping[int, ClientModels],
                     weights: Mapping[int, float] | None = None
                     ) -> tuple[dict[int, np.ndarray], dict[int, float]]:
-    """Plain aggregation of eq. (7)'s numerators: per view, the sum of the holders'
+    """Plain aggregation of Eq. (7)'s numerators: per view, the sum of the holders'
     ``extractor_share`` and the sum of their weights.  Secure aggregation computes the same sums
     without showing the server any single share."""
     sums: dict[int, np.ndarray] = {}
@@ -343,7 +343,7 @@ def sum_view_shares(updates: Mapping[int, ClientModels],
 
 
 def view_means(sums: Mapping[int, np.ndarray], totals: Mapping[int, float]) -> dict[int, np.ndarray]:
-    """theta_{0,d} = sum / total weight (eq. (7)), float32."""
+    """theta_{0,d} = sum / total weight (Eq. (7)), float32."""
     out = {}
     for d, s in sums.items():
         t = float(totals[d])

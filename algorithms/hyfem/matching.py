@@ -1,4 +1,4 @@
-"""Matched averaging of MLPs whose inputs cover different coordinates (HyFEM eq. (8)).
+"""Matched averaging of MLPs whose inputs cover different coordinates (HyFEM Eq. (8)).
 
 HyFEM (Zhang, Yin, Hong & Chen, "Hybrid Federated Learning: Algorithms and Implementation")
 merges the clients' local inference models w_m into one global model theta_0 by solving
@@ -31,7 +31,7 @@ columns of the views it holds, in that order).  Conceptually the client's model 
 to the global input width, but a padded coordinate is *not counted*: the average of each weight
 runs over the clients that hold that coordinate (per-coordinate counts), so a view held by one
 client takes that client's weights instead of being pulled toward zero.  A global weight that no
-client covers is left where it was (eq. (8) does not determine it).
+client covers is left where it was (Eq. (8) does not determine it).
 
 Choices the paper leaves open (its "technical details" were skipped for space):
 
@@ -67,7 +67,7 @@ Assignment = list[np.ndarray]  # one int64 array per hidden layer
 
 @dataclass(frozen=True)
 class MatchSettings:
-    """Settings of the matched averaging (eq. (8)); see the module docstring."""
+    """Settings of the matched averaging (Eq. (8)); see the module docstring."""
 
     passes: int | None = None          # P; None -> 2 * number of clients
     threshold: float = 1.0             # cost of opening a new (dummy) global neuron
@@ -167,7 +167,7 @@ def permute_hidden(layers: Sequence[Layer], perms: Sequence[np.ndarray]) -> Laye
 
 
 def assignment_matrix(assignment: np.ndarray, global_width: int) -> np.ndarray:
-    """Pi_m of one layer as the dense 0/1 (local width x global width) matrix of eq. (8)."""
+    """Pi_m of one layer as the dense 0/1 (local width x global width) matrix of Eq. (8)."""
     a = np.asarray(assignment, dtype=np.int64)
     P = np.zeros((a.shape[0], int(global_width)))
     P[np.arange(a.shape[0]), a] = 1.0
@@ -207,7 +207,7 @@ def _check_assignment(m: int, assign: Assignment, client: Layers, global_layers:
 def matched_mean(global_layers: Sequence[Layer], clients: Sequence[Sequence[Layer]],
                  input_columns: Sequence[np.ndarray], assignments: Sequence[Assignment | None],
                  weights: Sequence[float] | None = None) -> Layers:
-    """theta_0 = argmin sum_m dist(Pi_m theta_0, w_m) given every Pi_m (eq. (8)).
+    """theta_0 = argmin sum_m dist(Pi_m theta_0, w_m) given every Pi_m (Eq. (8)).
 
     Each global weight is the (weighted) mean of the client weights mapped onto it, over the
     clients that hold its input coordinate; a weight no client covers keeps its current value.
@@ -353,7 +353,7 @@ def project(global_layers: Sequence[Layer], assignment: Assignment,
 
 def matching_cost(global_layers: Sequence[Layer], clients: Sequence[Sequence[Layer]],
                   input_columns: Sequence[np.ndarray], assignments: Sequence[Assignment]) -> float:
-    """sum_m dist(Pi_m theta_0, w_m) (the objective of eq. (8), unweighted)."""
+    """sum_m dist(Pi_m theta_0, w_m) (the objective of Eq. (8), unweighted)."""
     total = 0.0
     for lays, cols, a in zip(clients, input_columns, assignments):
         proj = project(global_layers, a, cols)
@@ -398,7 +398,7 @@ def matched_averaging(global_layers: Sequence[Layer] | None, clients: Sequence[S
                       assignments: Sequence[Assignment | None] | None = None,
                       settings: MatchSettings = MatchSettings(), seed: int = 0,
                       weights: Sequence[float] | None = None) -> MatchResult:
-    """The global matching updates of Algorithm 1 (eq. (8)).
+    """The global matching updates of Algorithm 1 (Eq. (8)).
 
     ``global_layers`` is the current theta_0 (None: start from nothing; ``n_inputs`` then gives
     the global input width).  ``assignments[m]`` is client m's current Pi_m (None: not matched

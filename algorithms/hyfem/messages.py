@@ -43,7 +43,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
                 payload=sch.Fields({"round": sch.Int(lo=0), "w": sch.Arr("<f4", ("n_inference",))}),
                 protects="derived"),
         declare(Kind.INFERENCE, "client", "server",
-                "DISCLOSED: the client's trained inference model w_m in the clear (eq. 8 matching is "
+                "DISCLOSED: the client's trained inference model w_m in the clear (Eq. (8) matching is "
                 "not linear), flat float32",
                 payload=sch.Fields({"round": sch.Int(lo=0), "w": sch.Arr("<f4", ("n_inference",))}),
                 protects="derived"),

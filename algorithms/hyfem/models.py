@@ -1,6 +1,6 @@
 """HyFEM's networks (Zhang, Yin, Hong & Chen, "Hybrid Federated Learning", Sec. 2 and 3.1).
 
-* a **feature extractor** theta_d per view d (h_m in eq. (1)): :class:`ViewMLP` for feature-vector
+* a **feature extractor** theta_d per view d (h_m in Eq. (1)): :class:`ViewMLP` for feature-vector
   views (Handwritten's six views) or :class:`ViewCNN` for image views (COIL-20's 32x32 poses;
   the paper used ResNet-34's convolutional layers on ModelNet40's rendered views, which are not
   available here).  Each maps a view's rows to an embedding of ``embed_dim`` (ReLU'd) units;
@@ -9,7 +9,7 @@
   model takes, :class:`InferenceMLP`.  The global model takes every view's embedding, in view
   order; client m's model takes only its views' embeddings, in the same (sorted) order, i.e. the
   global input columns ``HyFEMModelSpec.input_columns(D_m)``.  A missing view's embedding is
-  filled with zeros (:func:`concat_embeddings`), which is what "zero-padded" means in eq. (8).
+  filled with zeros (:func:`concat_embeddings`), which is what "zero-padded" means in Eq. (8).
 
 What moves between parties is numpy: an extractor as one flat float32 vector in the fixed order
 of ``module.parameters()`` (:func:`get_flat` / :func:`set_flat`), an inference model as its list

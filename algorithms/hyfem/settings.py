@@ -12,7 +12,7 @@ from fedhet.algorithms.hyfem.models import ExtractorSpec, HyFEMModelSpec
 from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
-# Extractor weights of these small nets stay well inside [-8, 8]; each client's eq. (7) weight is 1.
+# Extractor weights of these small nets stay well inside [-8, 8]; each client's Eq. (7) weight is 1.
 DEFAULT_AGGREGATION: Literal["secure", "plain"] = "secure"
 DEFAULT_CLIP = 8.0
 AGGREGATION_DEFAULTS = AggregationSettings(aggregation=DEFAULT_AGGREGATION, secagg_clip=DEFAULT_CLIP,
@@ -31,11 +31,11 @@ SCENARIOS = {  # scenario -> (n_views, views_per_client, classes_per_client, unu
 
 @dataclass(frozen=True)
 class Settings:
-    method: Literal["avg", "prox"] = setting("avg", "HyFEM-Avg (eq. 9) or HyFEM-Prox (eq. 6)")
+    method: Literal["avg", "prox"] = setting("avg", "HyFEM-Avg (Eq. (9)) or HyFEM-Prox (Eq. (6))")
     mu: float = setting(0.1, "Prox weight of ||Pi_m theta_0 - w_m||^2 (paper: 0.1, 0.5)", lo=0)
     extractor_weight: float = setting(1.0, "Prox weight of sum_d ||theta_md - theta_0d||^2", lo=0)
     loss_reduction: Literal["mean", "sum"] = setting("mean", "data term: batch-mean cross-entropy, or "
-                                                      "that x the client's rows (eq. 6 literally)")
+                                                      "that x the client's rows (Eq. (6) literally)")
     rounds: int = setting(32, "T rounds (paper 32)", lo=1)
     local_steps: int = setting(32, "Q mini-batch steps per round (paper 32)", lo=1)
     batch_size: int = setting(32, "mini-batch size (paper 32)", lo=1)

@@ -2,7 +2,7 @@
 
 Feng, Yu & Zhu, "MMVFL" (Sensors 2024).  Modules, one idea each:
 
-* :mod:`.core`: the numerics (its docstring maps eqs. (3)-(10) to functions and
+* :mod:`.core`: the numerics (its docstring maps Eqs. (3)-(10) to functions and
   records the choices the paper leaves open), no parties;
 * :mod:`.settings`: the ``[algorithm]`` keys (:class:`Settings`) and the sizes
   the schemas use;
@@ -25,12 +25,12 @@ the label holder: participant 1 of the paper) and ``server``.
    (seeded, disjoint between participants), so the common set is smaller than
    anyone's own and the alignment matters.  Order "sorted": every participant
    ends with the same rows in the same order.
-2. **Rounds** r = 0, 1, ... (eq. 7, 8, 6, 3):
-   participant: Z_k-step (eq. 7, :func:`participant_z_step`) with its W_k and
+2. **Rounds** r = 0, 1, ... (Eqs. (7), (8), (6), (3)):
+   participant: Z_k-step (Eq. (7), :func:`participant_z_step`) with its W_k and
    the last Z (Z^0 = 0, known to all); submits Z_k, weight zeta_k, to
-   aggregation round 2r.  Server: ``combine_z(sum, weight)`` (eq. 8), sends Z
-   (``mmvfl/z``).  Participant: W_k-step (eq. 6, :func:`participant_w_step`),
-   submits its two objective terms (eq. 3 and the smoothed one), weight 1, to
+   aggregation round 2r.  Server: ``combine_z(sum, weight)`` (Eq. (8)), sends Z
+   (``mmvfl/z``).  Participant: W_k-step (Eq. (6), :func:`participant_w_step`),
+   submits its two objective terms (Eq. (3) and the smoothed one), weight 1, to
    aggregation round 2r+1.  Server: appends the total to the trace and sends
    ``mmvfl/step`` (stop or go on, :func:`should_stop`).
 3. **Evaluation**: each participant scores its features (||W_k^(i)||_2), keeps
@@ -47,7 +47,7 @@ What leaves whom (the declarations say the same; ``fedhet audit`` checks it):
   default) that is a masked ring vector, so the server never sees an
   individual Z_k.  The objective terms travel the same way (a 2-vector).
 - The server learns, per round, Z = sum zeta_k Z_k / sum zeta_k and
-  sum zeta_k (public: zeta is a setting), and the two totals of eq. (3) over
+  sum zeta_k (public: zeta is a setting), and the two totals of Eq. (3) over
   all participants (never one participant's term); at the end the
   per-participant accuracy scalars.  **Z approximates Y on the training rows
   by design**: MMVFL's purpose is to share label information, so the server

@@ -15,13 +15,13 @@ Equations (numbering of the paper's Section 3.4 / 5.2) -> functions:
   + eta ||Z_1 - Y||_F^2``  -> :func:`objective_terms` (one participant's
   share; the sum over participants is the objective, so it can be
   aggregated like Z) and :func:`should_stop` (the stopping rule).  (Issue 14
-  calls this "eq. (5)"; the paper's eq. (5) is the W_k subproblem in trace
+  calls this "Eq. (5)"; the paper's Eq. (5) is the W_k subproblem in trace
   form, ``||X_k W_k - Z_k||^2 + beta Tr(W_k^T A_k W_k)``, whose A_k changes
-  every step, so eq. (3) is what is tracked.)
+  every step, so Eq. (3) is what is tracked.)
 - Eq. (4)/(5), the reweighting ``A_k = diag(1 / (2 (||W_k^(i)||_2 + eps)))``
   -> :func:`reweighting_diagonal`.
 - Eq. (6), ``W_k = (X_k^T X_k + beta A_k)^-1 X_k^T Z_k``, alternated with
-  eq. (4) in an inner loop -> :func:`update_w` (solvers :func:`solve_cholesky`,
+  Eq. (4) in an inner loop -> :func:`update_w` (solvers :func:`solve_cholesky`,
   :func:`solve_woodbury`, chosen by :func:`choose_solver`).
 - Eq. (7) and the two closed forms under it: ``Z_1 = (X_1 W_1 + zeta Z +
   eta Y) / (1 + zeta + eta)``, ``Z_k = (X_k W_k + zeta Z) / (1 + zeta)``
@@ -38,7 +38,7 @@ Equations (numbering of the paper's Section 3.4 / 5.2) -> functions:
 - Section 3.2 scores ``S_k^i = ||W_k^(i)||_2`` -> :func:`feature_scores`,
   top p % -> :func:`top_features`; classification -> :func:`knn_predict`,
   :func:`selection_accuracy`.
-- Eq. (9) supFL -> :func:`fit_supfl`; eq. (10) supMVLFL -> :func:`fit_supmvlfl`.
+- Eq. (9) supFL -> :func:`fit_supfl`; Eq. (10) supMVLFL -> :func:`fit_supmvlfl`.
 
 Role-level steps (what a party process calls, in this order per round):
 :func:`init_participant` once; per round :func:`participant_z_step`
@@ -51,13 +51,13 @@ Choices the paper leaves open (all in :class:`MMVFLSettings`):
 - **Order and initialisation.**  W_k^0 is drawn N(0, 1/d_k) from
   ``numpy.random.default_rng([seed, k])`` (each participant can draw its own
   locally); the server starts from Z^0 = 0 (it knows nothing).  One round is:
-  Z_k-step (eq. 7) with the current W_k and Z, Z-step (eq. 8), then the
-  W_k-step (eq. 6, ``inner_iters`` reweighting iterations warm-started from
+  Z_k-step (Eq. (7)) with the current W_k and Z, Z-step (Eq. (8)), then the
+  W_k-step (Eq. (6), ``inner_iters`` reweighting iterations warm-started from
   the current W_k).  After the W_k-step every participant holds W_k, Z_k and Z,
   so its objective term for the round is computed locally.
 - **Rows without labels.**  The label term applies only to rows in the label
   holder's ``label_mask``: Z_1 = (X_1W_1 + zeta Z + eta m Y) / (1 + zeta +
-  eta m) row-wise, m in {0, 1}, which is the exact minimiser of eq. (3) with
+  eta m) row-wise, m in {0, 1}, which is the exact minimiser of Eq. (3) with
   ``eta ||M (Z_1 - Y)||^2``.  By default (``rows="train"``) the optimisation
   runs on the training rows only, all labelled, exactly as in the paper
   (Y is N x Nc there); ``rows="all"`` keeps validation rows in (transductive)
@@ -67,8 +67,8 @@ Choices the paper leaves open (all in :class:`MMVFLSettings`):
   ``1 / (2 (||w|| + eps))``; this is exactly a majorise-minimise step for the
   smoothed penalty ``h(t) = t - eps ln(1 + t/eps)`` (h(t) = g(t^2), g concave,
   g'(s) = 1 / (2 (sqrt(s) + eps))).  So the iteration provably never
-  increases eq. (3) with ``||W||_{2,1}`` replaced by ``sum_i h(||W^(i)||)``
-  (``smoothed`` in the trace); eq. (3) itself differs from it by at most
+  increases Eq. (3) with ``||W||_{2,1}`` replaced by ``sum_i h(||W^(i)||)``
+  (``smoothed`` in the trace); Eq. (3) itself differs from it by at most
   ``beta eps sum_i ln(1 + ||W^(i)||/eps)`` (~1e-6 relative), so it can rise
   by that much from one round to the next but not more.  The stopping rule
   uses the smoothed objective.
@@ -87,7 +87,7 @@ Choices the paper leaves open (all in :class:`MMVFLSettings`):
   :func:`standardize` z-score each feature with the participant's own
   training rows (callers apply it before the loop; :func:`run_centralized`
   takes the views as given).
-- **supMVLFL (eq. 10).**  Read literally, ``sum_k ||X_k W_k - Y||^2 +
+- **supMVLFL (Eq. (10)).**  Read literally, ``sum_k ||X_k W_k - Y||^2 +
   beta ||W_k||_{2,1}`` separates into K independent supFL problems and would be
   identical to supFL, yet the paper reports it differing; we read it as the
   views predicting Y jointly, ``||sum_k X_k W_k - Y||^2 + beta sum_k
@@ -134,12 +134,12 @@ OBJECTIVE_FIELDS = ("eq3", "smoothed")
 class MMVFLSettings:
     """Every knob of MMVFL and its evaluation (paper values where it gives them).
 
-    beta, zeta, eta: eq. (3) (paper: beta in {1e-5 ... 10}, zeta = eta = 1000,
-    zeta_k = zeta for all k).  epsilon: eq. (4).  max_iter / tol: outer rounds
+    beta, zeta, eta: Eq. (3) (paper: beta in {1e-5 ... 10}, zeta = eta = 1000,
+    zeta_k = zeta for all k).  epsilon: Eq. (4).  max_iter / tol: outer rounds
     and relative change of the smoothed objective that stops them.
-    inner_iters / inner_tol: reweighting steps per W-update (eq. 4 <-> 6);
+    inner_iters / inner_tol: reweighting steps per W-update (Eq. (4) <-> 6);
     ``inner_tol > 0`` stops earlier once W changes by less than that
-    (relative, Frobenius).  w_tol: the baselines (eqs. 9, 10) reweight until W
+    (relative, Frobenius).  w_tol: the baselines (Eqs. (9), (10)) reweight until W
     moves by at most that, relative, or ``max_iter`` steps (IRLS converges
     linearly: on Relathe / MSRC views with d > N, 1e-4 takes 90-340 steps and
     keeps >= 99 % of the top-10 % features of a 400-step fit; 1e-6 does not
@@ -212,7 +212,7 @@ def one_hot(labels, n_classes: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- solvers
 def solver_costs(n_rows: int, n_features: int, n_classes: int) -> dict[str, float]:
-    """Multiply-adds of one reweighting step (eq. 6) for each solver.
+    """Multiply-adds of one reweighting step (Eq. (6)) for each solver.
 
     cholesky: factor d x d (d^3/6) + solve (d^2 C) + add the diagonal (d^2);
     X^T X (N d^2 / 2) and X^T Z are formed once per W-update, not counted.
@@ -243,7 +243,7 @@ def choose_solver(n_rows: int, n_features: int, n_classes: int, solver: str = "a
 
 @dataclass(frozen=True, eq=False)
 class ViewSystem:
-    """One participant's data prepared for eq. (6): X (float64), its Gram matrix when needed."""
+    """One participant's data prepared for Eq. (6): X (float64), its Gram matrix when needed."""
 
     X: np.ndarray
     solver: str                      # resolved: "cholesky" | "woodbury"
@@ -320,7 +320,7 @@ def _w_subproblem(XW: np.ndarray, target: np.ndarray, W: np.ndarray, beta: float
     return float(np.einsum("ij,ij->", r, r)) + beta * l21_smoothed(W, epsilon)
 
 
-# ---------------------------------------------------------------- W update (eq. 6)
+# ---------------------------------------------------------------- W update (Eq. (6))
 @dataclass(frozen=True, eq=False)
 class WUpdate:
     W: np.ndarray
@@ -332,9 +332,9 @@ class WUpdate:
 
 def update_w(system: ViewSystem, target, W, beta: float, epsilon: float, max_iters: int,
              tol: float = 0.0) -> WUpdate:
-    """Eq. (6) alternated with eq. (4): ``max_iters`` reweighting steps from W.
+    """Eq. (6) alternated with Eq. (4): ``max_iters`` reweighting steps from W.
 
-    Each step sets A from the current W and solves eq. (6); the smoothed
+    Each step sets A from the current W and solves Eq. (6); the smoothed
     subproblem objective never increases (see the module docstring).  With
     ``tol > 0`` it stops once W moves by at most ``tol`` relative
     (``||W_new - W||_F <= tol ||W_new||_F``).  W, not the objective: with a
@@ -370,7 +370,7 @@ def initial_z(n_rows: int, n_classes: int) -> np.ndarray:
     return np.zeros((n_rows, n_classes))
 
 
-# ---------------------------------------------------------------- Z updates (eq. 7, 8)
+# ---------------------------------------------------------------- Z updates (Eqs. (7), (8))
 def update_z_view(XW: np.ndarray, Z: np.ndarray, zeta: float, Y: np.ndarray | None = None,
                   eta: float = 0.0, label_mask: np.ndarray | None = None) -> np.ndarray:
     """Eq. (7): a participant's pseudo-labels Z_k given its predictions X_k W_k and the server's Z.
@@ -397,7 +397,7 @@ def update_z_view(XW: np.ndarray, Z: np.ndarray, zeta: float, Y: np.ndarray | No
 
 
 def z_contribution(Z_k: np.ndarray, zeta_k: float) -> np.ndarray:
-    """A participant's share of eq. (8): zeta_k Z_k (secure aggregation applies the weight itself)."""
+    """A participant's share of Eq. (8): zeta_k Z_k (secure aggregation applies the weight itself)."""
     return zeta_k * np.asarray(Z_k, dtype=np.float64)
 
 
@@ -426,7 +426,7 @@ def combine_z(weighted_sum: np.ndarray, weight_sum: float) -> np.ndarray:
 def objective_terms(X: np.ndarray, W: np.ndarray, Z_k: np.ndarray, Z: np.ndarray, beta: float,
                     zeta: float, epsilon: float, Y: np.ndarray | None = None, eta: float = 0.0,
                     label_mask: np.ndarray | None = None, XW: np.ndarray | None = None) -> np.ndarray:
-    """One participant's part of eq. (3), as the vector ``OBJECTIVE_FIELDS`` = (eq3, smoothed).
+    """One participant's part of Eq. (3), as the vector ``OBJECTIVE_FIELDS`` = (eq3, smoothed).
 
     ``||X W - Z_k||^2 + beta P(W) + zeta ||Z_k - Z||^2`` (+ ``eta ||M(Z_k - Y)||^2``
     for the label holder), P = ||.||_{2,1} for eq3 and the smoothed penalty
@@ -510,7 +510,7 @@ def participant_w_step(state: ParticipantState, Z: np.ndarray,
                        settings: MMVFLSettings) -> tuple[ParticipantState, np.ndarray]:
     """Eq. (6) (inner reweighting loop) towards this round's Z_k, then the objective terms.
 
-    Returns (state, terms): ``terms`` is this participant's part of eq. (3)
+    Returns (state, terms): ``terms`` is this participant's part of Eq. (3)
     (:func:`objective_terms`), computed with the new W_k, its Z_k and the Z
     the server just sent."""
     if state.Z_k is None:
@@ -529,7 +529,7 @@ class MMVFLResult:
     Z_views: list[np.ndarray | None]  # per participant Z_k, rows x Nc (set by every round)
     Z: np.ndarray                # the server's Z
     rows: np.ndarray             # row indices (into the views) the matrices refer to
-    objective: list[float]       # eq. (3) after each round
+    objective: list[float]       # Eq. (3) after each round
     smoothed: list[float]        # the smoothed objective (the one guaranteed non-increasing)
     iterations: int
     converged: bool              # stopped by tol (False: hit max_iter)
@@ -681,7 +681,7 @@ def selection_accuracy(X_train, train_labels, X_val, y_val, scores, percent: flo
     return float(np.mean(pred == np.asarray(y_val).reshape(-1)))
 
 
-# ---------------------------------------------------------------- baselines (eq. 9, 10)
+# ---------------------------------------------------------------- baselines (Eqs. (9), (10))
 @dataclass(frozen=True, eq=False)
 class L21Fit:
     W: list[np.ndarray]     # per view (one entry for supFL)

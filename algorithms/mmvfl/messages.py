@@ -17,7 +17,7 @@ from .settings import N_OBJECTIVE, PARTICIPANT, SERVER, Settings, sizes
 class Kind:
     """The kinds MMVFL sends itself (besides PSI's and the aggregation's)."""
 
-    Z = "mmvfl/z"            # server -> participant: the combined pseudo-labels Z (eq. 8)
+    Z = "mmvfl/z"            # server -> participant: the combined pseudo-labels Z (Eq. (8))
     STEP = "mmvfl/step"      # server -> participant: go on or stop
     REPORT = "mmvfl/report"  # participant -> server: validation accuracies (scalars)
 
@@ -51,7 +51,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
     agg = [d for d in aggregation.declarations(None, max(sizes(s)["z_len"], N_OBJECTIVE))
            if (d.kind == aggregation.Kind.PLAIN) == plain]
     return [
-        declare(Kind.Z, SERVER, PARTICIPANT, "the combined pseudo-labels Z = sum zeta_k Z_k / sum zeta_k (eq. 8) "
+        declare(Kind.Z, SERVER, PARTICIPANT, "the combined pseudo-labels Z = sum zeta_k Z_k / sum zeta_k (Eq. (8)) "
                 "of the common training rows; approximates the labels Y by design",
                 payload=sch.Fields({"r": sch.Int(lo=0), "Z": sch.Arr("<f8", ("n_rows", "n_classes"))}),
                 # The opened aggregate of the participants' pseudo-labels (what it approximates is declared).

@@ -32,7 +32,7 @@ from typing import Any, Callable, ContextManager, Literal
 
 import numpy as np
 
-from fedhet.algorithms.toolkit import Phases, traffic_totals
+from fedhet.algorithms.toolkit import Phases, role_members, traffic_totals
 from fedhet.parties.api import PeerFault, RoundFailed
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation, psi
@@ -239,8 +239,8 @@ class ParticipantRun:
 
 
 def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[str, Any]:
-    srv = party.peers_with_role(SERVER)[0]
-    order = participants_in_order(party)
+    srv = party.peer_with_role(SERVER)
+    order = role_members(party, PARTICIPANT)
     index = check_label_holder(party, order, data)
     cs = s.core()
     start, saved = party.restore()
@@ -274,11 +274,6 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
         out.update({"W": run.step.W.tolist(), "Z_k": np.asarray(run.step.Z_k).tolist(),
                     "ids": [int(i) for i in res.ids or []]})
     return out
-
-
-def participants_in_order(party: PartyLike) -> list[str]:
-    """Every participant's name (this party's too) in federation order; the first holds the labels."""
-    return [n for n, r in party.roles.items() if r == PARTICIPANT]
 
 
 def check_label_holder(party: PartyLike, order: list[str], data: ParticipantData) -> int:

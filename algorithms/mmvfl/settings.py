@@ -35,16 +35,16 @@ class Settings:
     missing: int = setting(2, "training rows each participant lacks (seeded, disjoint): what PSI removes",
                            lo=0)
     percents: list[float] = setting(list(PAPER_PERCENTS), "feature percentages p to evaluate", min_len=1)
-    beta: float = setting(1e-2, "l2,1 weight of eq. (3)", lo=0, lo_open=True)
+    beta: float = setting(1e-2, "l2,1 weight of Eq. (3)", lo=0, lo_open=True)
     zeta: float = setting(1000.0, "weight of ||Z_k - Z||^2 (every participant)", lo=0, lo_open=True)
     eta: float = setting(1000.0, "weight of ||Z_1 - Y||^2 (label holder)", lo=0)
-    epsilon: float = setting(1e-8, "eps of the reweighting, eq. (4)", lo=0, lo_open=True)
+    epsilon: float = setting(1e-8, "eps of the reweighting, Eq. (4)", lo=0, lo_open=True)
     max_iter: int = setting(200, "outer rounds at most", lo=1)
     tol: float = setting(1e-6, "stop when the smoothed objective changes by <= tol (relative)", lo=0)
-    inner_iters: int = setting(3, "reweighting steps per W-update (eq. 4 <-> 6)", lo=1)
+    inner_iters: int = setting(3, "reweighting steps per W-update (Eq. (4) <-> 6)", lo=1)
     inner_tol: float = setting(0.0, "stop the reweighting earlier below this relative change of W", lo=0)
     solver: Literal["auto", "cholesky", "woodbury"] = setting(
-        "auto", "eq. (6) solver; auto: Woodbury iff d_k > rows")
+        "auto", "Eq. (6) solver; auto: Woodbury iff d_k > rows")
     knn_k: int = setting(1, "neighbours of the k-NN classifier", lo=1)
     report_model: bool = setting(False, "participants put W_k, Z_k (and the server Z) in their OWN result "
                                         "files (tests; nothing more is sent)")

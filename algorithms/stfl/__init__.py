@@ -1,9 +1,9 @@
 """STFL, self-taught vertical federated learning (Chu & Zhang, arXiv 2102.05883, Algorithm 3), and
 the federated plaintext Hierarchical split network, as a fedhet algorithm.
 
-``variant = "stfl"``: each guest trains a VAE on its self-taught rows (eq. (5)) and sends ONCE the
-encoder's latent means of the intersected rows (eq. (7)); the host trains its MLP on
-[own features || z_1 || ... || z_G] with its labels (eq. (6)).  ``variant = "hierarchical"``: the
+``variant = "stfl"``: each guest trains a VAE on its self-taught rows (Eq. (5)) and sends ONCE the
+encoder's latent means of the intersected rows (Eq. (7)); the host trains its MLP on
+[own features || z_1 || ... || z_G] with its labels (Eq. (6)).  ``variant = "hierarchical"``: the
 same network trained jointly by backprop as a plaintext split network (paper §V-A's baseline).
 
 Modules: ``settings`` (the ``[algorithm]`` keys), ``data`` (each party's own part), ``models``

@@ -2,11 +2,11 @@
 
 Self-taught federated learning (Chu & Zhang, arXiv 2102.05883, Algorithm 3):
 
-1. each guest trains a VAE on its unlabeled rows by minimising the negative ELBO, eq. (5)
+1. each guest trains a VAE on its unlabeled rows by minimising the negative ELBO, Eq. (5)
    (``train_vae``), then drops the decoder;
 2. IDs are aligned (PSI in the federated run); each guest sends the encoder's latent means of the
-   shared rows, eq. (7) (``encode``) — never gradients, never raw features;
-3. the host trains its master model on [own features || latents] with its labels, eq. (6)
+   shared rows, Eq. (7) (``encode``) — never gradients, never raw features;
+3. the host trains its master model on [own features || latents] with its labels, Eq. (6)
    (``train_host``) and predicts with it (``predict_host``).
 
 Baselines of Table I: ``centralized`` (one MLP on all features of the labeled rows) and
@@ -102,7 +102,7 @@ class VAEFit:
 
 def fit_vae(x_unlabeled, c: Model = Model(), seed: int | None = None, device: Device = "cpu",
             on_epoch: Callable | None = None) -> VAEFit:
-    """Train a VAE on unlabeled rows (eq. (5)); ``seed`` defaults to ``c.seed``."""
+    """Train a VAE on unlabeled rows (Eq. (5)); ``seed`` defaults to ``c.seed``."""
     x = _check_2d("x_unlabeled", x_unlabeled)
     dev = resolve_device(device)
     t0 = time.perf_counter()
@@ -174,7 +174,7 @@ def _joint(x_host, latents, n: int | None = None) -> np.ndarray:
 
 def train_host(x_host, latents: Sequence, y, n_classes: int, c: Model = Model(), seed: int | None = None,
                device: Device = "cpu", on_epoch: Callable | None = None) -> HostFit:
-    """Fit the host's MLP on [x_host || z_1 || ... || z_G] with its labels (eq. (6))."""
+    """Fit the host's MLP on [x_host || z_1 || ... || z_G] with its labels (Eq. (6))."""
     x = _joint(x_host, latents)
     dev = resolve_device(device)
     t0 = time.perf_counter()

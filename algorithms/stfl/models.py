@@ -3,10 +3,10 @@
 * ``VAE`` — a guest's self-taught feature extractor (paper §IV-A, Algorithm 3): an MLP encoder
   q_phi(z|x) = N(mu(x), diag(exp(logvar(x)))) and an MLP decoder p_theta(x|z); hidden width =
   ``hidden_mult`` x input width, latent width = ``latent_frac`` x input width (paper §V-A: half).
-  ``vae_loss`` is the negative ELBO of eq. (5): reconstruction error + KL(q_phi(z|x) || N(0, I)).
+  ``vae_loss`` is the negative ELBO of Eq. (5): reconstruction error + KL(q_phi(z|x) || N(0, I)).
   After self-taught training the decoder is dropped and the guest sends ``Encoder.mean(x)``
-  (eq. (7): z = a(W x + b) through the encoder's layers).
-* ``toolkit.mlp`` — the host's master model on [host features || guest latents] (eq. (6)), the
+  (Eq. (7): z = a(W x + b) through the encoder's layers).
+* ``toolkit.mlp`` — the host's master model on [host features || guest latents] (Eq. (6)), the
   centralized baseline on all features, and the hierarchical baseline's parts (one logit for two
   classes, ``toolkit.logit_width``).
 * ``HierarchicalNet`` — paper §V-A "Hierarchical": the same structure as STFL (one encoder per
@@ -78,7 +78,7 @@ class VAE(nn.Module):
 
 def vae_loss(x_hat: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor,
              kl_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Negative ELBO, eq. (5), averaged over the batch: (total, reconstruction, KL).
+    """Negative ELBO, Eq. (5), averaged over the batch: (total, reconstruction, KL).
 
     Reconstruction = sum over features of the squared error, i.e. -log p_theta(x|z) for a Gaussian
     decoder with fixed variance 1/2, up to a constant (inputs are standardised, real valued).
