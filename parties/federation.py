@@ -55,12 +55,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
+
+from .settings import SettingsError, describe_settings, known_keys, parse_settings, setting, settings_dict
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}=[A-Za-z0-9_.-]{0,63}$")
@@ -71,38 +73,103 @@ class FederationError(ValueError):
     """The federation file is wrong; the message says where and how."""
 
 
+@dataclass(frozen=True)
+class SharedSettings:
+    """``[federation]`` keys every party must hold the same: the fingerprint each party sends on its
+    first message covers exactly these fields (:meth:`Federation.fingerprint`)."""
+
+    name: str = setting("", "free text naming the federation (default: the file's name)")
+    timeout: float = setting(120.0, "seconds a party waits for any one message", lo=0, lo_open=True)
+    seed: int = setting(0, "seed of the run (the [algorithm] seed defaults to it)")
+    max_message_mb: int = setting(1024, "largest message a party accepts, in MiB", lo=1)
+    peer_lost_s: float = setting(10.0, "seconds after a peer's connection breaks and stays down by which this "
+                                 "party has given up on it and exited", lo=0, lo_open=True)
+    restart_grace_s: float = setting(0.0, "seconds the others wait for a dead party to restart alone with "
+                                     "--resume (0 = off)", lo=0)
+
+    def validate(self) -> None:
+        if self.restart_grace_s > self.timeout:
+            raise ValueError(f"restart_grace_s = {self.restart_grace_s:g} must be between 0 (off) and the timeout "
+                             f"({self.timeout:g}s): a party waits for any one message at most the timeout")
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """``[federation]`` keys of one machine or one start, never compared between parties."""
+
+    key_dir: str = setting("", "folder of this machine's secret keys, relative to the file")
+    data_dir: str = setting("", "folder of the built-in data sets")
+    run_id: str = setting("", "the id every party of one run uses")
+    checkpoint_every: int = setting(1, "each party checkpoints its state every N-th round or epoch, 0 = never", lo=0)
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """``[federation]`` keys that only ``fedhet run`` (the launcher and its engines) and host processes
+    read; a party never does, and none of them is in the fingerprint."""
+
+    hosts: int = setting(0, "`fedhet run` only: host processes for the parties that name no host", lo=0)
+    host_threads: int = setting(0, "`fedhet run` only: torch / BLAS threads per host process", lo=0)
+    engine: Literal["local", "ray"] = setting("local", "`fedhet run` only: local (processes on this machine) "
+                                             "or ray (hosts on a Ray cluster)")
+    ray_address: str = setting("", "`fedhet run` with engine = \"ray\": the cluster's address (default: Ray's "
+                               "own look-up)")
+    placement: Literal["spread", "pack"] = setting("spread", "engine = \"ray\": spread (hosts over many nodes) "
+                                                   "or pack (onto few)")
+    party_ports: str = setting("", "engine = \"ray\": LO-HI, the ports parties listen on (default: any free port)")
+
+    def validate(self) -> None:
+        if self.party_ports:
+            m = re.match(r"^(\d{1,5})-(\d{1,5})$", self.party_ports)
+            if m is None or not 1024 <= int(m[1]) <= int(m[2]) <= 65535:
+                raise ValueError(f"party_ports must be \"LO-HI\" with 1024 <= LO <= HI <= 65535, "
+                                 f"got {self.party_ports!r}")
+
+    def port_range(self) -> tuple[int, int] | None:
+        if not self.party_ports:
+            return None
+        lo, hi = self.party_ports.split("-")
+        return int(lo), int(hi)
+
+
+@dataclass(frozen=True)
+class PartySettings:
+    """One ``[[party]]`` entry."""
+
+    name: str = setting(doc="the party's name")
+    role: str = setting(doc="its role in the algorithm")
+    endpoint: str = setting(doc="where it listens: tcp://HOST:PORT or ipc://PATH")
+    device: str = setting("cpu", "cpu | cuda | cuda:N | auto")
+    public_key: str = setting("", "its Z85 CURVE public key (from `fedhet keys`)")
+    sign_key: str = setting("", "its hex Ed25519 public key (from `fedhet keys`)")
+    data: dict[str, Any] = setting({}, "its own data file: a table of the keys in DATA_KEYS")
+    host: str = setting("", "`fedhet run` only: the host process it runs in")
+    node_label: str = setting("", "engine = \"ray\" only: KEY=VALUE, a label of the Ray node it must run on")
+
+    def validate(self) -> None:
+        for f in ("name", "role", "endpoint"):
+            if not getattr(self, f):
+                raise ValueError(f"missing or empty field {f!r}")
+        if not _NAME.match(self.name):
+            raise ValueError(f"name {self.name!r} must start with a letter and use letters, digits, _ . -")
+        if not _ENDPOINT.match(self.endpoint):
+            raise ValueError(f"endpoint {self.endpoint!r} is not tcp://HOST:PORT or ipc://PATH")
+        if not re.match(r"^(cpu|auto|cuda(:\d+)?)$", self.device):
+            raise ValueError(f"device {self.device!r} must be cpu, auto, cuda or cuda:N")
+        if self.host and not _NAME.match(self.host):
+            raise ValueError(f"host {self.host!r} must be a name (letters, digits, _ . -, starting with a letter)")
+        if self.node_label and not _LABEL.match(self.node_label):
+            raise ValueError(f"node_label {self.node_label!r} must be KEY=VALUE (a label its Ray node was started with)")
+
+
+FEDERATION_SECTIONS = (SharedSettings, LocalSettings, LaunchSettings)
+
 #: Every key of ``[federation]``, with a one-line description (error hints and docs).
-FEDERATION_KEYS: dict[str, str] = {
-    "name": "free text naming the federation",
-    "key_dir": "folder of this machine's secret keys, relative to the file",
-    "timeout": "seconds a party waits for any one message",
-    "peer_lost_s": "seconds after a peer's connection breaks and stays down by which this party has given up on it and exited (default 10)",
-    "restart_grace_s": "seconds the others wait for a dead party to restart alone with --resume (0 = off)",
-    "checkpoint_every": "each party checkpoints its state every N-th round or epoch, 0 = never (default 1)",
-    "seed": "seed of the run (the [algorithm] seed defaults to it)",
-    "max_message_mb": "largest message a party accepts, in MiB",
-    "run_id": "the id every party of one run uses",
-    "data_dir": "folder of the built-in data sets",
-    "hosts": "`fedhet run` only: host processes for the parties that name no host",
-    "host_threads": "`fedhet run` only: torch / BLAS threads per host process",
-    "engine": "`fedhet run` only: local (processes on this machine) or ray (hosts on a Ray cluster)",
-    "ray_address": "`fedhet run` with engine = \"ray\": the cluster's address (default: Ray's own look-up)",
-    "placement": "engine = \"ray\": spread (hosts over many nodes) or pack (onto few)",
-    "party_ports": "engine = \"ray\": LO-HI, the ports parties listen on (default: any free port)",
-}
+FEDERATION_KEYS: dict[str, str] = {row["key"]: row["doc"] for cls in FEDERATION_SECTIONS
+                                   for row in describe_settings(cls)}
 
 #: Every key of a ``[[party]]`` entry.
-PARTY_KEYS: dict[str, str] = {
-    "name": "the party's name",
-    "role": "its role in the algorithm",
-    "endpoint": "where it listens: tcp://HOST:PORT or ipc://PATH",
-    "device": "cpu | cuda | cuda:N | auto",
-    "public_key": "its Z85 CURVE public key (from `fedhet keys`)",
-    "sign_key": "its hex Ed25519 public key (from `fedhet keys`)",
-    "data": "its own data file: a table of the keys in DATA_KEYS",
-    "host": "`fedhet run` only: the host process it runs in",
-    "node_label": "engine = \"ray\" only: KEY=VALUE, a label of the Ray node it must run on",
-}
+PARTY_KEYS: dict[str, str] = {row["key"]: row["doc"] for row in describe_settings(PartySettings)}
 
 #: Every key of a party's ``data`` table (``docs/user_data.md`` describes them in full;
 #: the algorithms' party_table module reads them).
@@ -162,7 +229,6 @@ class Federation:
     run_id: str = ""
     data_dir: str = ""
     source: str = "<memory>"
-    extra: dict[str, Any] = field(default_factory=dict)
     base_dir: str = ""  # the federation file's folder: relative data paths start there
     hosts: int = 0  # host processes for the parties that name no host (0: one process per party)
     host_threads: int = 0  # torch / BLAS threads per host process (0: the libraries' defaults)
@@ -224,9 +290,7 @@ class Federation:
             "parties": h([(p.name, p.role) for p in ps]),
             "endpoints": h([(p.name, p.endpoint) for p in ps]),
             "keys": h([(p.name, p.public_key, p.sign_key) for p in ps]),
-            "federation": h({"name": self.name, "seed": self.seed, "timeout": self.timeout,
-                             "max_message_mb": self.max_message_mb, "peer_lost_s": self.peer_lost_s,
-                             **({"restart_grace_s": self.restart_grace_s} if self.restart_grace_s else {})}),
+            "federation": h({k: getattr(self, k) for k in known_keys(SharedSettings)}),   # every shared key
             "algorithm": {str(k): h(v) for k, v in sorted({"name": self.algorithm_name,
                                                            **self.algorithm_cfg()}.items())},
         }
@@ -265,7 +329,6 @@ class Federation:
             fed["party_ports"] = f"{self.party_ports[0]}-{self.party_ports[1]}"
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
-        fed.update(self.extra)
         return {
             "federation": fed,
             "algorithm": copy.deepcopy(self.algorithm),
@@ -317,116 +380,73 @@ def load(path: str | os.PathLike) -> Federation:
     return from_dict(data, source=str(path), base_dir=path.parent)
 
 
-def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os.PathLike | None = None) -> Federation:
-    def err(msg: str) -> FederationError:
-        return FederationError(f"{source}: {msg}")
+def _parsed(cls, table: dict[str, Any], where: str, source: str):
+    """``cls`` from ``table`` by the one settings parser; its errors as a FederationError naming the file."""
+    try:
+        return parse_settings(cls, table, where, ignore=())
+    except SettingsError as e:
+        raise FederationError(f"{source}: {e}") from None
 
-    unknown = set(data) - {"federation", "algorithm", "party"}
-    if unknown:
-        raise err(f"unknown top-level tables {sorted(unknown)} (expected [federation], [algorithm], [[party]])")
-    for table in ("federation", "algorithm"):
-        if not isinstance(data.get(table, {}), dict):
-            raise err(f"[{table}] must be a table")
-    fed = dict(data.get("federation", {}))
-    bad = unknown_keys(fed, FEDERATION_KEYS, "[federation]")
-    if bad:
-        raise err(bad)
-    algo = dict(data.get("algorithm", {}))
-    plist = data.get("party")
+
+def _section(cls, table: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in table.items() if k in known_keys(cls)}
+
+
+def _parties(plist: Any, source: str) -> list[PartySpec]:
+    """The ``[[party]]`` entries, each through the settings parser; names and endpoints unique."""
     if not isinstance(plist, list) or len(plist) < 2:
-        raise err("needs at least two [[party]] entries")
-    if "name" not in algo or not isinstance(algo["name"], str):
-        raise err("[algorithm] needs a name (e.g. name = \"fedavg_logreg\")")
+        raise FederationError(f"{source}: needs at least two [[party]] entries")
     parties: list[PartySpec] = []
-    seen: set[str] = set()
-    endpoints: set[str] = set()
     for i, p in enumerate(plist):
         where = f"[[party]] #{i + 1}" + (f" {p.get('name')!r}" if isinstance(p, dict) and "name" in p else "")
         if not isinstance(p, dict):
-            raise err(f"{where} is not a table")
-        bad = unknown_keys(p, PARTY_KEYS, where)
-        if bad:
-            raise err(bad)
-        for f in ("name", "role", "endpoint"):
-            if not isinstance(p.get(f), str) or not p.get(f):
-                raise err(f"{where}: missing or empty field {f!r}")
-        if not _NAME.match(p["name"]):
-            raise err(f"{where}: name {p['name']!r} must start with a letter and use letters, digits, _ . -")
-        if p["name"] in seen:
-            raise err(f"{where}: duplicate party name {p['name']!r}")
-        seen.add(p["name"])
-        if not _ENDPOINT.match(p["endpoint"]):
-            raise err(f"{where}: endpoint {p['endpoint']!r} is not tcp://HOST:PORT or ipc://PATH")
-        if not p["endpoint"].endswith(":0"):
-            if p["endpoint"] in endpoints:
-                raise err(f"{where}: endpoint {p['endpoint']!r} is used by another party")
-            endpoints.add(p["endpoint"])
-        dev = p.get("device", "cpu")
-        if not isinstance(dev, str) or not re.match(r"^(cpu|auto|cuda(:\d+)?)$", dev):
-            raise err(f"{where}: device {dev!r} must be cpu, auto, cuda or cuda:N")
-        for k in ("public_key", "sign_key"):
-            if k in p and not isinstance(p[k], str):
-                raise err(f"{where}: {k} must be a string")
-        pdata = p.get("data", {})
-        if not isinstance(pdata, dict):
-            raise err(f"{where}: data must be a table, e.g. data = {{ path = \"mine.csv\", label = \"y\" }}")
-        bad = unknown_keys(pdata, DATA_KEYS, f"{where} data")
-        if bad:
-            raise err(bad)
-        host = p.get("host", "")
-        if not isinstance(host, str) or (host and not _NAME.match(host)):
-            raise err(f"{where}: host {host!r} must be a name (letters, digits, _ . -, starting with a letter)")
-        label = p.get("node_label", "")
-        if not isinstance(label, str) or (label and not _LABEL.match(label)):
-            raise err(f"{where}: node_label {label!r} must be KEY=VALUE (a label its Ray node was started with)")
-        parties.append(PartySpec(p["name"], p["role"], p["endpoint"], dev, p.get("public_key", ""),
-                                 p.get("sign_key", ""), dict(pdata), host, label))
-    key_dir = fed.pop("key_dir", None)
-    if key_dir is not None:
-        key_dir = Path(key_dir)
+            raise FederationError(f"{source}: {where} is not a table")
+        for known, label in ((PARTY_KEYS, where), (DATA_KEYS, f"{where} data")):
+            table = p if known is PARTY_KEYS else p.get("data", {})
+            bad = unknown_keys(table, known, label) if isinstance(table, dict) else (
+                f"{where}: data must be a table, e.g. data = {{ path = \"mine.csv\", label = \"y\" }}")
+            if bad:
+                raise FederationError(f"{source}: {bad}")
+        ps = _parsed(PartySettings, p, where, source)
+        if ps.name in (q.name for q in parties):
+            raise FederationError(f"{source}: {where}: duplicate party name {ps.name!r}")
+        if not ps.endpoint.endswith(":0") and ps.endpoint in (q.endpoint for q in parties):
+            raise FederationError(f"{source}: {where}: endpoint {ps.endpoint!r} is used by another party")
+        parties.append(PartySpec(**settings_dict(ps)))
+    return parties
+
+
+def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os.PathLike | None = None) -> Federation:
+    """A federation from its tables: every one a user writes goes through the one settings parser
+    (:mod:`fedhet.parties.settings`), each error naming the file, the table and the key."""
+    unknown = set(data) - {"federation", "algorithm", "party"}
+    if unknown:
+        raise FederationError(f"{source}: unknown top-level tables {sorted(unknown)} (expected [federation], "
+                              f"[algorithm], [[party]])")
+    for table in ("federation", "algorithm"):
+        if not isinstance(data.get(table, {}), dict):
+            raise FederationError(f"{source}: [{table}] must be a table")
+    fed = dict(data.get("federation", {}))
+    bad = unknown_keys(fed, FEDERATION_KEYS, "[federation]")
+    if bad:
+        raise FederationError(f"{source}: {bad}")
+    shared, local, launch = (_parsed(cls, _section(cls, fed), "[federation]", source) for cls in FEDERATION_SECTIONS)
+    algo = dict(data.get("algorithm", {}))
+    parties = _parties(data.get("party"), source)
+    if "name" not in algo or not isinstance(algo["name"], str):
+        raise FederationError(f"{source}: [algorithm] needs a name (e.g. name = \"fedavg_logreg\")")
+    key_dir = None
+    if local.key_dir:
+        key_dir = Path(local.key_dir)
         if not key_dir.is_absolute() and base_dir is not None:
             key_dir = Path(base_dir) / key_dir
-    try:
-        timeout = float(fed.pop("timeout", 120.0))
-        peer_lost_s = float(fed.pop("peer_lost_s", 10.0))
-        restart_grace_s = float(fed.pop("restart_grace_s", 0.0))
-        seed = int(fed.pop("seed", 0))
-        max_mb = int(fed.pop("max_message_mb", 1024))
-    except (TypeError, ValueError) as e:
-        raise err(f"[federation]: {e}") from None
-    if timeout <= 0 or max_mb <= 0 or peer_lost_s <= 0:
-        raise err("[federation]: timeout, max_message_mb and peer_lost_s must be positive")
-    if not 0 <= restart_grace_s <= timeout:
-        raise err(f"[federation]: restart_grace_s = {restart_grace_s:g} must be between 0 (off) and the timeout "
-                  f"({timeout:g}s): a party waits for any one message at most the timeout")
-    choices: dict[str, Any] = {}
-    for k, allowed in (("engine", ("local", "ray")), ("placement", ("spread", "pack"))):
-        v = fed.pop(k, allowed[0])
-        if v not in allowed:
-            raise err(f"[federation]: {k} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
-        choices[k] = v
-    ray_address = fed.pop("ray_address", "")
-    if not isinstance(ray_address, str):
-        raise err(f"[federation]: ray_address must be a string (HOST:PORT or ray://HOST:PORT), got {ray_address!r}")
-    party_ports = None
-    if "party_ports" in fed:
-        v = fed.pop("party_ports")
-        m = re.match(r"^(\d{1,5})-(\d{1,5})$", v) if isinstance(v, str) else None
-        if m is None or not 1024 <= int(m[1]) <= int(m[2]) <= 65535:
-            raise err(f"[federation]: party_ports must be \"LO-HI\" with 1024 <= LO <= HI <= 65535, got {v!r}")
-        party_ports = (int(m[1]), int(m[2]))
-    counts: dict[str, Any] = {}
-    for k, default in (("hosts", 0), ("host_threads", 0), ("checkpoint_every", 1)):
-        v = fed.pop(k, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise err(f"[federation]: {k} must be a whole number >= 0, got {v!r}")
-        counts[k] = v
     return Federation(
-        name=str(fed.pop("name", Path(source).stem)), parties=parties, algorithm=algo, key_dir=key_dir,
-        timeout=timeout, seed=seed, max_message_mb=max_mb, run_id=str(fed.pop("run_id", "")),
-        data_dir=str(fed.pop("data_dir", "")), source=source, extra=fed, peer_lost_s=peer_lost_s,
-        restart_grace_s=restart_grace_s, ray_address=ray_address, party_ports=party_ports, **choices,
-        base_dir=str(base_dir) if base_dir is not None else "", **counts,
+        **{**settings_dict(shared), "name": shared.name or Path(source).stem},
+        parties=parties, algorithm=algo, key_dir=key_dir, run_id=local.run_id, data_dir=local.data_dir,
+        checkpoint_every=local.checkpoint_every, source=source,
+        base_dir=str(base_dir) if base_dir is not None else "",
+        hosts=launch.hosts, host_threads=launch.host_threads, engine=launch.engine, ray_address=launch.ray_address,
+        placement=launch.placement, party_ports=launch.port_range(),
     )
 
 

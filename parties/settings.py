@@ -1,4 +1,7 @@
-"""One parser for every algorithm's ``[algorithm]`` table.
+"""One parser for the tables a user writes: every algorithm's ``[algorithm]``, and ``[federation]``
+and each ``[[party]]`` (:mod:`fedhet.parties.federation`: ``SharedSettings``, ``LocalSettings``,
+``LaunchSettings``, ``PartySettings``).  (A party's ``data = {...}`` table is still checked by its own
+code, ``algorithms/party_table.TableSpec``.)
 
 An algorithm's settings are a frozen dataclass whose fields are declared with
 :func:`setting`: a default, one line of documentation, and optional checks
@@ -32,7 +35,7 @@ _MISSING = dataclasses.MISSING
 
 
 class SettingsError(ValueError):
-    """An ``[algorithm]`` table that does not parse; the text names the key."""
+    """A table that does not parse; the text names the table and the key."""
 
 
 def setting(default: Any = _MISSING, doc: str = "", *, choices: tuple | None = None,

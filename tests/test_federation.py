@@ -34,7 +34,11 @@ def test_presets_load():
     (lambda d: d["party"][1].update(colour="red"), "unknown key 'colour'"),
     (lambda d: d["algorithm"].pop("name"), r"\[algorithm\] needs a name"),
     (lambda d: d.update(extra={}), "unknown top-level"),
-    (lambda d: d["federation"].update(timeout=-1), "positive"),
+    (lambda d: d["federation"].update(timeout=-1), r"f.toml: \[federation\]: timeout must be > 0, got -1"),
+    (lambda d: d["federation"].update(timeout="soon"), r"\[federation\]: timeout must be a finite number, got 'soon'"),
+    (lambda d: d["federation"].update(engine="k8s"), r"\[federation\]: engine must be one of 'local', 'ray'"),
+    (lambda d: d["party"][1].update(host=3), r"\[\[party\]\] #2 'c': host must be a string, got 3"),
+    (lambda d: d["party"][1].update(data=[1]), r"\[\[party\]\] #2 'c': data must be a table"),
 ])
 def test_bad_federations_name_what_is_wrong(change, msg):
     import copy
@@ -72,3 +76,25 @@ def test_loose_secret_key_mode_is_refused(tmp_path):
     os.chmod(tmp_path / "x.curve.key", 0o644)
     with pytest.raises(PermissionError, match="0600"):
         keys.load_curve_secret(tmp_path, "x")
+
+
+def test_the_fingerprint_covers_every_shared_key_and_no_local_or_launch_key():
+    """By construction: the [federation] digest is over SharedSettings' fields; changing any of them
+    changes it, changing a key of this machine or of the launcher does not."""
+    from dataclasses import replace
+
+    from fedhet.parties.federation import LaunchSettings, LocalSettings, SharedSettings
+    from fedhet.parties.settings import known_keys
+
+    fed = from_dict(GOOD, source="f.toml")
+    base = fed.fingerprint()["federation"]
+    changed = {"name": "other", "timeout": 99.0, "seed": 7, "max_message_mb": 8, "peer_lost_s": 3.0,
+               "restart_grace_s": 5.0}
+    assert set(changed) == set(known_keys(SharedSettings))
+    for k, v in changed.items():
+        assert replace(fed, **{k: v}).fingerprint()["federation"] != base, k
+    others = {"data_dir": "/d", "run_id": "r", "checkpoint_every": 3, "hosts": 2, "host_threads": 1,
+              "engine": "ray", "ray_address": "h:1", "placement": "pack", "party_ports": (2000, 2100)}
+    assert set(others) == (set(known_keys(LocalSettings)) - {"key_dir"}) | set(known_keys(LaunchSettings))
+    for k, v in others.items():
+        assert replace(fed, **{k: v}).fingerprint()["federation"] == base, k

@@ -209,8 +209,8 @@ def test_host_grouping_is_round_robin_and_explicit_hosts_come_first():
 
 @pytest.mark.unit
 @pytest.mark.parametrize("change, msg", [
-    ({"federation": {"hosts": -1}}, "hosts must be a whole number"),
-    ({"federation": {"host_threads": "1"}}, "host_threads must be a whole number"),
+    ({"federation": {"hosts": -1}}, r"\[federation\]: hosts must be >= 0, got -1"),
+    ({"federation": {"host_threads": "1"}}, r"\[federation\]: host_threads must be an integer, got '1'"),
     ({"host": "bad name"}, "host 'bad name' must be a name"),
 ])
 def test_bad_host_settings_name_what_is_wrong(change, msg):
