@@ -66,6 +66,14 @@ FAILED_LINGER_S = 2.0
 EXIT_RESERVE_S = 2.0
 
 
+def _quietly(step) -> None:
+    """One step of a failed party's exit: its own failure must not hide the one being reported."""
+    try:
+        step()
+    except Exception:
+        pass
+
+
 def give_up_after(fed: Federation) -> float:
     """Seconds a peer's broken connection may stay down before this party's waits on it give up:
     ``peer_lost_s`` less the exit reserve, never longer than the federation's timeout, never shorter
@@ -391,113 +399,138 @@ class PartyRun:
 
     def run(self) -> int:
         """Run the role function to completion; returns the exit code (0 = success, 1 = failed,
-        130 = interrupted, 143 = stopped)."""
-        from .zmq_transport import ZmqParty
-
-        fed, name, spec, pdir, log, run_id = self.fed, self.name, self.spec, self.pdir, self.log, self.run_id
-        insecure, status, t0 = self.insecure, self.status, self.t0
-        transcript = None
-        party = None
+        130 = interrupted, 143 = stopped).  The steps: the public record, the settings, the keys, the
+        transcript, the transport, the role, the results; any failure is recorded (:meth:`_fail`)."""
+        self.transcript: Transcript | None = None
         try:
-            write_json_atomic(self.run_dir / rf.CONFIG, config_record(fed, run_id, insecure))
-            algo = self.algorithm
-            if algo.name != fed.algorithm_name:
-                raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
-            algo.check_roles({name: spec.role})
-            # Settings, declarations and sizes before anything listens: a bad key fails here.
-            settings, declared, sizes = prepare(algo, fed.algorithm_cfg())
-            self.stage("settings parsed")
-            if fed.key_dir is None:
-                raise ValueError(f"{fed.source}: [federation] key_dir is not set: set it to the folder of this "
-                                 f"machine's secret keys, then run `fedhet keys {fed.source} --update`")
-            if not insecure:
-                check_keys_present(fed)
-            signing = keyfiles.load_signing_key(fed.key_dir, name)
-            secret = None if insecure else keyfiles.load_curve_secret(fed.key_dir, name)
-            public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
-            if not insecure and keyfiles.load_public(fed.key_dir, name).curve != spec.public_key:
-                raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
-                                 "in the federation file")
-            self.stage("keys loaded")
-            transcript = Transcript(pdir / rf.TRANSCRIPT, name, run_id, signing, earlier=self.earlier)
-            incarnation, offered = 0, None
-            if self.earlier is not None:
-                incarnation = 1 + sum(r.get("type") == "resume" for r in self.earlier)
-                offered = self.checkpoints.offer(self.earlier)
-                transcript.mark("resume", incarnation=incarnation, earlier=self.earlier_file,
-                                offered={str(k): v for k, v in sorted(offered.items())})
-                log.info("resuming (incarnation %d); checkpoints held: %s", incarnation, sorted(offered) or "none")
-            status({"state": "starting", "done": 0, "total": 0})
-            extra = {} if self.zmq_context is None else {"context": self.zmq_context}
-            party = self.party = ZmqParty(
-                name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
-                secret_key=secret, insecure=insecure, bind_endpoint=self.bind, run_id=run_id, seed=fed.seed,
-                device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
-                transcript=transcript, logger=log, metrics_path=pdir / rf.METRICS, status_cb=status,
-                declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-                lost_s=give_up_after(fed), incarnation=incarnation,
-                restarted=self.restarted, **extra,
-            )
-            party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
-            party.after_checkpoint = kill_hook(name, self.run_dir)
-            party.restart_grace = fed.restart_grace_s > 0
-            log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, run_id, len(party.peers),
-                     party.device, ", INSECURE" if insecure else "")
-            self.stage("transport up")
-            result = run_role(algo, settings, party, list(fed.roles.items()),
-                              data_dir=fed.data_dir or None, data_spec=spec.data or None,
-                              base_dir=fed.base_dir or None, stage=self.stage, resume=offered)
-            party.flush_checkpoints()
-            party.close()
-            self.stage("closing barrier passed")
-            part = trained_part(algo, settings, party, fed.fingerprint())
-            if part is not None:
-                write_part(pdir / rf.MODEL, part, part.header)
-                self.stage("model written")
-            transcript.close()
-            wall = time.perf_counter() - t0
-            write_json_atomic(pdir / rf.RESULT, {
-                "party": name, "role": spec.role, "run_id": run_id, "algorithm": algo.name,
-                "resumed_from": party.resumed_from, "incarnation": party.incarnation,
-                "checkpoints": party.checkpoint_stats,
-                "result": result, "traffic": party.traffic(), "wall_s": wall,
-                "exclusions": party.exclusions, "rounds_with_exclusions": party.exclusion_count,
-                "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device, "insecure": insecure,
-            })
-            status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
-            log.info("party %s finished in %.2fs", name, wall)
+            write_json_atomic(self.run_dir / rf.CONFIG, config_record(self.fed, self.run_id, self.insecure))
+            settings, declared, sizes = self._settings()
+            signing, secret, public = self._keys()
+            incarnation, offered = self._open_transcript(signing)
+            party = self._connect(secret, public, declared, sizes, incarnation)
+            result = run_role(self.algorithm, settings, party, list(self.fed.roles.items()),
+                              data_dir=self.fed.data_dir or None, data_spec=self.spec.data or None,
+                              base_dir=self.fed.base_dir or None, stage=self.stage, resume=offered)
+            self._finish(party, settings, result)
             self.code = 0
             return 0
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process exits
-            reason = f"{type(e).__name__}: {e}"
-            stopped = isinstance(e, (Stopped, KeyboardInterrupt))
-            log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
-            # The record first (cause, culprit, evidence: fedhet.parties.failure), then the notice:
-            # whoever the notice stops finds this party's own explanation already written.
-            rec = failure.record(e, name, spec.role, transport=party, stopped=stopped)
-            rec["wall_s"] = time.perf_counter() - t0
-            try:
-                write_json_atomic(pdir / rf.ERROR, rec)
-                status({"state": "stopped" if stopped else "failed", "error": reason,
-                        "culprit": rec["culprit"], "cause": rec["cause"]})
-            except Exception:
-                pass
-            if not stopped and not isinstance(e, PartyAborted):
-                if party is not None:
-                    party.notify_failure(f"{name}: {reason}")
-                else:
-                    self.announce_early(reason)
+            return self._fail(e)
+
+    def _settings(self):
+        """The algorithm's settings, declarations and sizes, before anything listens: a bad key fails here."""
+        algo, fed = self.algorithm, self.fed
+        if algo.name != fed.algorithm_name:
+            raise ValueError(f"the federation runs {fed.algorithm_name!r}, this party was given {algo.name!r}")
+        algo.check_roles({self.name: self.spec.role})
+        out = prepare(algo, fed.algorithm_cfg())
+        self.stage("settings parsed")
+        return out
+
+    def _keys(self):
+        """This party's signing key, CURVE secret (None when insecure) and every party's CURVE public key."""
+        fed, name = self.fed, self.name
+        if fed.key_dir is None:
+            raise ValueError(f"{fed.source}: [federation] key_dir is not set: set it to the folder of this "
+                             f"machine's secret keys, then run `fedhet keys {fed.source} --update`")
+        if not self.insecure:
+            check_keys_present(fed)
+        signing = keyfiles.load_signing_key(fed.key_dir, name)
+        secret = None if self.insecure else keyfiles.load_curve_secret(fed.key_dir, name)
+        public = {p.name: p.public_key.encode() for p in fed.parties if p.public_key}
+        if not self.insecure and keyfiles.load_public(fed.key_dir, name).curve != self.spec.public_key:
+            raise ValueError(f"the CURVE key in {fed.key_dir} for {name!r} does not match its public_key "
+                             "in the federation file")
+        self.stage("keys loaded")
+        return signing, secret, public
+
+    def _open_transcript(self, signing) -> tuple[int, dict | None]:
+        """The transcript (after an earlier incarnation's: a resume record); returns the incarnation
+        and the checkpoints this party offers to resume from (None: a fresh start)."""
+        self.transcript = Transcript(self.pdir / rf.TRANSCRIPT, self.name, self.run_id, signing, earlier=self.earlier)
+        incarnation, offered = 0, None
+        if self.earlier is not None:
+            incarnation = 1 + sum(r.get("type") == "resume" for r in self.earlier)
+            offered = self.checkpoints.offer(self.earlier)
+            self.transcript.mark("resume", incarnation=incarnation, earlier=self.earlier_file,
+                                 offered={str(k): v for k, v in sorted(offered.items())})
+            self.log.info("resuming (incarnation %d); checkpoints held: %s", incarnation, sorted(offered) or "none")
+        self.status({"state": "starting", "done": 0, "total": 0})
+        return incarnation, offered
+
+    def _connect(self, secret, public, declared, sizes, incarnation: int) -> ZmqParty:
+        """The transport up: CURVE sockets to every peer, the checkpoints and the restart rules."""
+        from .zmq_transport import ZmqParty
+
+        fed, name, spec = self.fed, self.name, self.spec
+        extra = {} if self.zmq_context is None else {"context": self.zmq_context}
+        party = self.party = ZmqParty(
+            name, fed.roles, {p.name: p.endpoint for p in fed.parties}, public_keys=public,
+            secret_key=secret, insecure=self.insecure, bind_endpoint=self.bind, run_id=self.run_id, seed=fed.seed,
+            device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
+            transcript=self.transcript, logger=self.log, metrics_path=self.pdir / rf.METRICS, status_cb=self.status,
+            declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
+            lost_s=give_up_after(fed), incarnation=incarnation, restarted=self.restarted, **extra,
+        )
+        party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
+        party.after_checkpoint = kill_hook(name, self.run_dir)
+        party.restart_grace = fed.restart_grace_s > 0
+        self.log.info("party %s (%s) up: run %s, %d peers, device %s%s", name, spec.role, self.run_id,
+                      len(party.peers), party.device, ", INSECURE" if self.insecure else "")
+        self.stage("transport up")
+        return party
+
+    def _finish(self, party: ZmqParty, settings, result: dict) -> None:
+        """After the role: checkpoints flushed, the closing barrier, the trained part, the transcript
+        closed, then ``result.json`` and the status "done"."""
+        party.flush_checkpoints()
+        party.close()
+        self.stage("closing barrier passed")
+        part = trained_part(self.algorithm, settings, party, self.fed.fingerprint())
+        if part is not None:
+            write_part(self.pdir / rf.MODEL, part, part.header)
+            self.stage("model written")
+        assert self.transcript is not None
+        self.transcript.close()
+        wall = time.perf_counter() - self.t0
+        write_json_atomic(self.pdir / rf.RESULT, {
+            "party": self.name, "role": self.spec.role, "run_id": self.run_id, "algorithm": self.algorithm.name,
+            "resumed_from": party.resumed_from, "incarnation": party.incarnation,
+            "checkpoints": party.checkpoint_stats,
+            "result": result, "traffic": party.traffic(), "wall_s": wall,
+            "exclusions": party.exclusions, "rounds_with_exclusions": party.exclusion_count,
+            "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device,
+            "insecure": self.insecure,
+        })
+        self.status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
+        self.log.info("party %s finished in %.2fs", self.name, wall)
+
+    def _fail(self, e: BaseException) -> int:
+        """Record a failure (cause, culprit, evidence: :mod:`fedhet.parties.failure`), then tell the
+        peers (whoever the notice stops finds this party's own explanation already written), keep a
+        checkpoint being written, and close; returns the exit code."""
+        name, party = self.name, self.party
+        reason = f"{type(e).__name__}: {e}"
+        stopped = isinstance(e, (Stopped, KeyboardInterrupt))
+        self.log.error("party %s %s: %s\n%s", name, "stopped" if stopped else "failed", reason, traceback.format_exc())
+        rec = failure.record(e, name, self.spec.role, transport=party, stopped=stopped)
+        rec["wall_s"] = time.perf_counter() - self.t0
+        try:
+            write_json_atomic(self.pdir / rf.ERROR, rec)
+            self.status({"state": "stopped" if stopped else "failed", "error": reason,
+                         "culprit": rec["culprit"], "cause": rec["cause"]})
+        except Exception:
+            pass
+        if not stopped and not isinstance(e, PartyAborted):
             if party is not None:
-                try:   # a checkpoint being written is finished and recorded: a resume can use it
-                    party.flush_checkpoints()
-                except Exception:
-                    pass
-            if transcript is not None:
-                transcript.close()
-            if party is not None:
-                try:
-                    party._transport_close(linger_s=FAILED_LINGER_S)
-                except Exception:
-                    pass
-            self.code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Stopped) else 1
-            return self.code
+                party.notify_failure(f"{name}: {reason}")
+            else:
+                self.announce_early(reason)
+        if party is not None:   # a checkpoint being written is finished and recorded: a resume can use it
+            _quietly(party.flush_checkpoints)
+        if self.transcript is not None:
+            _quietly(self.transcript.close)
+        if party is not None:
+            _quietly(lambda: party._transport_close(linger_s=FAILED_LINGER_S))
+        self.code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Stopped) else 1
+        return self.code
