@@ -907,6 +907,35 @@ class ZmqParty(Party):
         ``identify_s``, ``min_rate``, ``conns_per_peer``: the bounds on accepted connections
         (module docstring)."""
         super().__init__(name, roles, **kw)
+        missing = [p for p in roles if p not in endpoints]
+        if missing:
+            raise ValueError(f"no endpoint for parties {missing}")
+        self._init_links(diagnose_s, unreachable_s, lost_s)
+        self._check_security(insecure, secret_key, public_keys)
+        # Largest frame on the wire in either direction (see the module docstring).
+        self.frame_bytes = max(1, min(self.max_message_bytes, codec.CHUNK_BYTES))
+        self.reject_count = 0
+        self.rejects_by_reason: collections.Counter = collections.Counter()
+        public_keys = public_keys or {}  # --insecure runs have none
+        self._shared = context  # None: this party owns its context (and ZAP handler) and ends them
+        self.ctx = zmq.Context() if context is None else context.ctx
+        self.router = self._router(context, public_keys, secret_key, handshake_s)
+        # One DEALER per peer, made and connected on the first message to it (:meth:`_dealer`):
+        # a party connects only to the peers it talks to, so hundreds of parties that never
+        # talk to each other hold no connections (and descriptors) for each other.
+        self.dealers: dict[str, zmq.Socket] = {}
+        self._endpoints = dict(endpoints)
+        self._public_keys, self._secret_key = public_keys, secret_key
+        per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
+        self._guard: _ConnectionGuard | None = _ConnectionGuard(
+            [(self.router, per_conn)], (len(self.peers) + 2) * per_conn, curve=not insecure, log=self.log,
+            identify_s=identify_s, min_rate=min_rate, per_peer=conns_per_peer, on_link=self._link_event,
+            tick=self._check_links, max_unidentified=unidentified_cap(len(self.peers)))
+        self.router.bind(bind_endpoint or endpoints[name])
+        self._start_threads()
+
+    def _init_links(self, diagnose_s: float, unreachable_s: float | None, lost_s: float | None) -> None:
+        """What the party keeps about each dialled peer's link, and when it gives up on one."""
         self.diagnose_s = float(diagnose_s)
         self.unreachable_s = None if unreachable_s is None else float(unreachable_s)
         # a peer whose up connection broke and stays down this long is gone (it died or the network
@@ -922,59 +951,50 @@ class ZmqParty(Party):
         self._status_seen: dict = {"state": "starting", "done": 0, "total": 0}
         if self._status_cb is not None:
             self._status_cb = self._status_with_links(self._status_cb)
-        missing = [p for p in roles if p not in endpoints]
-        if missing:
-            raise ValueError(f"no endpoint for parties {missing}")
+
+    def _check_security(self, insecure: bool, secret_key: bytes | None, public_keys: dict[str, bytes] | None) -> None:
+        """CURVE's keys present, or --insecure said loudly."""
         self.insecure = insecure
         if insecure:
-            msg = (f"party {name!r}: --insecure: CURVE is OFF; traffic is plain TCP and senders are not "
+            msg = (f"party {self.name!r}: --insecure: CURVE is OFF; traffic is plain TCP and senders are not "
                    "authenticated. Use only to measure the cost of encryption.")
-            warnings.warn(msg, InsecureTransportWarning, stacklevel=2)
+            warnings.warn(msg, InsecureTransportWarning, stacklevel=3)
             self.log.warning(msg)
-        else:
-            if not zmq.has("curve"):
-                raise RuntimeError("this libzmq was built without CURVE support")
-            if secret_key is None or public_keys is None or name not in public_keys:
-                raise ValueError("CURVE needs this party's secret key and every party's public key")
-        # Largest frame on the wire in either direction (see the module docstring).
-        self.frame_bytes = max(1, min(self.max_message_bytes, codec.CHUNK_BYTES))
-        self.reject_count = 0
-        self.rejects_by_reason: collections.Counter = collections.Counter()
-        public_keys = public_keys or {}  # --insecure runs have none
-        self._shared = context  # None: this party owns its context (and ZAP handler) and ends them
-        self.ctx = zmq.Context() if context is None else context.ctx
+            return
+        if not zmq.has("curve"):
+            raise RuntimeError("this libzmq was built without CURVE support")
+        if secret_key is None or public_keys is None or self.name not in public_keys:
+            raise ValueError("CURVE needs this party's secret key and every party's public key")
+
+    def _router(self, context: SharedContext | None, public_keys: dict[str, bytes], secret_key: bytes | None,
+                handshake_s: float) -> zmq.Socket:
+        """The listening ROUTER socket, its CURVE server keys and its ZAP allow-list (every listed
+        party but this one): this party's own handler, or the host's shared context's."""
         self._zap = None
         zap_domain = ZAP_DOMAIN.encode()
-        if not insecure:
-            allowed = {k: n for n, k in public_keys.items() if n != name}
+        if not self.insecure:
+            allowed = {k: n for n, k in public_keys.items() if n != self.name}
             if context is None:
-                self._zap = _ZapHandler(self.ctx, allowed, self.log, insecure, admit=self._admit_connection)
+                self._zap = _ZapHandler(self.ctx, allowed, self.log, self.insecure, admit=self._admit_connection)
                 self._zap.start()
             else:
-                zap_domain = context.register(name, allowed, self.log, insecure, admit=self._admit_connection)
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.linger = 0
-        self.router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
-        self.router.rcvhwm = RCV_HWM
-        self.router.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
-        self.router.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
-        if not insecure:
-            self.router.curve_server = True
-            self.router.curve_secretkey = secret_key
-            self.router.curve_publickey = public_keys[name]
-            self.router.zap_domain = zap_domain
-        # One DEALER per peer, made and connected on the first message to it (:meth:`_dealer`):
-        # a party connects only to the peers it talks to, so hundreds of parties that never
-        # talk to each other hold no connections (and descriptors) for each other.
-        self.dealers: dict[str, zmq.Socket] = {}
-        self._endpoints = dict(endpoints)
-        self._public_keys, self._secret_key = public_keys, secret_key
-        per_conn = (RCV_HWM + 2) * self.frame_bytes + (1 << 20)
-        self._guard: _ConnectionGuard | None = _ConnectionGuard(
-            [(self.router, per_conn)], (len(self.peers) + 2) * per_conn, curve=not insecure, log=self.log,
-            identify_s=identify_s, min_rate=min_rate, per_peer=conns_per_peer, on_link=self._link_event,
-            tick=self._check_links, max_unidentified=unidentified_cap(len(self.peers)))
-        self.router.bind(bind_endpoint or endpoints[name])
+                zap_domain = context.register(self.name, allowed, self.log, self.insecure,
+                                              admit=self._admit_connection)
+        router = self.ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        router.maxmsgsize = self.frame_bytes + WIRE_OVERHEAD
+        router.rcvhwm = RCV_HWM
+        router.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
+        router.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
+        if not self.insecure:
+            router.curve_server = True
+            router.curve_secretkey = secret_key
+            router.curve_publickey = public_keys[self.name]
+            router.zap_domain = zap_domain
+        return router
+
+    def _start_threads(self) -> None:
+        """The guard and the receive loop running, and the peers this party talks to dialled."""
         self._streams = _Streams(self)
         self._halt = threading.Event()
         # closing writes here to wake the receive loop, which otherwise sleeps until a message comes:
@@ -982,7 +1002,7 @@ class ZmqParty(Party):
         self._wake_r, self._wake_w = os.pipe()
         if self._guard is not None:
             self._guard.start()
-        self._rx = threading.Thread(target=self._receive_loop, name=f"rx-{name}", daemon=True)
+        self._rx = threading.Thread(target=self._receive_loop, name=f"rx-{self.name}", daemon=True)
         self._rx.start()
         # Dial the peers we exchange messages with now, not at the first send, so that a wrong
         # endpoint or key shows within seconds (and not to all n - 1 peers: hundreds of owners
