@@ -129,7 +129,7 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
     stats = {k: r["stats"] for k, r in got.items()}
     # Each party's PSI call starts when its own process is up; the earlier one waits for its peer's
     # start-up inside the call.  The later one's call is the protocol from both parties ready to the end.
-    psi_by_party = {k: s["seconds"] for k, s in stats.items()}
+    psi_by_party = {k: s["total_s"] for k, s in stats.items()}
     return {
         "n": n, "psi_s": min(psi_by_party.values()), "psi_s_by_party": psi_by_party,
         "process_wall_s": run.wall_s, "size": size,
@@ -138,11 +138,22 @@ def run_size(n: int, workers: int | None, chunk: int, insecure: bool, seed: int 
         "scalar_mults": 4 * n, "workers": stats["label_owner"]["workers"],
         "cpu_s_children": run.cpu_s, "audit_ok": run.audit_ok,
         "plaintext_set_s": plain, "loadavg_before": load0, "loadavg_after": harness.loadavg(),
-        "stages": {k: {st: v for st, v in s.items() if st.startswith("seconds_") or st == "cpu_seconds"}
+        "stages": {k: {st: v for st, v in s.items() if st.endswith("_s") and st != "total_s"}
                    for k, s in stats.items()},
         "rss_mib": {k: s.get("max_rss_mib") for k, s in stats.items()},
         "backend": backend,
     }
+
+
+def stage_seconds(stages: dict) -> dict[str, float]:
+    """One party's PSI phases, name -> seconds, from a results file's ``stages`` in either convention:
+    ``<phase>_s`` (the project's, since issue 44) or ``seconds_<phase>`` (older results files);
+    ``cpu`` is the call's CPU time."""
+    out = {}
+    for k, v in stages.items():
+        name = k.removeprefix("seconds_") if k.startswith("seconds_") else k.removesuffix("_s")
+        out["cpu" if name in ("cpu", "cpu_seconds") else name] = v
+    return out
 
 
 # ------------------------------------------------------------ report

@@ -41,7 +41,7 @@ def _row(s: dict) -> dict:
     out = {k: s[k] for k in ("n", "psi_s", "psi_s_by_party", "process_wall_s", "cpu_s_children", "bytes_total",
                              "bytes_sent", "size", "loadavg_before", "loadavg_after", "stages", "backend")}
     # KKRT reports the CPU of its own call (both parties' processes, ZeroMQ's I/O threads included)
-    cpu = [st.get("cpu_seconds") for st in s["stages"].values()]
+    cpu = [psi_bench.stage_seconds(st).get("cpu") for st in s["stages"].values()]
     out["psi_cpu_s"] = sum(cpu) if all(c is not None for c in cpu) else None
     return out
 
@@ -97,7 +97,7 @@ def render(res: dict) -> str:
                          f"(goal >= {GOAL_CPU_RATIO:.0f}x: {'met' if ratio >= GOAL_CPU_RATIO else 'not met'}).")
         st = k20["stages"]
         lines.append("KKRT stages at 2^20 (s): " + "; ".join(
-            f"{p}: " + ", ".join(f"{k.removeprefix('seconds_')} {v:.2f}" for k, v in s.items() if v is not None)
+            f"{p}: " + ", ".join(f"{k} {v:.2f}" for k, v in psi_bench.stage_seconds(s).items() if v is not None)
             for p, s in st.items()))
     lines.append("Anchors quoted in issue 16 (not measured in this run): " +
                  "; ".join(f"{k}: {v:.1f} s" for k, v in ANCHORS.items()) + ".")

@@ -59,9 +59,9 @@ def one(n: int, backend: str, chunk: int, threads: int | None = None) -> dict:
                 os.environ["NUMBA_NUM_THREADS"] = old
     st = r["stages"]
     return {"protocol_s": r["psi_s"], "protocol_s_by_party": r["psi_s_by_party"],
-            "cpu_s": sum(s["cpu_seconds"] for s in st.values()), "bytes_total": r["bytes_total"],
+            "cpu_s": sum(psi_bench.stage_seconds(s)["cpu"] for s in st.values()), "bytes_total": r["bytes_total"],
             "bytes_sent": r["bytes_sent"], "process_wall_s": r["process_wall_s"],
-            "prepare_s": {p: s.get("seconds_prepare", 0.0) for p, s in st.items()},
+            "prepare_s": {p: psi_bench.stage_seconds(s).get("prepare", 0.0) for p, s in st.items()},
             "rss_mib": r.get("rss_mib", {}), "stages": st, "loadavg_before": r["loadavg_before"],
             "loadavg_after": r["loadavg_after"]}
 
@@ -124,11 +124,11 @@ def render(res: dict) -> str:
             lines.append(f"- numba threads: one per party {one_t.get('median_protocol_s', one_t['protocol_s']):.2f} s, "
                          f"two per party {t:.2f} s (both parties share the 2 cores here).")
         lines += ["", "Where the RR22 label owner's time goes at 2^20 (s, the median run): " + ", ".join(
-            f"{k.removeprefix('seconds_')} {v:.2f}" for k, v in sorted(r20["stages"]["label_owner"].items())
-            if k.startswith("seconds_") and k != "seconds_prepare"),
+            f"{k} {v:.2f}" for k, v in sorted(psi_bench.stage_seconds(r20["stages"]["label_owner"]).items())
+            if k not in ("prepare", "cpu")),
             "Feature party: " + ", ".join(
-            f"{k.removeprefix('seconds_')} {v:.2f}" for k, v in sorted(r20["stages"]["feature"].items())
-            if k.startswith("seconds_") and k != "seconds_prepare") + "."]
+            f"{k} {v:.2f}" for k, v in sorted(psi_bench.stage_seconds(r20["stages"]["feature"]).items())
+            if k not in ("prepare", "cpu")) + "."]
     lines += ["", "Figures quoted by issue 33 for 2^20 x 2^20 on this machine (measured before this backend, not in "
               "this run): " + "; ".join(f"{k}: {v['protocol_s']} s, {v['mb']} MB" for k, v in ISSUE_FIGURES.items())
               + "."]

@@ -19,14 +19,14 @@ def _once(party: PartyLike, backend: str, run: Callable[[], psi.PSIResult]) -> p
     """The PSI's result: run now, or, on a run resumed after it, the one checkpointed then (step 1).
 
     The backend's one-time start (:func:`psi.prepare`) comes first and is reported apart
-    (``seconds_prepare``), like the process's own start-up: the PSI's clock is the protocol's.
+    (``prepare_s``), like the process's own start-up: the PSI's clock is the protocol's.
     """
     start, saved = party.restore()
     if start >= 1:
         return psi.PSIResult(**saved["psi"])
     warm = psi.prepare(backend)
     res = run()
-    res.stats["seconds_prepare"] = warm
+    res.stats["prepare_s"] = warm
     party.checkpoint(1, {"psi": {"role": res.role, "ids": res.ids, "rows": res.rows, "revealed": res.revealed,
                                  "stats": res.stats}})
     return res
@@ -42,9 +42,9 @@ def _report(party: PartyLike, s: Settings, res: psi.PSIResult, data: dict, n_fea
         out.update({"size": len(res.ids), "expected_size": len(exp), "correct": set(res.ids) == exp,
                     "rows_aligned": aligned and first, "ids_sha256": ids_digest(res.ids),
                     "first_ids": res.ids[:5]})
-        party.metric(psi_size=len(res.ids), psi_seconds=res.stats["seconds"], correct=out["correct"])
+        party.metric(psi_size=len(res.ids), psi_seconds=res.stats["total_s"], correct=out["correct"])
     else:
-        party.metric(psi_seconds=res.stats["seconds"])
+        party.metric(psi_seconds=res.stats["total_s"])
     party.log.info("PSI done: %s", {k: v for k, v in out.items() if k != "first_ids"})
     return out
 

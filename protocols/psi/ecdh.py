@@ -340,7 +340,7 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     stats = {
         "n_input": len(items), "n_unique": n, "peer_sizes": sizes, "pair_sizes": pair_sizes,
         "size": int(len(rows)), "workers": nworkers, "chunk": chunk, "scalar_mults": n + sum(sizes.values()),
-        "seconds": t_end - t0, "seconds_blind": t_blind - t_start, "seconds_match": t_end - t_blind,
+        "total_s": t_end - t0, "blind_s": t_blind - t_start, "match_s": t_end - t_blind,
         **traffic_stats(party, peers, start),
     }
     return label_owner_result(items, rows, stats)
@@ -373,8 +373,8 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     t_end = time.perf_counter()
     stats = {
         "n_input": len(items), "n_unique": m, "label_owner_size": n, "size": None if rows is None else len(rows),
-        "workers": nworkers, "chunk": chunk, "scalar_mults": m + n, "seconds": t_end - t0,
-        "seconds_blind": t_blind - t_start, "seconds_wait_result": t_end - t_blind,
+        "workers": nworkers, "chunk": chunk, "scalar_mults": m + n, "total_s": t_end - t0,
+        "blind_s": t_blind - t_start, "wait_result_s": t_end - t_blind,
         **traffic_stats(party, [lo], start),
     }
     return feature_result(items, rows, stats)

@@ -297,8 +297,8 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         "pair_sizes": {p: int((w >= 0).sum()) for p, w in where.items()}, "size": int(len(rows)), "workers": 0,
         "chunk": chunk, "bins": tab.m, "cuckoo_attempts": tab.attempts, "code_bits": ot.CODE_BITS,
         "u_rows_per_message": u_rows, "out_bytes": {p: output_bytes(n, r.n) for p, r in runs.items()},
-        "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_hash": t_hash - t0,
-        "seconds_ot": t_u - t_hash, "seconds_match": t_match - t_u, "max_rss_mib": peak_rss_mib(),
+        "total_s": t_end - t0, "cpu_s": time.process_time() - c0, "hash_s": t_hash - t0,
+        "ot_s": t_u - t_hash, "match_s": t_match - t_u, "max_rss_mib": peak_rss_mib(),
         **traffic_stats(party, peers, start),
     }
     return label_owner_result(items, rows, stats)
@@ -328,8 +328,8 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     stats = {
         "backend": "kkrt", "n_input": len(items), "n_unique": mine, "label_owner_size": n,
         "size": None if rows is None else len(rows), "workers": 0, "chunk": chunk, "bins": m, "out_bytes": ell,
-        "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_setup": t_setup - t0,
-        "seconds_ot": t_ot - t_setup, "seconds_oprf": t_sent - t_ot, "seconds_wait_result": t_end - t_sent,
+        "total_s": t_end - t0, "cpu_s": time.process_time() - c0, "setup_s": t_setup - t0,
+        "ot_s": t_ot - t_setup, "oprf_s": t_sent - t_ot, "wait_result_s": t_end - t_sent,
         "max_rss_mib": peak_rss_mib(), **traffic_stats(party, [lo], start),
     }
     return feature_result(items, rows, stats)

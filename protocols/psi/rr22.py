@@ -342,9 +342,9 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
         "workers": 0, "chunk": chunk, "okvs_columns": m, "okvs_band": okvs.BAND_WIDTH,
         "okvs_failure_log2": okvs.failure_log2(n), "vole_trees": prm.t, "vole_depth": prm.depth,
         "vole_cots": prm.cots, "out_bytes": {p_: oprf_bytes(n, r.n) for p_, r in runs.items()},
-        "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0, "seconds_hash": t_hash - t0,
-        "seconds_okvs": t_okvs - t_hash, "seconds_send_okvs": t_sent - t_okvs, "seconds_vole": t_vole - t_sent,
-        "seconds_match": t_match - t_vole, "seconds_order": t_end - t_match, "max_rss_mib": peak_rss_mib(),
+        "total_s": t_end - t0, "cpu_s": time.process_time() - c0, "hash_s": t_hash - t0,
+        "okvs_s": t_okvs - t_hash, "send_okvs_s": t_sent - t_okvs, "vole_s": t_vole - t_sent,
+        "match_s": t_match - t_vole, "order_s": t_end - t_match, "max_rss_mib": peak_rss_mib(),
         **traffic_stats(party, peers, start),
     }
     return label_owner_result(items, out_rows, stats)
@@ -379,9 +379,9 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
     stats = {
         "backend": "rr22", "n_input": len(items), "n_unique": mine, "label_owner_size": n,
         "size": None if out_rows is None else len(out_rows), "workers": 0, "chunk": chunk, "okvs_columns": m,
-        "out_bytes": ell, "seconds": t_end - t0, "cpu_seconds": time.process_time() - c0,
-        "seconds_setup": t_setup - t0, "seconds_vole": t_vole - t_setup, "seconds_wait_okvs": t_okvs - t_vole,
-        "seconds_oprf": t_sent - t_okvs, "seconds_wait_result": t_end - t_sent, "max_rss_mib": peak_rss_mib(),
+        "out_bytes": ell, "total_s": t_end - t0, "cpu_s": time.process_time() - c0,
+        "setup_s": t_setup - t0, "vole_s": t_vole - t_setup, "wait_okvs_s": t_okvs - t_vole,
+        "oprf_s": t_sent - t_okvs, "wait_result_s": t_end - t_sent, "max_rss_mib": peak_rss_mib(),
         **traffic_stats(party, [lo], start),
     }
     return feature_result(items, out_rows, stats)
