@@ -49,7 +49,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fedhet.parties.federation import DATA_KEYS
+from fedhet.parties.federation import DATA_KEYS, DataSettings
+from fedhet.parties.settings import SettingsError, parse_settings
 
 FORMATS = ("csv", "parquet", "npz")
 
@@ -277,26 +278,18 @@ class TableSpec:
                 raise bad(k, f"is required here ({SPEC_KEYS[k]})")
         if "path" not in d:
             raise bad("path", "is required (the party's data file)")
-        p = d["path"]
-        if not isinstance(p, str) or not p.strip():
-            raise bad("path", f"must be a non-empty string, got {p!r}")
-        path = Path(p).expanduser()
+        try:   # types by the one settings parser; what only the values can say, in __post_init__
+            v = parse_settings(DataSettings, dict(d), f"party {party!r}, {section}", ignore=())
+        except SettingsError as e:
+            raise bad(e.key or "?", e.detail) from None
+        if not v.path.strip():
+            raise bad("path", f"must be a non-empty string, got {v.path!r}")
+        path = Path(v.path).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = Path(base_dir) / path
-        for k, types, what in (("format", str, "a string"), ("id", str, "a column name"),
-                               ("id_type", str, "a string"), ("label", str, "a column name"),
-                               ("delimiter", str, "a one-character string")):
-            if k in d and not isinstance(d[k], types):
-                raise bad(k, f"must be {what}, got {d[k]!r}")
-        for k in ("classes", "ignore"):
-            if k in d and not isinstance(d[k], (list, tuple)):
-                raise bad(k, f"must be a list, got {d[k]!r}")
-        if "features" in d and not isinstance(d["features"], (list, tuple, str)):
-            raise bad("features", f"must be a list of column names or \"rest\", got {d['features']!r}")
-        return cls(path=path, party=party, format=d.get("format", ""), id=d.get("id"),
-                   id_type=d.get("id_type", "str"), label=d.get("label"), classes=d.get("classes"),
-                   features=d.get("features"), ignore=d.get("ignore", ()),
-                   n_features=d.get("n_features"), delimiter=d.get("delimiter", ""), section=section)
+        return cls(path=path, party=party, format=v.format, id=v.id, id_type=v.id_type, label=v.label,
+                   classes=v.classes, features=v.features, ignore=tuple(v.ignore), n_features=v.n_features,
+                   delimiter=v.delimiter, section=section)
 
     def to_dict(self) -> dict[str, Any]:
         """The keys that reproduce this spec (``path`` as given to the spec, resolved)."""

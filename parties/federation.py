@@ -171,20 +171,29 @@ FEDERATION_KEYS: dict[str, str] = {row["key"]: row["doc"] for cls in FEDERATION_
 #: Every key of a ``[[party]]`` entry.
 PARTY_KEYS: dict[str, str] = {row["key"]: row["doc"] for row in describe_settings(PartySettings)}
 
-#: Every key of a party's ``data`` table (``docs/user_data.md`` describes them in full;
-#: the algorithms' party_table module reads them).
-DATA_KEYS: dict[str, str] = {
-    "path": "the party's data file; relative paths start at the federation file's folder",
-    "format": "csv | parquet | npz; default from the file name (.csv, .csv.gz, .tsv, .parquet, .pq, .npz)",
-    "id": "name of the ID column (needed by algorithms that align rows across parties)",
-    "id_type": "str (default) or int: how IDs are compared across parties",
-    "label": "name of the label column (for roles that hold labels)",
-    "classes": "all label values (integers or strings), in the order that defines codes 0..C-1",
-    "features": "list of feature column names, or \"rest\" (default): every column but id, label and ignore",
-    "ignore": "columns that features = \"rest\" leaves out",
-    "n_features": "number of feature columns this party must have (agreed in the federation file)",
-    "delimiter": "CSV field separator, one character (default \",\"; tab for .tsv)",
-}
+@dataclass(frozen=True)
+class DataSettings:
+    """A party's ``data = {...}`` table: its own data file and which columns play which part
+    (``docs/user_data.md``; ``algorithms/party_table.TableSpec`` checks what only the values can say)."""
+
+    path: str = setting(doc="the party's data file; relative paths start at the federation file's folder")
+    format: str = setting("", "csv | parquet | npz; default from the file name (.csv, .csv.gz, .tsv, .parquet, "
+                          ".pq, .npz)")
+    id: str | None = setting(None, "name of the ID column (needed by algorithms that align rows across parties)")
+    id_type: str = setting("str", "str (default) or int: how IDs are compared across parties")
+    label: str | None = setting(None, "name of the label column (for roles that hold labels)")
+    classes: list[Any] | None = setting(None, "all label values (integers or strings), in the order that defines "
+                                        "codes 0..C-1")
+    features: list[str] | str | None = setting(None, "list of feature column names, or \"rest\" (default): every "
+                                               "column but id, label and ignore")
+    ignore: list[str] = setting([], "columns that features = \"rest\" leaves out")
+    n_features: int | None = setting(None, "number of feature columns this party must have (agreed in the "
+                                     "federation file)", lo=1)
+    delimiter: str = setting("", "CSV field separator, one character (default \",\"; tab for .tsv)")
+
+
+#: Every key of a party's ``data`` table (the algorithms' party_table module reads them).
+DATA_KEYS: dict[str, str] = {row["key"]: row["doc"] for row in describe_settings(DataSettings)}
 
 
 def unknown_keys(given: Any, known: dict[str, str] | list[str], where: str) -> str | None:

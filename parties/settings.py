@@ -35,7 +35,16 @@ _MISSING = dataclasses.MISSING
 
 
 class SettingsError(ValueError):
-    """A table that does not parse; the text names the table and the key."""
+    """A table that does not parse; the text names the table and the key (``key``; ``detail``: what is
+    wrong with it, for callers that name the key their own way)."""
+
+    def __init__(self, message: str, key: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.key, self.detail = key, detail if detail is not None else message
+
+
+def _bad(where: str, key: str, detail: str) -> SettingsError:
+    return SettingsError(f"{where}: {key} {detail}", key=key, detail=detail)
 
 
 def setting(default: Any = _MISSING, doc: str = "", *, choices: tuple | None = None,
@@ -98,7 +107,7 @@ def _coerce(value: Any, tp: Any, key: str, algo: str) -> Any:
         shown = repr(value)
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        return SettingsError(f"{algo}: {key} must be {expected}, got {shown}")
+        return _bad(algo, key, f"must be {expected}, got {shown}")
 
     origin = get_origin(tp)
     if tp is Any:
@@ -161,20 +170,20 @@ def _check_range(value: Any, f: dataclasses.Field, key: str, algo: str) -> None:
     m = f.metadata
     vals = value if isinstance(value, (list, tuple)) else [value]
     if m.get("min_len") is not None and isinstance(value, (list, tuple)) and len(value) < m["min_len"]:
-        raise SettingsError(f"{algo}: {key} needs at least {m['min_len']} value(s), got {list(value)}")
+        raise _bad(algo, key, f"needs at least {m['min_len']} value(s), got {list(value)}")
     for v in vals:
         if v is None or isinstance(v, bool) or not isinstance(v, (int, float, str)):
             continue
         if m.get("choices") is not None and v not in m["choices"]:
-            raise SettingsError(f"{algo}: {key} must be one of {list(m['choices'])}, got {v!r}")
+            raise _bad(algo, key, f"must be one of {list(m['choices'])}, got {v!r}")
         if isinstance(v, str):
             continue
         lo, hi = m.get("lo"), m.get("hi")
         if lo is not None and (v < lo or (m.get("lo_open") and v == lo)):
             rel = ">" if m.get("lo_open") else ">="
-            raise SettingsError(f"{algo}: {key} must be {rel} {lo:g}, got {v!r}")
+            raise _bad(algo, key, f"must be {rel} {lo:g}, got {v!r}")
         if hi is not None and v > hi:
-            raise SettingsError(f"{algo}: {key} must be <= {hi:g}, got {v!r}")
+            raise _bad(algo, key, f"must be <= {hi:g}, got {v!r}")
 
 
 def parse_settings(cls, table: dict | None, algo: str = "algorithm", *, ignore: tuple = ("name",)):
@@ -188,7 +197,7 @@ def parse_settings(cls, table: dict | None, algo: str = "algorithm", *, ignore: 
             close = difflib.get_close_matches(str(k), known, n=1, cutoff=0.6)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise SettingsError(f"{algo}: unknown setting(s) {', '.join(hints)}; "
-                            f"`fedhet presets --describe {algo}` lists the known keys")
+                            f"`fedhet presets --describe {algo}` lists the known keys", key=str(unknown[0]))
     return _build(cls, raw, algo)
 
 
@@ -206,7 +215,7 @@ def _build(cls, raw: dict, algo: str):
         elif f.default_factory is not _MISSING:  # type: ignore[misc]
             v = f.default_factory()  # type: ignore[misc]
         else:
-            raise SettingsError(f"{algo}: {f.name} is required ({f.metadata.get('doc', '')})")
+            raise _bad(algo, f.name, f"is required ({f.metadata.get('doc', '')})")
         _check_range(v, f, f.name, algo)
         kw[f.name] = v
     obj = cls(**kw)
