@@ -45,7 +45,7 @@ def cmd_party(args) -> int:
     from fedhet.parties.federation import load
     from fedhet.parties.runtime import run_party
 
-    fed = with_data_dir(load(args.file), args.data_dir)
+    fed = with_data_dir(load(args.file, launch=False), args.data_dir)   # a party reads no launch key
     out = _out(fed, args.out)
     if args.insecure:
         console.print("[bold red]WARNING[/bold red]: --insecure: CURVE encryption and sender authentication "

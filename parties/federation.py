@@ -248,6 +248,7 @@ class Federation:
     ray_address: str = ""  # engine = "ray": the cluster ("": Ray's own look-up)
     placement: str = "spread"  # engine = "ray": spread or pack the hosts over the nodes
     party_ports: tuple[int, int] | None = None  # engine = "ray": the ports parties listen on (None: any)
+    unparsed_launch: dict[str, Any] = field(default_factory=dict)  # a party's: the launch keys as written
 
     # ------------------------------------------------------------- queries
     @property
@@ -304,6 +305,16 @@ class Federation:
                                                            **self.algorithm_cfg()}.items())},
         }
 
+    def launch_items(self) -> dict[str, Any]:
+        """The launch keys that differ from their defaults, in :class:`LaunchSettings` order, as the file
+        writes them: parsed, or as written where a party did not parse them (``unparsed_launch``)."""
+        ports = "" if self.party_ports is None else f"{self.party_ports[0]}-{self.party_ports[1]}"
+        have = {"hosts": self.hosts, "host_threads": self.host_threads, "engine": self.engine,
+                "ray_address": self.ray_address, "placement": self.placement, "party_ports": ports,
+                **self.unparsed_launch}
+        default = settings_dict(LaunchSettings())
+        return {k: have[k] for k in default if have[k] != default[k]}
+
     def derived_run_id(self) -> str:
         """Run id all parties agree on without talking: the file's own hash."""
         if self.run_id:
@@ -318,24 +329,13 @@ class Federation:
             fed["run_id"] = self.run_id
         if self.data_dir:
             fed["data_dir"] = self.data_dir
-        if self.hosts:
-            fed["hosts"] = self.hosts
-        if self.host_threads:
-            fed["host_threads"] = self.host_threads
         if self.peer_lost_s != 10.0:
             fed["peer_lost_s"] = self.peer_lost_s
         if self.checkpoint_every != 1:
             fed["checkpoint_every"] = self.checkpoint_every
         if self.restart_grace_s:
             fed["restart_grace_s"] = self.restart_grace_s
-        if self.engine != "local":
-            fed["engine"] = self.engine
-        if self.ray_address:
-            fed["ray_address"] = self.ray_address
-        if self.placement != "spread":
-            fed["placement"] = self.placement
-        if self.party_ports is not None:
-            fed["party_ports"] = f"{self.party_ports[0]}-{self.party_ports[1]}"
+        fed.update(self.launch_items())
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)
         return {
@@ -376,7 +376,8 @@ def _toml_value(v: Any) -> str:
     raise FederationError(f"cannot write {type(v).__name__} value {v!r} to TOML")
 
 
-def load(path: str | os.PathLike) -> Federation:
+def load(path: str | os.PathLike, launch: bool = True) -> Federation:
+    """The federation file at ``path`` (``launch``: see :func:`from_dict`)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -386,7 +387,7 @@ def load(path: str | os.PathLike) -> Federation:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise FederationError(f"{path}: not valid TOML: {e}") from None
-    return from_dict(data, source=str(path), base_dir=path.parent)
+    return from_dict(data, source=str(path), base_dir=path.parent, launch=launch)
 
 
 def _parsed(cls, table: dict[str, Any], where: str, source: str):
@@ -425,9 +426,14 @@ def _parties(plist: Any, source: str) -> list[PartySpec]:
     return parties
 
 
-def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os.PathLike | None = None) -> Federation:
+def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os.PathLike | None = None,
+              launch: bool = True) -> Federation:
     """A federation from its tables: every one a user writes goes through the one settings parser
-    (:mod:`fedhet.parties.settings`), each error naming the file, the table and the key."""
+    (:mod:`fedhet.parties.settings`), each error naming the file, the table and the key.
+
+    ``launch=False`` (a party process): the :class:`LaunchSettings` keys, which a party never reads,
+    are only checked to be known keys, not parsed; the federation keeps them as written, for its
+    public record."""
     unknown = set(data) - {"federation", "algorithm", "party"}
     if unknown:
         raise FederationError(f"{source}: unknown top-level tables {sorted(unknown)} (expected [federation], "
@@ -439,7 +445,9 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
     bad = unknown_keys(fed, FEDERATION_KEYS, "[federation]")
     if bad:
         raise FederationError(f"{source}: {bad}")
-    shared, local, launch = (_parsed(cls, _section(cls, fed), "[federation]", source) for cls in FEDERATION_SECTIONS)
+    shared, local = (_parsed(cls, _section(cls, fed), "[federation]", source) for cls in (SharedSettings, LocalSettings))
+    launch_table = _section(LaunchSettings, fed)
+    settings = _parsed(LaunchSettings, launch_table, "[federation]", source) if launch else LaunchSettings()
     algo = dict(data.get("algorithm", {}))
     parties = _parties(data.get("party"), source)
     if "name" not in algo or not isinstance(algo["name"], str):
@@ -454,8 +462,9 @@ def from_dict(data: dict[str, Any], source: str = "<memory>", base_dir: str | os
         parties=parties, algorithm=algo, key_dir=key_dir, run_id=local.run_id, data_dir=local.data_dir,
         checkpoint_every=local.checkpoint_every, source=source,
         base_dir=str(base_dir) if base_dir is not None else "",
-        hosts=launch.hosts, host_threads=launch.host_threads, engine=launch.engine, ray_address=launch.ray_address,
-        placement=launch.placement, party_ports=launch.port_range(),
+        hosts=settings.hosts, host_threads=settings.host_threads, engine=settings.engine,
+        ray_address=settings.ray_address, placement=settings.placement, party_ports=settings.port_range(),
+        unparsed_launch={} if launch else launch_table,
     )
 
 

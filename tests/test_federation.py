@@ -98,3 +98,24 @@ def test_the_fingerprint_covers_every_shared_key_and_no_local_or_launch_key():
     assert set(others) == (set(known_keys(LocalSettings)) - {"key_dir"}) | set(known_keys(LaunchSettings))
     for k, v in others.items():
         assert replace(fed, **{k: v}).fingerprint()["federation"] == base, k
+
+
+def test_a_party_reads_no_launch_key_and_keeps_them_for_the_record():
+    """`fedhet party` loads with launch=False: the launch keys are checked to be known keys only; its
+    public record and derived run id are the launcher's, key for key."""
+    import copy
+
+    d = copy.deepcopy(GOOD)
+    d["federation"].update(hosts=2, engine="ray", placement="spread", party_ports="20000-20999")
+    full, party = from_dict(d, source="f.toml"), from_dict(d, source="f.toml", launch=False)
+    assert (full.hosts, full.engine, full.party_ports) == (2, "ray", (20000, 20999))
+    assert (party.hosts, party.engine, party.party_ports) == (0, "local", None)   # never read by a party
+    assert party.to_dict() == full.to_dict() and party.derived_run_id() == full.derived_run_id()
+    assert party.fingerprint() == full.fingerprint()
+    d["federation"]["engine"] = "k8s"   # wrong for the launcher, nothing to a party
+    with pytest.raises(FederationError, match=r"\[federation\]: engine must be one of"):
+        from_dict(d, source="f.toml")
+    assert from_dict(d, source="f.toml", launch=False).to_dict()["federation"]["engine"] == "k8s"
+    d["federation"]["engin"] = "ray"    # a typo is still caught everywhere
+    with pytest.raises(FederationError, match="did you mean 'engine'"):
+        from_dict(d, source="f.toml", launch=False)
