@@ -42,9 +42,9 @@ def _report(party: PartyLike, s: Settings, res: psi.PSIResult, data: dict, n_fea
         out.update({"size": len(res.ids), "expected_size": len(exp), "correct": set(res.ids) == exp,
                     "rows_aligned": aligned and first, "ids_sha256": ids_digest(res.ids),
                     "first_ids": res.ids[:5]})
-        party.metric(psi_size=len(res.ids), psi_seconds=res.stats["total_s"], correct=out["correct"])
+        party.metric(psi_size=len(res.ids), psi_s=res.stats["total_s"], correct=out["correct"])
     else:
-        party.metric(psi_seconds=res.stats["total_s"])
+        party.metric(psi_s=res.stats["total_s"])
     party.log.info("PSI done: %s", {k: v for k, v in out.items() if k != "first_ids"})
     return out
 
