@@ -425,6 +425,17 @@ def predict_throughput(d: dict) -> list[str]:
                                               "same predictions", "audit"], rows)
 
 
+def loaded_demo(d: dict) -> list[str]:
+    rows = [[str(i), str(r["rc"]), f(r.get("wall_s"), 0), f(r["peak_load"], 1), f"`{r['weights_sha256'][:16]}`",
+             str(sum(r["guard_cuts"].values())), str(sum(r["listed_cuts"].values())),
+             str(sum(r["rounds_with_exclusions"].values()))] for i, r in enumerate(d["runs"], 1)]
+    same = len({r["weights_sha256"] for r in d["runs"]}) == 1
+    return [f"{d['rounds']:,} rounds beside {d['busy_loops']} busy loops; runs made at commit `{d['runs_commit']}`; "
+            f"weights bit-identical across runs: {'yes' if same else 'NO'}.", ""] + table(
+        ["run", "exit", "wall s", "peak load", "weights (sha256)", "connections cut", "listed peers' cut",
+         "rounds with exclusions"], rows)
+
+
 SECTIONS = (
     Section("STFL Table I (accuracy) and the HE split network", "python -m benchmarks.stfl_table1; "
             "python -m benchmarks.he_split_table1", ("stfl_table1", "he_split_table1"),
@@ -526,6 +537,11 @@ SECTIONS = (
             "Each party checkpoints every step; the overhead is what the most burdened party's role waited for "
             "(encoding the state; the write and its fsync run on a writer thread) as a share of its role's time. "
             "The bound is 5 % of a round."),
+    Section("The demo on a loaded machine", "python -m benchmarks.loaded_demo", ("loaded_demo",),
+            f"{REAL}: scikit-learn's breast-cancer set split over three clients (FedAvg, secure aggregation)",
+            loaded_demo, "Every party is its own process over CURVE. A connection cut by a party's own guard would "
+            "show in the cut columns (issue 43: none of a listed peer's may be). The five run folders also passed "
+            "`fedhet audit --trust-folder-keys`, run apart from the benchmark."),
     Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
             predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "
