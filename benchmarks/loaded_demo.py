@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs_n = args.runs or (2 if args.quick else 5)
     rounds = args.rounds or (400 if args.quick else 8000)
-    session = Session("loaded_demo", __file__, argv)
+    shown = list(sys.argv[1:] if argv is None else argv)
+    if args.summarize:   # the record names the folder of run folders, not where it was on this machine
+        shown[shown.index(str(args.summarize)) if str(args.summarize) in shown else 0] = args.summarize.name
+    session = Session("loaded_demo", __file__, shown)
     out = Output("loaded_demo", args.quick, args.out)
     if args.summarize:
         folders = sorted(args.summarize.glob("run*"), key=lambda p: int(p.name[3:]))
