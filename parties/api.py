@@ -21,6 +21,7 @@ from . import declare as decl
 from . import schema
 from .checkpoint import Checkpoints, CheckpointError
 from .codec import MalformedMessage
+from .identity import PartyIdentity
 from .model_store import TrainedPart, make_part
 
 DEFAULT_TIMEOUT = 120.0
@@ -376,6 +377,7 @@ class Party:
         fingerprint: dict | None = None,
         incarnation: int = 0,
         restarted: bool = False,
+        identity: PartyIdentity | None = None,
     ) -> None:
         if name not in roles:
             raise ValueError(f"party {name!r} is not in the federation ({sorted(roles)})")
@@ -400,6 +402,9 @@ class Party:
         # The federation's fingerprint (Federation.fingerprint): sent on each link's first message,
         # checked on each peer's; None (in-memory runs) sends and checks none.
         self.fingerprint = fingerprint
+        # The party's federation signing key and every party's pinned one (fedhet.parties.identity):
+        # statements a protocol lets travel through another party (:meth:`sign`, :meth:`verify`).
+        self.identity = identity
         self._seq_out: dict[str, int] = collections.defaultdict(int)
         self._seq_in: dict[str, int] = collections.defaultdict(int)
         self._last_in: dict[tuple[str, str], dict] = {}   # (peer, kind) -> seq, round, digest of its last message
@@ -693,6 +698,29 @@ class Party:
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
+    # ------------------------------------------------------------ identity
+    def _identity(self) -> PartyIdentity:
+        if self.identity is None:
+            raise PartyError(f"party {self.name!r} has no federation signing key (this transport was made "
+                             "without one), so it cannot sign or check a party's statement")
+        return self.identity
+
+    def sign(self, label: str, message: bytes) -> bytes:
+        """This party's Ed25519 signature, with its federation key, on ``message`` as a ``label`` statement
+        of this run (:mod:`fedhet.parties.identity`): a peer checks it with :meth:`verify`."""
+        return self._identity().sign(self.run_id, self.name, label, message)
+
+    def verify(self, signer: str, label: str, message: bytes, signature: bytes) -> bool:
+        """Whether ``signature`` is ``signer``'s, by the key the federation file pins for it, on ``message``
+        as a ``label`` statement of this run.  A missing pinned key is this party's own configuration
+        problem (a :class:`PartyError` naming it), never evidence against anyone."""
+        ok = self._identity().verify(self.run_id, signer, label, message, signature)
+        if ok is None:
+            raise PartyError(f"party {self.name!r} has no sign_key pinned for {signer!r} in its federation file, "
+                             "so it cannot check what that party signed (run `fedhet keys FILE --update` "
+                             "and copy every party's sign_key into every machine's copy of the file)")
+        return ok
+
     def now(self) -> float:
         """The clock that receive timeouts run on (monotonic seconds; virtual under the in-memory
         runner's ``clock="virtual"``).  Protocol deadlines are computed from it, never from time.*."""
@@ -903,8 +931,9 @@ class Party:
         return True
 
     def notify_failure(self, reason: str) -> None:
-        """Tell every peer this party failed (best effort), so they stop within seconds."""
-        for p in self.peers:
+        """Tell every linked peer this party failed (best effort), so they stop within seconds (one that no
+        declared message links to this party never waits for it: a failing client of 1,000 dials none)."""
+        for p in self.linked_peers():
             try:
                 self.send(p, ABORT_KIND, {"reason": str(reason)[:schema.MAX_TEXT]})
             except Exception:  # a dead link must not hide the original failure

@@ -94,6 +94,8 @@ class PartyLike(Protocol):
     def restore(self) -> tuple[int, dict]: ...      # (step, state) to go on from; (0, {}) fresh
     def agree_resume(self, offered: Mapping[int, str]) -> int: ...  # the runner's, not a role's
     def begin_restart(self, cause: Any) -> dict[int, str]: ...  # the runner's: a peer restarted alone
+    def sign(self, label: str, message: bytes) -> bytes: ...  # signed with the party's pinned federation key
+    def verify(self, signer: str, label: str, message: bytes, signature: bytes) -> bool: ...  # by signer's pinned key
     def now(self) -> float: ...                     # the clock receive timeouts run on (virtual in tests)
     def sleep(self, seconds: float) -> None: ...    # on now()'s clock
 

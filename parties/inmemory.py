@@ -16,6 +16,7 @@ from . import contract, failure
 from .api import Party, PartyAborted, PartyError, VirtualClock
 from .checkpoint import Checkpoints
 from .faults import Killed, raise_at
+from .identity import PartyIdentity
 from .model_store import TrainedPart
 from .role import LOAD, run_role, trained_part
 
@@ -36,8 +37,16 @@ class InMemoryHub:
         self.roles = dict(roles)
         self.run_id = run_id or uuid.uuid4().hex
         self.parties: dict[str, InMemoryParty] = {}
+        self._identities: dict[str, PartyIdentity] | None = None  # made on first use (K = 1000: 1000 keys)
+
+    def identity(self, name: str) -> PartyIdentity:
+        """``name``'s fresh signing key, every party's pinned (the in-memory federation file's keys)."""
+        if self._identities is None:
+            self._identities = PartyIdentity.fresh(sorted(self.roles))
+        return self._identities[name]
 
     def party(self, name: str, **kw: Any) -> InMemoryParty:
+        kw.setdefault("identity", self.identity(name))
         p = InMemoryParty(self, name, run_id=self.run_id, **kw)
         self.parties[name] = p
         return p

@@ -44,6 +44,7 @@ from .atomic import write_json_atomic
 from .status import StatusFile
 from .runfolder import party_dir
 from .contract import Algorithm, prepare
+from .identity import PartyIdentity
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
 from .model_store import write_part
@@ -407,7 +408,7 @@ class PartyRun:
             settings, declared, sizes = self._settings()
             signing, secret, public = self._keys()
             incarnation, offered = self._open_transcript(signing)
-            party = self._connect(secret, public, declared, sizes, incarnation)
+            party = self._connect(signing, secret, public, declared, sizes, incarnation)
             result = run_role(self.algorithm, settings, party, list(self.fed.roles.items()),
                               data_dir=self.fed.data_dir or None, data_spec=self.spec.data or None,
                               base_dir=self.fed.base_dir or None, stage=self.stage, resume=offered)
@@ -458,8 +459,9 @@ class PartyRun:
         self.status({"state": "starting", "done": 0, "total": 0})
         return incarnation, offered
 
-    def _connect(self, secret, public, declared, sizes, incarnation: int) -> ZmqParty:
-        """The transport up: CURVE sockets to every peer, the checkpoints and the restart rules."""
+    def _connect(self, signing, secret, public, declared, sizes, incarnation: int) -> ZmqParty:
+        """The transport up: CURVE sockets to every peer, the checkpoints and the restart rules; the
+        party's identity (its signing key, every party's pinned sign_key) for signed statements."""
         from .zmq_transport import ZmqParty
 
         fed, name, spec = self.fed, self.name, self.spec
@@ -470,7 +472,9 @@ class PartyRun:
             device=spec.device, timeout=fed.timeout, max_message_bytes=fed.max_message_mb << 20,
             transcript=self.transcript, logger=self.log, metrics_path=self.pdir / rf.METRICS, status_cb=self.status,
             declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
-            lost_s=give_up_after(fed), incarnation=incarnation, restarted=self.restarted, **extra,
+            lost_s=give_up_after(fed), incarnation=incarnation, restarted=self.restarted,
+            identity=PartyIdentity(signing, {p.name: keyfiles.verify_key(p.sign_key) for p in fed.parties if p.sign_key}),
+            **extra,
         )
         party.checkpoints, party.checkpoint_every = self.checkpoints, fed.checkpoint_every
         party.after_checkpoint = kill_hook(name, self.run_dir)

@@ -142,6 +142,10 @@ UP = "connected"
 LOST = "connection lost"
 BAD_STATES = (NO_TCP, HANDSHAKING, REFUSED, LOST)
 SLOW_HANDSHAKE_S = 2.0  # a peer that refuses our HELLO closes at once; one that closes later timed out
+# Consecutive handshakes closed early (no ZAP verdict) after which the link is called refused: a peer that
+# cannot open our HELLO (we hold another key for it) closes every one, a busy one only some.  Each early
+# close is retried on libzmq's reconnect back-off (100 ms doubling to DIAL_RECONNECT_MAX_MS).
+EARLY_CLOSES_CONCLUSIVE = 10
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -165,6 +169,8 @@ class _Link:
         self.attempts = 0  # failed TCP attempts since the state was entered
         self.reported = False  # logged and put into the status for this episode
         self.lost_at: float | None = None  # monotonic time an up connection broke (None: up, or never was)
+        self.early_closes = 0  # handshakes closed early in a row, without a ZAP verdict (retried)
+        self.retries = 0  # every handshake retried over the link's life (early closes, turned away, timed out)
 
     def _enter(self, state: str, detail: str) -> None:
         if state != self.state:
@@ -184,13 +190,24 @@ class _Link:
                 self._enter(HANDSHAKING, "TCP connected, the CURVE handshake has not finished")
         elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._enter(UP, "CURVE handshake succeeded")
-            self.lost_at = None
+            self.lost_at, self.early_closes = None, 0
             return True
         elif ev == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and time.monotonic() - self.connected_at > SLOW_HANDSHAKE_S:
             # closed after a long handshake: its deadline passed (a peer too busy to answer), not a refusal
+            self.retries += 1
             self._enter(HANDSHAKING, "the CURVE handshake timed out; retrying")
+        elif ev == zmq.EVENT_HANDSHAKE_FAILED_AUTH and value != 500:
+            self._enter(REFUSED, self._refusal(ev, value))  # the peer's ZAP handler refused our key: conclusive
         elif ev in _HANDSHAKE_FAILED:
-            self._enter(REFUSED, self._refusal(ev, value))
+            # closed early, or turned away for now (too many connections under our key): retried on the
+            # reconnect back-off; only a run of early closes with no success says our key for it is wrong
+            self.retries += 1
+            self.early_closes += ev != zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            if self.early_closes >= EARLY_CLOSES_CONCLUSIVE:
+                self._enter(REFUSED, self._refusal(ev, value))
+            elif self.state != REFUSED:
+                self._enter(HANDSHAKING, f"the CURVE handshake was closed early or turned away {self.retries} "
+                            "time(s); retrying")
         elif ev == zmq.EVENT_DISCONNECTED and self.state == UP:
             self._enter(LOST, "the connection closed or broke; reconnecting")
             self.lost_at = time.monotonic()
@@ -204,8 +221,9 @@ class _Link:
                     "public key for us, or does not list us")
         if ev == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             return "protocol error in the CURVE handshake: is a fedhet party of this federation listening there?"
-        return (f"{self.peer!r} closed the connection during the CURVE handshake: the public key we hold for it "
-                "does not match its secret key (our federation file lists another key for it)")
+        return (f"{self.peer!r} closed the connection during the CURVE handshake {self.early_closes} times in a "
+                "row: the public key we hold for it does not match its secret key (our federation file lists "
+                "another key for it)")
 
     def bad_for(self) -> float:
         return time.monotonic() - self.t
@@ -1303,6 +1321,10 @@ class ZmqParty(Party):
         if guard is not None:   # connections this party's own guard cut: listed peers' and strangers'
             t["guard_cuts"] = {"total": guard.cut, "by_reason": dict(guard.cut_by_reason),
                                "listed": {u: n for u, n in guard.cut_users.items() if n}}
+        with self._links_lock:   # the peers this party dialled, and the handshakes it had to retry
+            retries = {p: link.retries for p, link in self._links.items() if link.retries}
+            t["dialled"] = len(self._links)
+        t["handshake_retries"] = {"total": sum(retries.values()), "by_peer": retries}
         return t
 
     def metric(self, **values: Any) -> None:

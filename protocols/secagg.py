@@ -25,7 +25,7 @@ Rounds (Bonawitz et al., Fig. 4; every message carries ``r``, the round):
 0. **Advertise keys.**  Client ``u`` makes two X25519 key pairs, ``c_u`` (to
    seal shares) and ``s_u`` (to agree pairwise mask seeds), and a 256-bit
    self-mask seed ``b_u``.  It signs ``(tag, run, r, u, c_u^PK, s_u^PK,
-   H(b_u))`` with its Ed25519 identity key and sends it (``secagg/keys``).
+   H(b_u))`` with its party's Ed25519 federation key and sends it (``secagg/keys``).
    The server relays to each client the signed keys of its neighbours that
    advertised (U1; ``secagg/keylist``); clients verify every signature and
    that all public keys are distinct.
@@ -50,15 +50,19 @@ Rounds (Bonawitz et al., Fig. 4; every message carries ``r``, the round):
    its signed hash and each ``s_v^SK`` against ``s_v^PK``, and subtracts
    ``PRG(b_u)`` for u in U3 and the dropped clients' pairwise masks.
 
-Identity keys and trust.  Each client makes a fresh Ed25519 identity key per
-run (per :class:`SecAggClient` object) and sends its public half once, directly
-to every other client over the federation's transport (``secagg/ident``).
-That transport is CURVE-authenticated against the federation file, so the
-federation's transport keys are the PKI binding identity keys to parties
-(Bonawitz et al. assume such a PKI for the active-adversary variant); the
-server, which relays the signed key lists, cannot substitute keys unnoticed.
-The threat model otherwise is theirs: an honest-but-curious server, possibly
-colluding with fewer than t clients.
+Identity keys and trust.  A client signs its advertisement with its party's
+federation signing key: the Ed25519 key whose public half, its ``sign_key``, the
+federation file pins on every machine and which also signs its transcript
+(:mod:`fedhet.parties.identity`; Bonawitz et al. assume such a PKI for the
+active-adversary variant).  The server checks every signature on receipt
+(a client whose signature fails is dropped and named in
+:attr:`SecAggResult.rejected`) and relays the signed keys; each client checks
+its neighbours' against their pinned keys, so a server that swaps or alters a
+client's keys is caught and named (it checked them, so a relayed signature that
+fails is its own).  Every message therefore goes between a client and the
+server only, as in the paper: a client of a 1,000-client federation holds one
+link.  The threat model otherwise is theirs: an honest-but-curious server,
+possibly colluding with fewer than t clients.
 
 Graphs (``graph``).  ``"complete"``: every client masks with and shares among
 all clients, threshold t of n.  ``"harary"`` (SecAgg+): each client masks with

@@ -42,11 +42,11 @@ from fedhet.crypto.field import F61
 from fedhet.crypto.prg import random_seed
 
 from fedhet.parties.contract import PartyLike
-from fedhet.parties.api import PeerFault, PeerTimeout, ProtocolMismatch
+from fedhet.parties.api import PeerTimeout, ProtocolMismatch
 
 from .secagg_config import SecAggConfig, SecAggDisagree, SecAggFault, SecAggRoundFailed, neighbours
 from .secagg_masks import apply_masks, share_secrets
-from .secagg_messages import (SECRET_ELEMS, STEPS, Kind, RoundInbox, check_round, keys_signed_message,
+from .secagg_messages import (SECRET_ELEMS, STEPS, KEYS_STATEMENT, Kind, RoundInbox, check_round, keys_signed_message,
                               round_context, seed_commitment)
 from .secagg_quantizer import Quantizer, check_input
 
@@ -128,21 +128,24 @@ class ClientRound:
 
 
 # ------------------------------------------------------------ the rounds
-def advertise_keys(st: ClientRound, ident_sk) -> dict:
-    """Round 0: fresh key pairs and self-mask seed; the signed ``secagg/keys`` payload."""
+def advertise_keys(st: ClientRound, sign: Callable[[str, bytes], bytes]) -> dict:
+    """Round 0: fresh key pairs and self-mask seed; the ``secagg/keys`` payload, signed by ``sign``
+    (the party's federation key: :meth:`fedhet.parties.api.Party.sign`)."""
     st.c_sk, st.s_sk = ck.generate_x25519(), ck.generate_x25519()
     st.c_pk, st.s_pk = ck.public_bytes(st.c_sk), ck.public_bytes(st.s_sk)
     st.b = random_seed()
     st.commit = seed_commitment(st.b)
-    sig = ck.sign(ident_sk, keys_signed_message(st.cfg.tag, st.run_id, st.r, st.me, st.c_pk, st.s_pk, st.commit))
+    sig = sign(KEYS_STATEMENT, keys_signed_message(st.cfg.tag, st.run_id, st.r, st.me, st.c_pk, st.s_pk, st.commit))
     return {"r": st.r, "c_pk": st.c_pk, "s_pk": st.s_pk, "commit": st.commit, "sig": sig}
 
 
 def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role: str,
-               ident_of: Callable[[str], bytes]) -> dict:
+               signed_by: Callable[[str, bytes, bytes], bool]) -> dict:
     """Round 1: check the server's key list ``p``; the sealed shares (``secagg/shares`` payload).
 
-    ``ident_of(v)`` is v's identity public key (received directly from v).
+    ``signed_by(v, message, sig)``: whether ``sig`` on ``message`` is v's, by the key the federation
+    file pins for v (:meth:`fedhet.parties.api.Party.verify`).  The server checked every signature
+    when the keys reached it, so a relayed one that does not verify is the server's fault.
     """
     cfg, r, me = st.cfg, st.r, st.me
     universe = p["universe"]
@@ -174,9 +177,10 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
             if (vc, vs, vcommit) != (st.c_pk, st.s_pk, st.commit):
                 raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: it relayed keys for {me!r} that are not "
                                   "its own")
-        elif not ck.verify(ident_of(v), keys_signed_message(cfg.tag, st.run_id, r, v, vc, vs, vcommit), vsig):
-            raise SecAggDisagree(me, [v, st.server], Kind.KEYLIST, f"round {r}: the signature on {v!r}'s keys, "
-                                 "as the server relayed them, does not verify")
+        elif not signed_by(v, keys_signed_message(cfg.tag, st.run_id, r, v, vc, vs, vcommit), vsig):
+            raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the signature on {v!r}'s keys, as the "
+                              f"server relayed them, does not verify under {v!r}'s pinned sign_key (the server "
+                              "checks each on receipt, so it altered them or relayed a bad one)")
         if vc in seen or vs in seen or vc == vs:
             raise SecAggDisagree(me, [v, st.server], Kind.KEYLIST, f"round {r}: public keys in the key list are "
                                  "not distinct")
@@ -267,7 +271,7 @@ def unmask_shares(st: ClientRound, p: dict) -> dict:
 
 # ----------------------------------------------------------------- client
 class SecAggClient:
-    """The client side.  One object per party and run: it holds the run's identity key.
+    """The client side.  One object per party and run.
 
     ``faults`` (tests, and runs that simulate dropouts): a :class:`Faults` for every
     round, or a mapping round -> :class:`Faults`.
@@ -276,10 +280,6 @@ class SecAggClient:
     def __init__(self, config: SecAggConfig | None = None, faults: Faults | Mapping[int, Faults] | None = None):
         self.cfg = config or SecAggConfig()
         self.faults = faults
-        self._ident = ck.generate_ed25519()
-        self._ident_pk = ck.public_bytes(self._ident)
-        self._peer_ident: dict[str, bytes] = {}
-        self._ident_sent = False
         self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
 
@@ -287,18 +287,6 @@ class SecAggClient:
         if self.cfg.client_timeout is not None:
             return float(self.cfg.client_timeout)
         return float(party.timeout) + float(self.cfg.timeout or party.timeout)
-
-    def _ident_of(self, party: PartyLike, v: str) -> bytes:
-        if v not in self._peer_ident:
-            p = party.recv(v, Kind.IDENT, timeout=self._timeout(party))
-            # v's own message is the evidence: the fault is v's, never ours (nor the server's); the
-            # schema refused a key of the wrong length on receipt
-            try:
-                ck.public_key_from_bytes(bytes(p["pk"]), "ed25519")
-            except ValueError as e:
-                raise PeerFault(party.name, v, Kind.IDENT, f"identity key is not an Ed25519 point: {e}") from None
-            self._peer_ident[v] = bytes(p["pk"])
-        return self._peer_ident[v]
 
     def _from_server(self, party: PartyLike, server: str, kind: str, r: int) -> dict:
         assert self._inbox is not None  # made by submit
@@ -329,10 +317,6 @@ class SecAggClient:
         if self._inbox is None:
             self._inbox = RoundInbox(party.log)
         faults = self._faults_for(r)
-        if not self._ident_sent:
-            for v in party.peers_with_role(party.role):
-                party.send(v, Kind.IDENT, {"pk": self._ident_pk})
-            self._ident_sent = True
         if faults.stop_after == "start":
             return SubmitResult("stopped", r, "before advertising keys")
         st = ClientRound(self.cfg, party.name, party.run_id, party.seed, r, x, w,
@@ -347,13 +331,14 @@ class SecAggClient:
             party.send(server, _KIND_OF_STEP[step], payload)
             return faults.stop_after == step
 
-        if send("advertise", advertise_keys(st, self._ident)):
+        if send("advertise", advertise_keys(st, party.sign)):
             return SubmitResult("stopped", r, "after advertising keys")
 
         p = self._from_server(party, server, Kind.KEYLIST, r)
         if p.get("dropped"):
             return SubmitResult("dropped", r, "excluded at the key list")
-        payload = share_keys(st, p, party.roles, party.role, lambda v: self._ident_of(party, v))
+        payload = share_keys(st, p, party.roles, party.role,
+                             lambda v, msg, sig: party.verify(v, KEYS_STATEMENT, msg, sig))
         if send("share", payload):
             return SubmitResult("stopped", r, "after sharing keys")
         premask(st)  # while the server gathers everyone's shares

@@ -23,7 +23,7 @@ from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
 
 __all__ = [
-    "Kind", "STEPS", "SECRET_ELEMS", "RoundInbox", "check_round", "round_context",
+    "Kind", "STEPS", "SECRET_ELEMS", "KEYS_STATEMENT", "RoundInbox", "check_round", "round_context",
     "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
     "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "SEALED_BYTES", "masked_schema", "payload_bytes",
 ]
@@ -33,7 +33,6 @@ __all__ = [
 class Kind:
     """Every secure-aggregation message kind (the strings are on the wire and in transcripts)."""
 
-    IDENT = "secagg/ident"
     KEYS = "secagg/keys"
     KEYLIST = "secagg/keylist"
     SHARES = "secagg/shares"
@@ -45,6 +44,9 @@ class Kind:
 
 STEPS = ("advertise", "share", "masked", "unmask")  # a client's four messages to the server, in order
 _SIG_LABEL = "fedhet/secagg/keys/v1"
+# The label of a client's signed advertisement among its party's statements (fedhet.parties.identity):
+# signed with the party's federation key, checked against the sign_key the federation file pins.
+KEYS_STATEMENT = "secagg/keys"
 # One 32-byte secret is 5 elements of GF(2**61 - 1) (7 bytes each).
 SECRET_ELEMS = -(-SEED_BYTES // F61.bytes_per_element)
 
@@ -56,7 +58,7 @@ def round_context(tag: str, run_id: str, r: int) -> bytes:
 
 def keys_signed_message(tag: str, run_id: str, r: int, name: str, c_pk: bytes, s_pk: bytes,
                         commit: bytes) -> bytes:
-    """What a client signs with its identity key when it advertises its round keys."""
+    """What a client signs with its federation key when it advertises its round keys."""
     return msgpack.packb([_SIG_LABEL, tag, run_id, int(r), name, c_pk, s_pk, commit])
 
 
@@ -219,10 +221,9 @@ def declarations(length: int | None = None, max_length: int | None = None,
     aggregated vector, ``max_length`` the longest one (bounds every masked input on receipt to
     ``max_length + 1`` elements), ``ring_bits`` the ring of the masked vectors (None: unknown)."""
     return [
-        declare(Kind.IDENT, "client", "client", "a client's per-run Ed25519 identity public key (32 bytes)",
-                payload=sch.Fields({"pk": sch.Bytes(length=32)}), protects="control"),
         declare(Kind.KEYS, "client", "server",
-                "two X25519 public keys, a hash of the self-mask seed, an Ed25519 signature",
+                "two X25519 public keys, a hash of the self-mask seed, the party's Ed25519 signature with its "
+                "federation key",
                 payload=SCHEMAS[Kind.KEYS], protects="control"),
         declare(Kind.KEYLIST, "server", "client", "the signed public keys of the client's neighbours, or a "
                 "dropped/abort notice", payload=SCHEMAS[Kind.KEYLIST], protects="control"),

@@ -39,7 +39,8 @@ from fedhet.parties.api import PeerFault
 
 from .secagg_config import SecAggConfig, SecAggDisagree, SecAggError, SecAggRoundFailed, neighbours
 from .secagg_masks import SharedSecret, apply_masks, recover_secrets
-from .secagg_messages import (SECRET_ELEMS, Kind, RoundInbox, check_round, round_context, seed_commitment)
+from .secagg_messages import (KEYS_STATEMENT, SECRET_ELEMS, Kind, RoundInbox, check_round, keys_signed_message,
+                              round_context, seed_commitment)
 from .secagg_quantizer import Quantizer
 
 __all__ = ["SecAggServer", "SecAggResult", "ServerRound", "prune", "advertise_round", "share_round",
@@ -163,7 +164,13 @@ class ServerRound:
 # ------------------------------------------------------------ the rounds
 def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
     """Round 0: collect the signed keys (U1) and send each client of U1 its neighbours' keys."""
-    adv = st.collect(Kind.KEYS, st.universe)  # the schema checked every key's and the signature's length
+    def signed(u, p):  # the schema checked every key's and the signature's length
+        msg = keys_signed_message(st.cfg.tag, st.party.run_id, st.r, u, p["c_pk"], p["s_pk"], p["commit"])
+        if not st.party.verify(u, KEYS_STATEMENT, msg, p["sig"]):
+            return "the signature on its keys does not verify under its pinned sign_key"
+        return None
+
+    adv = st.collect(Kind.KEYS, st.universe, signed)
     u1 = st.enough(set(adv), st.universe, Kind.KEYLIST, "advertised keys")
     st.tell_dropped(set(st.universe) - u1, Kind.KEYLIST)
     entry = {u: [adv[u]["c_pk"], adv[u]["s_pk"], adv[u]["commit"], adv[u]["sig"]] for u in u1}

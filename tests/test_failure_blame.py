@@ -125,37 +125,71 @@ def test_a_notice_from_a_party_that_was_itself_only_stopped_names_it():
     assert v["party"] == "client3" and v["cause"] == "peer_abort"
 
 
-@pytest.mark.federation
-def test_an_identity_key_of_the_wrong_length_names_its_sender_not_the_victim_or_the_server():
+def _secagg_blame_run(wrap: dict):
+    """Secure aggregation among four clients in memory, parties named in ``wrap`` seen through a wrapper."""
     import numpy as np
 
-    from fedhet.protocols.secagg import DECLARATIONS, Kind, SecAggClient, SecAggConfig, SecAggServer
+    from fedhet.protocols.secagg import DECLARATIONS, SecAggClient, SecAggConfig, SecAggServer
 
     cfg = SecAggConfig(clip=4.0, max_weight=10.0, timeout=5)
     clients = ["c00", "c01", "c02", "c03"]
 
     def server(party, c, d):
-        return SecAggServer(cfg).aggregate(party, clients, 0)
-
-    class ShortIdentity:  # a listed client whose identity key is 31 bytes
-        def __init__(self, party):
-            self.party = party
-
-        def __getattr__(self, name):
-            return getattr(self.party, name)
-
-        def send(self, to, kind, payload):
-            self.party.send(to, kind, {"pk": bytes(31)} if kind == Kind.IDENT else payload)
+        return SecAggServer(cfg).aggregate(wrap.get(party.name, lambda p: p)(party), clients, 0)
 
     def client(party, c, d):
-        return SecAggClient(cfg).submit(ShortIdentity(party) if party.name == "c02" else party, "server",
-                                        np.ones(8), 1.0, 0)
+        return SecAggClient(cfg).submit(wrap.get(party.name, lambda p: p)(party), "server", np.ones(8), 1.0, 0)
 
     algo = types.SimpleNamespace(NAME="blame-test", ROLES={"server": server, "client": client},
                                  load_data=lambda *a: None, DECLARATIONS=DECLARATIONS)
+    return run_inmemory(algo, [("server", "server")] + [(u, "client") for u in clients], clock="virtual")
+
+
+class _Through:
+    """A party whose outgoing payloads of one kind pass through ``change``."""
+
+    def __init__(self, party, kind, change):
+        self.party, self.kind, self.change = party, kind, change
+
+    def __getattr__(self, name):
+        return getattr(self.party, name)
+
+    def send(self, to, kind, payload):
+        self.party.send(to, kind, self.change(to, payload) if kind == self.kind else payload)
+
+
+@pytest.mark.federation
+def test_keys_signed_with_another_key_are_refused_by_the_server_naming_their_sender():
+    """A client's advertised keys must carry its signature by the sign_key the federation pins: the server
+    checks it on receipt, drops that client and names it; the others' sum goes on."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedhet.protocols.secagg import Kind
+
+    impostor = Ed25519PrivateKey.generate()
+    out = _secagg_blame_run({"c02": lambda p: _Through(p, Kind.KEYS, lambda to, x: {**x, "sig": impostor.sign(b"x")})})
+    res = out["server"]
+    assert "c02" in res.rejected and "pinned sign_key" in res.rejected["c02"]
+    assert res.contributors == ["c00", "c01", "c03"] and float(res.weight) == pytest.approx(3.0)
+
+
+@pytest.mark.federation
+def test_a_server_that_swaps_a_clients_keys_is_named_by_the_clients():
+    """The server relays every client's signed keys; one it replaced (its own keys, the client's old
+    signature) no longer verifies under the client's pinned sign_key, and the receivers name the server."""
+    from fedhet.crypto import keys as ck
+    from fedhet.protocols.secagg import Kind
+
+    forged = ck.public_bytes(ck.generate_x25519())
+
+    def swap(to, p):
+        if "keys" not in p or to == "c00":
+            return p
+        return {**p, "keys": {v: ([forged] + list(e[1:]) if v == "c00" else e) for v, e in p["keys"].items()}}
+
     with pytest.raises(FederationFailed) as e:
-        run_inmemory(algo, [("server", "server")] + [(u, "client") for u in clients], clock="virtual")
+        _secagg_blame_run({"server": lambda p: _Through(p, Kind.KEYLIST, swap)})
     victims = [n for n, r in e.value.records.items() if r["cause"] == "peer_fault"]
-    assert victims and all(e.value.records[n]["culprit"] == "c02" for n in victims)
-    assert "'pk': 31 bytes, 32 declared" in e.value.records[victims[0]]["error"]
-    assert e.value.verdict["party"] == "c02"
+    assert victims and all(e.value.records[n]["culprit"] == "server" for n in victims)
+    assert "pinned sign_key" in e.value.records[victims[0]]["error"]
+    assert e.value.verdict["party"] == "server"

@@ -208,6 +208,32 @@ def test_host_grouping_is_round_robin_and_explicit_hosts_come_first():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("n, hosts, named, chosen", [
+    (64, 0, 0, None),     # few enough: a process each, as the file says
+    (65, 0, 0, 4),
+    (1001, 0, 0, 8),      # K = 1,000 clients and a server
+    (5000, 0, 0, 16),
+    (1001, 3, 0, None),   # the file's own choice stands
+    (100, 0, 40, None),   # 60 name no host
+])
+def test_many_parties_without_hosts_get_host_processes_and_the_launcher_says_so(n, hosts, named, chosen):
+    from fedhet.parties.ops.launcher import default_hosts
+
+    parties = [{"name": f"p{i}", "role": "r", "endpoint": "tcp://127.0.0.1:0"} for i in range(n)]
+    for p in parties[:named]:
+        p["host"] = "mine"
+    fed = from_dict({"federation": {"hosts": hosts}, "algorithm": {"name": "x"}, "party": parties})
+    out, why = default_hosts(fed)
+    if chosen is None:
+        assert out is fed and why is None
+        return
+    assert out.hosts == chosen and f"in {chosen} host processes" in why and "set hosts to choose" in why
+    groups = out.host_groups()
+    assert len(groups) == chosen and sum(map(len, groups.values())) == n
+    assert max(map(len, groups.values())) - min(map(len, groups.values())) <= 1
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("change, msg", [
     ({"federation": {"hosts": -1}}, r"\[federation\]: hosts must be >= 0, got -1"),
     ({"federation": {"host_threads": "1"}}, r"\[federation\]: host_threads must be an integer, got '1'"),

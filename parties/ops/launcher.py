@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,28 @@ def resume_federation(run_dir: str | os.PathLike) -> Federation:
     return load(path)
 
 
+# Parties that name no host, beyond which `fedhet run` puts them into host processes itself when
+# [federation] hosts is not set.  A party in a process of its own costs ~100 MiB (Python, numpy, torch,
+# libzmq) and a dozen threads; one more in a host costs a few MiB and its transport's threads
+# (benchmarks/secagg_scale.py: K = 1,000 SecAgg+ clients in 8 hosts hold 3.4 GiB in all).
+AUTO_HOSTS_ABOVE = 64
+PARTIES_PER_HOST = 128   # ~0.4 GiB and ~500 threads per host at K = 1,000; descriptors well below 20,000
+AUTO_HOSTS = (4, 16)     # at least, at most: more hosts than this only add start-up and memory on a few cores
+
+
+def default_hosts(fed: Federation) -> tuple[Federation, str | None]:
+    """``fed`` with ``hosts`` chosen for many parties when the file sets none, and the line that says so
+    (None when the file's own choice stands: ``hosts`` set, or at most AUTO_HOSTS_ABOVE unhosted parties)."""
+    free = sum(1 for p in fed.parties if not p.host)
+    if fed.hosts > 0 or free <= AUTO_HOSTS_ABOVE:
+        return fed, None
+    lo, hi = AUTO_HOSTS
+    n = min(hi, max(lo, -(-free // PARTIES_PER_HOST)))
+    return replace(fed, hosts=n), (
+        f"{free} parties name no host and [federation] hosts is not set: running them in {n} host processes "
+        f"(about {-(-free // n)} parties each, round-robin in file order); set hosts to choose")
+
+
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,
            timeout: float | None = None, progress: bool = True, overrides: dict[str, Any] | None = None,
            env: dict[str, str] | None = None, algorithm: Algorithm | None = None,
@@ -115,6 +138,9 @@ def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: 
     Bad settings raise :class:`SettingsError` before any party starts and before the run folder
     is made (:func:`check_before_launch`; ``algorithm`` defaults to the installed one of the name)."""
     check_before_launch(fed, overrides, algorithm)
+    fed, why = default_hosts(fed)
+    if why:
+        print(why, flush=True)
     engine = engine if engine is not None else make_engine(fed, env, insecure, log_level)
     check_capabilities(engine, fed, resume)
     engine.check(fed, resume)
