@@ -272,6 +272,16 @@ def render_only(out: Output, markdown: Callable[[Any], str]) -> None:
     print(md)
 
 
+def dash(x, fmt: str = "{:.1f}") -> str:
+    """``x`` formatted, or "-" where it is missing (a table cell)."""
+    return "-" if x is None else fmt.format(x)
+
+
+def closing_lines(doc: dict) -> list[str]:
+    """The end of a results markdown: the document's note, then where and when it was measured."""
+    return ["", doc.get("note", ""), "", environment_line(doc.get("environment")), ""]
+
+
 def environment_line(env: dict | None) -> str:
     """One markdown line that says where and when a result was measured."""
     if not env:

@@ -148,8 +148,7 @@ def markdown(doc: dict) -> str:
             f"| {r['processes']} | {r['peak_rss_mib_max']:.0f} | {r['peak_rss_mib_sum']:.0f} "
             f"| {r['peak_total_rss_mib']:.0f} | {r['fds_max']} | {r['threads_max']} "
             f"| {r['bytes_per_owner']:.0f} | {r['bytes_total']} |")
-    lines += ["", doc.get("note", ""), "", harness.environment_line(doc.get("environment")), ""]
-    return "\n".join(lines)
+    return "\n".join(lines + harness.closing_lines(doc))
 
 
 def main(argv=None) -> int:

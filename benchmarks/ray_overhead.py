@@ -174,18 +174,14 @@ def main(argv=None) -> int:
     return harness.publish(out, doc, markdown, session)
 
 
-def _f(x, fmt="{:.1f}") -> str:
-    return "–" if x is None else fmt.format(x)
-
-
 def markdown(doc: dict) -> str:
     c = doc.get("cluster", {})
     lines = [
         "# The Ray engine against local host processes",
         "",
         f"A cluster of {c.get('nodes', '?')} nodes on this machine (each its own `ray start`, "
-        f"{c.get('cpus_per_node', '?')} logical CPUs): started in {_f(c.get('start_s'))} s (head "
-        f"{_f(c.get('head_start_s'))} s), its daemons idle at {_f(c.get('idle_daemons_rss_mib'), '{:.0f}')} MiB RSS. "
+        f"{c.get('cpus_per_node', '?')} logical CPUs): started in {harness.dash(c.get('start_s'))} s (head "
+        f"{harness.dash(c.get('head_start_s'))} s), its daemons idle at {harness.dash(c.get('idle_daemons_rss_mib'), '{:.0f}')} MiB RSS. "
         "Per run: start-up = until every party has reported; wall = `launch()` to its return (under Ray with "
         "the run folder brought back); RSS = peak of the summed resident memory of the parties' processes, "
         "and under Ray of the actors (one Ray worker per host or lone party) and the cluster's daemons. "
@@ -201,11 +197,10 @@ def markdown(doc: dict) -> str:
             ratio = r["wall_s"] / local["wall_s"] if r.get("ok") and local.get("ok") else None
             lines.append(
                 f"| {case['case']} | {case['data']} | {r['engine']} | {'yes' if r.get('ok') else 'NO: ' + r.get('error', '')} "
-                f"| {_f(r.get('startup_s'))} | {_f(r.get('wall_s'))} | {_f(ratio, '{:.2f}×')} "
-                f"| {_f(r.get('parties_peak_rss_mib'), '{:.0f}')} | {_f(r.get('actors_peak_rss_mib'), '{:.0f}')} "
-                f"| {_f(r.get('daemons_peak_rss_mib'), '{:.0f}')} | {r.get('nodes', 1 if r['engine'] == 'local' else '–')} |")
-    lines += ["", doc.get("note", ""), "", harness.environment_line(doc.get("environment")), ""]
-    return "\n".join(lines)
+                f"| {harness.dash(r.get('startup_s'))} | {harness.dash(r.get('wall_s'))} | {harness.dash(ratio, '{:.2f}×')} "
+                f"| {harness.dash(r.get('parties_peak_rss_mib'), '{:.0f}')} | {harness.dash(r.get('actors_peak_rss_mib'), '{:.0f}')} "
+                f"| {harness.dash(r.get('daemons_peak_rss_mib'), '{:.0f}')} | {r.get('nodes', 1 if r['engine'] == 'local' else '–')} |")
+    return "\n".join(lines + harness.closing_lines(doc))
 
 
 if __name__ == "__main__":

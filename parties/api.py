@@ -931,9 +931,8 @@ class Party:
         return True
 
     def notify_failure(self, reason: str) -> None:
-        """Tell every linked peer this party failed (best effort), so they stop within seconds (one that no
-        declared message links to this party never waits for it: a failing client of 1,000 dials none)."""
-        for p in self.linked_peers():
+        """Tell every peer this party failed (best effort), so they stop within seconds and name it."""
+        for p in self.peers:
             try:
                 self.send(p, ABORT_KIND, {"reason": str(reason)[:schema.MAX_TEXT]})
             except Exception:  # a dead link must not hide the original failure

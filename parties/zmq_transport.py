@@ -55,7 +55,9 @@ Listed peers (they pass the handshake) are bounded per connection, too:
 
 Connections diagnosed: a party dials the peers a declared message can pass between
 (:meth:`~fedhet.parties.api.Party.linked_peers`) at once, and each DEALER's socket monitor
-tells apart "no TCP connection", "handshake refused" and "connected" (:class:`_Link`).
+tells apart "no TCP connection", "handshake refused" and "connected" (:class:`Link`); a handshake
+closed early is retried on libzmq's reconnect back-off, and only the peer's ZAP refusal of our key,
+or :data:`EARLY_CLOSES_CONCLUSIVE` early closes in a row, calls it refused.
 :meth:`ZmqParty.connection_state` says which; a timeout's message names the endpoint and
 that state; a link that stays bad for ``diagnose_s`` is logged (WARNING) and put into the
 party's status (``"links"``).  A waiting ``recv`` fails early (:class:`PeerUnreachable`)
@@ -134,7 +136,7 @@ class PeerUnreachable(PeerTimeout):
         self.peer, self.kind, self.timeout = peer, kind, bad_for
 
 
-# States of a dialled link (:class:`_Link`)
+# States of a dialled link (:class:`Link`)
 NO_TCP = "no TCP connection"
 HANDSHAKING = "handshaking"
 REFUSED = "handshake refused"
@@ -150,7 +152,7 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED
                      zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-class _Link:
+class Link:
     """What a party knows of the connection it dials to one peer, from the DEALER's socket monitor.
 
     No TCP connection (``CONNECT_DELAYED`` / ``CONNECT_RETRIED`` without ``CONNECTED``), a
@@ -376,7 +378,7 @@ class _ConnectionGuard(threading.Thread):
     """Shuts down connections on which libzmq buffers more than ``limit`` bytes we were not given,
     accepted connections that never say whose key they carry or trickle a message, and the
     connections of a listed key beyond its budget; and feeds the dialled links' monitor events
-    to the party (:class:`_Link`).
+    to the party (:class:`Link`).
 
     Per accepted TCP connection (socket monitor: ACCEPTED / DISCONNECTED give
     its fd): received = bytes TCP took in (``TCP_INFO.tcpi_bytes_received``)
@@ -461,8 +463,10 @@ class _ConnectionGuard(threading.Thread):
         with self._lock:
             self._credit[fd] += n
             self._credited[fd] = user
-        if fd in self._unknown:
-            self._wake()  # identify it now: its budget and the ZAP handler's count depend on it
+        if fd in self._unknown or fd not in self._conns:
+            # identify it now (its ACCEPTED may not be taken in yet): its budget and the ZAP handler's
+            # count depend on it
+            self._wake()
 
     # called by the ZAP handler for every listed key that passed the handshake
     def admit(self, user: str) -> str | None:
@@ -517,7 +521,9 @@ class _ConnectionGuard(threading.Thread):
         except OSError:  # pipe full (already woken) or closed
             pass
 
-    def _events(self) -> None:
+    def _events(self, credited: dict | None = None) -> None:
+        """Take in the monitors' events; ``credited``: fds credited since the last look (-> User-Id), so a
+        connection that delivered a message and ended before this look is still known as its party's."""
         if self._added:
             with self._lock:
                 self.monitors += self._added
@@ -560,6 +566,8 @@ class _ConnectionGuard(threading.Thread):
                 elif ev["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
                     c = self._conns.get(fd)
                     if c is not None and c["mon"] == id(mon):  # not a reused number now another socket's
+                        if credited and c["in"] and not c["known"] and fd in credited:
+                            self._identify(fd, credited[fd], time.monotonic())
                         who = peer if peer is not None else c["user"]
                         if who is not None and ev["event"] == zmq.EVENT_DISCONNECTED:
                             self.breaks[who] += 1   # a peer's connection ended (it died, or the network broke)
@@ -661,7 +669,7 @@ class _ConnectionGuard(threading.Thread):
         with self._lock:
             credited = self._credited
             self._credited = {}
-        self._events()
+        self._events(credited)
         if self._epoll is not None:
             for fd, _ev in self._epoll.poll(0):
                 if fd in self._conns:
@@ -959,7 +967,7 @@ class ZmqParty(Party):
         # a peer whose up connection broke and stays down this long is gone (it died or the network
         # broke): waits on it end then, not after the whole timeout, and later waits at once
         self.lost_s = None if lost_s is None else float(lost_s)
-        self._links: dict[str, _Link] = {}  # dialled peer -> what its DEALER's monitor told
+        self._links: dict[str, Link] = {}  # dialled peer -> what its DEALER's monitor told
         self._breaks_seen: dict[str, int] = {}  # peer -> its ended connections when this incarnation began
         self._links_lock = threading.Lock()
         self._awaiting: collections.Counter = collections.Counter()  # (peer, kind) -> recvs waiting on it
@@ -1104,7 +1112,7 @@ class ZmqParty(Party):
             except zmq.ZMQError:
                 pass
 
-    def _fails_after(self, link: _Link) -> float | None:
+    def _fails_after(self, link: Link) -> float | None:
         """Seconds after ``link.t`` (its state's start) at which waits on its peer give up."""
         if link.state == REFUSED:
             return self.diagnose_s
@@ -1187,7 +1195,7 @@ class ZmqParty(Party):
             s.curve_publickey = self._public_keys[self.name]
             s.curve_secretkey = self._secret_key
         with self._links_lock:
-            self._links[peer] = _Link(peer, self._endpoints[peer])
+            self._links[peer] = Link(peer, self._endpoints[peer])
             self._links_due = 0.0
         if self._guard is not None:
             self._guard.watch(s, 2 * DEALER_MAX_FRAME, peer)

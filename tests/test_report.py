@@ -243,7 +243,8 @@ def test_report_in_a_browser(runs, tmp_path, chromium):
         # the comparison shows ratios side by side
         ratio = p.page.text_content('#comparison tr[data-quantity="bytes on the wire"] td.ratio')
         fa_bytes = json.loads((fa / "result.json").read_text())["bytes_total"]
-        assert float(ratio.rstrip("×")) == pytest.approx(fa_bytes / result["bytes_total"], rel=2e-3)
+        # shown to 3 significant digits: within half a unit of the third, at most 0.5 % of the ratio
+        assert float(ratio.rstrip("×")) == pytest.approx(fa_bytes / result["bytes_total"], rel=5e-3)
         assert p.errors == []
     finally:
         p.close()

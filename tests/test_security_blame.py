@@ -21,6 +21,7 @@ from algorithm_tools import smoke_federation  # a helper module of tests/
 from fedhet.algorithms import registry
 from fedhet.parties import declare as decl
 from fedhet.parties import failure
+from fedhet.parties.api import Party
 from fedhet.parties.inmemory import FederationFailed, InMemoryParty, run_inmemory
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
@@ -121,9 +122,18 @@ def sent_kinds(fid: str) -> list[tuple[str, str]]:
         try:
             run_inmemory(registry.get_algorithm(name), parties, cfg, seed=0, run_id=RUN_ID, clock="virtual")
         finally:
-            InMemoryParty.send = orig   # type: ignore[method-assign]
+            _restore_send(orig)
         _SENT[fid] = seen
     return _SENT[fid]
+
+
+def _restore_send(orig) -> None:
+    """Undo a patch of ``InMemoryParty.send``: it inherits ``Party.send``, so setting the original back on
+    the subclass would shadow every later patch of ``Party.send`` in this process (another test's spy)."""
+    if orig is Party.send:
+        del InMemoryParty.send
+    else:
+        InMemoryParty.send = orig   # type: ignore[method-assign]
 
 
 def hostile_run(fid: str, sender: str, kind: str):
@@ -146,7 +156,7 @@ def hostile_run(fid: str, sender: str, kind: str):
     except FederationFailed as e:
         return e
     finally:
-        InMemoryParty.send = orig   # type: ignore[method-assign]
+        _restore_send(orig)
 
 
 @pytest.mark.parametrize("fid", sorted(FEDS))
