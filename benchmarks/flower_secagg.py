@@ -4,7 +4,7 @@
 Standalone: imports only the standard library, numpy and flwr (fedhet is not
 importable in the interpreter that has Flower).  Run it with
 
-    /tmp/flwr-venv/bin/python benchmarks/flower_secagg.py --clients 10 --m 1000 --num-shares 9 --threshold 5
+    PY benchmarks/flower_secagg.py --clients 10 --m 1000 --num-shares 9 --threshold 5   # PY: a Python with flwr[simulation]
 
 Progress goes to stderr; the last stdout line is one JSON object.  The exit
 status is 0 when the check passed (``ok``), 1 otherwise.
