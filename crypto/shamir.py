@@ -44,7 +44,7 @@ from .fixedpoint import FixedPoint
 from .prg import PRG
 
 __all__ = [
-    "share", "reconstruct", "lagrange_coefficients", "interpolate", "syndromes", "locate_error", "parity_check",
+    "share", "share_at", "reconstruct", "lagrange_coefficients", "interpolate", "syndromes", "locate_error", "parity_check",
     "share_float", "reconstruct_float", "share_bytes", "reconstruct_bytes",
 ]
 
@@ -136,6 +136,47 @@ def share(secret, n: int, t: int, prg: PRG | None = None, field: PrimeField = F6
                     sub(d, P, out=tmp)
                     minimum(d, tmp, out=d)
     return out.reshape((n, *shape))
+
+
+def share_at(secret, xs: Sequence[int], t: int, prg: PRG | None = None, field: PrimeField = F61) -> np.ndarray:
+    """The shares :func:`share` would give at the points ``xs`` only; shape ``(len(xs), *secret.shape)``.
+
+    For a dealer whose holders are a few of many parties (SecAgg+: its k + 1 of n): the cost grows
+    with ``len(xs)``, not with the largest point.  The polynomial is drawn as in :func:`share` (the
+    Newton basis, ``d_1..d_{t-1}`` uniform from ``prg``), so for a secret of at most one chunk
+    and the same ``prg`` state the rows equal ``share(secret, n, t, prg)[x - 1]``; each is
+    ``f(x) = s + sum_k C(x, k) d_k``, one exact matrix product (:meth:`PrimeField.matmul`).
+    """
+    pts = _check_points(xs, field)
+    if not pts:
+        raise ValueError("share_at needs at least one point")
+    _check_nt(max(max(pts), t), t, field)
+    secret, check = _canonical_input(secret, field, "secret")
+    shape = secret.shape
+    s = np.ascontiguousarray(secret).reshape(-1)
+    if check:
+        _check_chunk(s, field, "secret")
+    if t == 1:
+        return np.broadcast_to(s, (len(pts), s.size)).copy().reshape((len(pts), *shape))
+    prg = PRG.from_random() if prg is None else prg
+    N = s.size
+    d = np.empty((t - 1, N), dtype=np.uint64)
+    chunk = min(_CHUNK, max(N, 1))
+    for lo in range(0, N, chunk):  # the same draws, chunk by chunk, as share()
+        hi = min(N, lo + chunk)
+        part = np.empty((t - 1, hi - lo), dtype=np.uint64)
+        prg.fill_mod(part, field.p)
+        d[:, lo:hi] = part
+    p = field.p
+    binom = np.empty((len(pts), t - 1), dtype=np.uint64)
+    for i, x in enumerate(pts):
+        c = 1
+        for k in range(1, t):
+            c = c * (x - k + 1) // k  # C(x, k), exact; 0 once k > x
+            binom[i, k - 1] = c % p
+    out = field.matmul(binom, d)
+    field.add(out, s[None, :], out=out)
+    return out.reshape((len(pts), *shape))
 
 
 @lru_cache(maxsize=256)

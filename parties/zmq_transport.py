@@ -407,6 +407,7 @@ class _ConnectionGuard(threading.Thread):
 
     TICK_S = 0.01
     IDLE_S = 1.0  # wake-up when nothing happens at all (a backstop; events and stop() wake it sooner)
+    DRAIN_GRACE_S = 0.5  # libzmq's own thread decodes what it read into the queue within this
     _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
     _DIAL_EVENTS = (_EVENTS | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -447,9 +448,19 @@ class _ConnectionGuard(threading.Thread):
         self.cut = 0  # connections shut down
         self.cut_by_reason: collections.Counter = collections.Counter()  # "limit", "silent", "slow", "budget"
         self.cut_users: collections.Counter = collections.Counter()  # listed party -> its connections cut
+        # listed party -> unidentified connections cut that may have been its own: the handshake under
+        # its key passed (ZAP) after the cut connection was accepted, and no connection of it had
+        # identified itself since.  A gap in its sequence after such a cut is a possible local loss.
+        self.maybe_cut: collections.Counter = collections.Counter()
         self.breaks: collections.Counter = collections.Counter()  # listed party -> its connections that ended
         self.joined: collections.Counter = collections.Counter()  # listed party -> its connections made (either way)
         self.turned_away = 0  # connections the ZAP handler refused for the budget
+        # When this party's receive loop last found nothing waiting (None: not told; every silent
+        # connection is then judged at its deadline).  A connection is silent only if the loop
+        # caught up after its deadline: before, its first message may be waiting in this party's
+        # own queue, behind the messages a busy (loaded) party has not read yet.
+        self.drained_at: float | None = None
+        self.held_back = 0  # silent-connection checks put off because the receive loop was behind
         self.peak_held = 0  # largest total held bytes seen (for tests and logs)
         self.looks = 0  # connection measurements made (for tests: idle connections cost none)
 
@@ -600,7 +611,8 @@ class _ConnectionGuard(threading.Thread):
     def _shut(self, fd: int, held: int, why: str, kind: str = "limit") -> None:
         self.cut += 1  # counted first: whoever sees the connection end sees it counted
         self.cut_by_reason[kind] += 1
-        user = (self._conns.get(fd) or {}).get("user")
+        c = self._conns.get(fd) or {}
+        user = c.get("user")
         if user is not None:
             self.cut_users[user] += 1
         try:
@@ -616,6 +628,12 @@ class _ConnectionGuard(threading.Thread):
                 self.cut_users[user] -= 1
             self._forget(fd)
             return
+        if user is None and c.get("in"):
+            since = c.get("t", 0.0)
+            with self._lock:
+                for u, q in self._pending.items():
+                    if any(t >= since for t in q):
+                        self.maybe_cut[u] += 1
         self._forget(fd)
         if self.cut <= REJECTS_KEPT or self.cut % 100 == 0:
             self.log.warning("dropped a connection (%s; %d bytes of unfinished messages; %d dropped so far)",
@@ -730,6 +748,14 @@ class _ConnectionGuard(threading.Thread):
             got = self._received(fd)
             if got is not None and got[1] > 0:  # bytes still wait in the kernel: let libzmq read them first
                 due = self.TICK_S
+                continue
+            drained = self.drained_at
+            if drained is not None and drained < c["t"] + self.identify_s + self.DRAIN_GRACE_S:
+                # this party has not read all it was sent since the deadline: not evidence of silence
+                if not c.get("held_back"):
+                    c["held_back"] = True
+                    self.held_back += 1
+                due = self.IDLE_S if due is None else min(due, self.IDLE_S)
                 continue
             self._shut(fd, c["held"], f"no message within {self.identify_s:g}s of connecting", "silent")
         for fd in list(self._partial):
@@ -1222,9 +1248,14 @@ class ZmqParty(Party):
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        guard = self._guard
+        if guard is not None:
+            guard.drained_at = time.monotonic()   # nothing was sent to it yet
         while not self._halt.is_set():
             try:
                 if self.router not in dict(poller.poll(RX_IDLE_MS)):
+                    if guard is not None:
+                        guard.drained_at = time.monotonic()  # nothing waits: this party is not behind
                     continue
                 parts = self.router.recv_multipart(copy=False, flags=zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -1235,6 +1266,8 @@ class ZmqParty(Party):
                 self._received(parts)
             except Exception as e:  # belt and braces: nothing a peer sends may stop the receive loop
                 self._reject(f"receive loop: {type(e).__name__}: {short(str(e))}")
+            if guard is not None and not int(self.router.get(zmq.EVENTS)) & zmq.POLLIN:
+                guard.drained_at = time.monotonic()  # read all that was waiting
 
     def _received(self, parts: list) -> None:
         if len(parts) < 2:
@@ -1303,7 +1336,7 @@ class ZmqParty(Party):
 
     def _cut_links(self, peer: str) -> int:
         guard = self._guard
-        return 0 if guard is None else guard.cut_users[peer]
+        return 0 if guard is None else guard.cut_users[peer] + guard.maybe_cut[peer]
 
     # ------------------------------------------------------- bounded reporting
     def _reject(self, reason: str, *args: Any, **kw: Any) -> None:
@@ -1328,7 +1361,9 @@ class ZmqParty(Party):
         guard = self._guard
         if guard is not None:   # connections this party's own guard cut: listed peers' and strangers'
             t["guard_cuts"] = {"total": guard.cut, "by_reason": dict(guard.cut_by_reason),
-                               "listed": {u: n for u, n in guard.cut_users.items() if n}}
+                               "listed": {u: n for u, n in guard.cut_users.items() if n},
+                               "maybe_listed": {u: n for u, n in guard.maybe_cut.items() if n},
+                               "held_back": guard.held_back}
         with self._links_lock:   # the peers this party dialled, and the handshakes it had to retry
             retries = {p: link.retries for p, link in self._links.items() if link.retries}
             t["dialled"] = len(self._links)

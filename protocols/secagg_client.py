@@ -44,10 +44,10 @@ from fedhet.crypto.prg import random_seed
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.api import PeerTimeout, ProtocolMismatch
 
-from .secagg_config import SecAggConfig, SecAggDisagree, SecAggFault, SecAggRoundFailed, neighbours
-from .secagg_masks import apply_masks, share_secrets
+from .secagg_config import SecAggConfig, SecAggDisagree, SecAggFault, SecAggRoundFailed, neighbours_of
+from .secagg_masks import apply_masks, share_secrets_at
 from .secagg_messages import (SECRET_ELEMS, STEPS, KEYS_STATEMENT, Kind, RoundInbox, check_round, keys_signed_message,
-                              round_context, seed_commitment)
+                              round_context, seed_commitment, universe_digest)
 from .secagg_quantizer import Quantizer, check_input
 
 __all__ = ["SecAggClient", "SubmitResult", "Faults", "ClientRound", "advertise_keys", "share_keys", "premask",
@@ -102,6 +102,7 @@ class ClientRound:
     w: float
     ctx: bytes
     server: str = ""   # whose list, relay and requests this client checks
+    known: tuple[bytes, list[str]] | None = None  # (digest, client list) held from an earlier round
     # round 0
     c_sk: Any = None
     s_sk: Any = None
@@ -123,7 +124,7 @@ class ClientRound:
     y: np.ndarray | None = None
     masks: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     # round 2
-    u2: set[str] = field(default_factory=set)
+    n2: int = 0        # |U2|; its members among this client's neighbours are those whose shares were relayed
     held: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -136,7 +137,8 @@ def advertise_keys(st: ClientRound, sign: Callable[[str, bytes], bytes]) -> dict
     st.b = random_seed()
     st.commit = seed_commitment(st.b)
     sig = sign(KEYS_STATEMENT, keys_signed_message(st.cfg.tag, st.run_id, st.r, st.me, st.c_pk, st.s_pk, st.commit))
-    return {"r": st.r, "c_pk": st.c_pk, "s_pk": st.s_pk, "commit": st.commit, "sig": sig}
+    have = st.known[0] if st.known is not None else b""
+    return {"r": st.r, "c_pk": st.c_pk, "s_pk": st.s_pk, "commit": st.commit, "sig": sig, "have": have}
 
 
 def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role: str,
@@ -148,9 +150,17 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
     when the keys reached it, so a relayed one that does not verify is the server's fault.
     """
     cfg, r, me = st.cfg, st.r, st.me
-    universe = p["universe"]
+    universe, digest = p["universe"], bytes(p["digest"])
+    if not universe:  # the list this client holds from an earlier round, named by its digest
+        if st.known is None or st.known[0] != digest:
+            raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: it names a client list by a digest this "
+                              "client did not report holding, and sends no list")
+        universe = st.known[1]
+    elif universe_digest(cfg.tag, universe) != digest:
+        raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the client list does not match its digest")
     if len(set(universe)) != len(universe) or me not in universe:
         raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the client list is malformed or lacks {me!r}")
+    st.known = (digest, list(universe))
     universe = sorted(universe)
     strangers = [u for u in universe if u != me and peer_roles.get(u) != own_role]
     if strangers:
@@ -163,7 +173,7 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
         raise ProtocolMismatch(me, st.server, "secure aggregation encoding (frac_bits, ring_bits)",
                                (quant.frac_bits, quant.ring_bits), (p["frac_bits"], p["ring_bits"]),
                                "do both use the same secagg_* settings?")
-    st.nbrs = neighbours(universe, cfg, st.seed, st.run_id, r)[me]
+    st.nbrs = neighbours_of(me, universe, cfg, st.seed, st.run_id, r)
     keys = p["keys"]
     if me not in keys:
         raise SecAggFault(me, st.server, Kind.KEYLIST, f"round {r}: the key list lacks this client's own keys")
@@ -189,14 +199,16 @@ def share_keys(st: ClientRound, p: dict, peer_roles: Mapping[str, str], own_role
     if len(st.peer_keys) < st.tl:
         raise SecAggRoundFailed(f"round {r}: only {len(st.peer_keys)} share holders, below the threshold {st.tl}")
     st.idx = {u: i for i, u in enumerate(universe)}
-    shares = share_secrets([st.b, ck.private_bytes(st.s_sk)], n, st.tl)  # row i: for universe[i], x = i + 1
-    st.own_share = shares[st.idx[me]].copy()
+    holders = sorted(st.peer_keys)  # its neighbours in U1 and itself: only their points are computed
+    rows = share_secrets_at([st.b, ck.private_bytes(st.s_sk)], [st.idx[v] + 1 for v in holders], st.tl)
+    shares = dict(zip(holders, rows))  # v's share is at x = (v's place in the client list) + 1
+    st.own_share = shares[me].copy()
     ct = {}
     for v, (vc, _, _) in st.peer_keys.items():
         if v == me:
             continue
         st.enc[v] = ck.agree(st.c_sk, vc, info=b"enc" + st.ctx)  # the same key opens v's shares for us
-        ct[v] = ck.seal(st.enc[v], shares[st.idx[v]].tobytes(), aad=st.ctx + msgpack.packb([me, v]))
+        ct[v] = ck.seal(st.enc[v], shares[v].tobytes(), aad=st.ctx + msgpack.packb([me, v]))
     return {"r": r, "ct": ct}
 
 
@@ -217,17 +229,20 @@ def premask(st: ClientRound) -> None:
 def masked_input(st: ClientRound, p: dict) -> dict:
     """Round 2: open the shares relayed in ``p``; the masked input (``secagg/masked`` payload)."""
     r, me = st.r, st.me
-    u2, relayed = p["u2"], p["ct"]
-    if not (me in u2 and set(u2) <= set(st.universe) and (st.nbrs & set(u2)) <= set(st.peer_keys)):
-        raise SecAggFault(me, st.server, Kind.RELAY, f"round {r}: malformed relay of shares (U2 must hold {me!r} "
-                          "and only clients whose keys were listed)")
-    st.u2 = set(u2)
-    if len(st.u2) < st.t:
-        raise SecAggRoundFailed(f"round {r}: only {len(st.u2)} clients shared keys, below t={st.t}")
-    mask_peers = sorted((st.nbrs & st.u2) - {me})
-    if set(relayed) != set(mask_peers):
-        raise SecAggFault(me, st.server, Kind.RELAY, f"round {r}: relayed shares come from {sorted(relayed)}, "
-                          f"expected {mask_peers}")
+    n2, relayed = int(p["n2"]), p["ct"]
+    # The neighbours in U2 are those whose shares are relayed; U2 itself is sent as its size only.
+    mask_peers = sorted(relayed)
+    stray = set(mask_peers) - (st.nbrs & set(st.peer_keys))
+    if stray:
+        raise SecAggFault(me, st.server, Kind.RELAY, f"round {r}: relayed shares come from {sorted(stray)}, which "
+                          f"are not neighbours of {me!r} whose keys were listed")
+    if not len(mask_peers) + 1 <= n2 <= len(st.universe):
+        raise SecAggFault(me, st.server, Kind.RELAY, f"round {r}: malformed relay of shares (U2 of size {n2} must "
+                          f"hold {me!r} and the {len(mask_peers)} neighbours whose shares it relays, within the "
+                          f"{len(st.universe)} listed clients)")
+    st.n2 = n2
+    if n2 < st.t:
+        raise SecAggRoundFailed(f"round {r}: only {n2} clients shared keys, below t={st.t}")
     assert st.own_share is not None  # set by share_keys
     st.held = {me: st.own_share}
     for v in mask_peers:
@@ -255,13 +270,12 @@ def masked_input(st: ClientRound, p: dict) -> dict:
 def unmask_shares(st: ClientRound, p: dict) -> dict:
     """Round 3: for the unmask request ``p`` (U3), the shares the server may have (``secagg/unmask`` payload)."""
     r, me = st.r, st.me
-    u3 = p["u3"]
-    if not (me in u3 and set(u3) <= st.u2):
+    u3, n3 = set(p["u3"]), int(p["n3"])  # this client's share holders in U3, and the size of U3
+    if not (me in u3 and u3 <= set(st.held) and len(u3) <= n3 <= st.n2):
         raise SecAggFault(me, st.server, Kind.UNMASK_REQUEST, f"round {r}: malformed unmask request (U3 must hold "
-                          f"{me!r} and lie within U2)")
-    u3 = set(u3)
-    if len(u3) < st.t:
-        raise SecAggRoundFailed(f"round {r}: only {len(u3)} masked inputs, below t={st.t}; refusing to unmask")
+                          f"{me!r}, name only clients whose shares this client holds, and lie within U2)")
+    if n3 < st.t:
+        raise SecAggRoundFailed(f"round {r}: only {n3} masked inputs, below t={st.t}; refusing to unmask")
     b_of = sorted(v for v in st.held if v in u3)
     s_of = sorted(v for v in st.held if v not in u3)  # dropped after sharing: reveal its mask key only
     # One array, b-shares then s-shares: never empty (it holds our own b-share).
@@ -282,6 +296,7 @@ class SecAggClient:
         self.faults = faults
         self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
+        self._known: tuple[bytes, list[str]] | None = None  # the client list of the last round, by digest
 
     def _timeout(self, party: PartyLike) -> float:
         if self.cfg.client_timeout is not None:
@@ -320,7 +335,7 @@ class SecAggClient:
         if faults.stop_after == "start":
             return SubmitResult("stopped", r, "before advertising keys")
         st = ClientRound(self.cfg, party.name, party.run_id, party.seed, r, x, w,
-                         round_context(self.cfg.tag, party.run_id, r), server=server)
+                         round_context(self.cfg.tag, party.run_id, r), server=server, known=self._known)
 
         def send(step: str, payload: dict) -> bool:
             """Send ``step``'s message as the faults say; True when the client vanishes after it."""
@@ -339,6 +354,7 @@ class SecAggClient:
             return SubmitResult("dropped", r, "excluded at the key list")
         payload = share_keys(st, p, party.roles, party.role,
                              lambda v, msg, sig: party.verify(v, KEYS_STATEMENT, msg, sig))
+        self._known = st.known
         if send("share", payload):
             return SubmitResult("stopped", r, "after sharing keys")
         premask(st)  # while the server gathers everyone's shares

@@ -58,7 +58,7 @@ from fedhet.parties.api import PartyError, PeerFault, PeersDisagree, RoundFailed
 
 from .secagg_quantizer import Quantizer
 
-__all__ = ["SecAggError", "SecAggConfig", "neighbours", "harary_parameters", "CORRECTNESS_BITS", "PRIVACY_BITS"]
+__all__ = ["SecAggError", "SecAggConfig", "neighbours", "neighbours_of", "harary_parameters", "CORRECTNESS_BITS", "PRIVACY_BITS"]
 
 CORRECTNESS_BITS = 20  # SecAgg+ default: a round with n - t random dropouts fails w.p. <= 2**-20
 PRIVACY_BITS = 40      # ... and a random coalition of the assumed size breaks a client w.p. <= 2**-40
@@ -228,18 +228,33 @@ def harary_parameters(n: int, t: int, collusion: float) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------- graph
+def _ring(universe: list[str], cfg: SecAggConfig, seed: int, run_id: str, r: int) -> list[str]:
+    """The clients in ring order (SecAgg+): a permutation every party derives alike from the run seed,
+    tag and round, so the server cannot place a victim among clients of its choosing."""
+    digest = hashlib.sha256(msgpack.packb(["fedhet/secagg/harary/v1", int(seed), run_id, cfg.tag, int(r),
+                                           list(universe)])).digest()
+    keys = PRG(digest).uint64(len(universe))
+    return [universe[i] for i in np.argsort(keys, kind="stable")]
+
+
 def neighbours(universe: list[str], cfg: SecAggConfig, seed: int, run_id: str, r: int) -> dict[str, frozenset]:
     """Each client's masking neighbours: all others, or its Harary-graph neighbours."""
     n = len(universe)
     k = cfg.k(n)
     if k >= n - 1:
         return {u: frozenset(v for v in universe if v != u) for u in universe}
-    # Ring positions from a permutation every party derives alike, so the
-    # server cannot place a victim among clients of its choosing.
-    digest = hashlib.sha256(msgpack.packb(["fedhet/secagg/harary/v1", int(seed), run_id, cfg.tag, int(r),
-                                           list(universe)])).digest()
-    keys = PRG(digest).uint64(n)
-    order = [universe[i] for i in np.argsort(keys, kind="stable")]
+    order = _ring(universe, cfg, seed, run_id, r)
     pos = {u: i for i, u in enumerate(order)}
     half = k // 2
     return {u: frozenset(order[(pos[u] + d) % n] for d in range(-half, half + 1) if d) for u in universe}
+
+
+def neighbours_of(me: str, universe: list[str], cfg: SecAggConfig, seed: int, run_id: str, r: int) -> frozenset:
+    """``neighbours(...)[me]`` without the others' sets: what one client needs (k names, not n sets)."""
+    n = len(universe)
+    k = cfg.k(n)
+    if k >= n - 1:
+        return frozenset(v for v in universe if v != me)
+    order = _ring(universe, cfg, seed, run_id, r)
+    at = order.index(me)
+    return frozenset(order[(at + d) % n] for d in range(-(k // 2), k // 2 + 1) if d)

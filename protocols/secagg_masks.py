@@ -17,12 +17,12 @@ import numpy as np
 
 from fedhet.crypto.field import F61
 from fedhet.crypto.prg import PRG, SEED_BYTES
-from fedhet.crypto.shamir import interpolate, locate_error, parity_check, reconstruct, share
+from fedhet.crypto.shamir import interpolate, locate_error, parity_check, reconstruct, share, share_at
 
 from .secagg_config import SecAggError
 from .secagg_quantizer import Quantizer
 
-__all__ = ["apply_masks", "share_secrets", "reconstruct_secret", "SharedSecret", "recover_secrets"]
+__all__ = ["apply_masks", "share_secrets", "share_secrets_at", "reconstruct_secret", "SharedSecret", "recover_secrets"]
 
 # Elements per chunk of the masking loops: the chunk of the output and one
 # chunk of keystream stay in L2 while every mask is added to it.
@@ -57,6 +57,11 @@ def apply_masks(acc: np.ndarray, masks: Iterable[tuple[bytes, int]], quant: Quan
 def share_secrets(secrets: list[bytes], n: int, t: int) -> np.ndarray:
     """t-of-n shares of 32-byte secrets: row i is the share at x = i + 1, the secrets' elements side by side."""
     return share(np.concatenate([F61.bytes_to_elements(s) for s in secrets]), n, t)
+
+
+def share_secrets_at(secrets: list[bytes], xs: list[int], t: int) -> np.ndarray:
+    """:func:`share_secrets` at the points ``xs`` only (a SecAgg+ client's k + 1 holders, not all n)."""
+    return share_at(np.concatenate([F61.bytes_to_elements(s) for s in secrets]), xs, t)
 
 
 def reconstruct_secret(rows: list[np.ndarray], points: list[int], t: int, what: str) -> bytes:

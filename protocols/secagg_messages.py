@@ -24,7 +24,7 @@ from fedhet.parties.declare import MessageDecl, declare
 
 __all__ = [
     "Kind", "STEPS", "SECRET_ELEMS", "KEYS_STATEMENT", "RoundInbox", "check_round", "round_context",
-    "keys_signed_message", "seed_commitment", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
+    "keys_signed_message", "seed_commitment", "universe_digest", "is_bytes", "declarations", "DECLARATIONS", "SCHEMAS",
     "MAX_CLIENTS", "DEFAULT_MAX_ELEMS", "SEALED_BYTES", "masked_schema", "payload_bytes",
 ]
 
@@ -65,6 +65,12 @@ def keys_signed_message(tag: str, run_id: str, r: int, name: str, c_pk: bytes, s
 def seed_commitment(b: bytes) -> bytes:
     """The hash of the self-mask seed a client advertises (checked after reconstruction)."""
     return hashlib.sha256(b"fedhet/secagg/self-mask/v1" + b).digest()
+
+
+def universe_digest(tag: str, universe: list[str]) -> bytes:
+    """Names a round's client list: a client that holds the list of this digest (from an earlier
+    round) is sent the digest alone, so its key list carries its k neighbours, not all n names."""
+    return hashlib.sha256(msgpack.packb(["fedhet/secagg/universe/v1", tag, list(universe)])).digest()
 
 
 def is_bytes(v, n: int | None = None) -> bool:
@@ -203,13 +209,14 @@ def masked_schema(max_length: int | None, length: int | None = None, ring_bits: 
 
 
 SCHEMAS: dict[str, sch.Spec] = {
-    Kind.KEYS: sch.Fields({"r": _R, "c_pk": _KEY, "s_pk": _KEY, "commit": _KEY, "sig": sch.Bytes(length=64)}),
-    Kind.KEYLIST: _notice(universe=_NAMES, frac_bits=sch.Int(lo=0, hi=64), ring_bits=sch.Int(lo=1, hi=64),
+    Kind.KEYS: sch.Fields({"r": _R, "c_pk": _KEY, "s_pk": _KEY, "commit": _KEY, "sig": sch.Bytes(length=64),
+                           "have": sch.Bytes(max_len=32)}),
+    Kind.KEYLIST: _notice(universe=_NAMES, digest=_KEY, frac_bits=sch.Int(lo=0, hi=64), ring_bits=sch.Int(lo=1, hi=64),
                           keys=sch.MapOf(sch.ListOf(sch.Bytes(max_len=64), length=4), max_len=MAX_CLIENTS)),
     Kind.SHARES: sch.Fields({"r": _R, "ct": sch.MapOf(_SEALED, max_len=MAX_CLIENTS)}),
-    Kind.RELAY: _notice(u2=_NAMES, ct=sch.MapOf(_SEALED, max_len=MAX_CLIENTS)),
+    Kind.RELAY: _notice(n2=sch.Int(lo=0, hi=MAX_CLIENTS), ct=sch.MapOf(_SEALED, max_len=MAX_CLIENTS)),
     Kind.MASKED: masked_schema(None),
-    Kind.UNMASK_REQUEST: _notice(u3=_NAMES),
+    Kind.UNMASK_REQUEST: _notice(u3=_NAMES, n3=sch.Int(lo=0, hi=MAX_CLIENTS)),
     Kind.UNMASK: sch.Fields({"r": _R, "b_of": _NAMES, "s_of": _NAMES,
                              "shares": sch.Arr("<u8", (None, SECRET_ELEMS), max_elems=MAX_CLIENTS * SECRET_ELEMS)}),
 }
@@ -223,18 +230,20 @@ def declarations(length: int | None = None, max_length: int | None = None,
     return [
         declare(Kind.KEYS, "client", "server",
                 "two X25519 public keys, a hash of the self-mask seed, the party's Ed25519 signature with its "
-                "federation key",
+                "federation key, and the digest of the client list it holds from an earlier round",
                 payload=SCHEMAS[Kind.KEYS], protects="control"),
-        declare(Kind.KEYLIST, "server", "client", "the signed public keys of the client's neighbours, or a "
-                "dropped/abort notice", payload=SCHEMAS[Kind.KEYLIST], protects="control"),
+        declare(Kind.KEYLIST, "server", "client", "the signed public keys of the client's neighbours and the "
+                "client list (only its digest when the client holds it), or a dropped/abort notice", payload=SCHEMAS[Kind.KEYLIST], protects="control"),
         declare(Kind.SHARES, "client", "server",
                 "Shamir shares of the self-mask seed and mask key, AES-GCM sealed to each neighbour",
                 payload=SCHEMAS[Kind.SHARES], protects="shares", after=Kind.KEYLIST),
-        declare(Kind.RELAY, "server", "client", "sealed shares addressed to the client, and U2",
+        declare(Kind.RELAY, "server", "client", "sealed shares addressed to the client by its neighbours in U2, "
+                "and the size of U2",
                 payload=SCHEMAS[Kind.RELAY], protects="shares"),
         declare(Kind.MASKED, "client", "server", "the masked, quantised, weighted input (a uniform ring vector)",
                 payload=masked_schema(max_length, length, ring_bits), protects="masked", after=Kind.RELAY),
-        declare(Kind.UNMASK_REQUEST, "server", "client", "U3, the clients whose masked input arrived",
+        declare(Kind.UNMASK_REQUEST, "server", "client", "the client's share holders in U3 (the clients whose masked input "
+                "arrived), and the size of U3",
                 payload=SCHEMAS[Kind.UNMASK_REQUEST], protects="control"),
         declare(Kind.UNMASK, "client", "server",
                 "self-mask seed shares of U3 and mask-key shares of U2 minus U3", payload=SCHEMAS[Kind.UNMASK],

@@ -40,7 +40,7 @@ from fedhet.parties.api import PeerFault
 from .secagg_config import SecAggConfig, SecAggDisagree, SecAggError, SecAggRoundFailed, neighbours
 from .secagg_masks import SharedSecret, apply_masks, recover_secrets
 from .secagg_messages import (KEYS_STATEMENT, SECRET_ELEMS, Kind, RoundInbox, check_round, keys_signed_message,
-                              round_context, seed_commitment)
+                              round_context, seed_commitment, universe_digest)
 from .secagg_quantizer import Quantizer
 
 __all__ = ["SecAggServer", "SecAggResult", "ServerRound", "prune", "advertise_round", "share_round",
@@ -174,9 +174,12 @@ def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
     u1 = st.enough(set(adv), st.universe, Kind.KEYLIST, "advertised keys")
     st.tell_dropped(set(st.universe) - u1, Kind.KEYLIST)
     entry = {u: [adv[u]["c_pk"], adv[u]["s_pk"], adv[u]["commit"], adv[u]["sig"]] for u in u1}
+    digest = universe_digest(st.cfg.tag, st.universe)
     for u in sorted(u1):
-        st.party.send(u, Kind.KEYLIST, {"r": st.r, "universe": st.universe, "frac_bits": st.quant.frac_bits,
-                                        "ring_bits": st.quant.ring_bits,
+        # A client that holds this round's client list (it said so by its digest) gets the digest alone.
+        names = [] if bytes(adv[u]["have"]) == digest else st.universe
+        st.party.send(u, Kind.KEYLIST, {"r": st.r, "universe": names, "digest": digest,
+                                        "frac_bits": st.quant.frac_bits, "ring_bits": st.quant.ring_bits,
                                         "keys": {v: entry[v] for v in sorted((st.nbrs[u] & u1) | {u})}})
     return adv, u1
 
@@ -192,7 +195,7 @@ def share_round(st: ServerRound, u1: set[str]) -> set[str]:
     u2 = st.enough(set(sh), u1, Kind.RELAY, "shared keys")
     st.tell_dropped(u1 - u2, Kind.RELAY)
     for v in sorted(u2):
-        st.party.send(v, Kind.RELAY, {"r": st.r, "u2": sorted(u2),
+        st.party.send(v, Kind.RELAY, {"r": st.r, "n2": len(u2),
                                       "ct": {u: sh[u]["ct"][v] for u in sorted(st.nbrs[v] & u2)}})
     return u2
 
@@ -223,8 +226,8 @@ def masked_round(st: ServerRound, u2: set[str], length: int | None) -> tuple[np.
         st.fail(u2, Kind.UNMASK_REQUEST,
                 f"only {len(u3)} of {st.n} masked inputs arrived, below the threshold t={st.t}")
     st.tell_dropped(u2 - u3, Kind.UNMASK_REQUEST)
-    for u in sorted(u3):
-        st.party.send(u, Kind.UNMASK_REQUEST, {"r": st.r, "u3": sorted(u3)})
+    for u in sorted(u3):  # a client needs to know which of the clients whose shares it holds are in U3
+        st.party.send(u, Kind.UNMASK_REQUEST, {"r": st.r, "u3": sorted(u3 & (st.nbrs[u] | {u})), "n3": len(u3)})
     assert acc is not None  # t >= 1 masked inputs were summed
     return acc, u3
 

@@ -3,6 +3,7 @@ for the tests that kill or signal its processes mid-run (``test_launcher.py``, `
 and process runs made once per test session for the tests that only read them."""
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -36,7 +37,11 @@ def shared_run(tmp_path_factory, name: str, make) -> Path:
     raised again by every caller, never half-made folders handed on."""
     from filelock import FileLock
 
-    root = tmp_path_factory.getbasetemp().parent / "shared-runs"
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's base is popen-gwN inside the session's folder; without it the base IS
+    # the session's folder (its parent is common to every session: runs made by older code, and
+    # their failure markers, would be handed to later sessions).
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
     root.mkdir(parents=True, exist_ok=True)
     folder, made, failed = root / name, root / f"{name}.made", root / f"{name}.failed"
     with FileLock(str(root / f"{name}.lock")):

@@ -14,7 +14,7 @@ from fedhet.crypto.field import F61, P61, PrimeField
 from fedhet.crypto.fixedpoint import FixedPoint
 from fedhet.crypto.prg import PRG
 from fedhet.crypto.shamir import (lagrange_coefficients, reconstruct, reconstruct_bytes, reconstruct_float,
-                                  share, share_bytes, share_float)
+                                  share, share_at, share_bytes, share_float)
 
 pytestmark = pytest.mark.unit   # the tier (tests/conftest.py)
 
@@ -258,3 +258,28 @@ def test_out_of_range_share_in_a_later_chunk_is_named():
         reconstruct(bad, [1, 2, 3])
     with pytest.raises(ValueError, match="secret: value"):
         share(np.concatenate([F61.random(2 * shamir._CHUNK, prg(2)), np.array([P61], dtype=np.uint64)]), 5, 3)
+
+
+@pytest.mark.parametrize("n,t,xs", [(50, 6, [1, 7, 50]), (1000, 50, [3, 512, 999, 1000]), (9, 1, [2, 9]),
+                                    (4, 4, [1, 2, 3, 4])])
+def test_shares_at_chosen_points_are_the_full_sharings_rows(n, t, xs):
+    """share_at (a SecAgg+ client's k + 1 holders of n) computes exactly the rows share() would, from the
+    same randomness, and any t of them reconstruct the secret."""
+    s = F61.asarray(np.arange(40, dtype=np.uint64) * 977, "s")
+    full = share(s, n, t, PRG(b"\x05" * 32))
+    at = share_at(s, xs, t, PRG(b"\x05" * 32))
+    assert at.shape == (len(xs), s.size)
+    assert np.array_equal(at, full[[x - 1 for x in xs]])
+    if len(xs) >= t:
+        assert np.array_equal(reconstruct(at[:t], xs[:t]), s)
+    other = share_at(s, xs, t)  # fresh randomness: other rows (unless t = 1), the same secret
+    assert t == 1 or not np.array_equal(other, at)
+
+
+def test_shares_at_chosen_points_cross_chunks_and_check_their_points():
+    s = F61.asarray(np.arange((1 << 15) + 11, dtype=np.uint64), "s")
+    assert np.array_equal(share_at(s, [2, 30], 5, PRG(b"\x07" * 32)), share(s, 30, 5, PRG(b"\x07" * 32))[[1, 29]])
+    with pytest.raises(ValueError, match="distinct"):
+        share_at(s[:4], [3, 3], 2)
+    with pytest.raises(ValueError, match="at least one"):
+        share_at(s[:4], [], 2)

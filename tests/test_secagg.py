@@ -23,17 +23,24 @@ def names(k):
     return [f"c{i:02d}" for i in range(k)]
 
 
-def run(cfg, xs, ws, rounds=(0,), faults=None, observer=None, seed=0, barrier=False):
+def run(cfg, xs, ws, rounds=(0,), faults=None, observer=None, seed=0, barrier=False, sends=None):
     """One server and len(xs) clients in memory; returns (server results per round, client results).
 
     ``xs[name]`` is a vector or a list of vectors (one per round); ``faults[name]``
     is ``{round: Faults(...)}``; a client that stops takes part in no later round.  ``barrier``: the server starts a round
     only when every client finished the last one (as a training loop's model
-    broadcast would make it).
+    broadcast would make it).  ``sends``: a list that gets every (to, kind, payload) the server sends.
     """
     faults = faults or {}
 
     def server(party, c, d):
+        if sends is not None:
+            send = party.send
+
+            def spy(to, kind, payload=None, **kw):
+                sends.append((to, kind, payload))
+                return send(to, kind, payload, **kw)
+            party.send = spy
         srv = SecAggServer(cfg, observer)
         out = []
         for i, r in enumerate(rounds):
@@ -341,3 +348,76 @@ def test_declarations_accept_ring_vectors_only():
     assert decl.check_record(masked, [("y", "<u8", (32,))]) is not None
     wide = {d.kind: d for d in secagg.declarations(31, 31, 64)}[Kind.MASKED]
     assert decl.check_record(wide, [("y", "<u8", (32,))]) is None
+
+
+def test_a_secagg_plus_client_hears_of_its_neighbours_only_once_it_holds_the_client_list():
+    """Issue 45, item 4: after the first round a SecAgg+ client's key list names the client list by its
+    digest, the relay sends the size of U2 and the unmask request the client's holders in U3: what it
+    receives grows with its k neighbours, not with the n clients (and the sums stay exact)."""
+    cfg = SecAggConfig(graph="harary", timeout=0.5, collusion=0.05)
+    us = names(40)
+    k = cfg.k(len(us))
+    assert k < len(us) - 1
+    rng = np.random.default_rng(4)
+    xs = {u: [rng.normal(size=6), rng.normal(size=6)] for u in us}
+    ws = {u: 1.0 for u in us}
+    sends: list = []
+    srv, _ = run(cfg, xs, ws, rounds=(0, 1), sends=sends, barrier=True)
+    for i, res in enumerate(srv):
+        assert_close(res, cfg, {u: xs[u][i] for u in us}, ws, us)
+    by = {}
+    for to, kind, p in sends:
+        by.setdefault((p["r"], kind, to), p)
+    digests = {by[(r, Kind.KEYLIST, u)]["digest"] for r in (0, 1) for u in us}
+    assert len(digests) == 1
+    for u in us:
+        assert by[(0, Kind.KEYLIST, u)]["universe"] == us          # the first round: the whole list
+        assert by[(1, Kind.KEYLIST, u)]["universe"] == []          # then its digest alone
+        for r in (0, 1):
+            relay, req = by[(r, Kind.RELAY, u)], by[(r, Kind.UNMASK_REQUEST, u)]
+            assert relay["n2"] == len(us) and "u2" not in relay and len(relay["ct"]) == k
+            assert req["n3"] == len(us) and u in req["u3"] and set(req["u3"]) <= set(relay["ct"]) | {u}
+            heard = set(by[(r, Kind.KEYLIST, u)]["keys"]) | set(relay["ct"]) | set(req["u3"])
+            assert len(heard) == k + 1   # itself and its k neighbours
+
+
+@pytest.mark.unit
+def test_a_server_naming_a_list_the_client_lacks_or_relaying_a_stranger_is_named():
+    """The checks that replace the lists sent in full: each names the server that broke them."""
+    from fedhet.protocols.secagg_client import ClientRound, advertise_keys, masked_input, share_keys
+    from fedhet.protocols.secagg_config import SecAggFault, SecAggRoundFailed
+    from fedhet.protocols.secagg_messages import round_context, universe_digest
+
+    cfg = SecAggConfig(graph="complete")
+    us = names(4)
+
+    def fresh(known=None):
+        st = ClientRound(cfg, "c00", "run", 0, 0, np.zeros(3), 1.0, round_context(cfg.tag, "run", 0),
+                         server="server", known=known)
+        advertise_keys(st, lambda label, msg: b"s" * 64)
+        return st
+
+    q = cfg.quantizer(len(us))
+    roles = {u: "client" for u in us}
+    st = fresh()
+    keys = {"c00": [st.c_pk, st.s_pk, st.commit, b"s" * 64]}
+    base = {"r": 0, "frac_bits": q.frac_bits, "ring_bits": q.ring_bits, "keys": keys}
+    with pytest.raises(SecAggFault, match="digest this client did not report holding") as e:
+        share_keys(st, {**base, "universe": [], "digest": universe_digest(cfg.tag, us)}, roles, "client",
+                   lambda *a: True)
+    assert e.value.peer == "server"
+    with pytest.raises(SecAggFault, match="does not match its digest") as e:
+        share_keys(fresh(), {**base, "universe": us, "digest": b"d" * 32}, roles, "client", lambda *a: True)
+    assert e.value.peer == "server"
+    st = fresh(known=(universe_digest(cfg.tag, us), us))   # held from an earlier round: the digest suffices
+    keys = {"c00": [st.c_pk, st.s_pk, st.commit, b"s" * 64]}
+    with pytest.raises(SecAggRoundFailed, match="share holders"):   # got past the list: too few keys
+        share_keys(st, {**base, "keys": keys, "universe": [], "digest": universe_digest(cfg.tag, us)}, roles,
+                   "client", lambda *a: True)
+    st.peer_keys = {"c00": (st.c_pk, st.s_pk, st.commit)}
+    st.nbrs = frozenset(us[1:])
+    for relay, why in [({"r": 0, "n2": 4, "ct": {"c09": b""}}, "not neighbours"),
+                       ({"r": 0, "n2": 9, "ct": {}}, "malformed relay")]:
+        with pytest.raises(SecAggFault, match=why) as e:
+            masked_input(st, relay)
+        assert e.value.peer == "server"

@@ -198,7 +198,7 @@ def test_a_bad_plain_update_is_dropped_and_named_and_the_round_goes_on(what, x, 
 def test_a_secagg_message_against_its_schema_is_dropped_and_named_and_the_round_goes_on():
     def bad_sig(party):
         party.send("server", secagg.Kind.KEYS, {"r": 0, "c_pk": b"a" * 32, "s_pk": b"b" * 32,
-                                                 "commit": b"c" * 32, "sig": b"short"})
+                                                 "commit": b"c" * 32, "sig": b"short", "have": b""})
         return "sent"
     res = agg_federation(["c0", "c1", "c2", "c3"], SECURE, "c1", bad_sig)["server"]
     assert set(res.rejected) == {"c1"} and "field 'sig': 5 bytes, 64 declared" in res.rejected["c1"]
@@ -210,7 +210,8 @@ def largest(kind: str, r: int, max_length: int) -> dict:
     """The largest payload of ``kind`` its schema accepts (with the vector length ``max_length``)."""
     n = MAX_CLIENTS
     if kind == secagg.Kind.KEYS:
-        return {"r": r, "c_pk": b"a" * 32, "s_pk": b"b" * 32, "commit": b"c" * 32, "sig": b"s" * 64}
+        return {"r": r, "c_pk": b"a" * 32, "s_pk": b"b" * 32, "commit": b"c" * 32, "sig": b"s" * 64,
+                "have": b"h" * 32}
     if kind == secagg.Kind.SHARES:  # bytes travel in the header, whose size the codec bounds first
         n = min(n, (codec.MAX_HEADER_BYTES - 4096) // (SEALED_BYTES + 16))
         return {"r": r, "ct": {f"c{i:05d}": b"x" * SEALED_BYTES for i in range(n)}}
