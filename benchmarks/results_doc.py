@@ -268,16 +268,20 @@ def secagg_scale(d: dict) -> list[str]:
         fits = [[str(x["m"]), ", ".join(map(str, x["ks"])), f(x["client_cpu"], 2), f(x["client_bytes"], 2),
                  f(x["server_cpu"], 2), f(x["server_bytes"], 2),
                  ", ".join(f"{k}: {v}" for k, v in x["degree"].items())] for x in d["fits"]]
-        out += ["", "SecAgg+ cost against K, a in cost ~ K^a (the round with every client):", ""] + table(
-            ["m", "K", "client CPU", "client bytes up", "client bytes down", "server CPU", "server bytes in",
-             "neighbours k"], [row[:4] + [f(x.get("client_down_bytes"), 2)] + row[4:] for row, x in zip(fits, d["fits"])])
+        out += ["", "SecAgg+ cost against K, a in cost ~ K^a (the first round, every client; bytes down also in the "
+                "timed round, where the client list is named by its digest):", ""] + table(
+            ["m", "K", "client CPU", "client bytes up", "client bytes down", "... in the timed round", "server CPU",
+             "server bytes in", "neighbours k"],
+            [row[:4] + [f(x.get("client_down_bytes"), 2), f(x.get("client_down_bytes_later"), 2)] + row[4:]
+             for row, x in zip(fits, d["fits"])])
         per_k = [[str(x["m"]), ", ".join(map(str, x["ks"]))]
-                 + [f(x["vs_degree"].get(k), 2) for k in ("client_cpu", "client_bytes", "client_down_bytes")]
+                 + [f(x["vs_degree"].get(k), 2)
+                    for k in ("client_cpu", "client_bytes", "client_down_bytes", "client_down_bytes_later")]
                  for x in d["fits"] if x.get("vs_degree")]
         if per_k:
             out += ["", "A client's cost against its neighbours k, b in cost ~ k^b (SecAgg+ promises b ≤ 1: a "
                     "client's work is per neighbour, whatever K):", ""] + table(
-                ["m", "K", "client CPU", "client bytes up", "client bytes down"], per_k)
+                ["m", "K", "client CPU", "client bytes up", "client bytes down", "... in the timed round"], per_k)
     if d.get("flower"):
         by = {(r["K"], r["m"]): r for r in d["rows"] if r.get("ok") and r["graph"] == "harary"}
         fl = []
