@@ -443,6 +443,8 @@ class Party:
         self.restarts_left = MAX_RESTARTS          # ... this many times a run (a peer cannot loop us for ever)
         self.recorded: dict[int, str] = {}        # step -> digest of the checkpoints its transcript records
         self._restart_offers: dict[str, list[bytes]] = {}   # next incarnation's offers, until it starts
+        self._restart_vouches: dict[str, frozenset] = {}   # offering party -> the restarts its offer vouches for
+        self._restart_cause: list[str] = []   # the restarts this party's current incarnation answered
         self.resumed_from: int | None = None     # the step agreed on a resumed run (0: none held by all)
         self._resume_state: dict | None = None   # that step's saved state, until the role restores it
 
@@ -595,6 +597,8 @@ class Party:
         self.log.warning("%s; checkpoints held: %s", cause, sorted(offered) or "none")
         with self._lock:
             waiting, self._restart_offers = self._restart_offers, {}
+            self._restart_vouches = {}
+            self._restart_cause = [cause.peer]
         for frm, frames in waiting.items():
             self._deliver(frames, authenticated=frm)
         return offered
@@ -610,17 +614,40 @@ class Party:
             if env.frm in self._restart_offers or len(self._restart_offers) >= len(self.peers):
                 return False
             self._restart_offers[env.frm] = [bytes(f) for f in frames]
-            # A party that restarts died first: its connections ended.  The next incarnation begins
-            # only once an offer comes from a party whose restart this one can see; the others' first
-            # messages of it (they began it already) wait with it.  Offers from a party whose
-            # connections never broke alone roll nobody back: they stay held, and the run goes on.
-            seen = [p for p in self._restart_offers if self._restart_visible(p)]
-        if not seen:
-            self.log.warning("a resume offer from %r, whose connections never broke since this party's last "
-                             "(re)start: held, not honoured while no restart is visible", env.frm)
+            seen = env.payload.get("seen") if isinstance(env.payload, dict) else None
+            self._restart_vouches[env.frm] = frozenset(
+                v for v in (seen if isinstance(seen, (list, tuple)) else ()) if isinstance(v, str))
+            cause = self._restart_to_honour()
+        if cause is None:
+            self.log.warning("a resume offer from %r, whose restart this party cannot see (its connections never "
+                             "broke since this party's last (re)start, or they never talked) and no party it "
+                             "talked with vouches for: held, not honoured", env.frm)
             return True
-        self._mailbox.interrupt(PeerRestarted(self.name, seen[0], self.incarnation + 1))
+        self._mailbox.interrupt(PeerRestarted(self.name, cause, self.incarnation + 1))
         return True
+
+    def _restart_to_honour(self) -> str | None:
+        """The held offer that starts the next incarnation, or None while none may (caller holds the lock).
+
+        A party that restarts died first: its connections ended.  An offer is honoured when this party
+        sees the offering party's restart (one of its connections ended), or when a party this one
+        talked with vouches for it: that party's own offer names it among the restarts it answered
+        (it saw them, or was vouched to by a party it talked with).  An offer from a party whose
+        connections never broke, alone, rolls nobody back: it stays held and the run goes on.  A
+        party that never talked with the offering one cannot see its restart: it waits for a vouch,
+        so a listed party lying about a restart cannot split those that never talked with it from
+        the rest.  A party that talked with nobody at all has nothing to judge by and honours it.
+        """
+        judged = {p: self._restart_judge(p) for p in self._restart_offers}
+        for p, j in judged.items():
+            if j == "seen":
+                return p
+        for p in judged:
+            if any(p in self._restart_vouches.get(q, ()) for q, j in judged.items() if q != p and j != "unknown"):
+                return p
+        if not (any(self.messages_received.values()) or any(self.messages_sent.values())):
+            return next(iter(judged), None)
+        return None
 
     def flush_checkpoints(self) -> None:
         """Wait for checkpoints still being written (a runner calls it before closing the transcript)."""
@@ -642,8 +669,9 @@ class Party:
         step all hold (0: none, the run starts over; the transcript still goes on).  Returns it."""
         held = sorted(int(s) for s in offered)[-decl.MAX_HELD:]
         self.recorded.update({int(s): d for s, d in offered.items()})
-        for p in self.peers:
-            self.send(p, RESUME_KIND, {"held": held, "incarnation": self.incarnation})
+        for p in self.peers:   # "seen": the restarts this incarnation answered (a vouch for them)
+            self.send(p, RESUME_KIND, {"held": held, "incarnation": self.incarnation,
+                                       "seen": sorted(set(self._restart_cause))})
         common = set(held)
         for p in self.peers:
             offer = self.recv(p, RESUME_KIND)
@@ -779,10 +807,11 @@ class Party:
     def _transport_close(self, linger_s: float | None = None) -> None:
         pass
 
-    def _restart_visible(self, peer: str) -> bool:
-        """Whether ``peer`` can have restarted since this incarnation began (a transport that sees
-        connections says: one of its connections ended); in memory every offer is a real restart."""
-        return True
+    def _restart_judge(self, peer: str) -> str:
+        """What this party can tell of ``peer``'s restart since this incarnation began: "seen" (one
+        of its connections ended), "unseen" (they talked, and none ended) or "unknown" (they never
+        talked: nothing here can tell).  In memory every offer is a real restart."""
+        return "seen"
 
     def _restart_seen(self) -> None:
         """A new incarnation begins: restarts are judged from here on (the transport's hook)."""

@@ -78,9 +78,12 @@ BUILTIN = [
             payload=sch.Fields({"reason": sch.Str(max_len=sch.MAX_TEXT)}), protects="control"),
     # A resumed party's first message to every peer: the checkpoint steps it holds (step numbers only,
     # no state); each party resumes from the newest step every party holds.
-    declare(RESUME_KIND, ANY_ROLE, ANY_ROLE, "resume offer: the checkpoint steps the party holds",
+    declare(RESUME_KIND, ANY_ROLE, ANY_ROLE, "resume offer: the checkpoint steps the party holds, and the "
+            "restarts it answered",
             payload=sch.Fields({"held": sch.ListOf(sch.Int(lo=0), max_len=MAX_HELD),
-                                "incarnation": sch.Int(lo=1)}), protects="control"),
+                                "incarnation": sch.Int(lo=1),
+                                # the restarts the sender's incarnation answered: its vouch for them
+                                "seen": sch.ListOf(sch.Str(max_len=256), max_len=4096)}), protects="control"),
 ]
 
 BUILTIN_KINDS = frozenset(d.kind for d in BUILTIN)

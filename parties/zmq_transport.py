@@ -1317,17 +1317,17 @@ class ZmqParty(Party):
         """
         return None
 
-    def _restart_visible(self, peer: str) -> bool:
-        """One of ``peer``'s connections ended since this incarnation began, or this party never
-        exchanged a message with it before its offer (then nothing here can tell; the parties that
-        did talk with it judge the offer).  The exchange is counted where messages are delivered and
-        sent, in step with the offer itself; the guard's count of connections is not (its thread may
-        not have counted the connection an offer came on yet, on a loaded machine)."""
+    def _restart_judge(self, peer: str) -> str:
+        """"seen" once one of ``peer``'s connections ended since this incarnation began; else
+        "unseen" if this party exchanged a message with it, "unknown" if it never did (then the
+        parties that did talk with it judge, and vouch).  The exchange is counted where messages are
+        delivered and sent, in step with the offer itself; the guard's count of connections is not
+        (its thread may not have counted the connection an offer came on yet, on a loaded machine)."""
         guard = self._guard
         if guard is None or guard.breaks[peer] > self._breaks_seen.get(peer, 0):
-            return True
+            return "seen"
         # (the caller holds self._lock, under which these counters change)
-        return not (self.messages_received.get(peer) or self.messages_sent.get(peer))
+        return "unseen" if (self.messages_received.get(peer) or self.messages_sent.get(peer)) else "unknown"
 
     def _restart_seen(self) -> None:
         guard = self._guard

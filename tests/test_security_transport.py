@@ -639,6 +639,45 @@ def test_a_first_message_waiting_behind_a_busy_receiver_is_not_called_silent():
         server._transport_close(linger_s=0)
 
 
+def test_a_resume_offer_from_a_party_never_talked_with_waits_for_a_vouch():
+    """Issue 43, item 4 (the case left open): a party that never exchanged a message with the offering
+    party cannot see its restart, and honoured its offer at once, so a listed party lying about a
+    restart split such parties from the rest.  Now the offer is held until a party this one talked
+    with vouches for it (its own offer names the restart it answered)."""
+    from fedhet.parties.api import PeerRestarted
+    from fedhet.parties.declare import RESUME_KIND
+
+    keys, eps, make = loopback_federation()
+    server, client2 = make("server", timeout=30), make("client2", timeout=30)
+    client2.restart_grace = True
+    contexts = []
+    try:
+        client2.send("server", "k", 1)          # client2 talks with the server, never with client1
+        assert server.recv("client2", "k") == 1
+        server.send("client2", "k", 2)
+        assert client2.recv("server", "k") == 2
+        ctx, liar = curve_dealer(keys, eps["client2"], server="client2", client="client1")
+        contexts.append(ctx)
+        liar.send_multipart(codec.encode(f"{RUN}/resume-1", "client1", "client2", RESUME_KIND, 0,
+                                         {"held": [], "incarnation": 1, "seen": []}))
+        wait_for(lambda: "client1" in client2._restart_offers, what="client1's offer to reach client2")
+        server.send("client2", "k", 3)           # held: the run goes on in the same incarnation
+        assert client2.recv("server", "k") == 3 and client2.incarnation == 0
+        # the server, which talked with client1 and saw it restart, vouches for it in its own offer
+        ctx, srv = curve_dealer(keys, eps["client2"], server="client2", client="server")
+        contexts.append(ctx)
+        srv.send_multipart(codec.encode(f"{RUN}/resume-1", "server", "client2", RESUME_KIND, 0,
+                                        {"held": [], "incarnation": 1, "seen": ["client1"]}))
+        with pytest.raises(PeerRestarted) as info:
+            client2.recv("server", "k", timeout=30)
+        assert info.value.peer == "client1"
+    finally:
+        for ctx in contexts:
+            ctx.destroy(linger=0)
+        client2._transport_close(linger_s=0)
+        server._transport_close(linger_s=0)
+
+
 @pytest.mark.parametrize("restarted", [True, False])
 def test_a_party_restarted_without_resume_names_itself_not_its_peer(restarted):
     """Issue 43, item 3: a client killed and started again by hand with the same run id (no
@@ -696,7 +735,7 @@ def test_a_resume_offer_is_honoured_only_from_a_party_whose_connections_broke(di
             server._guard.joined["client1"] = 0
         ctx, raw = curve_dealer(keys, eps["server"], client="client1")
         raw.send_multipart(codec.encode(f"{RUN}/resume-1", "client1", "server", RESUME_KIND, 0,
-                                        {"held": [], "incarnation": 1}))
+                                        {"held": [], "incarnation": 1, "seen": []}))
         if died:
             with pytest.raises(PeerRestarted):
                 server.recv("client1", "k")
