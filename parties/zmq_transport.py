@@ -428,6 +428,11 @@ class _ConnectionGuard(threading.Thread):
         self.max_unidentified = int(max_unidentified)   # accepted, not yet identified, at once (unidentified_cap)
         self.on_link, self.tick = on_link, tick
         self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit), None) for sock, limit in watched]
+        # The listening sockets' monitors are read on every look; a dialled peer's (one per DEALER:
+        # a server of K clients has K) only when its poll said it holds events, so a look costs
+        # the same with 10 or 1,000 peers dialled.
+        self._always = {id(mon) for _sock, mon, _limit, _peer in self.monitors}
+        self._ready: set[int] | None = None   # ids of the dialled monitors the last poll found readable
         self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
@@ -438,6 +443,7 @@ class _ConnectionGuard(threading.Thread):
         self._active: set[int] = set()  # fds whose held bytes may still grow without a new arrival
         self._unknown: set[int] = set()  # accepted fds that have not delivered a message yet
         self._partial: set[int] = set()  # identified fds with an unfinished message
+        self._holding: set[int] = set()  # fds whose last look found bytes held (not yet credited)
         self._keyed: dict[str, set[int]] = {}  # listed key's party -> its identified fds
         self._pending: dict[str, collections.deque] = {}  # party -> times ZAP admitted a connection not yet identified
         self._epoll = select.epoll() if hasattr(select, "epoll") else None
@@ -535,11 +541,16 @@ class _ConnectionGuard(threading.Thread):
     def _events(self, credited: dict | None = None) -> None:
         """Take in the monitors' events; ``credited``: fds credited since the last look (-> User-Id), so a
         connection that delivered a message and ended before this look is still known as its party's."""
+        fresh: set[int] = set()
         if self._added:
             with self._lock:
+                fresh = {id(m[1]) for m in self._added}
                 self.monitors += self._added
                 self._added = []
+        ready = self._ready
         for _sock, mon, limit, peer in self.monitors:
+            if ready is not None and id(mon) not in ready and id(mon) not in self._always and id(mon) not in fresh:
+                continue
             while mon.poll(0):
                 try:
                     ev = parse_monitor_message(mon.recv_multipart())
@@ -600,6 +611,7 @@ class _ConnectionGuard(threading.Thread):
         self._active.discard(fd)
         self._unknown.discard(fd)
         self._partial.discard(fd)
+        self._holding.discard(fd)
         if c is not None and c["user"] is not None:
             self._keyed.get(c["user"], set()).discard(fd)
         if self._epoll is not None:
@@ -709,6 +721,10 @@ class _ConnectionGuard(threading.Thread):
             rcvd, queued = got
             with self._lock:
                 c["held"] = rcvd - self._credit[fd] - c["base"]
+            if c["held"] > 0:
+                self._holding.add(fd)
+            else:
+                self._holding.discard(fd)
             if queued == 0 and rcvd == c["got"]:
                 self._active.discard(fd)  # settled: nothing new came and nothing waits in the kernel
             else:
@@ -716,7 +732,9 @@ class _ConnectionGuard(threading.Thread):
             c["got"] = rcvd
             if c["in"] and c["known"]:
                 self._unfinished(fd, c, c["held"], fd in credited, now)
-        held = {fd: c["held"] for fd, c in self._conns.items() if c["tcp"]}
+        # only connections holding bytes count (the others add nothing): a look costs the same with
+        # 10 or 1,000 connections open
+        held = {fd: self._conns[fd]["held"] for fd in self._holding if fd in self._conns and self._conns[fd]["tcp"]}
         total = sum(max(0, h) for h in held.values())
         self.peak_held = max(self.peak_held, total)
         for fd, h in held.items():
@@ -789,18 +807,17 @@ class _ConnectionGuard(threading.Thread):
         if self._epoll is not None:
             poller.register(self._epoll.fileno(), zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        polled: set = set()
+        registered = 0
         due: float | None = None
         while not self._halt.is_set():
             try:
-                for _sock, mon, _limit, _peer in self.monitors:
-                    if id(mon) not in polled:
-                        poller.register(mon, zmq.POLLIN)
-                        polled.add(id(mon))
+                for _sock, mon, _limit, _peer in self.monitors[registered:]:
+                    poller.register(mon, zmq.POLLIN)
+                registered = len(self.monitors)
                 wait = self.TICK_S if self._active else self.IDLE_S
                 if due is not None:
                     wait = max(self.TICK_S, min(wait, due))
-                poller.poll(int(1000 * wait))
+                self._ready = {id(sock) for sock, _ev in poller.poll(int(1000 * wait)) if isinstance(sock, zmq.Socket)}
                 try:
                     while os.read(self._wake_r, 4096):
                         pass
