@@ -987,7 +987,13 @@ class ZmqParty(Party):
         self.rejects_by_reason: collections.Counter = collections.Counter()
         public_keys = public_keys or {}  # --insecure runs have none
         self._shared = context  # None: this party owns its context (and ZAP handler) and ends them
-        self.ctx = zmq.Context() if context is None else context.ctx
+        if context is None:
+            self.ctx = zmq.Context()
+            # a DEALER and its monitor per dialled peer: libzmq's default of 1,023 sockets stopped a
+            # server of 500 clients started as a process of its own (as in a host's SharedContext)
+            self.ctx.max_sockets = self.ctx.get(zmq.SOCKET_LIMIT)
+        else:
+            self.ctx = context.ctx
         self.router = self._router(context, public_keys, secret_key, handshake_s)
         # One DEALER per peer, made and connected on the first message to it (:meth:`_dealer`):
         # a party connects only to the peers it talks to, so hundreds of parties that never
