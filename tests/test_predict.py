@@ -33,6 +33,7 @@ from fedhet.parties.audit import audit
 from fedhet.parties.federation import Federation
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.ops.launcher import launch
+from fedhet.protocols import psi
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -181,6 +182,24 @@ def test_in_memory_predictions_equal_plaintext_scoring_of_the_exported_parts(tra
     results = trained.in_memory(out)
     check_predictions(trained, out)
     check_missing(trained, out, results)
+    if isinstance(trained.layout, Vertical):   # "auto" at 40 rows: the label party chose ecdh, all followed
+        assert {r["psi_backend"] for n, r in results.items() if n in trained.scoring()} == {psi.choose_backend(N_ROWS)}
+
+
+def vertical() -> list[str]:
+    return [n for n in predicting() if isinstance(job_layout(n), Vertical)]
+
+
+@pytest.mark.parametrize("backend", ["kkrt", "rr22"])   # "auto" (ecdh at these sizes): the test above
+@pytest.mark.parametrize("trained", vertical(), indirect=True)
+def test_every_psi_backend_aligns_the_new_rows_to_the_same_predictions(trained, backend, tmp_path):
+    """Issue 49: ``predict_psi_backend`` picks the PSI that aligns the new rows; every backend gives the
+    plaintext's predictions and missing rows, and each aligning party records the backend in force."""
+    out = tmp_path / "pred"
+    results = trained.in_memory(out, predict_psi_backend=backend)
+    check_predictions(trained, out)
+    check_missing(trained, out, results)
+    assert {r["psi_backend"] for n, r in results.items() if n in trained.scoring()} == {backend}
 
 
 @pytest.mark.processes

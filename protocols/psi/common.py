@@ -50,6 +50,14 @@ RR22_MAX_ITEMS = 1 << 28   # items per party (the OKVS failure bound is stated u
 MAX_OKVS_ROWS = 1 << 18    # RR22: OKVS elements per message (4 MiB)
 ORDERS = ("sorted", "label_owner")
 BACKENDS = ("ecdh", "kkrt", "rr22")
+AUTO = "auto"
+CHOICES = (AUTO,) + BACKENDS   # what a psi_backend setting may say
+AUTO_BACKENDS = ("ecdh", "rr22")
+# "auto": the label owner runs RR22 from this many IDs (input rows) up to RR22_MAX_ITEMS, ECDH below (where
+# RR22's fixed costs, its base OTs, the VOLE's 256+ GGM trees and numba's start in a fresh process, outweigh
+# ECDH's per-ID curve work) and above (RR22's OKVS failure bound is stated only up to 2^28).  Measured by
+# benchmarks/psi_auto.py (results/psi_auto.json): the sizes where the two backends' in-memory runs cross.
+AUTO_RR22_FROM = 4096
 
 
 class Kind:
@@ -179,14 +187,18 @@ def _rr22(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
 
 def declarations(label_owner: str | Sequence[str] = "label_owner", feature: str | Sequence[str] = "feature",
                  backend: str | None = "ecdh") -> list[MessageDecl]:
-    """The PSI message kinds of ``backend`` (None: all), for an algorithm whose roles have these names."""
+    """The PSI message kinds of ``backend`` (None: all), for an algorithm whose roles have these names.
+
+    ``"auto"``: the kinds of the backends it may choose (:data:`AUTO_BACKENDS`); the label owner's first
+    message names the one in force and the other's kinds are never sent."""
     lo = (label_owner,) if isinstance(label_owner, str) else tuple(label_owner)
     fe = (feature,) if isinstance(feature, str) else tuple(feature)
     if backend is not None:
-        check_backend(backend)
-    return ((_ecdh(lo, fe) if backend in (None, "ecdh") else [])
-            + (_kkrt(lo, fe) if backend in (None, "kkrt") else [])
-            + (_rr22(lo, fe) if backend in (None, "rr22") else []))
+        check_backend(backend, auto=True)
+    some = AUTO_BACKENDS if backend == AUTO else BACKENDS if backend is None else (backend,)
+    return ((_ecdh(lo, fe) if "ecdh" in some else [])
+            + (_kkrt(lo, fe) if "kkrt" in some else [])
+            + (_rr22(lo, fe) if "rr22" in some else []))
 
 
 # ------------------------------------------------------------------- results
@@ -210,10 +222,33 @@ class PSIResult:
 
 
 # ------------------------------------------------------------------ preamble
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"PSI backend must be one of {BACKENDS}, got {backend!r}")
+def check_backend(backend: str, auto: bool = False) -> str:
+    """``backend`` if it names a backend (or, with ``auto``, is ``"auto"``)."""
+    allowed = CHOICES if auto else BACKENDS
+    if backend not in allowed:
+        raise ValueError(f"PSI backend must be one of {allowed}, got {backend!r}")
     return backend
+
+
+def choose_backend(n_label_owner: int) -> str:
+    """``"auto"``'s choice, made by the label owner alone from its number of input IDs and sent to every
+    feature party in its first message (so every party of one intersection runs the same): RR22 from
+    :data:`AUTO_RR22_FROM` up to :data:`RR22_MAX_ITEMS` IDs, ECDH below and above."""
+    return "rr22" if AUTO_RR22_FROM <= n_label_owner <= RR22_MAX_ITEMS else "ecdh"
+
+
+def describe_backend(backend: str, key: str = "psi_backend") -> str:
+    """One sentence: which PSI backend a setting ``key`` = ``backend`` runs, and why."""
+    check_backend(backend, auto=True)
+    if backend == AUTO:
+        return (f"{key} = \"auto\": the label owner picks by its own number of IDs and names the backend in "
+                f"its first message: rr22 (OKVS + silent VOLE, the fastest and fewest bytes) from {AUTO_RR22_FROM} "
+                f"IDs up to 2^28, ecdh below {AUTO_RR22_FROM} (rr22's fixed costs outweigh ECDH's per-ID work "
+                f"there) and above 2^28 (rr22's OKVS bound ends there); feature parties follow")
+    why = {"ecdh": "X25519 blinding: the fewest assumptions (DDH), slowest at large sizes",
+           "kkrt": "KKRT16 OT-extension PSI: less CPU than ECDH at large sizes, most bytes",
+           "rr22": "RR22 OKVS + silent VOLE: the fastest at large sizes, fewest bytes"}[backend]
+    return f"{key} = \"{backend}\" at every size: {why}; every party must set the same"
 
 
 def check_chunk(chunk: int) -> int:
@@ -322,10 +357,30 @@ class OTPeer:
 SETUP_KINDS = {Kind.SETUP: "ecdh", Kind.KKRT_SETUP: "kkrt", Kind.RR22_SETUP: "rr22"}   # each backend's first message
 
 
-def setup_from(party: PartyLike, lo: str, backend: str, timeout: float | None) -> dict:
-    """F's first message: the label owner's setup for ``backend``.  A label owner on another backend
-    fails this at once, naming both backends (ProtocolMismatch: which side is wrong is not provable),
+def first_message(party: PartyLike, lo: str, backend: str, timeout: float | None) -> tuple[str, dict]:
+    """F's first message, for ``backend`` or, for ``"auto"``, whichever of :data:`AUTO_BACKENDS` the label
+    owner chose: (the backend in force, the setup).  A label owner on another backend fails this at once,
+    naming both (ProtocolMismatch: which side is wrong is not provable), instead of each side waiting out
+    its timeout for the other."""
+    kind, setup = party.recv_any(lo, SETUP_KINDS, timeout=timeout)
+    got = SETUP_KINDS[kind]
+    if backend == AUTO and got not in AUTO_BACKENDS:
+        raise ProtocolMismatch(party.name, lo, "PSI backend", f"auto ({' or '.join(AUTO_BACKENDS)})", got,
+                               "set psi_backend the same for every party")
+    return (got if backend == AUTO else backend), setup
+
+
+def setup_from(party: PartyLike, lo: str, backend: str, timeout: float | None,
+               first: tuple[str, dict] | None = None) -> dict:
+    """F's first message: the label owner's setup for ``backend`` (``first``: the backend and setup
+    :func:`first_message` received already).  A label owner on another backend fails this at once,
+    naming both backends (ProtocolMismatch: which side is wrong is not provable),
     instead of each side waiting out its timeout for the other."""
+    if first is not None:
+        got, setup = first
+        if got != backend:
+            raise ProtocolMismatch(party.name, lo, "PSI backend", backend, got, "set psi_backend the same for every party")
+        return setup
     kind, setup = party.recv_any(lo, SETUP_KINDS, timeout=timeout)
     if SETUP_KINDS[kind] != backend:
         raise ProtocolMismatch(party.name, lo, "PSI backend", backend, SETUP_KINDS[kind],

@@ -240,9 +240,11 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
     return w
 
 
-def answer_setup(party: PartyLike, lo: str, timeout: float | None) -> tuple[dict, vole.Sender]:
-    """F, first thing: the label owner's setup (checked), answered with base-OT points (choices Δ)."""
-    setup = setup_from(party, lo, "rr22", timeout)
+def answer_setup(party: PartyLike, lo: str, timeout: float | None,
+                 first: tuple[str, dict] | None = None) -> tuple[dict, vole.Sender]:
+    """F, first thing: the label owner's setup (checked; ``first``: already received), answered with
+    base-OT points (choices Δ)."""
+    setup = setup_from(party, lo, "rr22", timeout, first)
     if setup["v"] != RR22_VERSION:
         raise ProtocolMismatch(party.name, lo, "PSI (rr22) version", RR22_VERSION, setup["v"])
     delta_bits = vole.Sender.new_delta_bits()
@@ -350,12 +352,13 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     return label_owner_result(items, out_rows, stats)
 
 
-def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None) -> PSIResult:
+def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None,
+                  first: tuple[str, dict] | None = None) -> PSIResult:
     """F's side of :func:`label_owner` (arguments checked by :func:`fedhet.protocols.psi.psi_feature_party`)."""
     t0, c0 = time.perf_counter(), time.process_time()
     items, start, enc, first_rows, digests, perm = feature_inputs(party, ids, lo, RR22_MAX_ITEMS)
     mine = len(enc)   # before anything of L's is needed; from here on our IDs are in a secret random order
-    setup, sender = answer_setup(party, lo, timeout)
+    setup, sender = answer_setup(party, lo, timeout, first)
     t_setup = time.perf_counter()
     msg, b = answer_vole(party, lo, sender, mine, timeout)
     n, m = msg["n"], msg["cols"]
