@@ -24,7 +24,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from numba import njit
@@ -38,7 +38,7 @@ from fedhet.parties.declare import MessageDecl, declare
 
 ECDH_VERSION = 1
 KKRT_VERSION = 1
-RR22_VERSION = 1
+RR22_VERSION = 2           # 2: IDs digested by a keyed PRF under the setup's key dk (1: SHA-256)
 SIGMA = 40                 # statistical security (bits) of the OT-based backends' OPRF outputs
 DIGEST_BYTES = 16
 MAX_CHUNK = 1 << 16        # rows per point message (ECDH) / items per OPRF message (KKRT)
@@ -149,9 +149,12 @@ def _rr22(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
     oprf = sch.OneOf(tuple(sch.Arr("|u1", (None, ell), max_elems=MAX_CHUNK * ell) for ell in range(8, 17)))
     return [
         declare(Kind.RR22_SETUP, lo, fe, "protocol version, reveal mode, hash context, the Chou-Orlandi sender "
-                "point A (sent first: the base OTs need no IDs); no arrays",
+                "point A (sent first: the base OTs need no IDs), the key dk of the ID digests (fresh, public to "
+                "the parties: a PRF key drawn after the IDs are fixed); no arrays",
                 payload=sch.Fields({"v": sch.Int(), "reveal": sch.Bool(), "ctx": _CTX,
-                                    "A": sch.Bytes(length=ot.POINT_BYTES)}), protects="control"),
+                                    "A": sch.Bytes(length=ot.POINT_BYTES), "dk": sch.Bytes(length=16)},
+                                   optional=("dk",)),   # absent in version 1: the version check names it
+                protects="control"),
         declare(Kind.RR22_REPLY, fe, lo, "the feature party's 128 Chou-Orlandi receiver points (hiding its choice "
                 "bits, the VOLE's secret Δ): uint8 (128, 32)",
                 payload=sch.Fields({"B": sch.Arr("|u1", (ot.KAPPA, ot.POINT_BYTES))}), protects="control"),
@@ -309,8 +312,11 @@ def dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[byte
     return uniq, rows
 
 
-def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[bytes], np.ndarray, np.ndarray]:
-    """:func:`dedupe` with the 128-bit digests of the unique IDs (:func:`item_digests`), for the OT backends.
+def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS,
+                  digests_of: Callable[[list[bytes]], np.ndarray] | None = None
+                  ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """:func:`dedupe` with the 128-bit digests of the unique IDs (``digests_of`` the encodings, default
+    :func:`item_digests`), for the OT backends.
 
     The digests of all IDs are computed first; when their first 8 bytes are all distinct (one sort),
     so are the IDs and no dictionary is needed; otherwise :func:`dedupe` decides exactly.
@@ -319,7 +325,7 @@ def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[li
         enc = grp.encode_items(items)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{who}: {e}") from None
-    digests = item_digests(enc)
+    digests = (digests_of or item_digests)(enc)
     prefix = np.sort(np.ascontiguousarray(digests[:, :8]).view("<u8").ravel())
     if len(prefix) < 2 or (prefix[1:] != prefix[:-1]).all():
         if len(enc) > max_items:
@@ -543,7 +549,7 @@ def agreed_order(enc: Sequence[bytes], uniq: np.ndarray, order: str) -> np.ndarr
     """The permutation that puts the common de-duplicated IDs ``uniq`` (indices into ``enc``) in the
     agreed ``order``: canonical for ``"sorted"``, first occurrence for ``"label_owner"``."""
     if order == "sorted":
-        return np.array(grp.canonical_order([enc[u] for u in uniq.tolist()]), dtype=np.int64)
+        return grp.canonical_order([enc[u] for u in uniq.tolist()])
     return np.argsort(uniq)  # de-duplicated order = order of first occurrence
 
 
@@ -578,14 +584,15 @@ def common_to_all(party: PartyLike, peers: Sequence[str], kind: str, where: dict
     return uniq
 
 
-def feature_inputs(party: PartyLike, ids: Iterable[Any], lo: str,
-                   max_items: int) -> tuple[list, tuple[int, int], list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+def feature_inputs(party: PartyLike, ids: Iterable[Any], lo: str, max_items: int,
+                   digests_of: Callable[[list[bytes]], np.ndarray] | None = None
+                   ) -> tuple[list, tuple[int, int], list[bytes], np.ndarray, np.ndarray, np.ndarray]:
     """A feature party's start in an OT backend: (items, traffic so far, unique encodings, their first
-    rows, their digests in a fresh secret order, that order)."""
+    rows, their digests (``digests_of``, default :func:`item_digests`) in a fresh secret order, that order)."""
     who = f"feature party {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, [lo])
-    enc, first_rows, digests = digest_dedupe(items, who, max_items)
+    enc, first_rows, digests = digest_dedupe(items, who, max_items, digests_of)
     perm = secure_permutation(len(enc))
     return items, start, enc, first_rows, digests[perm], perm
 
