@@ -482,6 +482,9 @@ def test_id_digests_are_aes_cbc_mac_of_the_length_prepended_encoding():
     other = id_prf.cbc_mac_many(bytes(16), msgs)
     assert not (other == got).all(axis=1).any()
     assert id_prf.cbc_mac_many(key, []).shape == (0, 16)
+    # one long ID among short ones: packed from the joined bytes instead of a fixed-width copy
+    mixed = msgs[:10] + [bytes(rng.integers(0, 256, 3 << 20, dtype=np.uint8))]
+    assert [bytes(r) for r in id_prf.cbc_mac_many(key, mixed)] == [reference(m) for m in mixed]
     with pytest.raises(ValueError, match="16-byte key"):
         id_prf.cbc_mac_many(b"short", msgs)
 
