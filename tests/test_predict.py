@@ -312,6 +312,13 @@ def test_the_job_federation_names_the_job_and_its_folders_and_can_be_run_again(t
     assert job.algorithm["trained_run"] == str((tmp_path / "run").resolve())
     again = job_federation(job, tmp_path / "run", tmp_path / "pred2")   # a job's own federation file, reused
     assert again.algorithm == {**job.algorithm, "predictions_out": str((tmp_path / "pred2").resolve())}
+    # a job's federation file may choose its PSI (issue 49): the key carries over, the folders do not
+    chosen = replace(job, algorithm={**job.algorithm, "predict_psi_backend": "rr22", "predictions_out": "elsewhere"})
+    again = job_federation(chosen, tmp_path / "run", tmp_path / "pred3")
+    assert again.algorithm["predict_psi_backend"] == "rr22"
+    assert again.algorithm["predictions_out"] == str((tmp_path / "pred3").resolve())
+    assert registry.get_algorithm("stfl.predict").parse({k: v for k, v in again.algorithm.items()
+                                                         if k != "name"}).job.predict_psi_backend == "rr22"
     with pytest.raises(ValueError, match="not a run folder"):
         job_federation(fed, tmp_path / "nowhere", tmp_path / "pred")
     with pytest.raises(ValueError, match=r"sets \['trained_run'\]"):
