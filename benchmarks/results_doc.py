@@ -473,12 +473,20 @@ def checkpoint_overhead(d: dict) -> list[str]:
                                               "party: checkpoint s of role s", "overhead", "role s, none"], rows)
 
 
+def psi_ran(r: dict) -> str:
+    """A prediction run's PSI: the backend that ran, after its setting where that was "auto" (ECDH before the setting)."""
+    setting, ran = r.get("psi_backend_setting"), r.get("psi_backend") or "ecdh"
+    return ran if setting in (None, ran) else f"{setting}: {ran}"
+
+
 def predict_throughput(d: dict) -> list[str]:
-    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""), f"{r['rows_per_party']:,}",
+    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""),
+             psi_ran(r), f(r.get("label_psi_s"), 2), f"{r['rows_per_party']:,}",
              f"{r['n_predicted']:,}", f"{r['n_missing']:,}", rate(r["federated_rows_per_s"]),
              rate(r["label_role_rows_per_s"]), rate(r["plaintext_rows_per_s"]), f(r["slowdown_wall"], 0) + "x",
              "yes" if r["identical"] else "NO", "ok" if r["audit_ok"] else "FAILED"] for r in d["runs"]]
-    return file_notes(d.get("note")) + table(["algorithm", "rows / party", "predicted", "missing", "job rows/s",
+    return file_notes(d.get("note")) + table(["algorithm", "PSI", "label PSI s", "rows / party", "predicted", "missing",
+                                              "job rows/s",
                                               "label role rows/s", "plaintext rows/s", "job / plaintext",
                                               "same predictions", "audit"], rows)
 
@@ -612,7 +620,8 @@ SECTIONS = (
             loaded_demo, "Every party is its own process over CURVE. A connection cut by a party's own guard would "
             "show in the cut columns (issue 43: none of a listed peer's may be). The five run folders also passed "
             "`fedhet audit --trust-folder-keys`, run apart from the benchmark."),
-    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
+    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput "
+            "--rows 131072 1000 --psi-backends ecdh auto",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
             predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "
             "plaintext is the same rows scored in one process with the exported modules."),
