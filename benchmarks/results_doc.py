@@ -234,6 +234,22 @@ def psi_rr22(d: dict, fail: dict, peer: dict) -> list[str]:
                       f(r.get("mb"), 1) if "mb" in r else r.get("note", "")] for r in peer["psi"]]))
 
 
+def psi_speed(d: dict) -> list[str]:
+    rows = [[f"2^{r['log2n']}", "this branch" if r["code"] == "this" else f"baseline ({d['baseline']})",
+             f(r.get("median_protocol_s", r["protocol_s"]), 2), f(r["cpu_s"], 1), f(r["bytes_total"] / 1e6, 1),
+             f(r["label_owner_stages_s"].get("hash"), 2), f(r["label_owner_stages_s"].get("order"), 2),
+             f"{r['loadavg_before']:.1f}"] for r in d["speed"]]
+    cross = f"{d['crossing']:,} IDs" if d.get("crossing") else "none within the sizes measured"
+    auto = [[f"2^{r['log2n']}", r["backend"], f(r["protocol_s"], 3), f(r["start_s"], 2), f(r["with_start_s"], 3),
+             f"{r['loadavg_before']:.1f}"] for r in d["auto"]]
+    return (table(["n × n", "RR22 code", "protocol s", "CPU s (PSI calls)", "MB", "label owner hash s",
+                   "label owner order s", "load"], rows)
+            + ["", f"Goals of issue 49 at 2^20 × 2^20: ≤ {d['goal_s']} s and ≤ {d['goal_mb']:.0f} MB (`psi_speed.md` "
+               f"says which are met). auto's threshold (`AUTO_RR22_FROM` = {d['auto_rr22_from']:,}): ECDH against "
+               f"RR22 with its one-time start in a fresh party process; measured crossing: {cross}.", ""]
+            + table(["n × n", "backend", "protocol s", "start s", "protocol + start s", "load"], auto))
+
+
 def secagg(d: dict) -> list[str]:
     g = [[k, f(v["measured"], 2), f(v["goal"], 2), "yes" if v["met"] else "no",
           f(v.get("floor"), 2) if v.get("floor") else ""] for k, v in d["goals"].items()]
@@ -469,12 +485,20 @@ def checkpoint_overhead(d: dict) -> list[str]:
                                               "party: checkpoint s of role s", "overhead", "role s, none"], rows)
 
 
+def psi_ran(r: dict) -> str:
+    """A prediction run's PSI: the backend that ran, after its setting where that was "auto" (ECDH before the setting)."""
+    setting, ran = r.get("psi_backend_setting"), r.get("psi_backend") or "ecdh"
+    return ran if setting in (None, ran) else f"{setting}: {ran}"
+
+
 def predict_throughput(d: dict) -> list[str]:
-    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""), f"{r['rows_per_party']:,}",
+    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""),
+             psi_ran(r), f(r.get("label_psi_s"), 2), f"{r['rows_per_party']:,}",
              f"{r['n_predicted']:,}", f"{r['n_missing']:,}", rate(r["federated_rows_per_s"]),
              rate(r["label_role_rows_per_s"]), rate(r["plaintext_rows_per_s"]), f(r["slowdown_wall"], 0) + "x",
              "yes" if r["identical"] else "NO", "ok" if r["audit_ok"] else "FAILED"] for r in d["runs"]]
-    return file_notes(d.get("note")) + table(["algorithm", "rows / party", "predicted", "missing", "job rows/s",
+    return file_notes(d.get("note")) + table(["algorithm", "PSI", "label PSI s", "rows / party", "predicted", "missing",
+                                              "job rows/s",
                                               "label role rows/s", "plaintext rows/s", "job / plaintext",
                                               "same predictions", "audit"], rows)
 
@@ -522,6 +546,11 @@ SECTIONS = (
             "Both backends as audited party processes in one run, interleaved. RR22 sends far fewer bytes than "
             "KKRT; its time is spread over the hashing of the IDs (a Python loop per ID), the code's random "
             "memory reads (the expander) and the OKVS."),
+    Section("PSI: RR22 before and after issue 49, and auto's ECDH/RR22 threshold", "python -m benchmarks.psi_speed "
+            "(--baseline REF: the code compared against, default main)", ("psi_speed",),
+            f"{SYNTHETIC}: generated ID sets", psi_speed,
+            "Both codes as audited party processes in one run, interleaved; the baseline runs from its own exported "
+            "files. The machine is shared: the load average is recorded with every row."),
     Section("Secure aggregation", "python -m benchmarks.secagg", ("secagg",), f"{SYNTHETIC}: uniform random vectors",
             secagg, "The all-party CPU goal is out of reach for any complete-graph round: the mask keystreams "
             "alone, timed in the same run, set the floor."),
@@ -603,7 +632,8 @@ SECTIONS = (
             loaded_demo, "Every party is its own process over CURVE. A connection cut by a party's own guard would "
             "show in the cut columns (issue 43: none of a listed peer's may be). The five run folders also passed "
             "`fedhet audit --trust-folder-keys`, run apart from the benchmark."),
-    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
+    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput "
+            "--rows 131072 1000 --psi-backends ecdh auto",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
             predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "
             "plaintext is the same rows scored in one process with the exported modules."),

@@ -35,14 +35,14 @@ def _f32_rows(s: Settings, rows: int | None, max_rows: int | None = None) -> sch
 def declarations(s: Settings) -> list[MessageDecl]:
     guest_index = sch.Int(lo=0, hi=s.n_guests - 1)
     if s.variant == "stfl":
-        return psi.declarations(HOST, GUEST) + [
+        return psi.declarations(HOST, GUEST, backend=s.psi_backend) + [
             declare(Kind.LATENT, GUEST, HOST, "STFL: a guest's frozen-encoder latent means of exactly the "
                     "intersected rows, once: float32 (n_common, d_latent = guest input width * latent_frac)",
                     payload=sch.Fields({"z": _f32_rows(s, s.expected_common()), "guest_index": guest_index}),
                     protects="derived"),
         ]
     bs = s.model.batch_size
-    return psi.declarations(HOST, GUEST) + [
+    return psi.declarations(HOST, GUEST, backend=s.psi_backend) + [
         declare(Kind.READY, GUEST, HOST, "hierarchical: a guest's index among the guests; no arrays",
                 payload=sch.Fields({"guest_index": guest_index}), protects="control"),
         declare(Kind.BATCH, HOST, GUEST, "hierarchical: op (train/eval/stop) and the batch's positions in the "

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from fedhet.algorithms.stfl.models import latent_width
-from fedhet.algorithms.toolkit import ACTIVATIONS
+from fedhet.algorithms.toolkit import ACTIVATIONS, PSIBackend, psi_backend_setting
 from fedhet.parties.settings import setting
 
 HOST, GUEST = "host", "guest"
@@ -68,6 +68,7 @@ class Settings:
     guest_features: tuple[int, ...] | None = setting(None, "dataset 'files': each guest's feature count", lo=1)
     n_classes: int | None = setting(None, "dataset 'files': the host's number of classes", lo=2)
     psi_order: Literal["sorted", "label_owner"] = setting("sorted", "order of the common ID list")
+    psi_backend: PSIBackend = psi_backend_setting()
     psi_workers: int | None = setting(None, "PSI worker processes (None: automatic, 0: inline)", lo=0)
     recv_timeout: float | None = setting(None, "seconds to wait for one message (None: the federation's)",
                                          lo=0, lo_open=True)
