@@ -366,6 +366,9 @@ class SharedContext:
 
 
 RX_IDLE_MS = 5000  # the receive loop's backstop wake-up; messages and closing wake it at once
+# A party closing with a short linger (it failed) still waits this long for a peer it never reached:
+# a peer started by hand seconds later gets the failure notice instead of waiting out its timeout.
+FIRST_CONTACT_LINGER_S = 30.0
 
 
 def _wire_bytes(n: int, curve: bool) -> int:
@@ -1425,6 +1428,10 @@ class ZmqParty(Party):
             # linger so messages queued for a dead peer do not hold its exit for the whole timeout, and
             # so does a peer whose connection broke and is down now (it finished, or it is gone)
             linger = 0.0 if peer in gone else linger_s
+            if linger is not None and peer not in gone and self._guard is not None and not self._guard.joined[peer]:
+                # never connected: the peer may still be starting (parties started by hand, a loaded
+                # machine); its failure notice waits for it longer, and leaves as soon as it is up
+                linger = max(linger, FIRST_CONTACT_LINGER_S)
             s.close(linger=None if linger is None else int(max(0.0, linger) * 1000))
         self.router.close(linger=0)
         if self._zap is not None:
