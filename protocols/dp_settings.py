@@ -1,0 +1,81 @@
+"""The differential-privacy keys of an ``[algorithm]`` table, declared once for every algorithm.
+
+An algorithm that offers DP includes :class:`DPSettings` with ``setting(DPSettings(), flatten=True)``.
+``dp = "record"``: DP-SGD in each client's local steps (:mod:`fedhet.algorithms.dp_sgd`);
+``dp = "client"``: each client's update clipped to L2 norm ``dp_clip`` and the aggregate noised
+(:mod:`fedhet.protocols.dp_aggregation`: ``dp_noise`` = distributed Skellam shares under secure
+aggregation, central Gaussian noise added by a plain server, or local: each client adds the full noise).
+Either ``dp_epsilon`` (the noise is calibrated for the planned steps before any party starts) or
+``noise_multiplier`` (the epsilon reached is reported; with ``dp_epsilon`` too, that is the budget the
+run stops before passing).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from fedhet.parties.settings import setting
+
+from .dp_ledger import Ledger, Mechanism, calibrate
+
+__all__ = ["DPSettings", "plan", "describe", "annotate"]
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    dp: Literal["off", "record", "client"] = setting(
+        "off", "differential privacy: off, record (DP-SGD in each client's local steps) or client "
+               "(each client's update clipped and the aggregate noised)")
+    dp_epsilon: float | None = setting(None, "privacy budget epsilon (calibrates the noise when noise_multiplier "
+                                             "is unset; otherwise the run stops before passing it)",
+                                       lo=0, lo_open=True)
+    dp_delta: float = setting(1e-5, "delta of the (epsilon, delta) guarantee", lo=0, lo_open=True, hi=0.5)
+    noise_multiplier: float | None = setting(None, "noise std / L2 sensitivity (None: calibrated from dp_epsilon)",
+                                             lo=0, lo_open=True)
+    dp_clip: float = setting(1.0, "L2 clipping bound: per sample (record) or per client update (client)",
+                             lo=0, lo_open=True)
+    dp_sample_rate: float = setting(1.0, "record level: Poisson sampling rate of each local step's batch",
+                                    lo=0, lo_open=True, hi=1)
+    dp_noise: Literal["distributed", "central", "local"] | None = setting(
+        None, "client level: distributed (Skellam shares under secure aggregation, the default there), "
+              "central (the plain server adds it, the default there) or local (each client adds the full noise)")
+
+    @property
+    def on(self) -> bool:
+        return self.dp != "off"
+
+    def check(self) -> None:
+        """Refuse a DP configuration that names neither a noise multiplier nor a budget."""
+        if self.on and self.dp_epsilon is None and self.noise_multiplier is None:
+            raise ValueError(f"dp = {self.dp!r} needs dp_epsilon (to calibrate the noise) or noise_multiplier")
+
+
+def plan(s: DPSettings, mechanism: Mechanism, rounds: int, who: str = "") -> Ledger:
+    """The ledger of a run of ``rounds`` rounds of ``mechanism``: its noise calibrated to ``dp_epsilon`` for
+    the planned steps when ``noise_multiplier`` is unset (the same on every party: a pure function of the
+    settings), else ``noise_multiplier`` with ``dp_epsilon`` (if set) as the budget."""
+    s.check()
+    steps = rounds * mechanism.steps_per_round
+    if s.noise_multiplier is None:
+        assert s.dp_epsilon is not None
+        m = calibrate(mechanism, steps, s.dp_epsilon, s.dp_delta)
+    else:
+        m = mechanism.with_noise(s.noise_multiplier)
+    return Ledger(m, s.dp_delta, budget=s.dp_epsilon, planned_steps=steps, who=who)
+
+
+def describe(s: DPSettings, unit: str) -> str:
+    """What DP adds to a message's description (``fedhet messages``), e.g. ``with DP noise z = 1.1 ...``."""
+    noise = (f"noise multiplier z = {s.noise_multiplier:g}" if s.noise_multiplier is not None
+             else f"noise calibrated to epsilon = {s.dp_epsilon:g}")
+    return (f"; with DP noise ({unit} level, {noise}, delta = {s.dp_delta:g}, L2 clip {s.dp_clip:g}): "
+            "reveals a noised value only")
+
+
+def annotate(decls: list, s: DPSettings, kinds: tuple[str, ...], unit: str) -> list:
+    """``decls`` with the DP note added to the ``what`` of each kind in ``kinds`` (unchanged when DP is off)."""
+    if not s.on:
+        return decls
+    note = describe(s, unit)
+    return [dataclasses.replace(d, what=d.what + note) if d.kind in kinds else d for d in decls]

@@ -1,0 +1,274 @@
+"""Differential privacy (issue 47): the ledger against dp-accounting, the Skellam noise against its exact
+distribution, distributed noise under secure aggregation (with dropouts), DP-SGD's clipping and noise, and
+FedAvg trained with DP."""
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("dp_accounting", reason="the dp extra (pip install 'fedhet[dp]') is not installed")
+import dp_accounting as dpa  # noqa: E402
+from dp_accounting import rdp  # noqa: E402
+from scipy import stats  # noqa: E402
+from scipy.special import logsumexp  # noqa: E402
+
+from fedhet.algorithms.dp_sgd import DPStep, dp_sgd_step, per_sample_clipped_sum  # noqa: E402
+from fedhet.algorithms.fedavg_logreg import ALGORITHM as FEDAVG  # noqa: E402
+from fedhet.algorithms.fedavg_logreg.settings import Settings as FedAvgSettings  # noqa: E402
+from fedhet.parties.inmemory import run_inmemory  # noqa: E402
+from fedhet.parties.settings import parse_settings  # noqa: E402
+from fedhet.protocols import secagg  # noqa: E402
+from fedhet.protocols.aggregation_settings import AggregationSettings  # noqa: E402
+from fedhet.protocols.dp_aggregation import make_dp_aggregator  # noqa: E402
+from fedhet.protocols.dp_ledger import ORDERS, Ledger, Mechanism, PrivacyBudgetExceeded, calibrate, epsilon  # noqa: E402
+from fedhet.protocols.dp_noise import RingNoise, sensitivity, skellam, skellam_zcdp  # noqa: E402
+from fedhet.protocols.dp_settings import DPSettings, plan  # noqa: E402
+from fedhet.protocols.secagg import Quantizer  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def library_epsilon(event, delta):
+    return rdp.RdpAccountant(list(ORDERS)).compose(event).get_epsilon(delta)
+
+
+@pytest.mark.parametrize("q,z,steps", [(0.01, 1.1, 1000), (0.2, 0.8, 60), (1.0, 2.0, 25)])
+def test_ledger_epsilon_is_dp_accountings_for_dp_sgd(q, z, steps):
+    m = Mechanism("dp-sgd", "record", z, sampling_rate=q, steps_per_round=steps // 5)
+    want = library_epsilon(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps), 1e-5)
+    assert epsilon(m, steps, 1e-5) == pytest.approx(want, abs=1e-6)
+    led = Ledger(m, 1e-5)
+    for r in range(5):
+        led.charge(r)
+    assert led.steps == steps and led.spent == pytest.approx(want, abs=1e-6)
+    assert [x["steps"] for x in led.rounds] == list(range(steps // 5, steps + 1, steps // 5))
+    assert all(a["epsilon"] < b["epsilon"] for a, b in zip(led.rounds, led.rounds[1:]))
+
+
+def test_ledger_epsilon_is_dp_accountings_for_gaussian_and_skellam():
+    g = Mechanism("gaussian", "client", 1.3)
+    assert epsilon(g, 40, 1e-5) == pytest.approx(
+        library_epsilon(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.3), 40), 1e-5), abs=1e-6)
+    d2, d1 = sensitivity(1.0, 16, 31)
+    z = 1.3
+    xi, rho = skellam_zcdp((z * d2) ** 2, d2, d1)
+    sk = Mechanism("skellam", "client", z, d1_over_d2=d1 / d2 ** 2)
+    assert epsilon(sk, 40, 1e-5) == pytest.approx(
+        library_epsilon(dpa.SelfComposedDpEvent(dpa.ZCDpEvent(xi=xi, rho=rho), 40), 1e-5), abs=1e-6)
+    # Skellam costs a little more than the Gaussian of the same variance (the xi term), never less
+    assert epsilon(g, 40, 1e-5) < epsilon(sk, 40, 1e-5) < epsilon(g, 40, 1e-5) * 1.001
+
+
+def test_ledger_matches_opacus_rdp_accountant_on_its_orders():
+    from opacus.accountants import RDPAccountant
+
+    m = Mechanism("dp-sgd", "record", 1.0, sampling_rate=0.05)
+    acc = RDPAccountant()
+    acc.history = [(1.0, 0.05, 300)]
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+    ours = rdp.RdpAccountant(orders).compose(
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.0)), 300)).get_epsilon(1e-5)
+    assert ours == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)   # two libraries, two RDP implementations
+    # ours, over integer orders only, can only be a little more conservative than over Opacus's orders
+    assert ours - 1e-9 <= epsilon(m, 300, 1e-5) <= ours * 1.02
+
+
+@pytest.mark.parametrize("target", [1.0, 3.0, 8.0])
+def test_calibration_meets_the_target_for_the_planned_steps(target):
+    m = calibrate(Mechanism("dp-sgd", "record", 1.0, sampling_rate=0.25, steps_per_round=5), 100, target, 1e-5)
+    eps = epsilon(m, 100, 1e-5)
+    assert eps <= target and eps == pytest.approx(target, rel=1e-4)
+    # a little less noise would pass the target: the calibration is tight
+    assert epsilon(m.with_noise(m.noise * 0.999), 100, 1e-5) > target
+
+
+def test_ledger_stops_before_the_budget_and_records_nothing_of_the_refused_round():
+    led = Ledger(Mechanism("gaussian", "client", 6.0), 1e-5, budget=2.0, who="client1")
+    eps = [led.charge(r) for r in range(3)]
+    stop = next(r for r in range(3, 200) if epsilon(led.mechanism, r + 1, 1e-5) > 2.0)
+    for r in range(3, stop):
+        led.charge(r)
+    before = (led.steps, list(led.rounds))
+    with pytest.raises(PrivacyBudgetExceeded, match=f"client1: round {stop} would spend epsilon"):
+        led.charge(stop)
+    assert (led.steps, led.rounds) == before and led.spent <= 2.0 and eps[0] < eps[2]
+    assert led.as_dict()["epsilon"] == led.spent and led.as_dict()["unit"] == "client"
+
+
+def test_plan_needs_a_target_or_a_noise_multiplier():
+    with pytest.raises(ValueError, match="needs dp_epsilon"):
+        plan(DPSettings(dp="record"), Mechanism("gaussian", "client", 1.0), 10)
+    led = plan(DPSettings(dp="client", noise_multiplier=1.5), Mechanism("gaussian", "client", 1.0), 10)
+    assert led.mechanism.noise == 1.5 and led.budget is None and led.planned_steps == 10
+
+
+# ------------------------------------------------------------------ Skellam noise
+
+@pytest.mark.parametrize("mu,seed", [(0.5, 1), (4.0, 2), (100.0, 3), (1e4, 4)])
+def test_skellam_samples_match_the_exact_pmf(mu, seed):
+    z = skellam(mu, 200_000, np.random.default_rng(seed))
+    assert z.dtype == np.int64
+    lo, hi = int(np.floor(-6 * math.sqrt(mu))) - 2, int(np.ceil(6 * math.sqrt(mu))) + 2
+    edges = np.unique(np.quantile(np.arange(lo, hi + 1), np.linspace(0, 1, min(hi - lo, 60) + 1)).astype(int))
+    # bins [e_i, e_{i+1}) plus both tails; expected counts from the exact PMF (scipy)
+    cdf = stats.skellam.cdf(edges - 1, mu / 2, mu / 2)
+    probs = np.diff(np.r_[0.0, cdf, 1.0])
+    counts = np.bincount(np.searchsorted(edges, z, side="right"), minlength=len(probs))
+    keep = probs * len(z) >= 5
+    exp = probs[keep] * len(z)
+    obs = counts[keep].astype(float)
+    obs, exp = np.r_[obs, counts[~keep].sum()], np.r_[exp, probs[~keep].sum() * len(z)]
+    nz = exp > 0
+    chi2 = float(((obs[nz] - exp[nz]) ** 2 / exp[nz]).sum())
+    assert stats.chi2.sf(chi2, int(nz.sum()) - 1) > 1e-3
+    assert z.var() == pytest.approx(mu, rel=0.02)
+
+
+@pytest.mark.parametrize("mu", [4.0, 50.0, 1000.0])
+@pytest.mark.parametrize("d", [1, 3, 10])
+def test_skellam_rdp_bound_covers_the_exact_divergence(mu, d):
+    """The (xi, rho) the ledger hands dp-accounting bound the exact Renyi divergence of Sk(mu) + d vs Sk(mu)."""
+    k = np.arange(-int(60 * math.sqrt(mu)) - d - 50, int(60 * math.sqrt(mu)) + d + 50)
+    lp, lq = stats.skellam.logpmf(k, mu / 2, mu / 2), stats.skellam.logpmf(k - d, mu / 2, mu / 2)
+    ok = np.isfinite(lp) & np.isfinite(lq)
+    xi, rho = skellam_zcdp(mu, float(d), float(d))
+    for a in (1.5, 2, 4, 8, 32, 128):
+        exact = logsumexp(a * lq[ok] + (1 - a) * lp[ok]) / (a - 1)
+        assert exact <= xi + rho * a + 1e-9
+
+
+@pytest.mark.parametrize("k,t", [(10, 6), (50, 26)])
+def test_the_sum_of_the_clients_shares_has_the_ledgers_variance(k, t):
+    """K clients each add Sk(mu/t) on a 32-bit ring; the wrapped sum, read signed, has variance K mu / t."""
+    q = Quantizer(32, 1.0, 1.0, k, frac_bits=10)
+    mu, m = 3.0e4, 20_000
+    acc = np.zeros(m + 1, dtype=q.dtype)
+    for c in range(k):
+        y = np.zeros(m + 1, dtype=q.dtype)
+        RingNoise(mu, t, np.random.default_rng(100 + c))(y, m, q)
+        acc += y
+    s = acc.view(q.sdtype).astype(np.float64)
+    assert s[m] == 0                                     # the weight coordinate carries no noise
+    assert s[:m].var() == pytest.approx(k * mu / t, rel=0.03)
+    assert s[:m].var() >= mu * 0.97                      # at least the accounted variance with >= t contributors
+
+
+# ------------------------------------------------------------------ distributed noise in secure aggregation
+
+CLIENTS = [f"c{i}" for i in range(6)]
+
+
+def dp_federation(dp, xs, faults=None, agg=None):
+    agg = agg or AggregationSettings(aggregation="secure")
+
+    def server(party, c, d):
+        a = make_dp_aggregator(agg, None, dp, len(CLIENTS), len(xs["c0"]), 1, "server",
+                               rng=np.random.default_rng(7))
+        return {"res": a.aggregate(party, CLIENTS, 0), "ledger": a.ledger}
+
+    def client(party, c, d):
+        a = make_dp_aggregator(agg, None, dp, len(CLIENTS), len(xs["c0"]), 1, party.name,
+                               rng=np.random.default_rng(int(party.name[1:])),
+                               faults=(faults or {}).get(party.name))
+        a.submit(party, "server", xs[party.name], 1.0, 0)
+        return {"ledger": a.ledger}
+
+    algo = types.SimpleNamespace(NAME="dp-test", ROLES={"server": server, "client": client}, load_data=lambda *a: None)
+    return run_inmemory(algo, [("server", "server")] + [(c, "client") for c in CLIENTS], timeout=30,
+                        clock="virtual")
+
+
+@pytest.mark.federation
+@pytest.mark.parametrize("drop", [None, "c2"])
+def test_distributed_skellam_under_secure_aggregation(drop):
+    """The server's sum = the clipped inputs' sum + noise with the variance the ledger accounts; a client that
+    drops takes its share out, and the server's ledger accounts the noise of those that contributed."""
+    m = 6000
+    rng = np.random.default_rng(0)
+    xs = {c: rng.normal(0, 1, m) for c in CLIENTS}
+    dp = DPSettings(dp="client", noise_multiplier=0.02, dp_clip=50.0)
+    faults = {drop: secagg.Faults(stop_after="share")} if drop else None
+    out = dp_federation(dp, xs, faults)
+    res, sled = out["server"]["res"], out["server"]["ledger"]
+    got = [c for c in CLIENTS if c != drop]
+    assert res.contributors == got and res.weight == len(got)
+    clipped = sum(xs[c] * min(1.0, 50.0 / np.linalg.norm(xs[c])) for c in got)
+    f = res.details["frac_bits"]
+    d2, _ = sensitivity(50.0, f, m)
+    t = secagg.SecAggConfig().t(len(CLIENTS))
+    err = (res.sum - clipped) * 2.0 ** f                 # in grid units: the noise and the rounding
+    var = (0.02 * d2) ** 2 * len(got) / t                # mu per t clients, len(got) contributed
+    assert err.var() == pytest.approx(var + len(got) / 12, rel=0.06)
+    # the server's ledger: the noise multiplier it accounts is that of the noise actually in the sum
+    assert sled.rounds[0]["noise_multiplier"] == pytest.approx(0.02 * math.sqrt(len(got) / t))
+    assert sled.spent < out["c0"]["ledger"].spent        # more noise than planned, never less
+
+
+@pytest.mark.federation
+def test_fedavg_with_dp_learns_and_writes_its_ledger():
+    parties = [("server", "server")] + [(f"client{i}", "client") for i in range(3)]
+    out = run_inmemory(FEDAVG, parties, {"rounds": 5, "dp": "record", "dp_epsilon": 8.0, "dp_sample_rate": 0.5,
+                                         "local_epochs": 2}, timeout=120)
+    for i in range(3):
+        p = out[f"client{i}"]["privacy"]
+        assert p["mechanism"] == "dp-sgd" and p["unit"] == "record" and p["steps"] == 10
+        assert p["epsilon"] <= 8.0 and p["epsilon"] == pytest.approx(8.0, rel=1e-3)
+        assert [r["round"] for r in p["rounds"]] == list(range(5))
+    assert out["server"]["test_accuracy"] >= 0.9
+
+
+@pytest.mark.federation
+def test_fedavg_stops_before_its_budget():
+    parties = [("server", "server")] + [(f"client{i}", "client") for i in range(2)]
+    with pytest.raises(Exception, match="past the budget dp_epsilon"):
+        run_inmemory(FEDAVG, parties, {"rounds": 30, "dp": "client", "noise_multiplier": 1.0, "dp_epsilon": 3.0,
+                                       "aggregation": "plain"}, timeout=60, clock="virtual")
+
+
+def test_declarations_say_what_a_message_reveals_under_dp():
+    s = parse_settings(FedAvgSettings, {"dp": "client", "noise_multiplier": 1.2}, "fedavg_logreg")
+    whats = {d.kind: d.what for d in FEDAVG.declarations(s)}
+    assert "with DP noise (client level, noise multiplier z = 1.2" in whats["secagg/masked"]
+    plain = {d.kind: d.what for d in FEDAVG.declarations(parse_settings(FedAvgSettings, {}, "fedavg_logreg"))}
+    assert "DP noise" not in plain["secagg/masked"]
+
+
+# ------------------------------------------------------------------ DP-SGD
+
+def test_per_sample_clipping_bounds_every_row():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 5, dtype=torch.float64) * 3, (torch.rand(64) > 0.5).double()
+    w = torch.randn(6, dtype=torch.float64)
+
+    def loss(p, xi, yi):
+        return torch.nn.functional.binary_cross_entropy_with_logits(xi @ p[:-1] + p[-1], yi)
+
+    full = torch.stack([torch.autograd.functional.jacobian(lambda p: loss(p, x[i], y[i]), w) for i in range(64)])
+    for i in range(64):
+        one, norms = per_sample_clipped_sum(loss, w, x[i:i + 1], y[i:i + 1], 0.5)
+        assert float(one.norm()) <= 0.5 + 1e-12
+        assert float(norms[0]) == pytest.approx(float(full[i].norm()))
+        if float(full[i].norm()) <= 0.5:
+            assert torch.allclose(one, full[i])
+        else:
+            assert torch.allclose(one, full[i] * 0.5 / full[i].norm())
+    total, _ = per_sample_clipped_sum(loss, w, x, y, 0.5)
+    assert torch.allclose(total, sum(full[i] * min(1.0, 0.5 / float(full[i].norm())) for i in range(64)))
+
+
+def test_dp_sgd_noise_has_the_stated_std():
+    """With a loss of zero gradient the step is pure noise: std z C / (q n) * lr per coordinate."""
+    def loss(p, xi, yi):
+        return (p * 0).sum() + (xi * 0).sum()
+
+    p = torch.zeros(50_000, dtype=torch.float64)
+    x, y = torch.zeros(200, 3, dtype=torch.float64), torch.zeros(200, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    new = dp_sgd_step(loss, p, x, y, lr=2.0, step=DPStep(clip=1.5, noise_multiplier=0.7, sampling_rate=0.25),
+                      generator=g)
+    want = 2.0 * 0.7 * 1.5 / (0.25 * 200)
+    assert float(new.std()) == pytest.approx(want, rel=0.02)
