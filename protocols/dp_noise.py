@@ -40,7 +40,7 @@ import numpy as np
 
 from .secagg_quantizer import Quantizer
 
-__all__ = ["clip_l2", "gaussian_noise", "skellam", "skellam_zcdp", "RingNoise", "dp_frac_bits", "sensitivity"]
+__all__ = ["clip_l2", "clip_rows_l2", "gaussian_noise", "skellam", "skellam_zcdp", "RingNoise", "dp_frac_bits", "sensitivity"]
 
 SCALE_BITS = 16  # C * 2**f is about 2**16 grid units: fine enough for a rounding error of sqrt(d)/2
 TAIL_STDS = 40.0
@@ -50,6 +50,12 @@ def clip_l2(x: np.ndarray, bound: float) -> np.ndarray:
     """``x`` scaled down to L2 norm ``bound`` when it is longer."""
     n = float(np.linalg.norm(x))
     return x * (bound / n) if n > bound else x
+
+
+def clip_rows_l2(x: np.ndarray, bound: float) -> np.ndarray:
+    """Every row of ``x`` scaled down to L2 norm ``bound`` when it is longer."""
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return x * np.minimum(1.0, bound / np.maximum(n, 1e-300))
 
 
 def private_rng() -> np.random.Generator:

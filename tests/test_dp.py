@@ -272,3 +272,60 @@ def test_dp_sgd_noise_has_the_stated_std():
                       generator=g)
     want = 2.0 * 0.7 * 1.5 / (0.25 * 200)
     assert float(new.std()) == pytest.approx(want, rel=0.02)
+
+
+# ------------------------------------------------------------------ STFL: DP latents
+
+def test_released_rows_are_clipped_then_noised_with_the_ledgers_noise():
+    from fedhet.protocols.dp_noise import clip_rows_l2
+    from fedhet.protocols.dp_settings import ReleaseDPSettings, release_rows
+
+    x = np.random.default_rng(1).normal(0, 2, (4000, 12))
+    c = clip_rows_l2(x, 1.5)
+    assert np.all(np.linalg.norm(c, axis=1) <= 1.5 + 1e-12)
+    short = np.linalg.norm(x, axis=1) <= 1.5
+    assert np.array_equal(c[short], x[short])
+    s = ReleaseDPSettings(release_dp_epsilon=4.0, release_dp_clip=1.5)
+    out, led = release_rows(s, x, "guest", rng=np.random.default_rng(5))
+    assert led.mechanism.unit == "row" and led.steps == 1
+    assert led.spent <= 4.0 and led.spent == pytest.approx(4.0, rel=1e-4)
+    assert led.spent == pytest.approx(library_epsilon(
+        dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(led.mechanism.noise), 1), 1e-5), abs=1e-6)
+    assert float((out - c).std()) == pytest.approx(led.mechanism.noise * 1.5, rel=0.02)
+
+
+@pytest.mark.federation
+def test_stfl_guest_sends_noised_latents_and_writes_its_ledger():
+    from fedhet.algorithms.stfl import ALGORITHM as STFL
+    from fedhet.algorithms.stfl.settings import Settings as STFLSettings
+
+    out = run_inmemory(STFL, [("host", "host"), ("guest", "guest")], {"release_dp_epsilon": 4.0, "epochs": 2},
+                       timeout=120)
+    p = out["guest"]["privacy"]
+    assert (p["mechanism"], p["unit"], p["steps"]) == ("gaussian", "row", 1)
+    assert p["epsilon"] == pytest.approx(4.0, rel=1e-4) and p["epsilon"] <= 4.0
+    decl = {d.kind: d.what for d in STFL.declarations(parse_settings(STFLSettings, {"release_dp_epsilon": 4.0},
+                                                                     "stfl"))}
+    assert "with DP noise (row level, noise calibrated to epsilon = 4" in decl["stfl/latent"]
+
+
+def test_module_per_sample_gradients_are_clipped_jointly_over_all_parameters():
+    from fedhet.algorithms.dp_sgd import module_clipped_grads
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(16, 5) * 4, torch.randint(0, 3, (16,))
+    loss = torch.nn.functional.cross_entropy
+    want = {k: torch.zeros_like(p) for k, p in m.named_parameters()}
+    for i in range(16):
+        m.zero_grad()
+        loss(m(x[i:i + 1]), y[i:i + 1]).backward()
+        g = {k: p.grad.clone() for k, p in m.named_parameters()}
+        norm = torch.sqrt(sum((v ** 2).sum() for v in g.values()))
+        one = module_clipped_grads(m, loss, x[i:i + 1], y[i:i + 1], 0.3)
+        assert float(torch.sqrt(sum((v ** 2).sum() for v in one.values()))) <= 0.3 + 1e-6
+        for k in g:
+            want[k] += g[k] * min(1.0, 0.3 / float(norm))
+            assert torch.allclose(one[k], g[k] * min(1.0, 0.3 / float(norm)), atol=1e-6)
+    got = module_clipped_grads(m, loss, x, y, 0.3)
+    assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)

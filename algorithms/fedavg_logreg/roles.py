@@ -93,9 +93,10 @@ def client(party: PartyLike, s: Settings, data: dict[str, np.ndarray]) -> dict:
             agg.submit(party, srv, w - party_w, weight=1.0, round=r)
         else:
             agg.submit(party, srv, w, weight=n, round=r)
-        if ledger is not None:
-            party.metric(dp_epsilon=ledger.spent)
-        party.progress(r + 1, s.rounds)
+        eps = {"dp_epsilon": ledger.spent} if ledger is not None else {}
+        if eps:
+            party.metric(**eps)   # the report draws it over rounds; the board shows the epsilon spent
+        party.progress(r + 1, s.rounds, **{k: round(v, 4) for k, v in eps.items()})
         party.checkpoint(r + 1, _ledger_state(ledger))
     party.metric(test_accuracy=acc)
     # the global model it was last sent, with its own scaler: what this client would deploy
