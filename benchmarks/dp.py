@@ -140,7 +140,7 @@ def cost_section(repeats: int) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["# Differential privacy", "",
+    lines = ["# Differential privacy", "", "![accuracy against epsilon; distributed against local](dp.png)", "",
              "## Accuracy against epsilon (record level, DP-SGD; FedAvg demo task: breast cancer, real)", "",
              f"Settings: {doc['accuracy']['settings']}; delta = {DELTA:g}; "
              f"{doc['accuracy']['rows']['non-private']['seeds']} seeds.", "",
@@ -170,6 +170,41 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines + ["", harness.environment_line(doc.get("environment"))]) + "\n"
 
 
+def figure(doc: dict):
+    """Accuracy against epsilon (record level, mean ± std over seeds) with the non-private line, and the
+    client-level accuracies of distributed and local noise at K = 10 and 50."""
+    plt = harness.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    rows = doc["accuracy"]["rows"]
+    eps = [float(k.split("=")[1]) for k in rows if k != "non-private"]
+    acc = [rows[f"epsilon={e:g}"] for e in eps]
+    a.errorbar(eps, [r["mean"] for r in acc], yerr=[r["std"] for r in acc], marker="o", capsize=3, label="DP-SGD")
+    base = rows["non-private"]
+    a.axhline(base["mean"], color="gray", ls="--", label="non-private")
+    a.set_xscale("log")
+    a.set_xticks(eps, [f"{e:g}" for e in eps])
+    a.minorticks_off()
+    a.set_xlabel("epsilon (delta = 1e-5, record level)")
+    a.set_ylabel("test accuracy")
+    a.set_title("FedAvg demo task (breast cancer, real)")
+    a.legend()
+    dist = doc["distributed"]["rows"].values()
+    ks = sorted({r["k"] for r in dist})
+    variants = sorted({r["variant"] for r in dist})
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        ys = [next(r for r in dist if r["k"] == k and r["variant"] == v) for k in ks]
+        b.bar([j + i * width for j in range(len(ks))], [r["mean"] for r in ys], width,
+              yerr=[r["std"] for r in ys], capsize=3, label=v)
+    b.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(ks))], [f"K = {k}" for k in ks])
+    b.set_ylabel("test accuracy")
+    b.set_ylim(0.4, 1.0)
+    b.set_title(f"client level, epsilon = {doc['distributed']['settings']['dp_epsilon']:g}")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), render_only=True)
     ap.add_argument("--seeds", type=int, default=3)
@@ -179,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = harness.Output(NAME, args.quick, args.out)
     if args.render_only:
-        harness.render_only(out, markdown)
+        doc = out.read()
+        out.write(doc, markdown(doc), figure(doc))
         return 0
     logging.getLogger("absl").setLevel(logging.ERROR)
     logging.getLogger("fedhet").setLevel(logging.ERROR)
@@ -192,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     print(doc["cost"], flush=True)
     doc["accuracy"] = accuracy_section(seeds, rounds)
     doc["distributed"] = distributed_section(seeds, rounds, args.ks, args.client_epsilon)
-    return harness.publish(out, doc, markdown, session)
+    harness.publish(out, doc, markdown, session)
+    out.write(doc, markdown(doc), figure(doc))   # the same files, with the figure
+    return 0
 
 
 if __name__ == "__main__":

@@ -329,3 +329,25 @@ def test_module_per_sample_gradients_are_clipped_jointly_over_all_parameters():
             assert torch.allclose(one[k], g[k] * min(1.0, 0.3 / float(norm)), atol=1e-6)
     got = module_clipped_grads(m, loss, x, y, 0.3)
     assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
+
+
+# ------------------------------------------------------------------ CHFL: DP-SGD of the common column
+
+@pytest.mark.federation
+def test_chfl_record_level_dp_accounts_every_step_of_the_common_column():
+    from fedhet.algorithms.chfl import ALGORITHM as CHFL
+    from fedhet.algorithms.chfl.settings import Settings as CHFLSettings
+
+    cfg = {"dataset": "digits", "hidden": [32, 16], "local_epochs": 1, "rounds": 2, "dp": "record",
+           "dp_epsilon": 8.0}
+    out = run_inmemory(CHFL, [("server", "server")] + [(f"c{i}", "client") for i in range(2)], cfg=cfg, timeout=300)
+    for i in range(2):
+        r = out[f"c{i}"]
+        p = r["privacy"]
+        assert p["mechanism"] == "dp-sgd" and p["sampling_rate"] == pytest.approx(64 / r["n_train"])
+        assert p["steps"] == 2 * math.ceil(r["n_train"] / 64) and len(p["rounds"]) == 2
+        assert p["epsilon"] <= 8.0 and p["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    s = parse_settings(CHFLSettings, cfg, "chfl")
+    assert "with DP noise (record level" in {d.kind: d.what for d in CHFL.declarations(s)}["secagg/masked"]
+    with pytest.raises(Exception, match="dp = 'client' is not offered"):
+        parse_settings(CHFLSettings, {**cfg, "dp": "client"}, "chfl").validate()
