@@ -351,3 +351,32 @@ def test_chfl_record_level_dp_accounts_every_step_of_the_common_column():
     assert "with DP noise (record level" in {d.kind: d.what for d in CHFL.declarations(s)}["secagg/masked"]
     with pytest.raises(Exception, match="dp = 'client' is not offered"):
         parse_settings(CHFLSettings, {**cfg, "dp": "client"}, "chfl").validate()
+
+
+# ------------------------------------------------------------------ as processes: result.json, audit, report view
+
+@pytest.mark.processes
+def test_fedavg_with_distributed_dp_as_processes_writes_ledgers_passes_the_audit_and_shows_epsilon(tmp_path):
+    from dataclasses import replace
+
+    from fedhet.parties import federation
+    from fedhet.parties.audit import audit
+    from fedhet.parties.ops import presets
+    from fedhet.parties.ops.launcher import launch
+    from fedhet.parties.ops.runview import view
+
+    fed = replace(federation.load(presets.path("demo")), hosts=1)
+    summary = launch(fed, run_dir=tmp_path / "run", progress=False,
+                     overrides={"dp": "client", "dp_epsilon": 3.0, "rounds": 4})
+    assert summary["ok"]
+    res = {n: p["result"] for n, p in summary["parties"].items()}
+    for n, r in res.items():
+        p = r["privacy"]
+        assert p["mechanism"] == "skellam" and p["unit"] == "client" and p["steps"] == 4
+        # clients: calibrated to the target; the server: the noise the 3 contributors (t = 2) actually added
+        assert p["epsilon"] <= 3.0 and (n == "server" or p["epsilon"] == pytest.approx(3.0, rel=1e-4))
+    assert res["server"]["privacy"]["epsilon"] < res["client1"]["privacy"]["epsilon"]
+    rep = audit(tmp_path / "run", trust_folder_keys=True)
+    assert rep.ok, rep.problems
+    shown = {p["name"]: p["headline"].get("privacy.epsilon") for p in view(tmp_path / "run")["parties"]}
+    assert shown == {n: r["privacy"]["epsilon"] for n, r in res.items()}
