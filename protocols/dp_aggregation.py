@@ -59,11 +59,13 @@ def dp_secagg_config(agg: AggregationSettings, dp: DPSettings, n_clients: int, l
 class DPAggregator(Aggregator):
     """The wrapped aggregator with client-level DP (see the module docstring)."""
 
-    def __init__(self, inner: Aggregator, ledger: Ledger, mode: str, clip: float, sens: tuple[float, float],
+    def __init__(self, inner: Aggregator, ledger: Ledger, mode: str, clip: float, unit: float,
                  t: int, rng: np.random.Generator | None = None):
+        """``unit``: the L2 sensitivity in the sum's units (``clip``, or for Skellam the rounded grid vector's
+        ``D2 / 2**f``): the noise std is the noise multiplier times it."""
         self.inner, self.ledger, self.mode, self.clip = inner, ledger, mode, float(clip)
         self.method = inner.method
-        self.d2, self.d1 = sens
+        self.unit = float(unit)
         self.t = t
         self.rng = rng or private_rng()
 
@@ -88,7 +90,10 @@ class DPAggregator(Aggregator):
         else:
             self.ledger.charge(round)
         res.mean = res.sum / max(res.weight, 1.0)
-        res.details = {**res.details, "dp": self.mode, "dp_epsilon": self.ledger.spent}
+        # the noise's std per coordinate of the sum (mean_error_bound stays the quantisation's alone)
+        z, k = self.ledger.mechanism.noise, len(res.contributors)
+        std = z * self.unit * {"central": 1.0, "local": math.sqrt(k), "distributed": math.sqrt(k / self.t)}[self.mode]
+        res.details = {**res.details, "dp": self.mode, "dp_epsilon": self.ledger.spent, "dp_noise_std_sum": std}
         return res
 
 
@@ -113,13 +118,13 @@ def make_dp_aggregator(settings: AggregationSettings | None, defaults: Aggregati
         from .aggregation import SecureAggregator
 
         inner: Aggregator = SecureAggregator(cfg, faults=faults, noise=RingNoise(mu, t, rng))
-        return DPAggregator(inner, ledger, mode, dp.dp_clip, (d2, d1), t, rng)
+        return DPAggregator(inner, ledger, mode, dp.dp_clip, d2 / 2.0 ** f, t, rng)
     mech = Mechanism("gaussian", "client", 1.0, note=f"{mode} Gaussian noise on clipped client updates")
     ledger = plan(dp, mech, rounds, who)
     # a locally noised update is clipped again (post-processing) at 12 noise std beyond dp_clip
     bound = dp.dp_clip * (1 + 12 * ledger.mechanism.noise) if mode == "local" else dp.dp_clip
     inner = make_aggregator(dataclasses.replace(agg, secagg_max_weight=1.0, secagg_clip=float(bound)), None)
-    return DPAggregator(inner, ledger, mode, dp.dp_clip, (dp.dp_clip, math.inf), n_clients, rng)
+    return DPAggregator(inner, ledger, mode, dp.dp_clip, dp.dp_clip, n_clients, rng)
 
 
 def info(a: Any) -> dict[str, Any]:

@@ -203,6 +203,8 @@ def test_distributed_skellam_under_secure_aggregation(drop):
     err = (res.sum - clipped) * 2.0 ** f                 # in grid units: the noise and the rounding
     var = (0.02 * d2) ** 2 * len(got) / t                # mu per t clients, len(got) contributed
     assert err.var() == pytest.approx(var + len(got) / 12, rel=0.06)
+    # the std the result states: the noise's, in the sum's units (the grid's sensitivity D2 over clip 50)
+    assert res.details["dp_noise_std_sum"] * 2.0 ** f == pytest.approx(math.sqrt(var), rel=1e-9)
     # the server's ledger: the noise multiplier it accounts is that of the noise actually in the sum
     assert sled.rounds[0]["noise_multiplier"] == pytest.approx(0.02 * math.sqrt(len(got) / t))
     assert sled.spent < out["c0"]["ledger"].spent        # more noise than planned, never less
