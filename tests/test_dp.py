@@ -382,3 +382,24 @@ def test_fedavg_with_distributed_dp_as_processes_writes_ledgers_passes_the_audit
     assert rep.ok, rep.problems
     shown = {p["name"]: p["headline"].get("privacy.epsilon") for p in view(tmp_path / "run")["parties"]}
     assert shown == {n: r["privacy"]["epsilon"] for n, r in res.items()}
+
+
+@pytest.mark.federation
+def test_a_killed_and_resumed_dp_run_goes_on_with_its_ledger(tmp_path):
+    """The ledger is in each party's checkpoint: after a kill and a resume the rounds before the kill stay
+    charged (not charged twice, not forgotten) and the run ends at the planned epsilon."""
+    from fedhet.parties.inmemory import FederationFailed
+
+    parties = [("server", "server")] + [(f"client{i}", "client") for i in range(2)]
+    cfg = {"rounds": 5, "dp": "client", "dp_epsilon": 3.0, "aggregation": "plain"}
+    with pytest.raises(FederationFailed):
+        run_inmemory(FEDAVG, parties, cfg, run_id="dp-resume", timeout=60, clock="virtual",
+                     checkpoint_dir=tmp_path, kill={"client1": 3})
+    resumed: dict = {}
+    out = run_inmemory(FEDAVG, parties, cfg, run_id="dp-resume", timeout=60, checkpoint_dir=tmp_path, resume=True,
+                       resumed=resumed)
+    assert min(resumed.values()) >= 2
+    for name in ("client0", "client1", "server"):
+        p = out[name]["privacy"]
+        assert [r["round"] for r in p["rounds"]] == list(range(5)) and p["steps"] == 5
+        assert p["epsilon"] == pytest.approx(3.0, rel=1e-4) and p["epsilon"] <= 3.0
