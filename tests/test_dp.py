@@ -403,3 +403,26 @@ def test_a_killed_and_resumed_dp_run_goes_on_with_its_ledger(tmp_path):
         p = out[name]["privacy"]
         assert [r["round"] for r in p["rounds"]] == list(range(5)) and p["steps"] == 5
         assert p["epsilon"] == pytest.approx(3.0, rel=1e-4) and p["epsilon"] <= 3.0
+
+
+# ------------------------------------------------------------------ HyFEM: DP-SGD of every local step
+
+@pytest.mark.federation
+def test_hyfem_record_level_dp_accounts_every_local_step():
+    from importlib import resources
+
+    from fedhet.algorithms.hyfem import ALGORITHM as HYFEM
+    from fedhet.algorithms.hyfem.settings import Settings as HyFEMSettings
+    from fedhet.parties.federation import load
+
+    fed = load(resources.files("fedhet.algorithms.hyfem") / "smoke.toml")
+    cfg = {**fed.algorithm_cfg(), "dp": "record", "dp_epsilon": 8.0, "max_rows": 200}
+    out = run_inmemory(HYFEM, [(p.name, p.role) for p in fed.parties], cfg, seed=fed.seed, timeout=300)
+    clients = [p.name for p in fed.parties if p.role == "client"]
+    for c in clients:
+        p = out[c]["privacy"]
+        assert p["mechanism"] == "dp-sgd" and p["steps"] == cfg["rounds"] * cfg["local_steps"]
+        assert p["sampling_rate"] == pytest.approx(min(32, out[c]["n_train"]) / out[c]["n_train"])
+        assert p["epsilon"] <= 8.0 and p["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    whats = {d.kind: d.what for d in HYFEM.declarations(parse_settings(HyFEMSettings, cfg, "hyfem"))}
+    assert "with DP noise (record level" in whats["hyfem/inference"]
