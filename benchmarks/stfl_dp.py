@@ -38,7 +38,7 @@ DELTA = 1e-5
 def noised(zs: list[np.ndarray], eps: float, rng: np.random.Generator) -> tuple[list[np.ndarray], dict]:
     out, ledger = [], {}
     for z in zs:
-        s = ReleaseDPSettings(release_dp_epsilon=eps, release_dp_delta=DELTA, release_dp_clip=math.sqrt(z.shape[1]))
+        s = ReleaseDPSettings(row_dp_epsilon=eps, row_dp_delta=DELTA, row_dp_clip=math.sqrt(z.shape[1]))
         zn, led = release_rows(s, z, rng=rng)
         out.append(zn.astype(np.float32))
         ledger = led.as_dict()

@@ -54,22 +54,22 @@ class DPSettings:
 @dataclass(frozen=True)
 class ReleaseDPSettings:
     """DP for a one-time release of per-row values (STFL's latents): each row clipped to L2 norm
-    ``release_dp_clip`` and Gaussian noise added before the one send; one Gaussian release per row."""
+    ``row_dp_clip`` and Gaussian noise added before the one send; one Gaussian release per row."""
 
-    release_dp_epsilon: float | None = setting(None, "per-row epsilon of the released values (None: no DP "
-                                                     "unless release_noise_multiplier is set)", lo=0, lo_open=True)
-    release_dp_delta: float = setting(1e-5, "per-row delta of the released values", lo=0, lo_open=True, hi=0.5)
-    release_noise_multiplier: float | None = setting(None, "noise std / release_dp_clip (None: calibrated)",
-                                                     lo=0, lo_open=True)
-    release_dp_clip: float = setting(1.0, "L2 bound each released row is clipped to", lo=0, lo_open=True)
+    row_dp_epsilon: float | None = setting(None, "epsilon per released row (None: no DP unless row_noise)",
+                                           lo=0, lo_open=True)
+    row_dp_delta: float = setting(1e-5, "delta per released row", lo=0, lo_open=True, hi=0.5)
+    row_noise: float | None = setting(None, "noise multiplier: std / row_dp_clip (None: calibrated)",
+                                      lo=0, lo_open=True)
+    row_dp_clip: float = setting(1.0, "L2 bound each released row is clipped to", lo=0, lo_open=True)
 
     @property
     def on(self) -> bool:
-        return self.release_dp_epsilon is not None or self.release_noise_multiplier is not None
+        return self.row_dp_epsilon is not None or self.row_noise is not None
 
     def as_dp(self) -> DPSettings:
-        return DPSettings(dp="client", dp_epsilon=self.release_dp_epsilon, dp_delta=self.release_dp_delta,
-                          noise_multiplier=self.release_noise_multiplier, dp_clip=self.release_dp_clip)
+        return DPSettings(dp="client", dp_epsilon=self.row_dp_epsilon, dp_delta=self.row_dp_delta,
+                          noise_multiplier=self.row_noise, dp_clip=self.row_dp_clip)
 
 
 def release_rows(s: ReleaseDPSettings, x, who: str = "", rng=None):
@@ -82,8 +82,8 @@ def release_rows(s: ReleaseDPSettings, x, who: str = "", rng=None):
     ledger = plan(s.as_dp(), Mechanism("gaussian", "row", 1.0, note="each row clipped and noised once, "
                                        "before the one send"), 1, who)
     ledger.charge(0)
-    xc = clip_rows_l2(np.asarray(x, dtype=np.float64), s.release_dp_clip)
-    noised = xc + gaussian_noise(xc.shape, ledger.mechanism.noise * s.release_dp_clip, rng)
+    xc = clip_rows_l2(np.asarray(x, dtype=np.float64), s.row_dp_clip)
+    noised = xc + gaussian_noise(xc.shape, ledger.mechanism.noise * s.row_dp_clip, rng)
     return noised.astype(np.asarray(x).dtype), ledger
 
 

@@ -287,7 +287,7 @@ def test_released_rows_are_clipped_then_noised_with_the_ledgers_noise():
     assert np.all(np.linalg.norm(c, axis=1) <= 1.5 + 1e-12)
     short = np.linalg.norm(x, axis=1) <= 1.5
     assert np.array_equal(c[short], x[short])
-    s = ReleaseDPSettings(release_dp_epsilon=4.0, release_dp_clip=1.5)
+    s = ReleaseDPSettings(row_dp_epsilon=4.0, row_dp_clip=1.5)
     out, led = release_rows(s, x, "guest", rng=np.random.default_rng(5))
     assert led.mechanism.unit == "row" and led.steps == 1
     assert led.spent <= 4.0 and led.spent == pytest.approx(4.0, rel=1e-4)
@@ -301,12 +301,12 @@ def test_stfl_guest_sends_noised_latents_and_writes_its_ledger():
     from fedhet.algorithms.stfl import ALGORITHM as STFL
     from fedhet.algorithms.stfl.settings import Settings as STFLSettings
 
-    out = run_inmemory(STFL, [("host", "host"), ("guest", "guest")], {"release_dp_epsilon": 4.0, "epochs": 2},
+    out = run_inmemory(STFL, [("host", "host"), ("guest", "guest")], {"row_dp_epsilon": 4.0, "epochs": 2},
                        timeout=120)
     p = out["guest"]["privacy"]
     assert (p["mechanism"], p["unit"], p["steps"]) == ("gaussian", "row", 1)
     assert p["epsilon"] == pytest.approx(4.0, rel=1e-4) and p["epsilon"] <= 4.0
-    decl = {d.kind: d.what for d in STFL.declarations(parse_settings(STFLSettings, {"release_dp_epsilon": 4.0},
+    decl = {d.kind: d.what for d in STFL.declarations(parse_settings(STFLSettings, {"row_dp_epsilon": 4.0},
                                                                      "stfl"))}
     assert "with DP noise (row level, noise calibrated to epsilon = 4" in decl["stfl/latent"]
 
