@@ -487,13 +487,16 @@ def dp(d: dict) -> list[str]:
     dist = [[str(r["k"]), r["variant"], f"{r['seeds']}", pm(r["mean"], r["std"], 4),
              "-" if r["runs"][0]["server_epsilon"] is None else f(r["runs"][0]["server_epsilon"], 3),
              f(statistics.fmean(x["wall_s"] for x in r["runs"]), 1)] for r in d["distributed"]["rows"].values()]
-    cost = [[k, f(r["wall_s"], 4), f(r["x_plain"], 1)] for k, r in d["cost"]["rows"].items()]
+    rows_c = d["cost"]["rows"]
+    ref = {k: rows_c["mlp: plain SGD" if k.startswith("mlp") else "logreg: plain GD, 100 steps"]["cpu_s"]
+           for k in rows_c}
+    cost = [[k, f(r["wall_s"], 4), f(r["cpu_s"], 4), f(r["cpu_s"] / ref[k], 1)] for k, r in rows_c.items()]
     return (table(["FedAvg demo task, record level (delta 1e-5)", "seeds", "test accuracy", "noise multiplier"], rows)
             + ["", f"Client level at epsilon {d['distributed']['settings']['dp_epsilon']:g} (delta 1e-5) per client, "
                "the same noise multiplier for both mechanisms:", ""]
             + table(["K", "variant", "seeds", "test accuracy", "epsilon the server's noise gives", "run wall s"], dist)
             + ["", f"Cost ({d['cost']['data']}, {d['cost']['threads']} thread):", ""]
-            + table(["variant", "wall s", "x plain"], cost))
+            + table(["variant", "wall s", "CPU s", "x plain (CPU)"], cost))
 
 
 def stfl_dp(d: dict) -> list[str]:
