@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         label = "non-private" if eps is None else f"epsilon={eps:g}"
         doc["rows"][label] = {"runs": [one(args.preset, cfg, s) for s in range(seeds)]}
         print(label, doc["rows"][label]["runs"][-1]["final_test"], flush=True)
+        doc["environment"] = session.finish()
+        out.write(doc, markdown(doc))   # after every row: a run cut short keeps what it measured
     return harness.publish(out, doc, markdown, session)
 
 
