@@ -38,6 +38,7 @@ from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, o
 from fedhet.algorithms.stfl.data import GuestData, HostData
 from fedhet.algorithms.stfl.messages import SPLIT_KINDS, Kind
 from fedhet.algorithms.stfl.models import latent_width
+from fedhet.protocols.dp_settings import release_rows
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
 from fedhet.algorithms.toolkit import (GuestRows, HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed,
                                        resolve_device)
@@ -301,8 +302,13 @@ def _guest_stfl(party: PartyLike, s: Settings, h: str, data: GuestData, rows: Gu
         t1 = time.perf_counter()
         z = encode(fit.encoder, rows.x_common)
         enc_s = time.perf_counter() - t1
+        privacy = {}
+        if s.release.on:  # each latent row clipped and noised once, before the one send (one release per row)
+            z, ledger = release_rows(s.release, z, party.name)
+            privacy = {"privacy": ledger.as_dict()}
+            party.metric(dp_epsilon=ledger.spent)
         party.send(h, Kind.LATENT, {"z": z, "guest_index": idx})
-        done = {"part": _guest_part(s, data, rows, common, model.encoder_mean_net(fit.encoder)),
+        done = {**privacy, "part": _guest_part(s, data, rows, common, model.encoder_mean_net(fit.encoder)),
                 "vae_s": fit.seconds, "encode_s": enc_s, "latent_dim": int(z.shape[1]),
                 "vae_neg_elbo_first_last": [fit.history[0], fit.history[-1]]}
         party.checkpoint(1, {**run.keep, "stfl": done})

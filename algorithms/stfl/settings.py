@@ -14,6 +14,7 @@ import numpy as np
 from fedhet.algorithms.stfl.models import latent_width
 from fedhet.algorithms.toolkit import ACTIVATIONS, PSIBackend, psi_backend_setting
 from fedhet.parties.settings import setting
+from fedhet.protocols.dp_settings import ReleaseDPSettings
 
 HOST, GUEST = "host", "guest"
 ALIASES = {"breast_sklearn": "breast_sk"}
@@ -75,6 +76,8 @@ class Settings:
     torch_threads: int = setting(1, "torch.set_num_threads per party (0: torch's default)", lo=0)
     return_weights: bool = setting(False, "hierarchical: return the trained weights (tests)")
     model: Model = setting(Model(), flatten=True)
+    # STFL: DP on the latents each guest sends once (protocols/dp_settings.ReleaseDPSettings)
+    release: ReleaseDPSettings = setting(ReleaseDPSettings(), flatten=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", ALIASES.get(self.dataset, self.dataset))
