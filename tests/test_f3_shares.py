@@ -120,3 +120,33 @@ def test_killed_and_resumed_in_memory_gives_the_same_results_with_shares_only_in
     assert set(state) == {"X", "Y", "model", "best", "steps", "compute_s", "counters"}
     for part in (state["model"]["w"], state["model"]["v"], state["best"]):
         assert all(np.asarray(x["a"]).dtype == np.uint64 for x in part.values())
+
+
+@pytest.mark.processes
+def test_processes_killed_and_resumed_give_the_in_memory_results_and_the_coordinator_receives_only_counts(tmp_path):
+    """As processes (two hosts), a holder killed with SIGKILL right after a mid-training checkpoint and the run
+    resumed: the in-memory run's results; the audit follows every transcript, and the coordinator's received
+    kinds are the labels, the epoch acknowledgements and the opened counts."""
+    import os
+    from dataclasses import replace
+
+    from algorithm_tools import comparable, jsonable   # a helper module of tests/
+    from fedhet.parties.audit import audit
+    from fedhet.parties.faults import KILL_ENV
+    from fedhet.parties.ops.launcher import RunFailed, launch, resume_federation
+    fed, parties, cfg = _grid(fusion="shares", init_seed=3, epochs=3, local_epochs=2)
+    mem = run_inmemory(registry.get_algorithm("f3"), parties, cfg, seed=fed.seed, run_id="resume-test", timeout=300)
+    fed = replace(fed, algorithm={"name": "f3", **cfg}, hosts=2)
+    run = tmp_path / "run"
+    with pytest.raises(RunFailed):
+        launch(fed, run, progress=False, timeout=240, env=dict(os.environ, **{KILL_ENV: "h2:3:self"}))
+    summary = launch(resume_federation(run), run, progress=False, timeout=240, resume=True)
+    steps = {p: r.get("resumed_from") for p, r in summary["parties"].items()}
+    assert len(set(steps.values())) == 1, steps
+    rep = audit(run, registry.get_algorithm)
+    assert rep.ok, rep.problems[:5]
+    for p in fed.parties:
+        assert comparable(jsonable(summary["parties"][p.name]["result"])) == comparable(jsonable(mem[p.name])), p.name
+    # the runtime's own control kinds ("_bye", "_resume") carry no algorithm data
+    got = {r["kind"] for r in rep.table if r["party"] == "coordinator" and r["received"] and r["kind"][0] != "_"}
+    assert got == {f3.Kind.LABELS, f3.Kind.EPOCH_DONE, f3.Kind.SHARES_HITS, f3.Kind.SHARES_CONFUSION}, got
