@@ -24,6 +24,7 @@ fixed-point bits in brackets):
   n dC_i = Σ_b h_b^iᵀ E_b[i]                                one round, truncated                [F]
   n dP_i = (n dC_i W_0)ᵀ, n dW_0 = (Σ_i P_i n dC_i)ᵀ        one round, truncated                [F]
   v <- μ v + grad, w <- w - (lr / scale) v                  public μ and lr, truncated (SGD with momentum)
+  or Lion: w <- w - lr sign(β1 m + (1-β1) grad), m <- ...   one comparison, one truncation (:func:`lion`)
 
 The gradients are batch sums (P_i and W_0's also times n: the scale is folded into the learning rate, so the
 shared values keep their bits).  ``align`` "none" has no P (C_i = W_0ᵀ); the graph is public ("given": the road
@@ -239,6 +240,34 @@ def sgd(h: rs.Holder, model: SharedModel, grads: dict[str, rs.Rss], lr: dict[str
             model.w[k] = rs.sub(model.w[k], u)
 
 
+LION_BETAS = (0.9, 0.99)     # Lion's (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") defaults
+
+
+def lion(h: rs.Holder, model: SharedModel, grads: dict[str, rs.Rss], lr: float) -> None:
+    """Lion: w <- w - lr sign(β1 m + (1 - β1) g), m <- β2 m + (1 - β2) g.  The sign is one comparison on shares
+    (β1 m + (1 - β1) g with integer coefficients, no truncation: the sign ignores the scale, so the gradients'
+    batch and owner factors need no folding), lr sign(.) is exact at F bits, and the EMA one truncation: cheaper
+    than :func:`sgd`, and per-coordinate normalised like Adam (which would need a reciprocal square root of a
+    value of unknown range on shares).  A zero argument counts as positive (sign +1)."""
+    names = sorted(grads)
+    b1, b2 = LION_BETAS
+    c1, c2 = (int(round(b1 * 2 ** COEF_BITS)), int(round((1 - b1) * 2 ** COEF_BITS)))
+    z, shapes = _cat([rs.add(_scale(model.v[k], c1), _scale(grads[k], c2)) for k in names])
+    neg = rs.ltz(h, z)                                                        # [z < 0]
+    step = np.int64(rs.encode(lr, F, "lr"))
+    if step < 1:
+        raise ValueError(f"f3 shares: lr {lr} is below the fixed point's 2^-{F}")
+    # lr sign(z) = lr (1 - 2 [z < 0]): w - lr + 2 lr [z < 0]
+    upd = rs.add_public(h, rs.Rss(neg.a * np.uint64(2 * step), neg.b * np.uint64(2 * step)),
+                        np.full(neg.shape, -step, np.int64))
+    for k, u in zip(names, _split(upd, shapes)):
+        model.w[k] = rs.add(model.w[k], u)
+    d1, d2 = (int(round(b2 * 2 ** COEF_BITS)), int(round((1 - b2) * 2 ** COEF_BITS)))
+    ms = trunc_all(h, [rs.add(_scale(model.v[k], d1), _scale(grads[k], d2)) for k in names], COEF_BITS)
+    for k, m in zip(names, ms):
+        model.v[k] = m
+
+
 def _scale(x: rs.Rss, c: int) -> rs.Rss:
     return rs.Rss(x.a * np.uint64(c), x.b * np.uint64(c))
 
@@ -250,8 +279,9 @@ def learning_rates(lr: float, batch: int, n: int) -> dict[str, float]:
 
 
 def train_step(h: rs.Holder, model: SharedModel, shape: Shape, X: rs.Rss, Y: rs.Rss, A: np.ndarray, lr: float,
-               momentum: float) -> rs.Rss:
-    """One SGD step on the batch (X: the owners' h rows, (n, B, d_i); Y: one-hot labels, (B, classes), F bits);
+               momentum: float, optimizer: str = "sgd") -> rs.Rss:
+    """One step of ``optimizer`` (:func:`sgd` with ``momentum``, or :func:`lion`) on the batch (X: the owners' h
+    rows, (n, B, d_i); Y: one-hot labels, (B, classes), F bits);
     returns the holder's pair of the batch's hit count (to open)."""
     B = X.shape[1]
     if B >= 1 << MAX_ROWS_BITS:
@@ -260,7 +290,10 @@ def train_step(h: rs.Holder, model: SharedModel, shape: Shape, X: rs.Rss, Y: rs.
     dl, _ = rs.softmax_ce_grad(h, logits, Y, F, EXP_N)
     count = hits(h, logits, Y)
     grads = backward(h, model, shape, kept, dl, A)
-    sgd(h, model, grads, learning_rates(lr, B, shape.n), momentum)
+    if optimizer == "lion":
+        lion(h, model, grads, lr)
+    else:
+        sgd(h, model, grads, learning_rates(lr, B, shape.n), momentum)
     return count
 
 
@@ -328,10 +361,10 @@ class InProcessShares:
     def _run(self, fn: Callable[[rs.Holder], rs.Rss]) -> list[rs.Rss]:
         return rs.in_process(fn, self.holders)
 
-    def step(self, rows: np.ndarray, lr: float, momentum: float) -> int:
+    def step(self, rows: np.ndarray, lr: float, momentum: float, optimizer: str = "sgd") -> int:
         rows = np.asarray(rows)
         got = self._run(lambda h: train_step(h, self.models[h.i], self.shape, self._X[h.i][:, rows],
-                                             self._Y[h.i][rows], self.A, lr, momentum))
+                                             self._Y[h.i][rows], self.A, lr, momentum, optimizer))
         return int(self._open(got, "hits")[0])
 
     def confusion(self, rows: np.ndarray, batch: int) -> np.ndarray:
@@ -361,7 +394,7 @@ class InProcessShares:
 
 
 def plain_step(w: dict[str, np.ndarray], v: dict[str, np.ndarray], H: np.ndarray, Y: np.ndarray, A: np.ndarray,
-               lr: float, momentum: float, align: str) -> int:
+               lr: float, momentum: float, align: str, optimizer: str = "sgd") -> int:
     """The same step in float64 (torch autograd), the reference of the shares: H (n, B, d_i), Y one-hot (B, k);
     updates ``w`` and ``v`` in place, returns the hit count."""
     tw = {k: torch.tensor(x, requires_grad=True) for k, x in w.items()}
@@ -376,11 +409,16 @@ def plain_step(w: dict[str, np.ndarray], v: dict[str, np.ndarray], H: np.ndarray
     loss.backward()
     n, B = H.shape[0], H.shape[1]
     lrs = learning_rates(lr, B, n)
+    b1, b2 = LION_BETAS
     for k in w:
         grad = tw[k].grad
         assert grad is not None
         g = grad.numpy() * (n if k != "W1" else 1)
-        v[k] = momentum * v[k] + g
-        w[k] = w[k] - lrs[k] * v[k]
+        if optimizer == "lion":
+            w[k] = w[k] - lr * np.where(b1 * v[k] + (1 - b1) * g < 0, -1.0, 1.0)
+            v[k] = b2 * v[k] + (1 - b2) * g
+        else:
+            v[k] = momentum * v[k] + g
+            w[k] = w[k] - lrs[k] * v[k]
     lg = logits.detach().numpy()
     return int((lg[np.arange(B), Y.argmax(1)] >= lg.max(1)).sum())

@@ -135,8 +135,9 @@ class SharesHolderOps:
             rows, A = self._rows_A(msg)
             if rows.size >= 1 << S.MAX_ROWS_BITS:
                 raise PeerFault(party.name, coord, Kind.OP, f"train step {msg['step']}: a batch of {rows.size} rows")
-            count = S.train_step(h, self.model, self.shape, self.X[:, rows], self.Y[rows], A, self.s.sgd_lr,
-                                 self.s.momentum)
+            lion = self.s.optimizer == "lion"
+            count = S.train_step(h, self.model, self.shape, self.X[:, rows], self.Y[rows], A,
+                                 self.s.lion_lr if lion else self.s.sgd_lr, self.s.momentum, self.s.optimizer)
             rsh.send_open(party, coord, Kind.SHARES_HITS, count, msg["step"])
         elif msg["op"] == "eval":
             rows, A = self._rows_A(msg)
