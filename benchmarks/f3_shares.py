@@ -109,7 +109,8 @@ def replica_counts(s, H: np.ndarray, y: np.ndarray, steps: list[dict], A, classe
     v = {k: np.zeros_like(x) for k, x in w.items()}
     Y = np.eye(classes)[y]
     Ht = np.ascontiguousarray(H.transpose(1, 0, 2))
-    return np.array([S.plain_step(w, v, Ht[:, st["rows"]], Y[st["rows"]], A, s.sgd_lr, s.momentum, s.align)
+    lr = s.lion_lr if s.optimizer == "lion" else s.sgd_lr
+    return np.array([S.plain_step(w, v, Ht[:, st["rows"]], Y[st["rows"]], A, lr, s.momentum, s.align, s.optimizer)
                      for st in steps], dtype=np.float64)
 
 
@@ -158,7 +159,7 @@ def leakage(name: str, hidden: int, draws: int, log) -> dict:
     shadow, shadow_y = L.shadow_representations(s, None)
     classes = 9 if s.dataset == "vowels" else 2
     A = adjacency(s, plan["graph"], len(reps))
-    run = train_shares(s, reps, y, A, classes, hidden, record=True)
+    run = train_shares(s, reps, y, A, classes, hidden, record=True, optimizer=s.optimizer)
     steps = run.pop("transcript")
     tr = f3.n_rows(s)[0]
     true = [r[:tr] for r in reps]
@@ -172,7 +173,7 @@ def leakage(name: str, hidden: int, draws: int, log) -> dict:
         f"{max(r_learn):.3f}, beyond labels {beyond:+.3f}")
     return {"size": name, "hidden": hidden, "data": provenance(s), "label_only": L.stats(r_label),
             "learned_counts": L.stats(r_learn, draws=draws), "beyond_labels_max": beyond,
-            "met": beyond <= LEAK_MARGIN, "test": run["test"], "opened_kinds": run["opened_kinds"],
+            "met": beyond <= LEAK_MARGIN, "test": run["test"], "optimizer": s.optimizer, "opened_kinds": run["opened_kinds"],
             "observations": {"counts": len(steps), "per_row": "one count per training batch (about batch rows)"}}
 
 
@@ -335,7 +336,8 @@ def main(argv=None):
             [leakage(name, h, 4 if a.quick else a.draws, log) for name in sets for h in hid]
     if "cost" in parts:
         doc["cost"] = cost([4, 16] if a.quick else [int(x) for x in a.owners.split(",")], log)
-    doc["settings"] = {"sgd_lr": f3.Settings.sgd_lr, "momentum": f3.Settings.momentum}
+    doc["settings"] = {"optimizer": f3.Settings.optimizer, "lion_lr": f3.Settings.lion_lr,
+                       "sgd_lr": f3.Settings.sgd_lr, "momentum": f3.Settings.momentum}
     return harness.publish(out, doc, render, sess)
 
 

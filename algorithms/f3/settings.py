@@ -67,11 +67,12 @@ class Settings:
     grad_frac_bits: int = setting(18, "fractional bits of the public backward operands (batch x δ, E)", lo=1,
                                   hi=30)
     optimizer: Literal["sgd", "lion"] = setting(
-        "sgd", "fusion shares: the optimiser on shares: SGD with momentum (sgd_lr, momentum) or Lion (lion_lr; "
+        "lion", "fusion shares: the optimiser on shares: SGD with momentum (sgd_lr, momentum) or Lion (lion_lr; "
                "betas 0.9 / 0.99: the update is lr times a sign, one comparison on shares, and per-coordinate "
                "normalised like Adam, whose reciprocal square root of a value of unknown range is not offered)")
     lion_lr: float = setting(1e-2, "fusion shares: Lion's learning rate", lo=0, lo_open=True)
-    sgd_lr: float = setting(0.5, "fusion shares: SGD learning rate (of the batch-mean loss; 0.5 with momentum 0.9 matched Adam at lr 1e-2 on f3_grid)", lo=0, lo_open=True)
+    sgd_lr: float = setting(0.5, "fusion shares, optimizer sgd: the learning rate (of the batch-mean loss; 0.5 matched Adam at lr 1e-2 on "
+                                    "f3_grid, but oscillated on Japanese Vowels: benchmarks/f3_shares.py)", lo=0, lo_open=True)
     momentum: float = setting(0.9, "fusion shares: SGD momentum", lo=0, hi=0.999)
     open_model: bool = setting(False, "fusion shares: open the trained weights to the coordinator at the end (false: "
                                       "the model stays shared among the holders, and the coordinator saves no part)")
