@@ -235,7 +235,8 @@ def accuracy(name: str, seeds: list[int], log) -> dict:
 
 
 # -------------------------------------------------------------------------------------------------- cost
-def cost_point(n: int, batch: int, hidden: int, steps: int, d: int = 16, classes: int = 2) -> dict:
+def cost_point(n: int, batch: int, hidden: int, steps: int, d: int = 16, classes: int = 2,
+               optimizer: str = "lion") -> dict:
     rng = np.random.default_rng(n)
     rows = max(batch * steps, 2 * batch)
     reps = [np.tanh(rng.normal(size=(rows, d))) for _ in range(n)]
@@ -245,7 +246,7 @@ def cost_point(n: int, batch: int, hidden: int, steps: int, d: int = 16, classes
     r0, w0 = m.rounds, m.words_sent
     t0 = time.perf_counter()
     for k in range(steps):
-        m.step(np.arange(k * batch, (k + 1) * batch) % rows, 0.5, 0.9)
+        m.step(np.arange(k * batch, (k + 1) * batch) % rows, 0.01 if optimizer == "lion" else 0.5, 0.9, optimizer)
     shares_s = (time.perf_counter() - t0) / steps
     cfg = T.GlobalConfig(d=d, hidden=hidden, align="soft", graph="given", batch=batch, seed=0)
     model = T.build_global(n, [d] * n, classes, cfg, given=(A > 0))
@@ -264,7 +265,7 @@ def cost_point(n: int, batch: int, hidden: int, steps: int, d: int = 16, classes
     for k in range(reps_t):
         trusted_step(k)
     trusted_s = (time.perf_counter() - t0) / reps_t
-    return {"owners": n, "batch": batch, "hidden": hidden, "steps_timed": steps, "shares_step_s": shares_s,
+    return {"owners": n, "batch": batch, "hidden": hidden, "steps_timed": steps, "optimizer": optimizer, "shares_step_s": shares_s,
             "trusted_step_s": trusted_s, "ratio": shares_s / trusted_s,
             "rounds_per_step": (m.rounds - r0) / steps, "bytes_per_holder_per_step": 8 * (m.words_sent - w0) / steps,
             "loadavg": harness.loadavg()}
@@ -277,7 +278,8 @@ def cost(owners: list[int], log) -> dict:
         p = points[-1]
         log(f"cost n={n}: shares {p['shares_step_s']:.2f} s/step, trusted {p['trusted_step_s'] * 1e3:.1f} ms "
             f"({p['ratio']:.0f}x), {p['rounds_per_step']:.0f} rounds, {p['bytes_per_holder_per_step'] / 1e6:.1f} MB")
-    growth = [cost_point(16, b, h, 2) for b, h in ((50, 16), (200, 16), (100, 4), (100, 64))]
+    growth = [cost_point(16, b, h, 2) for b, h in ((50, 16), (200, 16), (100, 4), (100, 64))] + \
+        [cost_point(16, 100, 16, 2, optimizer="sgd")]
     for p in growth:
         log(f"cost n=16 batch {p['batch']} hidden {p['hidden']}: {p['rounds_per_step']:.0f} rounds, "
             f"{p['bytes_per_holder_per_step'] / 1e6:.2f} MB, {p['shares_step_s']:.2f} s/step")
@@ -305,7 +307,8 @@ def render(doc) -> str:
                   "| set | data | hidden | bound: true class means | label only (shadow) | learned from the opened "
                   "counts | beyond the bound (max over owners) | within 0.02 |", "|---|---|---|---|---|---|---|---|"]
         for r in doc["leakage"]:
-            lines.append(f"| {r['size']} | {r['data']} | {r['hidden']} | {r['bound_true_class_means']['max']:.3f} | "
+            bound = r.get("bound_true_class_means", {}).get("max", float("nan"))
+            lines.append(f"| {r['size']} | {r['data']} | {r['hidden']} | {bound:.3f} | "
                          f"{r['label_only']['max']:.3f} | "
                          f"{r['learned_counts']['max']:.3f} | {r['beyond_labels_max']:+.3f} | "
                          f"{'yes' if r['met'] else 'NO'} |")
@@ -319,10 +322,10 @@ def render(doc) -> str:
             lines.append(f"| {p['owners']} | {p['shares_step_s']:.2f} | {p['trusted_step_s'] * 1e3:.1f} | "
                          f"{p['ratio']:.0f}x | {p['rounds_per_step']:.0f} | {p['bytes_per_holder_per_step'] / 1e6:.2f} "
                          f"| {p['loadavg']:.1f} |")
-        lines += ["", "Growth at 16 owners:", "", "| batch | hidden | rounds/step | MB per holder per step | s/step |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "Growth at 16 owners:", "", "| batch | hidden | optimiser | rounds/step | MB per holder per step | "
+                  "s/step |", "|---|---|---|---|---|---|"]
         for p in c["growth"]:
-            lines.append(f"| {p['batch']} | {p['hidden']} | {p['rounds_per_step']:.0f} | "
+            lines.append(f"| {p['batch']} | {p['hidden']} | {p.get('optimizer', 'sgd')} | {p['rounds_per_step']:.0f} | "
                          f"{p['bytes_per_holder_per_step'] / 1e6:.2f} | {p['shares_step_s']:.2f} |")
         lines.append("")
     lines.append(harness.environment_line(doc.get("environment")))

@@ -590,8 +590,8 @@ SECTIONS = (
             "Japanese Vowels the class means alone already explain much of h's variance, so no mode can meet an "
             "absolute R² target there; the share beyond labels is what the messages add. Time ratios come from "
             "one run of the three modes on a machine that may be loaded (see the load average in the file)."),
-    Section("F³ trained on shares (fusion \"shares\")", "python -m benchmarks.f3_shares --parts cost; "
-            "python -m benchmarks.f3_shares --parts accuracy,leakage --sets f3_small,f3", ("f3_shares",),
+    Section("F³ trained on shares (fusion \"shares\")", "python -m benchmarks.f3_shares --parts accuracy --sets f3,f3_small "
+            "--seeds 3; python -m benchmarks.f3_shares --parts leakage,cost --sets f3_small,f3 --draws 10", ("f3_shares",),
             f"{REAL} (Japanese Vowels), {SYNTHETIC} (traffic simulated on the real METR-LA road graph; the cost rows "
             "on random h)", f3_shares,
             "The coordinator opens per training batch one count (its correct predictions) and per evaluation a "
