@@ -424,6 +424,36 @@ def f3_modes(leak: dict, acc: dict, scale: dict) -> list[str]:
     return out
 
 
+def f3_shares(d: dict) -> list[str]:
+    """F³ fusion "shares" (f3_shares.json): accuracy against trusted, leakage against the label-only bound, cost."""
+    out: list[str] = []
+    if d.get("accuracy"):
+        rows = [[a["size"], a["data"], str(a["seeds"]),
+                 f(mean_std([r["trusted"]["test"]["f1"] for r in a["runs"]])[0], 4), opt, f(a[opt]["f1_mean"], 4),
+                 f(a[opt]["mean_delta_f1"], 4), f(a[opt]["max_abs_delta_f1"], 4), "yes" if a[opt]["met"] else "**no**"]
+                for a in d["accuracy"] for opt in ("sgd", "lion") if opt in a]
+        out += ["Accuracy (test macro F1; shares: the optimiser on shares, trusted: Adam in the clear; the same "
+                "pre-trained local models and batches):", ""] + \
+            table(["set", "data", "seeds", "trusted F1", "optimiser", "shares F1", "mean ΔF1", "max |ΔF1|",
+                   "within 0.02"], rows) + [""]
+    if d.get("leakage"):
+        rows = [[r["size"], r["data"], str(r["hidden"]), f(r["bound_true_class_means"]["max"]),
+                 f(r["label_only"]["max"]), f(r["learned_counts"]["max"]), f(r["beyond_labels_max"]),
+                 "yes" if r["met"] else "**no**"] for r in d["leakage"]]
+        out += ["The coordinator's attacks (R² of h^i on the training rows, max over owners; the bound: each row's h "
+                "predicted by its true class mean, what the labels give at best):", ""] + \
+            table(["set", "data", "hidden", "bound (true class means)", "label only (shadow)",
+                   "learned from the opened counts", "beyond the bound (max over owners)", "within 0.02"], rows) + [""]
+    if d.get("cost"):
+        rows = [[str(p["owners"]), f(p["shares_step_s"], 2), f(p["trusted_step_s"] * 1e3, 1), f(p["ratio"], 0) + "×",
+                 f(p["rounds_per_step"], 0), f(p["bytes_per_holder_per_step"] / 1e6, 2), f(p["loadavg"], 1)]
+                for p in d["cost"]["points"]]
+        out += ["Cost per training step in one process (batch 100, hidden 16; synthetic h):", ""] + \
+            table(["owners", "shares s/step", "trusted ms/step", "ratio", "rounds/step", "MB per holder per step",
+                   "load"], rows)
+    return out
+
+
 def f3_scale_products(scale: dict, fm: dict) -> list[str]:
     trusted = {r["n_owners"]: r for r in scale["runs"] if r["fusion"] == "trusted"}
     sc = [[str(r["n_owners"]), r["fusion"], f(r["epoch_s"], 2),
@@ -657,6 +687,13 @@ SECTIONS = (
             "Japanese Vowels the class means alone already explain much of h's variance, so no mode can meet an "
             "absolute R² target there; the share beyond labels is what the messages add. Time ratios come from "
             "one run of the three modes on a machine that may be loaded (see the load average in the file)."),
+    Section("F³ trained on shares (fusion \"shares\")", "python -m benchmarks.f3_shares --parts accuracy --sets f3,f3_small "
+            "--seeds 3; python -m benchmarks.f3_shares --parts leakage,cost --sets f3_small,f3 --draws 10", ("f3_shares",),
+            f"{REAL} (Japanese Vowels), {SYNTHETIC} (traffic simulated on the real METR-LA road graph; the cost rows "
+            "on random h)", f3_shares,
+            "The coordinator opens per training batch one count (its correct predictions) and per evaluation a "
+            "confusion matrix summed over the split; its attacks are measured against the label-only bound. The "
+            "holders run in threads of one process here (the cost as processes is not measured)."),
     Section("F³ scale (learned graph) and field products", "python -m benchmarks.f3_scale; "
             "python -m benchmarks.field_matmul", ("f3_scale", "field_matmul"),
             f"{SYNTHETIC} (simulated traffic) for the scale; random matrices for the products", f3_scale_products,
