@@ -249,12 +249,7 @@ def local_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec,
     "sum"``); the Prox penalty's gradient (no data) is added after the noise."""
     if dp is not None:
         return _local_update_dp(received, data, spec, cfg, round_index, client_id, dp)
-    who = f"client {client_id}"
-    views = _check_models(received, spec, who)
-    if data.n < 1:
-        raise ValueError(f"{who}: no training rows")
-    dev = resolve_device(cfg.device)
-    xs, y = _data_tensors(data, views, spec, dev, who)
+    who, views, dev, xs, y = _prepare_update(received, data, spec, cfg, client_id)
     extractors = {d: extractor_from_flat(spec.extractors[d], received.extractors[d], dev)
                   for d in views}
     model = InferenceMLP.from_layers(received.inference, dev)
@@ -480,15 +475,22 @@ def average_metrics(results: Sequence[dict]) -> dict:
             "loss": float(np.mean([r["loss"] for r in results])), "n_clients": len(results)}
 
 
-def _local_update_dp(received: ClientModels, data: ClientData, spec: HyFEMModelSpec, cfg: HyFEMConfig,
-                     round_index: int, client_id: int, dp: tuple[DPStep, torch.Generator]) -> tuple[ClientModels, dict]:
-    step, gen = dp
+def _prepare_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec, cfg: HyFEMConfig,
+                    client_id: int) -> tuple:
+    """A local update's checked inputs: (who, views, device, view tensors, labels)."""
     who = f"client {client_id}"
     views = _check_models(received, spec, who)
     if data.n < 1:
         raise ValueError(f"{who}: no training rows")
     dev = resolve_device(cfg.device)
     xs, y = _data_tensors(data, views, spec, dev, who)
+    return who, views, dev, xs, y
+
+
+def _local_update_dp(received: ClientModels, data: ClientData, spec: HyFEMModelSpec, cfg: HyFEMConfig,
+                     round_index: int, client_id: int, dp: tuple[DPStep, torch.Generator]) -> tuple[ClientModels, dict]:
+    step, gen = dp
+    who, views, dev, xs, y = _prepare_update(received, data, spec, cfg, client_id)
     extractors = {d: extractor_from_flat(spec.extractors[d], received.extractors[d], dev) for d in views}
     inference = InferenceMLP.from_layers(received.inference, dev)
     joint = _Joint(extractors, inference, views,
