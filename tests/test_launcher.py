@@ -288,3 +288,20 @@ def test_atomic_writes_honour_the_umask_unless_told_a_mode(tmp_path):
     assert stat.S_IMODE(plain.stat().st_mode) == 0o640
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
+
+
+@pytest.mark.unit
+def test_listening_ports_are_drawn_below_the_kernels_ephemeral_range():
+    """A party could not bind the port the launcher had found free ("Address already in use"): a port
+    the kernel hands out to outgoing connections was taken again before the party started, under load
+    with thousands of connections open.  Listening ports now come from below that range."""
+    import socket
+
+    from fedhet.parties.ops.engines.local import LISTEN_PORTS_FROM, _ephemeral_range, free_port
+
+    lo, _ = _ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert all(LISTEN_PORTS_FROM <= p < lo for p in ports), ports
+    for p in ports[:5]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", p))   # free, as promised

@@ -9,6 +9,7 @@ process per unit, each in its own process group, restarts one killed by a signal
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -34,7 +35,37 @@ from fedhet.parties.runtime import LAUNCHER_PID_ENV, group_alive, raise_open_fil
 MAX_RESTARTS = 3   # per party process, with [federation] restart_grace_s > 0
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; elsewhere the IANA range)."""
+    try:
+        lo, hi = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+LISTEN_PORTS_FROM = 10000   # listening ports are drawn from here up to the ephemeral range
+
+
 def free_port() -> int:
+    """A loopback port free now, for a party to listen on later.
+
+    Drawn at random below the kernel's ephemeral range: a port the kernel hands out (an outgoing
+    connection's own port, another program's bind to port 0) would be free now and might be taken
+    by the time the party binds it, as happened under load with thousands of connections open.
+    Falls back to a kernel-chosen port when no port below the range is free after many draws.
+    """
+    lo, _hi = _ephemeral_range()
+    top = max(LISTEN_PORTS_FROM + 1, lo)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(LISTEN_PORTS_FROM, top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
