@@ -507,7 +507,9 @@ class PartyRun:
             "exclusions": party.exclusions, "rounds_with_exclusions": party.exclusion_count,
             "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device,
             "insecure": self.insecure, "network": describe_network(parse_network(self.fed.network)),
-            "ended_at": time.time(),   # epoch seconds, the transcripts' clock (the network cost model's end)
+            # epoch seconds, the transcripts' clock: when the role began (its data loaded) and the party
+            # ended (the network cost model's span: fedhet.parties.ops.netmodel)
+            "started_at": time.time() - (time.perf_counter() - self.stage_at["data loaded"]), "ended_at": time.time(),
         })
         self.status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
         self.log.info("party %s finished in %.2fs", self.name, wall)

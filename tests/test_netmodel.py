@@ -86,3 +86,13 @@ def test_load_reads_a_run_folder_and_refuses_a_restarted_one(tmp_path):
         f.write(json.dumps({"type": "resume"}) + "\n")
     with pytest.raises(ModelError, match="restarted"):
         load(tmp_path)
+
+
+def test_a_message_that_came_before_the_role_began_delays_it_only_past_that():
+    """B's role began at 0.5; A's message (sent at 0) came at 0.001: over a 0.6 s one-way link it
+    comes at 0.6, 0.1 s after B began, not 0.6 s late."""
+    tr = Trace(records={"A": [msg("send", "B", 0, 0.0, 0)], "B": [msg("recv", "A", 0, 0.001, 0)]},
+               ended_at={"A": 0.1, "B": 1.0}, wall_s=1.0, started_at={"A": 0.0, "B": 0.5})
+    p = predict(tr, LinkProfile("x", 1.2, 1e12))
+    assert math.isclose(p.party_end_shift_s["B"], 0.1) and math.isclose(p.wall_s, 1.1)
+    assert math.isclose(tr.span_s, 0.5)

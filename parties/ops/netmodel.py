@@ -10,12 +10,15 @@ replays that dependency graph with a link profile (:mod:`fedhet.parties.netlink`
   (the local sockets' own time is kept): exactly the emulator's schedule (:class:`LinkSchedule`);
 - a party is as late as the latest message it has received so far: each of its records after a
   ``recv`` is shifted by at least that message's delay (the compute between records is the measured
-  gap, so a party's measured compute time is kept);
+  gap, so a party's measured compute time is kept); a message that came before the party's role began
+  (``started_at`` in its result.json) delays it only by as much as it came after that;
 - a party ends its measured tail after its last record, shifted as that record.
 
 The assumption that a party waited for each message the moment it arrived makes the model an upper
 bound where a party had slack (a message that came while it was busy would have been absorbed).
-The predicted wall time is the measured one plus how much later the last party ends.
+The predicted wall time is the measured one plus how much later the last party ends; so is the span
+(:attr:`Trace.span_s`: from the moment every party's role ran to the last party's end, the part of a
+run a network changes).
 """
 from __future__ import annotations
 
@@ -37,6 +40,13 @@ class Trace:
     ended_at: dict[str, float]              # party -> epoch seconds it ended (its last record's if unknown)
     wall_s: float                           # the measured wall time of the run
     network: str = "loopback"
+    started_at: dict[str, float] = field(default_factory=dict)   # party -> when its role began (if known)
+
+    @property
+    def span_s(self) -> float:
+        """From the moment every party's role ran to the last party's end: what the network can change."""
+        first = min((r[0]["t"] for r in self.records.values() if r), default=0.0)
+        return max(self.ended_at.values()) - max([first, *self.started_at.values()])
 
 
 @dataclass
@@ -66,6 +76,7 @@ def load(run_dir: str | Path) -> Trace:
         raise ModelError(f"{run_dir}: no parties/ folder (not a run folder)")
     records: dict[str, list[dict]] = {}
     ended: dict[str, float] = {}
+    started: dict[str, float] = {}
     for pdir in pdirs:
         name = pdir.name
         path = pdir / rf.TRANSCRIPT
@@ -84,10 +95,12 @@ def load(run_dir: str | Path) -> Trace:
         records[name] = recs
         res = _read(pdir / rf.RESULT)
         ended[name] = float(res.get("ended_at") or (recs[-1]["t"] if recs else 0.0))
+        if res.get("started_at"):
+            started[name] = float(res["started_at"])
     summary = _read(run_dir / rf.RESULT)
     first = min((r[0]["t"] for r in records.values() if r), default=0.0)
     wall = float(summary.get("wall_s") or (max(ended.values()) - first))
-    return Trace(records, ended, wall, str(summary.get("network") or "loopback"))
+    return Trace(records, ended, wall, str(summary.get("network") or "loopback"), started)
 
 
 def _read(path: Path) -> dict:
@@ -139,7 +152,9 @@ def predict(trace: Trace, network: str | LinkProfile | None) -> Prediction:
             on_link += end - start
             due = max(s_pred + transit, end + profile.one_way_s, last_due.get(link, -math.inf))
             last_due[link] = due
-        late[party] = max(late[party], due - t)
+        # the party depends on the message from when it came, or from when its role began if it came
+        # before (a message that reaches a party still loading its data delays nothing)
+        late[party] = max(late[party], due - max(t, trace.started_at.get(party, t)))
     ends = {p: trace.ended_at[p] + late[p] for p in trace.records}
     added = max(ends.values()) - max(trace.ended_at.values())
     return Prediction(network=profile.name if profile else "loopback", wall_s=trace.wall_s + added,
