@@ -490,6 +490,30 @@ def loaded_demo(d: dict) -> list[str]:
          "rounds with exclusions"], rows)
 
 
+def network_matrix(d: dict) -> list[str]:
+    rows: Rows = []
+    for r in d["rows"]:
+        label = f"{r['algorithm']}: {r['protection']} ({r['data']})"
+        if "error" in r:
+            rows.append([label, "failed: " + r["error"], "", "", "", "", "", ""])
+        for net in ("loopback", "lan", "wan"):
+            m = r["runs"].get(net)
+            if m is None:
+                continue
+            pred = r["predicted"].get(net) or {}
+            share = pred["added_s"] / pred["span_s"] if pred.get("span_s") else None
+            err = m.get("model_error")
+            rows.append([label, net, f(m["wall_s"], 2), f(m["span_s"], 2), f(pred.get("span_s"), 2),
+                         "-" if err is None else f"{err:+.0%}", pct(share, 0), f(m["bytes"] / 1e6, 3),
+                         str(m["messages"]), f(m["loadavg"][0], 1)])
+    errs = [abs(m["model_error"]) for r in d["rows"] for m in r["runs"].values() if m.get("model_error") is not None]
+    head = ([f"The model's error against the emulator: at most {max(errs):.0%} over {len(errs)} cells "
+             f"(median {sorted(errs)[len(errs) // 2]:.0%}).", ""] if errs else [])
+    skipped = ["", "Cells not run: " + ", ".join(d["not_run"]) + "."] if d.get("not_run") else []
+    return head + table(["cell (data)", "network", "wall s", "span s", "model's span s", "model error",
+                         "network share (model)", "MB", "messages", "load"], rows) + skipped
+
+
 SECTIONS = (
     Section("STFL Table I (accuracy) and the HE split network", "python -m benchmarks.stfl_table1; "
             "python -m benchmarks.he_split_table1", ("stfl_table1", "he_split_table1"),
@@ -603,6 +627,16 @@ SECTIONS = (
             loaded_demo, "Every party is its own process over CURVE. A connection cut by a party's own guard would "
             "show in the cut columns (issue 43: none of a listed peer's may be). The five run folders also passed "
             "`fedhet audit --trust-folder-keys`, run apart from the benchmark."),
+    Section("Encrypted against plaintext on simulated networks", "python -m benchmarks.network_matrix",
+            ("network_matrix",), f"{REAL} (scikit-learn's breast-cancer set) and {SYNTHETIC} (PSI's IDs), as each "
+            "row says", network_matrix,
+            "Each smoke federation runs as processes over CURVE on loopback, then with `[federation] network = "
+            "\"lan\"` (0.5 ms round trip, 1 Gbit/s) and `\"wan\"` (50 ms, 100 Mbit/s): every message crosses an "
+            "emulated link (`fedhet.parties.netlink`). The model (`fedhet.parties.ops.netmodel`) replays the "
+            "loopback run's transcripts with the link's delays. span: from the moment every party's role ran to the "
+            "last party's end (wall adds process start-up, which no link changes); error = (model - measured) / "
+            "measured span; network share: the model's added time over its span. The compute inside a span moves "
+            "with the shared machine's load as much as a LAN moves it."),
     Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
             predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "

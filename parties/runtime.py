@@ -229,6 +229,7 @@ def config_record(fed: Federation, run_id: str, insecure: bool) -> dict:
     d = fed.to_dict(public_only=True)
     d["run_id"] = run_id
     d["insecure"] = insecure
+    d["network"] = describe_network(parse_network(fed.network))   # the simulated link (loopback: none)
     d["algorithm_cfg"] = fed.algorithm_cfg()
     return d
 
