@@ -139,11 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     session = harness.Session(NAME, __file__, argv)
     cells = args.cells or list(CELLS)
-    doc: dict = {"profiles": {"lan": [0.5, 1000], "wan": [50, 100]}, "repeats": args.repeats, "rows": [],
-                 "not_run": [c for c in CELLS if c not in cells]}
+    doc: dict = {"profiles": {"lan": [0.5, 1000], "wan": [50, 100]}, "repeats": args.repeats, "rows": []}
+    if args.cells and out.path("json").is_file():   # re-measure these cells, keep the others' rows
+        doc = out.read()
+        env = doc.get("environment") or {}
+        for r in doc["rows"]:   # the rows kept say when and at which commit they were measured
+            r.setdefault("measured", {"started": env.get("started"), "commit": env.get("git_commit"),
+                                      "dirty": env.get("git_dirty")})
     for cell in cells:
-        doc["rows"].append(measure(cell, args.repeats))
-        print(doc["rows"][-1], flush=True)
+        row = dict(measure(cell, args.repeats), measured={"started": harness._now(), **harness.git_commit()})
+        doc["rows"] = [r for r in doc["rows"] if r["cell"] != cell] + [row]
+        doc["rows"].sort(key=lambda r: list(CELLS).index(r["cell"]))
+        doc["not_run"] = [c for c in CELLS if c not in {r["cell"] for r in doc["rows"]}]
+        print(row, flush=True)
         doc["environment"] = session.finish()
         out.write(doc, markdown(doc))
     return harness.publish(out, doc, markdown, session)
