@@ -514,6 +514,21 @@ def network_matrix(d: dict) -> list[str]:
                          "network share (model)", "MB", "messages", "load"], rows) + skipped
 
 
+def network_kernel(d: dict) -> list[str]:
+    rows = [[f"{r['bytes'] / 2**20:g}", f(r["model_s"], 3), f(r.get("kernel_s"), 3), f(r["emulator_s"], 3),
+             "-" if r.get("kernel_s") is None else f"{(r['emulator_s'] - r['kernel_s']) / r['kernel_s']:+.1%}"]
+            for r in d["bandwidth"]]
+    base = (d.get("loopback_rtt_ms") or {}).get("median_ms", 0.0)
+    rtts = [[f"{r['rtt_ms']:g}", f(r["median_ms"], 2), f"{(r['median_ms'] - r['rtt_ms']) / r['rtt_ms']:+.1%}",
+             f"{(r['median_ms'] - base - r['rtt_ms']) / r['rtt_ms']:+.1%}"] for r in d["rtt"]]
+    skipped = [f"Kernel rows not run: {d['kernel_not_run']}.", ""] if d.get("kernel_not_run") else []
+    return skipped + table([f"MB at {d['mbit']} Mbit/s", "model s", "kernel (tbf) s", "emulator s",
+                            "emulator vs kernel"], rows) + [
+        "", f"Ping-pong round trips under the emulator (no `netem` here: no kernel row); without a simulated link "
+        f"the same ping-pong takes {f(base, 2)} ms (the parties' own cost; added = median - that):", ""] + table(
+        ["configured RTT ms", "median ms", "median vs configured", "added vs configured"], rtts)
+
+
 SECTIONS = (
     Section("STFL Table I (accuracy) and the HE split network", "python -m benchmarks.stfl_table1; "
             "python -m benchmarks.he_split_table1", ("stfl_table1", "he_split_table1"),
@@ -637,6 +652,12 @@ SECTIONS = (
             "last party's end (wall adds process start-up, which no link changes); error = (model - measured) / "
             "measured span; network share: the model's added time over its span. The compute inside a span moves "
             "with the shared machine's load as much as a LAN moves it."),
+    Section("The link emulator against the kernel", "python -m benchmarks.network_kernel (root: network "
+            "namespaces)", ("network_kernel",), f"{SYNTHETIC}: zero-filled messages", network_kernel,
+            "Two CURVE parties; a message from a to b timed to b's 1-byte answer. kernel: two network namespaces "
+            "over a veth pair shaped by `tbf` on both ends; emulator: loopback with `network = \"0,100\"`. The "
+            "kernel also carries TCP/IP headers (about 4 % at a 1500-byte MTU), which the emulator does not count. "
+            "Each ping-pong hop through the emulator costs one more thread wake-up, which shows at 1 ms."),
     Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
             predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "
