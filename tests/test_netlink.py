@@ -116,3 +116,13 @@ def test_a_ping_pong_under_a_20ms_profile_takes_at_least_20ms_a_round_trip():
     finally:
         for p in (a, b):
             p._transport_close(linger_s=0)
+
+
+@pytest.mark.unit
+def test_fedhet_run_refuses_a_bad_network_before_starting_anything(tmp_path, capsys):
+    from fedhet.parties.ops.cli import main
+
+    assert main(["run", "demo", "--network", "20ms", "--out", str(tmp_path / "run")]) == 2
+    assert "--network" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+    assert main(["run", "--resume", str(tmp_path / "r"), "--network", "wan"]) == 2
