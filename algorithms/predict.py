@@ -11,8 +11,9 @@ module scores its recorded check rows exactly as the trained part did (:func:`fe
 An algorithm declares its job with :func:`prediction_job` and one of two layouts:
 
 - :class:`Vertical` (STFL, MMVFL, HE split, F³): the label party (the first party of ``label_role``)
-  aligns its new rows with every feature party by PSI (:mod:`fedhet.protocols.psi`, ECDH, order
-  "sorted", the common list revealed to all, as the training algorithms align); then each feature
+  aligns its new rows with every feature party by PSI (:mod:`fedhet.protocols.psi`, the backend of
+  ``predict_psi_backend``, "auto" by default: rr22 for large sets, ecdh for small; order "sorted", the
+  common list revealed to all, as the training algorithms align); then each feature
   party sends its part's output for the common rows (``contribution``, one declared kind
   ``<name>/predict``, to the label party only: STFL), or the two run an interactive
   :class:`Exchange` (the HE split network's encrypted layer; F³'s shares, holders and coordinator,
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.scoring import rebuild, score
+from fedhet.algorithms.toolkit import PSIBackend, psi_backend_setting
 from fedhet.algorithms.party_table import PartyTable, TableSpec, check_features, load_party_table
 from fedhet.parties import schema as sch
 from fedhet.parties.api import PartyError, PeerFault
@@ -80,6 +82,7 @@ class JobKeys:
     predictions_out: str = setting("", "the prediction run's folder: a scoring party writes "
                                        "parties/<name>/predictions.csv there")
     predict_psi_workers: int | None = setting(None, "PSI worker processes (None: as PSI decides, 0: inline)", lo=0)
+    predict_psi_backend: PSIBackend = psi_backend_setting("aligns the new rows")
 
 
 # ------------------------------------------------------------------------------------ layouts
@@ -332,9 +335,9 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
     table, part = _ready(party, data)
     peers = [n for n, r in party.roles.items() if r in layout.feature_roles and n != party.name]
     ids = _ids(table)
-    workers = s.job.predict_psi_workers
+    workers, backend = s.job.predict_psi_workers, s.job.predict_psi_backend
     t0 = time.perf_counter()
-    res = psi.psi_label_owner(party, ids, peers, reveal_to_all=True, order="sorted", workers=workers)
+    res = psi.psi_label_owner(party, ids, peers, reveal_to_all=True, order="sorted", workers=workers, backend=backend)
     if res.rows is None:
         raise PartyError("PSI returned no rows to the label party")
     rows = np.asarray(res.rows, dtype=np.int64)
@@ -347,7 +350,8 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
         if len(peers) == 1:
             lacks[p] = ~common
             continue
-        pair = psi.psi_label_owner(party, ids, [p], reveal_to_all=False, order="sorted", workers=workers)
+        pair = psi.psi_label_owner(party, ids, [p], reveal_to_all=False, order="sorted", workers=workers,
+                                   backend=backend)
         has = np.zeros(len(ids), dtype=bool)
         has[np.asarray(pair.rows, dtype=np.int64)] = True
         lacks[p] = ~has
@@ -372,27 +376,28 @@ def _label_side(layout: Vertical, kind: str, party: PartyLike, s: Any, data: Par
     party.log.info("predicted %d of %d rows; %d missing at some party", len(rows), len(ids), len(missing))
     return {"role": party.role, "label_party": True, "n_rows": len(ids), "n_predicted": int(len(rows)),
             "n_missing": len(missing), "missing_by_party": {p: int(lacks[p].sum()) for p in peers},
-            "predictions": PREDICTIONS, "missing": MISSING,
+            "predictions": PREDICTIONS, "missing": MISSING, "psi_backend": res.stats["backend"],
             "psi_s": t1 - t0, "exchange_s": t2 - t1, "score_s": time.perf_counter() - t2}
 
 
 def _feature_side(layout: Vertical, kind: str, label: str, party: PartyLike, s: Any, data: PartData) -> dict:
     table, part = _ready(party, data)
     ids = _ids(table)
-    workers = s.job.predict_psi_workers
-    res = psi.psi_feature_party(party, ids, label, workers=workers)
+    workers, backend = s.job.predict_psi_workers, s.job.predict_psi_backend
+    res = psi.psi_feature_party(party, ids, label, workers=workers, backend=backend)
     if res.rows is None:
         raise PartyError(f"the label party {label!r} did not reveal the common rows")
     rows = np.asarray(res.rows, dtype=np.int64)
     n_feature = sum(1 for n, r in party.roles.items() if r in layout.feature_roles and n != label)
     if n_feature > 1:
-        psi.psi_feature_party(party, ids, label, workers=workers)   # the label party's per-party count
+        psi.psi_feature_party(party, ids, label, workers=workers, backend=backend)   # the label party's per-party count
     own = {k: v[rows] for k, v in own_rows(part.meta, table).items()}
     if layout.exchange is not None:
         layout.exchange.feature(party, s.train, data, own, label)
     elif layout.contribution is not None:
         party.send(label, kind, {"out": layout.contribution(data.module, part.meta, own)})
     return {"role": party.role, "label_party": False, "n_rows": len(ids), "n_common": int(len(rows)),
+            "psi_backend": res.stats["backend"],
             "n_unmatched": len(ids) - int(len(rows))}
 
 
@@ -434,7 +439,7 @@ def prediction_job(training: Algorithm, settings: type, layout: Layout, summary:
     def declarations(s: Any) -> list[MessageDecl]:
         if isinstance(layout, Horizontal):
             return []
-        decls = psi.declarations(layout.label_role, layout.feature_roles, backend="ecdh")
+        decls = psi.declarations(layout.label_role, layout.feature_roles, backend=s.job.predict_psi_backend)
         if layout.exchange is not None:
             decls += layout.exchange.declarations(s.train)
         elif layout.contribution is not None:

@@ -24,7 +24,9 @@ batch order            :func:`epoch_permutation` (keyed, one permutation per epo
                        :func:`batch_slices`, :func:`shuffled_batches` (a torch RNG stream)
 PSI-aligned views      :func:`align_host_rows` -> :class:`HostRows`, :func:`align_guest_rows`
                        -> :class:`GuestRows`, :func:`sorted_intersection` (PSI's sorted order,
-                       computed in one process for references)
+                       computed in one process for references); :data:`PSIBackend` and
+                       :func:`psi_backend_setting` (the ``psi_backend`` key of every vertical
+                       algorithm and of ``fedhet predict``)
 a role's result        :class:`Phases` (every timing under one convention, ``<phase>_s``, the
                        report's), :func:`traffic_totals` (bytes as the runtime counted them)
 the federation         :func:`role_members` (a role's parties, in federation order)
@@ -39,7 +41,7 @@ import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -50,6 +52,7 @@ from torch.nn import functional as F
 # them too); the toolkit is their face.
 from fedhet.algorithms.streams import Stream, stream_rng  # noqa: F401
 from fedhet.parties.api import device_name
+from fedhet.parties.settings import setting
 
 # ----------------------------------------------------------------------------------- seeds
 
@@ -299,6 +302,21 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator | None 
 
 
 # ------------------------------------------------------------------------ PSI-aligned views
+PSIBackend = Literal["auto", "ecdh", "kkrt", "rr22"]   # fedhet.protocols.psi.CHOICES
+
+
+def psi_backend_setting(what: str = "aligns the rows") -> Any:
+    """The ``psi_backend`` key (a settings field of type :data:`PSIBackend`): ``"auto"`` by default, the
+    label owner's choice by its own size (:func:`fedhet.protocols.psi.choose_backend`)."""
+    return setting("auto", f"PSI protocol that {what}: auto (the label owner runs rr22 from "
+                   f"{_auto_from()} IDs, ecdh below; feature parties follow its first message), ecdh (X25519), kkrt "
+                   "(KKRT16) or rr22 (OKVS + silent VOLE); the backend in force is the result's psi_backend")
+
+
+def _auto_from() -> int:
+    from fedhet.protocols.psi import AUTO_RR22_FROM
+    return AUTO_RR22_FROM
+
 
 
 @dataclass

@@ -101,7 +101,7 @@ def plaintext_vertical(name: str, s: Any, tables: dict, loaded: dict, exported: 
 
 
 # ------------------------------------------------------------------------------------ one algorithm
-def one(name: str, n: int, folder: Path) -> dict[str, Any]:
+def one(name: str, n: int, folder: Path, backend: str = "auto") -> dict[str, Any]:
     fed = smoke(name)
     models = train(fed, folder / "run")
     exported = export_run(folder / "run", folder / "export", registry.get_algorithm, onnx=False)
@@ -117,7 +117,9 @@ def one(name: str, n: int, folder: Path) -> dict[str, Any]:
     pfed = replace(fed, parties=[replace(p, data=spec[p.name]) for p in fed.parties], base_dir=str(folder))
     out = folder / "pred"
     t0 = time.perf_counter()
-    run = harness.launch_audited(job_federation(pfed, folder / "run", out), run_dir=out, keep=True, timeout=1800)
+    job = job_federation(pfed, folder / "run", out)
+    job = replace(job, algorithm={**job.algorithm, "predict_psi_backend": backend})
+    run = harness.launch_audited(job, run_dir=out, keep=True, timeout=1800)
     wall = time.perf_counter() - t0
     res = run.results[host]
     role_s = run.summary["parties"][host].get("role_wall_s")
@@ -138,6 +140,7 @@ def one(name: str, n: int, folder: Path) -> dict[str, Any]:
     return {"algorithm": name, "rows_per_party": n, "n_predicted": k, "n_missing": res["n_missing"],
             "parties": len(fed.parties), "federated_wall_s": wall, "federated_rows_per_s": k / wall,
             "label_role_s": role_s, "label_role_rows_per_s": (k / role_s) if role_s else None,
+            "psi_backend_setting": backend, "psi_backend": res.get("psi_backend"),
             "label_psi_s": res.get("psi_s"), "label_exchange_s": res.get("exchange_s"),
             "label_score_s": res.get("score_s"),
             "plaintext_s": t.wall_s, "plaintext_rows_per_s": k / t.wall_s,
@@ -160,21 +163,22 @@ def exported_weights(folder: Path) -> dict:
 # ------------------------------------------------------------------------------------ results
 def render(doc: dict) -> str:
     lines = ["# Prediction throughput: `fedhet predict` (vertical, as processes) beside plaintext inference", "",
-             "Each algorithm's smoke model; every party its own process (CURVE ZeroMQ), ECDH-PSI over the new rows' "
-             "IDs, then the declared exchange; the job audited.  Plaintext: the same rows aligned in one process "
+             "Each algorithm's smoke model; every party its own process (CURVE ZeroMQ), PSI over the new rows' "
+             "IDs (`predict_psi_backend`: the PSI column says the setting and the backend that ran), then the "
+             "declared exchange; the job audited.  Plaintext: the same rows aligned in one process "
              "and scored with the exported modules (best of 3).  *Job* is the launcher's wall time (process start, "
              "torch import, keys, PSI, exchange, CSV); *label role* the label party's role alone (its PSI, with the "
              "extra per-party PSI where there are several feature parties; the exchange: receiving the codes, or the "
              "encrypted layer's batches; its own scoring and the CSV files).", "",
-             "| algorithm | rows / party | predicted | missing | job s | job rows/s | label role s (PSI + exchange + "
+             "| algorithm | PSI | rows / party | predicted | missing | job s | job rows/s | label role s (PSI + exchange + "
              "scoring and CSV) | label role rows/s | plaintext s | plaintext rows/s | job / plaintext "
              "| role / plaintext | same predictions | audit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         name = r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else "")
         role = r["label_role_s"]
         lines.append(
-            f"| {name} | {r['rows_per_party']:,} | {r['n_predicted']:,} | {r['n_missing']} | "
+            f"| {name} | {_psi(r)} | {r['rows_per_party']:,} | {r['n_predicted']:,} | {r['n_missing']} | "
             f"{r['federated_wall_s']:.2f} | {r['federated_rows_per_s']:,.0f} | {role:.2f} ({_parts(r)}) | "
             f"{r['label_role_rows_per_s']:,.0f} | "
             f"{r['plaintext_s']:.4f} | {r['plaintext_rows_per_s']:,.0f} | {r['slowdown_wall']:,.0f}x | "
@@ -182,6 +186,12 @@ def render(doc: dict) -> str:
             f"{'ok' if r['audit_ok'] else r['audit_problems']} |")
     lines += ["", harness.environment_line(doc.get("environment"))]
     return "\n".join(lines) + "\n"
+
+
+def _psi(r: dict) -> str:
+    """The PSI setting and the backend that ran (results from before the setting: ECDH)."""
+    setting, ran = r.get("psi_backend_setting"), r.get("psi_backend") or "ecdh"
+    return ran if setting in (None, ran) else f"{setting}: {ran}"
 
 
 def _parts(r: dict) -> str:
@@ -194,6 +204,8 @@ def main(argv=None) -> int:
     ap = harness.add_common_args(argparse.ArgumentParser(description=__doc__), render_only=True)
     ap.add_argument("--rows", type=int, nargs=2, metavar=("STFL", "HE_SPLIT"), default=None,
                     help="new rows per party (default 20000 and 1000; --quick 2000 and 256)")
+    ap.add_argument("--psi-backends", nargs="+", default=["auto"], metavar="BACKEND",
+                    help="predict_psi_backend values, each run in turn (default auto; e.g. ecdh auto: before/after)")
     a = ap.parse_args(argv)
     out = harness.Output("predict_throughput", a.quick, a.out)
     if a.render_only:
@@ -204,9 +216,13 @@ def main(argv=None) -> int:
     doc: dict[str, Any] = {"runs": []}
     with tempfile.TemporaryDirectory(prefix="bench-predict-") as tmp:
         for name in ALGORITHMS:
-            folder = Path(tmp) / name
-            folder.mkdir()
-            doc["runs"].append(one(name, rows[name], folder))
+            for backend in a.psi_backends:
+                folder = Path(tmp) / f"{name}-{backend}"
+                folder.mkdir()
+                doc["runs"].append(one(name, rows[name], folder, backend))
+                r = doc["runs"][-1]
+                print(f"{name} {_psi(r)}: {r['rows_per_party']} rows, label PSI {r['label_psi_s']:.2f} s, "
+                      f"job {r['federated_wall_s']:.1f} s", flush=True)
     return harness.publish(out, doc, render, sess)
 
 

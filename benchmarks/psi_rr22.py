@@ -59,7 +59,7 @@ def one(n: int, backend: str, chunk: int, threads: int | None = None) -> dict:
                 os.environ["NUMBA_NUM_THREADS"] = old
     st = r["stages"]
     return {"protocol_s": r["psi_s"], "protocol_s_by_party": r["psi_s_by_party"],
-            "cpu_s": sum(psi_bench.stage_seconds(s)["cpu"] for s in st.values()), "bytes_total": r["bytes_total"],
+            "cpu_s": sum(psi_bench.stage_seconds(s).get("cpu", 0.0) for s in st.values()), "bytes_total": r["bytes_total"],
             "bytes_sent": r["bytes_sent"], "process_wall_s": r["process_wall_s"],
             "prepare_s": {p: psi_bench.stage_seconds(s).get("prepare", 0.0) for p, s in st.items()},
             "rss_mib": r.get("rss_mib", {}), "stages": st, "loadavg_before": r["loadavg_before"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,6 +235,22 @@ def psi_rr22(d: dict, fail: dict, peer: dict) -> list[str]:
                       f(r.get("mb"), 1) if "mb" in r else r.get("note", "")] for r in peer["psi"]]))
 
 
+def psi_speed(d: dict) -> list[str]:
+    rows = [[f"2^{r['log2n']}", "this branch" if r["code"] == "this" else f"baseline ({d['baseline']})",
+             f(r.get("median_protocol_s", r["protocol_s"]), 2), f(r["cpu_s"], 1), f(r["bytes_total"] / 1e6, 1),
+             f(r["label_owner_stages_s"].get("hash"), 2), f(r["label_owner_stages_s"].get("order"), 2),
+             f"{r['loadavg_before']:.1f}"] for r in d["speed"]]
+    cross = f"{d['crossing']:,} IDs" if d.get("crossing") else "none within the sizes measured"
+    auto = [[f"2^{r['log2n']}", r["backend"], f(r["protocol_s"], 3), f(r["start_s"], 2), f(r["with_start_s"], 3),
+             f"{r['loadavg_before']:.1f}"] for r in d["auto"]]
+    return (table(["n × n", "RR22 code", "protocol s", "CPU s (PSI calls)", "MB", "label owner hash s",
+                   "label owner order s", "load"], rows)
+            + ["", f"Goals of issue 49 at 2^20 × 2^20: ≤ {d['goal_s']} s and ≤ {d['goal_mb']:.0f} MB (`psi_speed.md` "
+               f"says which are met). auto's threshold (`AUTO_RR22_FROM` = {d['auto_rr22_from']:,}): ECDH against "
+               f"RR22 with its one-time start in a fresh party process; measured crossing: {cross}.", ""]
+            + table(["n × n", "backend", "protocol s", "start s", "protocol + start s", "load"], auto))
+
+
 def secagg(d: dict) -> list[str]:
     g = [[k, f(v["measured"], 2), f(v["goal"], 2), "yes" if v["met"] else "no",
           f(v.get("floor"), 2) if v.get("floor") else ""] for k, v in d["goals"].items()]
@@ -407,6 +424,36 @@ def f3_modes(leak: dict, acc: dict, scale: dict) -> list[str]:
     return out
 
 
+def f3_shares(d: dict) -> list[str]:
+    """F³ fusion "shares" (f3_shares.json): accuracy against trusted, leakage against the label-only bound, cost."""
+    out: list[str] = []
+    if d.get("accuracy"):
+        rows = [[a["size"], a["data"], str(a["seeds"]),
+                 f(mean_std([r["trusted"]["test"]["f1"] for r in a["runs"]])[0], 4), opt, f(a[opt]["f1_mean"], 4),
+                 f(a[opt]["mean_delta_f1"], 4), f(a[opt]["max_abs_delta_f1"], 4), "yes" if a[opt]["met"] else "**no**"]
+                for a in d["accuracy"] for opt in ("sgd", "lion") if opt in a]
+        out += ["Accuracy (test macro F1; shares: the optimiser on shares, trusted: Adam in the clear; the same "
+                "pre-trained local models and batches):", ""] + \
+            table(["set", "data", "seeds", "trusted F1", "optimiser", "shares F1", "mean ΔF1", "max |ΔF1|",
+                   "within 0.02"], rows) + [""]
+    if d.get("leakage"):
+        rows = [[r["size"], r["data"], str(r["hidden"]), f(r["bound_true_class_means"]["max"]),
+                 f(r["label_only"]["max"]), f(r["learned_counts"]["max"]), f(r["beyond_labels_max"]),
+                 "yes" if r["met"] else "**no**"] for r in d["leakage"]]
+        out += ["The coordinator's attacks (R² of h^i on the training rows, max over owners; the bound: each row's h "
+                "predicted by its true class mean, what the labels give at best):", ""] + \
+            table(["set", "data", "hidden", "bound (true class means)", "label only (shadow)",
+                   "learned from the opened counts", "beyond the bound (max over owners)", "within 0.02"], rows) + [""]
+    if d.get("cost"):
+        rows = [[str(p["owners"]), f(p["shares_step_s"], 2), f(p["trusted_step_s"] * 1e3, 1), f(p["ratio"], 0) + "×",
+                 f(p["rounds_per_step"], 0), f(p["bytes_per_holder_per_step"] / 1e6, 2), f(p["loadavg"], 1)]
+                for p in d["cost"]["points"]]
+        out += ["Cost per training step in one process (batch 100, hidden 16; synthetic h):", ""] + \
+            table(["owners", "shares s/step", "trusted ms/step", "ratio", "rounds/step", "MB per holder per step",
+                   "load"], rows)
+    return out
+
+
 def f3_scale_products(scale: dict, fm: dict) -> list[str]:
     trusted = {r["n_owners"]: r for r in scale["runs"] if r["fusion"] == "trusted"}
     sc = [[str(r["n_owners"]), r["fusion"], f(r["epoch_s"], 2),
@@ -469,12 +516,20 @@ def checkpoint_overhead(d: dict) -> list[str]:
                                               "party: checkpoint s of role s", "overhead", "role s, none"], rows)
 
 
+def psi_ran(r: dict) -> str:
+    """A prediction run's PSI: the backend that ran, after its setting where that was "auto" (ECDH before the setting)."""
+    setting, ran = r.get("psi_backend_setting"), r.get("psi_backend") or "ecdh"
+    return ran if setting in (None, ran) else f"{setting}: {ran}"
+
+
 def predict_throughput(d: dict) -> list[str]:
-    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""), f"{r['rows_per_party']:,}",
+    rows = [[r["algorithm"] + (f" ({r['he']}, {r['key_bits']}-bit)" if r.get("he") else ""),
+             psi_ran(r), f(r.get("label_psi_s"), 2), f"{r['rows_per_party']:,}",
              f"{r['n_predicted']:,}", f"{r['n_missing']:,}", rate(r["federated_rows_per_s"]),
              rate(r["label_role_rows_per_s"]), rate(r["plaintext_rows_per_s"]), f(r["slowdown_wall"], 0) + "x",
              "yes" if r["identical"] else "NO", "ok" if r["audit_ok"] else "FAILED"] for r in d["runs"]]
-    return file_notes(d.get("note")) + table(["algorithm", "rows / party", "predicted", "missing", "job rows/s",
+    return file_notes(d.get("note")) + table(["algorithm", "PSI", "label PSI s", "rows / party", "predicted", "missing",
+                                              "job rows/s",
                                               "label role rows/s", "plaintext rows/s", "job / plaintext",
                                               "same predictions", "audit"], rows)
 
@@ -529,6 +584,43 @@ def network_kernel(d: dict) -> list[str]:
         ["configured RTT ms", "median ms", "median vs configured", "added vs configured"], rtts)
 
 
+def dp(d: dict) -> list[str]:
+    acc = d["accuracy"]
+    rows = [[k, f"{r['seeds']}", pm(r["mean"], r["std"], 4),
+             "-" if r["runs"][0]["noise_multiplier"] is None else f(r["runs"][0]["noise_multiplier"], 3)]
+            for k, r in acc["rows"].items()]
+    dist = [[str(r["k"]), r["variant"], f"{r['seeds']}", pm(r["mean"], r["std"], 4),
+             "-" if r["runs"][0]["server_epsilon"] is None else f(r["runs"][0]["server_epsilon"], 3),
+             f(statistics.fmean(x["wall_s"] for x in r["runs"]), 1)] for r in d["distributed"]["rows"].values()]
+    rows_c = d["cost"]["rows"]
+    ref = {k: rows_c["mlp: plain SGD" if k.startswith("mlp") else "logreg: plain GD, 100 steps"]["cpu_s"]
+           for k in rows_c}
+    cost = [[k, f(r["wall_s"], 4), f(r["cpu_s"], 4), f(r["cpu_s"] / ref[k], 1)] for k, r in rows_c.items()]
+    return (table(["FedAvg demo task, record level (delta 1e-5)", "seeds", "test accuracy", "noise multiplier"], rows)
+            + ["", f"Client level at epsilon {d['distributed']['settings']['dp_epsilon']:g} (delta 1e-5) per client, "
+               "the same noise multiplier for both mechanisms:", ""]
+            + table(["K", "variant", "seeds", "test accuracy", "epsilon the server's noise gives", "run wall s"], dist)
+            + ["", f"Cost ({d['cost']['data']}, {d['cost']['threads']} thread):", ""]
+            + table(["variant", "wall s", "CPU s", "x plain (CPU)"], cost))
+
+
+def chfl_dp(d: dict) -> list[str]:
+    cols = list(next(iter(d["rows"].values()))["runs"][0]["final_test"])
+    rows = [[k] + [f(statistics.fmean(x["final_test"][c] for x in r["runs"]), 4) for c in cols]
+            + [", ".join(f(z, 2) for z in r["runs"][0]["noise_multiplier"]) or "-"] for k, r in d["rows"].items()]
+    return table([f"CHFL, {d['preset']} ({d['seeds']} seeds), record level"] + [f"{c} (test)" for c in cols]
+                 + ["noise multiplier per client"], rows)
+
+
+def stfl_dp(d: dict) -> list[str]:
+    keys = ["non-private", "epsilon=1", "epsilon=4", "epsilon=16"]
+    rows = [[name, str(v["seeds"])] + [pm(v["rows"][k]["mean"], v["rows"][k]["std"], 4) for k in keys]
+            for name, v in d["datasets"].items() if "skipped" not in v]
+    z = next(v for v in d["datasets"].values() if "skipped" not in v)["rows"]
+    return table(["data set", "seeds", "non-private"] + [f"epsilon = {k.split('=')[1]} (z = "
+                                                        f"{f(z[k]['noise_multiplier'], 2)})" for k in keys[1:]], rows)
+
+
 SECTIONS = (
     Section("STFL Table I (accuracy) and the HE split network", "python -m benchmarks.stfl_table1; "
             "python -m benchmarks.he_split_table1", ("stfl_table1", "he_split_table1"),
@@ -548,6 +640,24 @@ SECTIONS = (
     Section("CHFL secure vs plain aggregation", "python -m benchmarks.chfl_secagg", ("chfl_secagg",),
             f"{REAL}: covertype", chfl_secagg, "The same Table II row as CHFL's in-memory tables, run as party "
             "processes with plain and with secure aggregation of the common part."),
+    Section("Differential privacy: accuracy against epsilon, distributed against local noise, cost",
+            "python -m benchmarks.dp", ("dp",),
+            f"{REAL}: scikit-learn's breast-cancer set (FedAvg's demo task) and digits (the cost's MLP)", dp,
+            "Every epsilon is dp-accounting's RDP accountant's for the ledger's mechanism and steps; record level "
+            "calibrates the noise per client for 20 rounds x 5 local steps (Poisson rate 0.25). Distributed noise: "
+            "Skellam shares under secure aggregation, each client adding 1/t of the variance, so a round with more "
+            "than t contributors carries more noise than accounted (the server's column). Local: each client adds "
+            "the full Gaussian noise. CHFL on covertype was not measured (see the issue's report)."),
+    Section("CHFL with record-level DP", "python -m benchmarks.chfl_dp", ("chfl_dp",),
+            f"{REAL}: scikit-learn's digits (the chfl_small preset)", chfl_dp,
+            "DP-SGD of the common column only (the part a client sends), delta 1e-5, last round's test accuracy. "
+            "The Common baseline is the common column alone and collapses under the noise; CHFL's unique column "
+            "and laterals (local, never sent, so trained without noise) keep most of the accuracy."),
+    Section("STFL with DP latents (Table I's sets)", "python -m benchmarks.stfl_dp", ("stfl_dp",),
+            f"{REAL}: FATE's breast ('cancer'), default-credit ('payment') and give-credit ('credit') tables",
+            stfl_dp, "Per row, delta 1e-5: each guest clips every latent row it sends once to L2 norm "
+                     "sqrt(d_latent) and adds Gaussian noise z * clip (one release per row, accounted by the ledger). "
+                     "payment and credit: 1 seed (their VAE and host take minutes per seed on this machine)."),
     Section("Transport: CURVE against plain TCP", "python -m benchmarks.transport", ("transport",),
             f"{SYNTHETIC}: random bytes", transport),
     Section("Cryptographic primitives", "python -m benchmarks.crypto; python -m benchmarks.crypto_he",
@@ -561,6 +671,11 @@ SECTIONS = (
             "Both backends as audited party processes in one run, interleaved. RR22 sends far fewer bytes than "
             "KKRT; its time is spread over the hashing of the IDs (a Python loop per ID), the code's random "
             "memory reads (the expander) and the OKVS."),
+    Section("PSI: RR22 before and after issue 49, and auto's ECDH/RR22 threshold", "python -m benchmarks.psi_speed "
+            "(--baseline REF: the code compared against, default main)", ("psi_speed",),
+            f"{SYNTHETIC}: generated ID sets", psi_speed,
+            "Both codes as audited party processes in one run, interleaved; the baseline runs from its own exported "
+            "files. The machine is shared: the load average is recorded with every row."),
     Section("Secure aggregation", "python -m benchmarks.secagg", ("secagg",), f"{SYNTHETIC}: uniform random vectors",
             secagg, "The all-party CPU goal is out of reach for any complete-graph round: the mask keystreams "
             "alone, timed in the same run, set the floor."),
@@ -611,6 +726,13 @@ SECTIONS = (
             "Japanese Vowels the class means alone already explain much of h's variance, so no mode can meet an "
             "absolute R² target there; the share beyond labels is what the messages add. Time ratios come from "
             "one run of the three modes on a machine that may be loaded (see the load average in the file)."),
+    Section("F³ trained on shares (fusion \"shares\")", "python -m benchmarks.f3_shares --parts accuracy --sets f3,f3_small "
+            "--seeds 3; python -m benchmarks.f3_shares --parts leakage,cost --sets f3_small,f3 --draws 10", ("f3_shares",),
+            f"{REAL} (Japanese Vowels), {SYNTHETIC} (traffic simulated on the real METR-LA road graph; the cost rows "
+            "on random h)", f3_shares,
+            "The coordinator opens per training batch one count (its correct predictions) and per evaluation a "
+            "confusion matrix summed over the split; its attacks are measured against the label-only bound. The "
+            "holders run in threads of one process here (the cost as processes is not measured)."),
     Section("F³ scale (learned graph) and field products", "python -m benchmarks.f3_scale; "
             "python -m benchmarks.field_matmul", ("f3_scale", "field_matmul"),
             f"{SYNTHETIC} (simulated traffic) for the scale; random matrices for the products", f3_scale_products,
@@ -658,7 +780,8 @@ SECTIONS = (
             "over a veth pair shaped by `tbf` on both ends; emulator: loopback with `network = \"0,100\"`. The "
             "kernel also carries TCP/IP headers (about 4 % at a 1500-byte MTU), which the emulator does not count. "
             "Each ping-pong hop through the emulator costs one more thread wake-up, which shows at 1 ms."),
-    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput",
+    Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput "
+            "--rows 131072 1000 --psi-backends ecdh auto",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",
             predict_throughput, "The job's time is mostly process start-up and the PSI over the new rows' IDs; "
             "plaintext is the same rows scored in one process with the exported modules."),

@@ -68,8 +68,9 @@ def federation(k: int, graph: str = "harary", m: int = 1000, dropouts: int | Non
                               "secagg_clip": secagg_job.CLIP, "secagg_max_weight": secagg_job.MAX_WEIGHT,
                               "secagg_timeout": float(step_timeout)},
                              parties, name=f"secagg-scale-{k}", timeout=timeout)
-    if hosts is None:
-        hosts = max(MIN_HOSTS, default_hosts(fed)[0].hosts)
+    if hosts is None:   # the launcher's default (the server in a process of its own), at least MIN_HOSTS
+        placed = default_hosts(fed)[0]
+        return replace(placed, hosts=max(MIN_HOSTS, placed.hosts))
     return replace(fed, hosts=int(hosts))
 
 

@@ -173,40 +173,68 @@ def sort_key(item: Any) -> tuple:
     return (1, bytes(item))
 
 
-def canonical_order(encoded: Sequence[bytes]) -> list[int]:
-    """Positions of encoded IDs in :func:`sort_key` order, sorting encodings rather than objects (faster).
+def canonical_order(encoded: Sequence[bytes]) -> np.ndarray:
+    """Positions (int64) of encoded IDs in :func:`sort_key` order, sorting encodings rather than objects.
 
     Ints (tag ``i``) first by value, then the rest in bytes order of their encodings (tag ``b`` before
-    ``s``; UTF-8 keeps code-point order).  Large lists sort the bytes in numpy (:func:`_bytes_order`).
+    ``s``; UTF-8 keeps code-point order).  Large lists sort in numpy: ints that fit in 64 bits by value
+    (:func:`_int_order`), bytes by big-endian 64-bit words (:func:`_bytes_order`).
     """
     n = len(encoded)
     if n < 1024:
-        ints = [k for k, e in enumerate(encoded) if e[:1] == b"i"]
-        rest = [k for k, e in enumerate(encoded) if e[:1] != b"i"] if ints else list(range(n))
+        ints = np.array([k for k, e in enumerate(encoded) if e[:1] == b"i"], dtype=np.int64)
     else:
         tags = np.array(encoded, dtype="S1").view(np.uint8)      # first byte of each encoding
-        is_int = tags == ord("i")
-        ints = np.nonzero(is_int)[0].tolist()
-        rest = np.nonzero(~is_int)[0].tolist() if ints else list(range(n))
-    vals = [int(encoded[k][1:]) for k in ints]
-    out = [ints[j] for j in sorted(range(len(ints)), key=vals.__getitem__)]
-    sub = encoded if len(rest) == n else [encoded[k] for k in rest]
-    return out + ([rest[j] for j in _bytes_order(sub)] if len(rest) < n else _bytes_order(sub))
+        ints = np.nonzero(tags == ord("i"))[0]
+    if len(ints) == 0:
+        return _bytes_order(encoded)
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), ints, assume_unique=True)
+    out = ints[_int_order([encoded[k][1:] for k in ints.tolist()])]
+    if len(rest) == 0:
+        return out
+    return np.concatenate([out, rest[_bytes_order([encoded[k] for k in rest.tolist()])]])
 
 
-def _bytes_order(encoded: Sequence[bytes]) -> list[int]:
-    """Positions of byte strings in bytes order.  numpy's fixed-width sort agrees with it for strings
-    that do not end in NUL (numpy pads with NULs and ignores trailing ones), so that case, the
-    usual one, sorts in C; otherwise Python's sort."""
-    if len(encoded) < 1024:
-        return sorted(range(len(encoded)), key=encoded.__getitem__)
-    lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+def _int_order(digits: list[bytes]) -> np.ndarray:
+    """Positions of decimal integers (as ASCII bytes) in numeric order: numpy's parse and sort where
+    every one fits in int64, else Python's."""
+    if len(digits) >= 1024 and max(map(len, digits)) <= 18:   # |x| < 10^18 < 2^63
+        return np.argsort(np.array(digits, dtype="S18").astype(np.int64), kind="stable")
+    vals = [int(d) for d in digits]
+    return np.array(sorted(range(len(vals)), key=vals.__getitem__), dtype=np.int64)
+
+
+def _bytes_order(encoded: Sequence[bytes]) -> np.ndarray:
+    """Positions of byte strings in bytes order.  Zero-padded to whole 64-bit words, read big-endian,
+    the order of the words is bytes order for strings that do not end in NUL (the usual case): one
+    argsort of the first words, then the rows whose first words tie sorted on all words; otherwise
+    Python's sort."""
+    n = len(encoded)
+    if n < 1024:
+        return np.array(sorted(range(n), key=encoded.__getitem__), dtype=np.int64)
+    lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
     width = max(1, int(lens.max()))
     arr = np.array(encoded, dtype=f"S{width}")
-    last = arr.view(np.uint8).reshape(len(encoded), width)[np.arange(len(encoded)), np.maximum(lens, 1) - 1]
+    u8 = arr.view(np.uint8).reshape(n, width)
+    last = u8[np.arange(n), np.maximum(lens, 1) - 1]
     if (lens == 0).any() or (last == 0).any():
-        return sorted(range(len(encoded)), key=encoded.__getitem__)
-    return np.argsort(arr, kind="stable").tolist()
+        return np.array(sorted(range(n), key=encoded.__getitem__), dtype=np.int64)
+    words = -(-width // 8)
+    pad = np.zeros((n, words * 8), dtype=np.uint8)
+    pad[:, :width] = u8
+    w = pad.view(">u8")
+    order = np.argsort(w[:, 0], kind="stable")
+    if words > 1:
+        first = w[order, 0]
+        tie = np.nonzero(first[1:] == first[:-1])[0]
+        if len(tie):   # whole runs of equal first words, at ascending positions: sort them on every word
+            involved = np.zeros(n, dtype=bool)
+            involved[tie] = True
+            involved[tie + 1] = True
+            pos = np.nonzero(involved)[0]
+            sub = order[pos]
+            order[pos] = sub[np.lexsort(tuple(w[sub, j] for j in range(words - 1, -1, -1)))]
+    return order.astype(np.int64, copy=False)
 
 
 # ------------------------------------------------------------------- hashing

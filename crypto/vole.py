@@ -59,7 +59,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import numba
 from numba import njit, prange
 
 from . import gf128
@@ -184,39 +183,45 @@ def _convolute_all(xs, seed):  # pragma: no cover - compiled
         _convolute(xs[v], seed)
 
 
+EXPAND_BLOCK = 256   # rows whose columns are drawn before their reads: the reads of a block overlap in memory
+
+
 @njit(cache=True, parallel=True)
-def _expand(xs, out, weight, seed, nthreads):  # pragma: no cover - compiled
+def _expand(xs, out, weight, seed):  # pragma: no cover - compiled
     """out[v, i] ^= XOR of xs[v]'s rows at row i's columns (xs (nv, size, 2), out (nv, m, 2) uint64).
 
     Row i has ``weight - weight // 2`` regular columns (one uniform in each of that many equal
     regions) and ``weight // 2`` uniform ones, from draws i*weight .. i*weight + weight - 1 of the
     SplitMix64 stream of ``seed`` (so rows are independent and split across threads), positions by
-    multiply-shift (bias below size / 2^32).
+    multiply-shift (bias below size / 2^32).  Rows go in blocks of :data:`EXPAND_BLOCK`: a block's
+    columns are drawn first, then its random reads of xs, which no longer wait on the draws and so
+    overlap (the reads are the cost: xs is larger than the caches).
     """
     nv, size, _ = xs.shape
     m = out.shape[1]
     uni = weight // 2
     reg = weight - uni
     step = size // reg
-    chunk = (m + nthreads - 1) // nthreads
-    for th in prange(nthreads):
-        lo = th * chunk
-        hi = min(m, lo + chunk)
-        cols = np.empty(weight, np.int64)
+    nblocks = (m + EXPAND_BLOCK - 1) // EXPAND_BLOCK
+    for blk in prange(nblocks):
+        lo = blk * EXPAND_BLOCK
+        hi = min(m, lo + EXPAND_BLOCK)
+        cols = np.empty((EXPAND_BLOCK, weight), np.int64)
         for i in range(lo, hi):
             state = np.uint64(seed) + np.uint64(i * weight) * np.uint64(0x9E3779B97F4A7C15)
             for k in range(weight):
                 state, z = _splitmix(state)
                 hi32 = z >> np.uint64(32)
                 if k < reg:
-                    cols[k] = k * step + np.int64((hi32 * np.uint64(step)) >> np.uint64(32))
+                    cols[i - lo, k] = k * step + np.int64((hi32 * np.uint64(step)) >> np.uint64(32))
                 else:
-                    cols[k] = np.int64((hi32 * np.uint64(size)) >> np.uint64(32))
-            for v in range(nv):
+                    cols[i - lo, k] = np.int64((hi32 * np.uint64(size)) >> np.uint64(32))
+        for v in range(nv):
+            for i in range(lo, hi):
                 a0 = out[v, i, 0]
                 a1 = out[v, i, 1]
                 for k in range(weight):
-                    c = cols[k]
+                    c = cols[i - lo, k]
                     a0 ^= xs[v, c, 0]
                     a1 ^= xs[v, c, 1]
                 out[v, i, 0] = a0
@@ -250,7 +255,7 @@ def encode_in_place(xs: np.ndarray, m: int, weight: int = EXPANDER_WEIGHT, seed:
     _convolute_all(tails, np.uint64(seed))
     _convolute_all(tails, np.uint64(seed) ^ np.uint64(0xFFFFFFFFFFFFFFFF))
     out = xs[:, :m]
-    _expand(tails, out, weight, np.uint64(seed) ^ np.uint64(0x5DEECE66D), max(1, numba.get_num_threads()))
+    _expand(tails, out, weight, np.uint64(seed) ^ np.uint64(0x5DEECE66D))
     return out
 
 

@@ -367,6 +367,9 @@ class SharedContext:
 
 
 RX_IDLE_MS = 5000  # the receive loop's backstop wake-up; messages and closing wake it at once
+# A party closing with a short linger (it failed) still waits this long for a peer it never reached:
+# a peer started by hand seconds later gets the failure notice instead of waiting out its timeout.
+FIRST_CONTACT_LINGER_S = 30.0
 
 
 def _wire_bytes(n: int, curve: bool) -> int:
@@ -429,6 +432,11 @@ class _ConnectionGuard(threading.Thread):
         self.max_unidentified = int(max_unidentified)   # accepted, not yet identified, at once (unidentified_cap)
         self.on_link, self.tick = on_link, tick
         self.monitors = [(sock, sock.get_monitor_socket(self._EVENTS), int(limit), None) for sock, limit in watched]
+        # The listening sockets' monitors are read on every look; a dialled peer's (one per DEALER:
+        # a server of K clients has K) only when its poll said it holds events, so a look costs
+        # the same with 10 or 1,000 peers dialled.
+        self._always = {id(mon) for _sock, mon, _limit, _peer in self.monitors}
+        self._ready: set[int] | None = None   # ids of the dialled monitors the last poll found readable
         self._added: list = []  # monitors of sockets made later (watch), taken in by the guard's thread
         self._lock = threading.Lock()
         self._credit: dict[int, int] = collections.defaultdict(int)
@@ -439,6 +447,7 @@ class _ConnectionGuard(threading.Thread):
         self._active: set[int] = set()  # fds whose held bytes may still grow without a new arrival
         self._unknown: set[int] = set()  # accepted fds that have not delivered a message yet
         self._partial: set[int] = set()  # identified fds with an unfinished message
+        self._holding: set[int] = set()  # fds whose last look found bytes held (not yet credited)
         self._keyed: dict[str, set[int]] = {}  # listed key's party -> its identified fds
         self._pending: dict[str, collections.deque] = {}  # party -> times ZAP admitted a connection not yet identified
         self._epoll = select.epoll() if hasattr(select, "epoll") else None
@@ -536,11 +545,16 @@ class _ConnectionGuard(threading.Thread):
     def _events(self, credited: dict | None = None) -> None:
         """Take in the monitors' events; ``credited``: fds credited since the last look (-> User-Id), so a
         connection that delivered a message and ended before this look is still known as its party's."""
+        fresh: set[int] = set()
         if self._added:
             with self._lock:
+                fresh = {id(m[1]) for m in self._added}
                 self.monitors += self._added
                 self._added = []
+        ready = self._ready
         for _sock, mon, limit, peer in self.monitors:
+            if ready is not None and id(mon) not in ready and id(mon) not in self._always and id(mon) not in fresh:
+                continue
             while mon.poll(0):
                 try:
                     ev = parse_monitor_message(mon.recv_multipart())
@@ -601,6 +615,7 @@ class _ConnectionGuard(threading.Thread):
         self._active.discard(fd)
         self._unknown.discard(fd)
         self._partial.discard(fd)
+        self._holding.discard(fd)
         if c is not None and c["user"] is not None:
             self._keyed.get(c["user"], set()).discard(fd)
         if self._epoll is not None:
@@ -710,6 +725,10 @@ class _ConnectionGuard(threading.Thread):
             rcvd, queued = got
             with self._lock:
                 c["held"] = rcvd - self._credit[fd] - c["base"]
+            if c["held"] > 0:
+                self._holding.add(fd)
+            else:
+                self._holding.discard(fd)
             if queued == 0 and rcvd == c["got"]:
                 self._active.discard(fd)  # settled: nothing new came and nothing waits in the kernel
             else:
@@ -717,7 +736,9 @@ class _ConnectionGuard(threading.Thread):
             c["got"] = rcvd
             if c["in"] and c["known"]:
                 self._unfinished(fd, c, c["held"], fd in credited, now)
-        held = {fd: c["held"] for fd, c in self._conns.items() if c["tcp"]}
+        # only connections holding bytes count (the others add nothing): a look costs the same with
+        # 10 or 1,000 connections open
+        held = {fd: self._conns[fd]["held"] for fd in self._holding if fd in self._conns and self._conns[fd]["tcp"]}
         total = sum(max(0, h) for h in held.values())
         self.peak_held = max(self.peak_held, total)
         for fd, h in held.items():
@@ -790,18 +811,17 @@ class _ConnectionGuard(threading.Thread):
         if self._epoll is not None:
             poller.register(self._epoll.fileno(), zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        polled: set = set()
+        registered = 0
         due: float | None = None
         while not self._halt.is_set():
             try:
-                for _sock, mon, _limit, _peer in self.monitors:
-                    if id(mon) not in polled:
-                        poller.register(mon, zmq.POLLIN)
-                        polled.add(id(mon))
+                for _sock, mon, _limit, _peer in self.monitors[registered:]:
+                    poller.register(mon, zmq.POLLIN)
+                registered = len(self.monitors)
                 wait = self.TICK_S if self._active else self.IDLE_S
                 if due is not None:
                     wait = max(self.TICK_S, min(wait, due))
-                poller.poll(int(1000 * wait))
+                self._ready = {id(sock) for sock, _ev in poller.poll(int(1000 * wait)) if isinstance(sock, zmq.Socket)}
                 try:
                     while os.read(self._wake_r, 4096):
                         pass
@@ -974,7 +994,13 @@ class ZmqParty(Party):
         self.rejects_by_reason: collections.Counter = collections.Counter()
         public_keys = public_keys or {}  # --insecure runs have none
         self._shared = context  # None: this party owns its context (and ZAP handler) and ends them
-        self.ctx = zmq.Context() if context is None else context.ctx
+        if context is None:
+            self.ctx = zmq.Context()
+            # a DEALER and its monitor per dialled peer: libzmq's default of 1,023 sockets stopped a
+            # server of 500 clients started as a process of its own (as in a host's SharedContext)
+            self.ctx.max_sockets = self.ctx.get(zmq.SOCKET_LIMIT)
+        else:
+            self.ctx = context.ctx
         self.router = self._router(context, public_keys, secret_key, handshake_s)
         # One DEALER per peer, made and connected on the first message to it (:meth:`_dealer`):
         # a party connects only to the peers it talks to, so hundreds of parties that never
@@ -1433,6 +1459,10 @@ class ZmqParty(Party):
             # linger so messages queued for a dead peer do not hold its exit for the whole timeout, and
             # so does a peer whose connection broke and is down now (it finished, or it is gone)
             linger = 0.0 if peer in gone else linger_s
+            if linger is not None and peer not in gone and self._guard is not None and not self._guard.joined[peer]:
+                # never connected: the peer may still be starting (parties started by hand, a loaded
+                # machine); its failure notice waits for it longer, and leaves as soon as it is up
+                linger = max(linger, FIRST_CONTACT_LINGER_S)
             s.close(linger=None if linger is None else int(max(0.0, linger) * 1000))
         self.router.close(linger=0)
         if self._zap is not None:

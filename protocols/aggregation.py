@@ -236,8 +236,9 @@ class SecureAggregator(Aggregator):
     method = "secure"
 
     def __init__(self, config: SecAggConfig | None = None, observer: Callable | None = None,
-                 faults: Faults | Mapping[int, Faults] | None = None):
+                 faults: Faults | Mapping[int, Faults] | None = None, noise: Callable | None = None):
         self.config = config or SecAggConfig()
+        self._noise = noise  # DP: each client's share of the distributed noise (dp_noise.RingNoise)
         self._client: SecAggClient | None = None
         self._server: SecAggServer | None = None
         self._observer = observer
@@ -245,7 +246,7 @@ class SecureAggregator(Aggregator):
 
     def submit(self, party: PartyLike, server, vector, weight=1.0, round=0) -> SubmitResult:
         if self._client is None:
-            self._client = SecAggClient(self.config, self._faults)
+            self._client = SecAggClient(self.config, self._faults, noise=self._noise)
         return self._client.submit(party, server, vector, weight, round)
 
     def aggregate(self, party: PartyLike, clients, round=0, length=None) -> AggregateResult:

@@ -45,6 +45,8 @@ from fedhet.crypto.prg import PRG, SEED_BYTES
 
 __all__ = ["Rss", "Brss", "Holder", "encode", "decode", "share", "expand", "lin", "lin_public", "add", "sub", "add_public",
            "mul", "bilinear", "cross", "a2b", "msb", "b2a", "ltz", "relu", "trunc", "open_pairs", "OpenError",
+           "public", "mul_fixed", "maximum", "max_last", "exp_nonpos", "exp_error", "reciprocal", "reciprocal_error",
+           "newton_iterations", "softmax", "softmax_error", "softmax_ce_grad",
            "in_process", "in_process_holders", "KEY_BYTES", "ROUNDS"]
 
 KEY_BYTES = SEED_BYTES
@@ -379,6 +381,127 @@ def trunc(h: Holder, x: Rss, d: int) -> Rss:
     w = (np.ones(keep, dtype=_U) << pos)
     w[-1:] = -w[-1:]                                               # -2^(63-d): the sign bit
     return Rss((ar.a * w).sum(-1, dtype=_U), (ar.b * w).sum(-1, dtype=_U))
+
+
+# ----------------------------------------------------------------- fixed-point functions
+def public(h: Holder, c, shape=None) -> Rss:
+    """The trivial sharing of public int64 words ``c`` (component 0 = c, the others 0): no messages."""
+    c = np.asarray(c, dtype=np.int64)
+    if shape is not None:
+        c = np.broadcast_to(c, shape)
+    z = np.zeros(c.shape, dtype=_U)
+    return add_public(h, Rss(z, z.copy()), c)
+
+
+def mul_fixed(h: Holder, x: Rss, y: Rss, f: int) -> Rss:
+    """floor(x y / 2^f): a fixed-point product of two values with f fractional bits (11 rounds); its error is
+    the floor's, at most 2^-f, plus whatever x and y carry.  The product must stay below 2^63 before the shift."""
+    return trunc(h, mul(h, x, y), f)
+
+
+def maximum(h: Holder, x: Rss, y: Rss) -> Rss:
+    """max(x, y) = y + ReLU(x - y), exact for |x - y| < 2^63 (12 rounds)."""
+    return add(y, relu(h, sub(x, y))[0])
+
+
+def max_last(h: Holder, x: Rss) -> Rss:
+    """The maximum over the last axis (shape x.shape[:-1] + (1,)): a tree of :func:`maximum`, ceil(log2 k) levels
+    for k entries (an odd level compares its last entry with itself); exact."""
+    while x.shape[-1] > 1:
+        k = x.shape[-1]
+        if k % 2:
+            x = Rss(np.concatenate([x.a, x.a[..., -1:]], -1), np.concatenate([x.b, x.b[..., -1:]], -1))
+        x = maximum(h, x[..., 0::2], x[..., 1::2])
+    return x
+
+
+EXP_APPROX = 0.28    # sup over x in [-2^n, 0] of e^x - (1 + x/2^n)^(2^n) is at most EXP_APPROX 2^-n (2 e^-2 2^-n as n grows)
+
+
+def exp_error(f: int, n: int) -> float:
+    """The bound of :func:`exp_nonpos`: EXP_APPROX 2^-n (the limit's) + 2^(n+1-f) (its n squarings' floors)."""
+    return EXP_APPROX * 2.0 ** -n + 2.0 ** (n + 1 - f)
+
+
+def exp_nonpos(h: Holder, x: Rss, f: int, n: int = 8, clamp: bool = True) -> Rss:
+    """e^x for x <= 0 (f fractional bits, f > n + 1) as (1 + x/2^n)^(2^n): x clamped to [-2^n, 0] (``clamp``: one
+    :func:`maximum`, 12 rounds; leave it out when the caller knows x >= -2^n), one truncation and n squarings
+    (n fixed-point products): 23 + 11 n rounds with the clamp.
+
+    Error.  For x in [-2^n, 0] the limit's error e^x - (1 + x/2^n)^(2^n) lies in [0, EXP_APPROX 2^-n]; below
+    -2^n the result is 0 (error < e^-(2^n)).  Every floor costs at most 2^-f and a squaring doubles at most the
+    error of a value in [0, 1] (|a^2 - b^2| <= 2 |a - b|), so the fixed point adds at most 2^(n+1-f):
+    |result - e^x| <= :func:`exp_error` (f, n).  At x = 0 the result is exactly 1, and it never exceeds 1.
+    x > 0 is outside the function's range (it is not clamped from above)."""
+    if not 0 < n < f - 1:
+        raise ValueError(f"exp_nonpos: need 0 < n < f - 1, got n = {n}, f = {f}")
+    if clamp:
+        x = maximum(h, x, public(h, -(1 << (n + f)), x.shape))
+    y = add_public(h, trunc(h, x, n), np.full(x.shape, 1 << f, np.int64))       # 1 + x / 2^n, in [0, 1]
+    for _ in range(n):
+        y = mul_fixed(h, y, y, f)
+    return y
+
+
+def newton_iterations(lo: float, hi: float, f: int) -> int:
+    """Newton steps of :func:`reciprocal` on [lo, hi]: the fewest K with r^(2^K) <= 2^-f, r = (hi - lo) / (hi + lo)."""
+    r = (hi - lo) / (hi + lo)
+    k = 0
+    while r ** (2 ** k) > 2.0 ** -f:
+        k += 1
+    return k
+
+
+def reciprocal_error(lo: float, hi: float, f: int) -> float:
+    """The bound of :func:`reciprocal`: 2^-f / lo (Newton's residue at K steps) + (3 + 2 / lo) 2^-f (the floors)."""
+    return 2.0 ** -f / lo + (3.0 + 2.0 / lo) * 2.0 ** -f
+
+
+def reciprocal(h: Holder, x: Rss, f: int, lo: float, hi: float) -> Rss:
+    """1/x for x in the public range [lo, hi] (0 < lo < hi; f fractional bits) by Newton-Raphson,
+    y <- y (2 - x y), from the public initial guess y_0 = 2 / (lo + hi).
+
+    With e_k = 1 - x y_k, e_(k+1) = e_k^2 and |e_0| <= r = (hi - lo) / (hi + lo) < 1 on [lo, hi], so
+    K = :func:`newton_iterations` steps (two fixed-point products each: 22 K rounds) leave |e_K| <= 2^-f, that
+    is |y_K - 1/x| <= 2^-f / x.  Newton corrects its own perturbations (an error d in y_k leaves x d^2 in
+    y_(k+1)), so the floors add at most those of the last step: 2^-f in x y (times y <= 2/lo) and 2^-f in y,
+    plus the residue of the one before: |result - 1/x| <= :func:`reciprocal_error` (lo, hi, f).  Outside
+    [lo, hi] (up to 2 hi) it still converges, more slowly; x <= 0 or x >= 2 (lo + hi) diverges."""
+    if not 0 < lo < hi:
+        raise ValueError(f"reciprocal: need 0 < lo < hi, got [{lo}, {hi}]")
+    y = public(h, encode(2.0 / (lo + hi), f, "the initial guess"), x.shape)
+    two = np.full(x.shape, 2 << f, np.int64)
+    for _ in range(newton_iterations(lo, hi, f)):
+        y = mul_fixed(h, y, add_public(h, _neg(mul_fixed(h, x, y, f)), two), f)
+    return y
+
+
+def softmax_error(classes: int, f: int, n: int) -> float:
+    """The bound of :func:`softmax` per entry: (classes + 1) exp_error + reciprocal_error on [1, classes] + 2^-f."""
+    return (classes + 1) * exp_error(f, n) + reciprocal_error(1.0, float(max(classes, 2)), f) + 2.0 ** -f
+
+
+def softmax(h: Holder, x: Rss, f: int, n: int = 8) -> Rss:
+    """softmax over the last axis (k classes; f fractional bits): z = x - max (exact, :func:`max_last`),
+    e = e^z (:func:`exp_nonpos`, e = 1 exactly at the maximum, so s = Σ e lies in [1, k]), 1/s
+    (:func:`reciprocal` on [1, k]) and e / s (one product).  Error per entry: |e_c/s - softmax_c| <=
+    |Δe_c| / s + e_c |Δ(1/s)| with |Δe| <= exp_error, |Δs| <= k exp_error, s >= 1 and e_c <= 1, plus the
+    reciprocal's and the last floor's: at most :func:`softmax_error` (k, f, n)."""
+    k = x.shape[-1]
+    m = max_last(h, x)
+    z = sub(x, Rss(np.broadcast_to(m.a, x.shape), np.broadcast_to(m.b, x.shape)))
+    e = exp_nonpos(h, z, f, n)
+    s = Rss(e.a.sum(-1, keepdims=True, dtype=_U), e.b.sum(-1, keepdims=True, dtype=_U))
+    r = reciprocal(h, s, f, 1.0, float(max(k, 2)))
+    return mul_fixed(h, e, Rss(np.broadcast_to(r.a, x.shape).copy(), np.broadcast_to(r.b, x.shape).copy()), f)
+
+
+def softmax_ce_grad(h: Holder, logits: Rss, onehot: Rss, f: int, n: int = 8) -> tuple[Rss, Rss]:
+    """(softmax(ℓ) - y, softmax(ℓ)): the gradient of the cross-entropy -Σ_c y_c log softmax_c(ℓ) in ℓ, per
+    sample, for a shared one-hot y (f fractional bits, as ℓ), and the probabilities; the gradient's error is the
+    softmax's (y is exact)."""
+    p = softmax(h, logits, f, n)
+    return sub(p, onehot), p
 
 
 # ----------------------------------------------------------------- opening

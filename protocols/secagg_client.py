@@ -291,9 +291,11 @@ class SecAggClient:
     round, or a mapping round -> :class:`Faults`.
     """
 
-    def __init__(self, config: SecAggConfig | None = None, faults: Faults | Mapping[int, Faults] | None = None):
+    def __init__(self, config: SecAggConfig | None = None, faults: Faults | Mapping[int, Faults] | None = None,
+                 noise: Callable[[np.ndarray, int, Quantizer], None] | None = None):
         self.cfg = config or SecAggConfig()
         self.faults = faults
+        self.noise = noise  # DP: adds this client's noise share to its quantised vector (dp_noise.RingNoise)
         self._inbox: RoundInbox | None = None
         self._last_round: int | None = None
         self._known: tuple[bytes, list[str]] | None = None  # the client list of the last round, by digest
@@ -358,6 +360,9 @@ class SecAggClient:
         if send("share", payload):
             return SubmitResult("stopped", r, "after sharing keys")
         premask(st)  # while the server gathers everyone's shares
+        if self.noise is not None:
+            assert st.y is not None and st.quant is not None  # set by premask
+            self.noise(st.y, st.x.size, st.quant)
 
         p = self._from_server(party, server, Kind.RELAY, r)
         if p.get("dropped"):

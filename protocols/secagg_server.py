@@ -173,6 +173,7 @@ def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
     adv = st.collect(Kind.KEYS, st.universe, signed)
     u1 = st.enough(set(adv), st.universe, Kind.KEYLIST, "advertised keys")
     st.tell_dropped(set(st.universe) - u1, Kind.KEYLIST)
+    t0 = time.monotonic()
     entry = {u: [adv[u]["c_pk"], adv[u]["s_pk"], adv[u]["commit"], adv[u]["sig"]] for u in u1}
     digest = universe_digest(st.cfg.tag, st.universe)
     for u in sorted(u1):
@@ -181,6 +182,7 @@ def advertise_round(st: ServerRound) -> tuple[dict[str, dict], set[str]]:
         st.party.send(u, Kind.KEYLIST, {"r": st.r, "universe": names, "digest": digest,
                                         "frac_bits": st.quant.frac_bits, "ring_bits": st.quant.ring_bits,
                                         "keys": {v: entry[v] for v in sorted((st.nbrs[u] & u1) | {u})}})
+    st.steps["send " + Kind.KEYLIST] = {"clients": len(u1), "seconds": time.monotonic() - t0}
     return adv, u1
 
 
@@ -194,9 +196,11 @@ def share_round(st: ServerRound, u1: set[str]) -> set[str]:
     sh = st.collect(Kind.SHARES, sorted(u1), valid_shares)
     u2 = st.enough(set(sh), u1, Kind.RELAY, "shared keys")
     st.tell_dropped(u1 - u2, Kind.RELAY)
+    t0 = time.monotonic()
     for v in sorted(u2):
         st.party.send(v, Kind.RELAY, {"r": st.r, "n2": len(u2),
                                       "ct": {u: sh[u]["ct"][v] for u in sorted(st.nbrs[v] & u2)}})
+    st.steps["send " + Kind.RELAY] = {"clients": len(u2), "seconds": time.monotonic() - t0}
     return u2
 
 

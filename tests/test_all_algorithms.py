@@ -29,6 +29,8 @@ from fedhet.parties.federation import Federation
 from fedhet.parties.faults import KILL_ENV
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.ops.launcher import RunFailed, launch, resume_federation
+from fedhet.parties.settings import known_keys
+from fedhet.protocols import psi
 
 pytestmark = pytest.mark.processes   # the tier (tests/conftest.py)
 
@@ -160,6 +162,42 @@ def test_killed_and_resumed_in_memory_gives_the_same_results(name, tmp_path):
         assert comparable(jsonable(got[p])) == comparable(jsonable(ref[p])), \
             f"{name}: party {p} differs after a kill of {victim} at step {at} and a resume"
     same_parts(name, models, ref_models)
+
+
+# ------------------------------------------------ every PSI backend
+def aligning() -> list[str]:
+    """The algorithms that align their rows by PSI: those with a ``psi_backend`` setting."""
+    return [n for n in registry.names() if registry.get_algorithm(n).settings is not None
+            and "psi_backend" in known_keys(registry.get_algorithm(n).settings)]
+
+
+_AUTO: dict[str, dict] = {}   # name -> its smoke run with psi_backend "auto", in memory (once per session)
+
+
+def _smoke_in_memory(name: str, backend: str) -> dict:
+    fed = smoke_federation(name)
+    return run_inmemory(registry.get_algorithm(name), [(p.name, p.role) for p in fed.parties],
+                        {**fed.algorithm_cfg(), "psi_backend": backend}, seed=fed.seed, run_id=RUN_ID, timeout=120)
+
+
+@pytest.mark.federation
+@pytest.mark.parametrize("backend", psi.BACKENDS)
+@pytest.mark.parametrize("name", aligning())
+def test_every_psi_backend_aligns_to_the_same_results(name, backend):
+    """Issue 49: every vertical algorithm takes ``psi_backend``; each backend gives the results of the
+    default ("auto", which at smoke sizes chooses ecdh) but for what measures the run, and every party
+    that aligned records the backend in force."""
+    if name not in _AUTO:
+        _AUTO[name] = _smoke_in_memory(name, "auto")
+    ref = _AUTO[name]
+    got = _smoke_in_memory(name, backend)
+    used = {p: r["psi_backend"] for p, r in got.items() if isinstance(r, dict) and "psi_backend" in r}
+    assert used and set(used.values()) == {backend}, used
+    auto = {r["psi_backend"] for r in ref.values() if isinstance(r, dict) and "psi_backend" in r}
+    assert len(auto) == 1 and auto <= set(psi.AUTO_BACKENDS), auto
+    for p in got:
+        want = {k: v for k, v in comparable(jsonable(ref[p])).items() if k != "psi_backend"}
+        assert {k: v for k, v in comparable(jsonable(got[p])).items() if k != "psi_backend"} == want, (name, backend, p)
 
 
 # ------------------------------------------------ a new algorithm: a package, an entry point, a preset

@@ -1,5 +1,5 @@
 """What the benchmark scripts compute from their runs: extrapolated bytes on
-the wire (he_vs_plain), the CHFL tables' grouping of finished runs, and that the
+the wire (he_vs_plain), auto's ECDH/RR22 crossing (psi_speed), the CHFL tables' grouping of finished runs, and that the
 CHFL tables' runs (the federated roles in memory) give ``chfl.experiments.sweep``'s numbers."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import chfl_tables
 from benchmarks import he_vs_plain
+from benchmarks import psi_speed
 
 from fedhet.algorithms import chfl, he_split
 from fedhet.algorithms.chfl.experiments import sweep
@@ -100,3 +101,15 @@ def test_chfl_tables_runs_the_roles_and_matches_the_in_process_sweep():
     assert got["n_common"] == ref["n_common"] and got["n_unique"] == ref["n_unique"]
     with pytest.raises(ValueError, match="mu_grid"):
         chfl_tables.sweep_roles(table, **{**kw, "mu_grid": [0.0]})
+
+
+@pytest.mark.unit
+def test_psi_speed_crossing_is_where_rr22_wins_at_every_larger_size():
+    def rows(times):
+        return [{"log2n": e, "backend": b, "with_start_s": t} for e, pair in times.items()
+                for b, t in zip(("ecdh", "rr22"), pair)]
+
+    assert psi_speed.crossing(rows({8: (0.1, 0.9), 10: (0.5, 0.9), 12: (2.0, 1.0), 14: (8.0, 1.5)})) == 1 << 12
+    # a loss at 2^12 after a win at 2^10 (noise): the crossing is where the wins hold from on
+    assert psi_speed.crossing(rows({8: (0.1, 0.9), 10: (1.0, 0.9), 12: (1.5, 1.6), 14: (8.0, 1.5)})) == 1 << 14
+    assert psi_speed.crossing(rows({8: (0.1, 0.9), 10: (0.2, 0.9)})) is None

@@ -234,6 +234,23 @@ def test_many_parties_without_hosts_get_host_processes_and_the_launcher_says_so(
 
 
 @pytest.mark.unit
+def test_the_one_party_of_its_role_among_many_gets_a_process_of_its_own():
+    """A server of 1,000 clients shared one interpreter lock with ~125 of them in a host, while its
+    work grows with all of them.  The launcher's default now runs such a hub alone."""
+    from fedhet.parties.ops.launcher import default_hosts
+
+    parties = ([{"name": "server", "role": "server", "endpoint": "tcp://127.0.0.1:0"}]
+               + [{"name": f"c{i}", "role": "client", "endpoint": "tcp://127.0.0.1:0"} for i in range(1000)])
+    fed = from_dict({"federation": {}, "algorithm": {"name": "x"}, "party": parties})
+    out, why = default_hosts(fed)
+    groups = out.host_groups()
+    assert len(groups) == out.hosts == 8 and sum(map(len, groups.values())) == 1000
+    assert all("server" not in ns for ns in groups.values()) and "server in a process of its own" in why
+    two = from_dict({"federation": {}, "algorithm": {"name": "x"}, "party": parties[:3]})
+    assert default_hosts(two)[0] is two   # few parties: a process each, no hub rule needed
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("change, msg", [
     ({"federation": {"hosts": -1}}, r"\[federation\]: hosts must be >= 0, got -1"),
     ({"federation": {"host_threads": "1"}}, r"\[federation\]: host_threads must be an integer, got '1'"),

@@ -172,6 +172,17 @@ def test_describe_keeps_algorithm_in_its_title(console, capsys):
     out = flat(capsys.readouterr().out)
     assert "[algorithm] settings of stfl" in out
     assert "[[party]] data" in out  # a setting's own doc text keeps its brackets too
+    # issue 49: which PSI backend the preset runs, and why
+    assert 'PSI (psi_backend, the default): psi_backend = "auto": the label owner picks' in out
+
+
+def test_describe_names_the_psi_backend_a_preset_sets():
+    rows = [{"key": "psi_backend", "default": "auto"}, {"key": "predict_psi_backend", "default": "auto"},
+            {"key": "seed", "default": 0}]
+    got = cli.psi_backend_lines(rows, {"psi_backend": "rr22"})
+    assert len(got) == 2 and got[0].startswith('PSI (psi_backend, set by this preset): psi_backend = "rr22" at every size')
+    assert got[1].startswith('PSI (predict_psi_backend, the default): predict_psi_backend = "auto"')
+    assert cli.psi_backend_lines(rows[2:], None) == []
 
 
 # ------------------------------------------------------------------------ item 12: hints

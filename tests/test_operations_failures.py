@@ -70,6 +70,29 @@ def test_a_party_without_its_device_stops_its_peers_with_a_notice_naming_it(tmp_
         assert "CUDA" in r["error"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_a_party_that_fails_before_its_peers_are_up_still_stops_them(tmp_path):
+    """Under load the peers started by hand came up after the failed party's 2 s linger: its notice was
+    lost and they waited for it instead of naming it.  Here the peers start only once it has failed:
+    the notice waits for a peer it never reached, and every peer names it."""
+    import time
+
+    fed = load(presets.path("demo"))
+    fed = replace(fed, timeout=180.0, parties=[replace(p, device="cuda") if p.name == "client1" else p
+                                               for p in fed.parties])
+    resolved, fed_file, run_dir, procs = by_hand(tmp_path, fed, names={"client1"})
+    deadline = time.monotonic() + HANG_GUARD
+    while not (run_dir / "parties" / "client1" / "error.json").exists():   # it failed, and lingers
+        assert time.monotonic() < deadline, "client1 never failed"
+        time.sleep(0.05)
+    procs.update({n: start(fed_file, n, run_dir, resolved.run_id) for n in ("server", "client2", "client3")})
+    codes = wait_all(procs, resolved)
+    assert all(c != 0 for c in codes.values()), codes
+    for n in ("server", "client2", "client3"):
+        r = record(run_dir, n)
+        assert r["cause"] == "peer_abort" and r["culprit"] == "client1", r
+
+
 def test_a_second_start_of_a_running_party_is_refused_and_leaves_the_first_alone(tmp_path):
     fed = replace(load(presets.path("demo")), timeout=180.0)
     resolved, fed_file, run_dir, procs = by_hand(tmp_path, fed, names={"server"})

@@ -33,6 +33,7 @@ from fedhet.parties.audit import audit
 from fedhet.parties.federation import Federation
 from fedhet.parties.inmemory import FederationFailed, run_inmemory
 from fedhet.parties.ops.launcher import launch
+from fedhet.protocols import psi
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -181,6 +182,24 @@ def test_in_memory_predictions_equal_plaintext_scoring_of_the_exported_parts(tra
     results = trained.in_memory(out)
     check_predictions(trained, out)
     check_missing(trained, out, results)
+    if isinstance(trained.layout, Vertical):   # "auto" at 40 rows: the label party chose ecdh, all followed
+        assert {r["psi_backend"] for n, r in results.items() if n in trained.scoring()} == {psi.choose_backend(N_ROWS)}
+
+
+def vertical() -> list[str]:
+    return [n for n in predicting() if isinstance(job_layout(n), Vertical)]
+
+
+@pytest.mark.parametrize("backend", ["kkrt", "rr22"])   # "auto" (ecdh at these sizes): the test above
+@pytest.mark.parametrize("trained", vertical(), indirect=True)
+def test_every_psi_backend_aligns_the_new_rows_to_the_same_predictions(trained, backend, tmp_path):
+    """Issue 49: ``predict_psi_backend`` picks the PSI that aligns the new rows; every backend gives the
+    plaintext's predictions and missing rows, and each aligning party records the backend in force."""
+    out = tmp_path / "pred"
+    results = trained.in_memory(out, predict_psi_backend=backend)
+    check_predictions(trained, out)
+    check_missing(trained, out, results)
+    assert {r["psi_backend"] for n, r in results.items() if n in trained.scoring()} == {backend}
 
 
 @pytest.mark.processes
@@ -293,6 +312,13 @@ def test_the_job_federation_names_the_job_and_its_folders_and_can_be_run_again(t
     assert job.algorithm["trained_run"] == str((tmp_path / "run").resolve())
     again = job_federation(job, tmp_path / "run", tmp_path / "pred2")   # a job's own federation file, reused
     assert again.algorithm == {**job.algorithm, "predictions_out": str((tmp_path / "pred2").resolve())}
+    # a job's federation file may choose its PSI (issue 49): the key carries over, the folders do not
+    chosen = replace(job, algorithm={**job.algorithm, "predict_psi_backend": "rr22", "predictions_out": "elsewhere"})
+    again = job_federation(chosen, tmp_path / "run", tmp_path / "pred3")
+    assert again.algorithm["predict_psi_backend"] == "rr22"
+    assert again.algorithm["predictions_out"] == str((tmp_path / "pred3").resolve())
+    assert registry.get_algorithm("stfl.predict").parse({k: v for k, v in again.algorithm.items()
+                                                         if k != "name"}).job.predict_psi_backend == "rr22"
     with pytest.raises(ValueError, match="not a run folder"):
         job_federation(fed, tmp_path / "nowhere", tmp_path / "pred")
     with pytest.raises(ValueError, match=r"sets \['trained_run'\]"):

@@ -14,6 +14,7 @@ from fedhet.parties import declare as decl
 from fedhet.parties.api import PeerTimeout, ProtocolMismatch
 from fedhet.parties.inmemory import FederationFailed, InMemoryHub, run_inmemory
 from fedhet.protocols import psi
+from fedhet.protocols.psi import common as psi_common
 
 from psi_oracle import (CASES, check_result, intersection_tests, leaks, psi_job_as_processes, psi_runner, scan_a_run,
                         unkeyed_hashes)
@@ -307,7 +308,7 @@ def test_backend_switch_refuses_an_unknown_backend_and_both_backends_agree():
                             data={"lo": [5, "a", 9, 3, b"x"], "f0": [b"x", 3, "a", 4]}, timeout=30.0)
 
     e, k, r = run("ecdh"), run("kkrt"), run("rr22")
-    assert k["lo"].stats["backend"] == "kkrt" and "backend" not in e["lo"].stats
+    assert k["lo"].stats["backend"] == "kkrt" and e["lo"].stats["backend"] == e["f0"].stats["backend"] == "ecdh"
     assert [x.ids for x in e.values()] == [x.ids for x in k.values()] == [x.ids for x in r.values()] == [[3, b"x", "a"]] * 2
     for res in (e, k, r):   # every timing in the project's one convention, <phase>_s (what the report reads)
         for side in res.values():
@@ -315,7 +316,7 @@ def test_backend_switch_refuses_an_unknown_backend_and_both_backends_agree():
 
 
 @pytest.mark.parametrize("lo_backend,f_backend", [("kkrt", "ecdh"), ("rr22", "ecdh"), ("ecdh", "rr22"),
-                                                  ("kkrt", "rr22")])
+                                                  ("kkrt", "rr22"), ("kkrt", "auto"), ("auto", "kkrt")])
 def test_a_backend_mismatch_through_the_api_fails_at_once_naming_both(lo_backend, f_backend):
     """Issue 43, item 9: a label owner on one backend and a feature party on another, through the Python
     API (no federation file, so no fingerprint): each side used to wait out its timeout and call the
@@ -331,6 +332,49 @@ def test_a_backend_mismatch_through_the_api_fails_at_once_naming_both(lo_backend
                      data={"lo": [1, 2, 3], "f0": [2, 3, 4]}, timeout=3600.0, clock="virtual")
     err = e.value.failures["f0"]
     assert isinstance(err, ProtocolMismatch), err
-    assert f"PSI backend {f_backend!r}" in str(err) and repr(lo_backend) in str(err)
+    lo_sent = psi.choose_backend(3) if lo_backend == "auto" else lo_backend   # the backend its first message names
+    assert f"PSI backend {f_backend!r}" in str(err) or "PSI backend 'auto (ecdh or rr22)'" in str(err), err
+    assert repr(lo_sent) in str(err)
     assert e.value.verdict["party"] is None
     assert not any(isinstance(x, PeerTimeout) for x in e.value.failures.values()), e.value.failures
+
+
+@pytest.mark.parametrize("f_backend", ["auto", "ecdh", "rr22"])
+def test_auto_lets_the_label_owner_choose_by_its_size_and_the_feature_parties_follow(f_backend, monkeypatch):
+    """Issue 49: ``backend="auto"``: the label owner runs rr22 from AUTO_RR22_FROM IDs (lowered here to keep
+    the sets small), ecdh below; its first message names the choice and a feature party on ``"auto"``
+    runs the same; one that named a backend explicitly runs with an "auto" label owner when they agree
+    (and fails at once naming both when not).  Every party ends with Python's intersection and records
+    the backend in force."""
+    monkeypatch.setattr(psi_common, "AUTO_RR22_FROM", 12)
+    assert [psi.choose_backend(n) for n in (0, 11, 12, psi_common.RR22_MAX_ITEMS, psi_common.RR22_MAX_ITEMS + 1)] \
+        == ["ecdh", "ecdh", "rr22", "rr22", "ecdh"]
+    algo = types.SimpleNamespace(NAME="psi_auto_test", load_data=None, ROLES={
+        "label_owner": lambda party, cfg, ids: psi.psi_label_owner(
+            party, ids, party.peers_with_role("feature"), workers=0, backend="auto"),
+        "feature": lambda party, cfg, ids: psi.psi_feature_party(party, ids, "lo", workers=0, backend=f_backend)})
+    for lo_ids, want in ((list(range(5)), "ecdh"), (list(range(30)), "rr22")):
+        feats = [[3, 4, 1, 99, 2], list(range(2, 40, 3))]
+        if f_backend not in ("auto", want):
+            with pytest.raises(FederationFailed) as e:
+                run_inmemory(algo, [("lo", "label_owner"), ("f0", "feature"), ("f1", "feature")], cfg={},
+                             data={"lo": lo_ids, "f0": feats[0], "f1": feats[1]}, timeout=3600.0, clock="virtual")
+            assert isinstance(e.value.failures["f0"], ProtocolMismatch) and repr(want) in str(e.value.failures["f0"])
+            continue
+        res = run_inmemory(algo, [("lo", "label_owner"), ("f0", "feature"), ("f1", "feature")], cfg={},
+                           data={"lo": lo_ids, "f0": feats[0], "f1": feats[1]}, timeout=60.0)
+        check_result(res, lo_ids, feats)
+        assert {r.stats["backend"] for r in res.values()} == {want}
+        assert res["lo"].stats["backend_setting"] == "auto"
+        assert ("backend_setting" in res["f0"].stats) == (f_backend == "auto")
+
+
+def test_auto_declares_the_kinds_of_both_backends_it_may_choose_and_describes_itself():
+    kinds = {d.kind for d in psi.declarations("lo", "f", backend="auto")}
+    assert kinds == {d.kind for d in psi.declarations("lo", "f", backend="ecdh")} | \
+        {d.kind for d in psi.declarations("lo", "f", backend="rr22")}
+    assert not kinds & {d.kind for d in psi.declarations("lo", "f", backend="kkrt")}
+    assert str(psi.AUTO_RR22_FROM) in psi.describe_backend("auto")
+    assert "rr22" in psi.describe_backend("rr22") and "every size" in psi.describe_backend("ecdh")
+    with pytest.raises(ValueError, match="'fast'"):
+        psi.describe_backend("fast")

@@ -454,3 +454,59 @@ def test_psi_job_in_memory_three_parties_rr22():
 def test_psi_job_rr22_runs_as_processes_and_passes_the_audit(tmp_path):
     rep = psi_job_as_processes(tmp_path / "run", {"n": 500, "psi_backend": "rr22", "workers": 0}, RR22_KINDS)
     assert not {row["kind"] for row in rep.table} & {psi.Kind.KKRT_U, psi.Kind.BLIND_L}
+
+
+# ------------------------------------------------------------ the ID digests (issue 49)
+@pytest.mark.unit
+def test_id_digests_are_aes_cbc_mac_of_the_length_prepended_encoding():
+    """The keyed PRF of the IDs equals AES-128-CBC (zero IV, last block) of len (8 bytes LE) || M || zero
+    padding, computed by OpenSSL one message at a time, at every block boundary; strings that differ only
+    in trailing zero bytes (the padding) get different values; the key changes every value."""
+    from fedhet.crypto import id_prf
+
+    rng = np.random.default_rng(49)
+    key = bytes(rng.integers(0, 256, 16, dtype=np.uint8))
+
+    def reference(m: bytes, k: bytes = key) -> bytes:
+        data = len(m).to_bytes(8, "little") + m
+        data += bytes(-len(data) % 16)
+        enc = Cipher(algorithms.AES(k), modes.CBC(bytes(16))).encryptor()
+        return (enc.update(data) + enc.finalize())[-16:]
+
+    msgs = [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in list(range(0, 60)) + [1000]]
+    msgs += [b"", b"\0", b"\0\0", b"a", b"a\0"]
+    got = id_prf.cbc_mac_many(key, msgs)
+    assert got.shape == (len(msgs), 16) and got.dtype == np.uint8
+    assert [bytes(r) for r in got] == [reference(m) for m in msgs]
+    assert len({bytes(r) for r in got[-5:]}) == 5
+    other = id_prf.cbc_mac_many(bytes(16), msgs)
+    assert not (other == got).all(axis=1).any()
+    assert id_prf.cbc_mac_many(key, []).shape == (0, 16)
+    # one long ID among short ones: packed from the joined bytes instead of a fixed-width copy
+    mixed = msgs[:10] + [bytes(rng.integers(0, 256, 3 << 20, dtype=np.uint8))]
+    assert [bytes(r) for r in id_prf.cbc_mac_many(key, mixed)] == [reference(m) for m in mixed]
+    with pytest.raises(ValueError, match="16-byte key"):
+        id_prf.cbc_mac_many(b"short", msgs)
+
+
+@pytest.mark.parametrize("f_backend", ["rr22", "auto"])
+def test_a_version_1_label_owner_is_named_at_once(f_backend):
+    """RR22 version 2 digests IDs under the setup's key dk: a label owner of version 1 (SHA-256 digests, no
+    dk) would find no common ID without an error, so its first message fails the feature party at once,
+    naming both versions, and nobody is blamed."""
+    from fedhet.parties.api import ProtocolMismatch
+    import types
+
+    def lo(party, cfg, ids):
+        party.send("f0", psi.Kind.RR22_SETUP, {"v": 1, "reveal": True, "ctx": b"", "A": bytes(32)})
+
+    algo = types.SimpleNamespace(NAME="psi_rr22_v1", load_data=None, ROLES={
+        "label_owner": lo,
+        "feature": lambda party, cfg, ids: psi.psi_feature_party(party, ids, "lo", backend=f_backend)})
+    with pytest.raises(FederationFailed) as e:
+        run_inmemory(algo, [("lo", "label_owner"), ("f0", "feature")], cfg={}, data={"lo": [1], "f0": [1, 2]},
+                     timeout=3600.0, clock="virtual")
+    err = e.value.failures["f0"]
+    assert isinstance(err, ProtocolMismatch), err
+    assert f"PSI (rr22) version {psi_common.RR22_VERSION!r}" in str(err) and "'lo' has 1" in str(err)
+    assert e.value.verdict["party"] is None

@@ -748,3 +748,27 @@ def test_a_resume_offer_is_honoured_only_from_a_party_whose_connections_broke(di
             ctx.destroy(linger=0)
         client._transport_close(linger_s=0)
         server._transport_close(linger_s=0)
+
+
+def test_a_party_of_its_own_dials_more_peers_than_libzmqs_default_socket_limit():
+    """A server of 500 clients started as a process of its own (the launcher's hub placement, or by
+    hand) failed with "Too many open files": its own context kept libzmq's default of 1,023 sockets,
+    and each dialled peer takes a DEALER and its monitor.  Its context now has the OS's limit."""
+    from fedhet.parties.runtime import raise_open_file_limit
+
+    if raise_open_file_limit() < 4096:
+        pytest.skip("needs 4,096 descriptors (the soft limit could not be raised)")
+    n = 600
+    roles = {"server": "server", **{f"c{i}": "client" for i in range(n)}}
+    keys = {name: zmq.curve_keypair() for name in roles}
+    eps = {name: f"tcp://127.0.0.1:{free_port()}" for name in roles}
+    quiet = logging.getLogger("fedhet.test.sockets")
+    quiet.setLevel(logging.CRITICAL)
+    server = ZmqParty("server", roles, eps, public_keys={k: v[0] for k, v in keys.items()},
+                      secret_key=keys["server"][1], run_id=RUN, timeout=30, logger=quiet)
+    try:
+        for i in range(n):   # each first message dials: nobody listens, the messages wait in their pipes
+            server.send(f"c{i}", "k", i)
+        assert len(server.dealers) == n
+    finally:
+        server._transport_close(linger_s=0)

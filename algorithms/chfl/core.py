@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.chfl.models import HIDDEN, MLPColumn, UniqueColumn, common_to_flat, flat_to_common
+from fedhet.algorithms.dp_sgd import DPStep, module_clipped_grads, poisson_batch
 from fedhet.algorithms.toolkit import Scaler, derive_seed, seeded, shuffled_batches
 
 
@@ -139,6 +140,7 @@ class CHFLClient(_Trainer):
         self.opt_common = _adam(self.common.parameters(), self.lr)
         self.opt_heads = [_adam(h.parameters(), self.lr) for h in self.heads]
         self.gen = torch.Generator().manual_seed(derive_seed(seed, index, "batches"))
+        self.dp: tuple[DPStep, torch.Generator] | None = None  # record-level DP-SGD of step 1 (roles set it)
 
     @property
     def n_train(self) -> int:
@@ -156,24 +158,25 @@ class CHFLClient(_Trainer):
         flat_to_common(self.common, vec)
 
     def train_round(self, epochs: int = 5, batch_size: int = 64) -> dict:
-        """E local epochs of Algorithm 2 (lines 11-18). Returns mean losses."""
+        """E local epochs of Algorithm 2 (lines 11-18). Returns mean losses.
+
+        With ``self.dp`` (a :class:`~fedhet.algorithms.dp_sgd.DPStep` and the private noise generator), step 1
+        -- the only one whose result leaves the client -- is DP-SGD: Poisson-sampled batches (rate
+        ``sampling_rate``, ``ceil(n / batch_size)`` per epoch), per-sample gradients clipped, Gaussian noise,
+        then Adam on the noised gradient; step 2 (local only) trains on the same batch as usual."""
         if self.reset_common_optim:
             self.opt_common = _adam(self.common.parameters(), self.lr)
         d = self.data
         xc, xu, y = d.xc["train"], d.xu["train"], d.y["train"]
         lc, lh, nb = 0.0, [0.0] * len(self.heads), 0
         for _ in range(int(epochs)):
-            for idx in shuffled_batches(d.n_train, int(batch_size), self.gen):
+            for idx in self._batches(d.n_train, int(batch_size)):
                 idx = idx.to(y.device)
                 bc, bu, by = xc[idx], xu[idx], y[idx]
                 # step 1: the common column alone (line 14)
-                loss_c = F.cross_entropy(self.common(bc), by)
-                self.opt_common.zero_grad(set_to_none=True)
-                loss_c.backward()
-                self.opt_common.step()
-                lc += float(loss_c.detach())
+                lc += self._common_step(bc, by, d.n_train)
                 nb += 1
-                if not self.heads:
+                if not self.heads or len(idx) == 0:
                     continue
                 # step 2: theta_c fixed; unique column + laterals, whole-net loss (15-16)
                 with torch.no_grad():
@@ -186,6 +189,30 @@ class CHFLClient(_Trainer):
                     lh[j] += float(loss.detach())
         nb = max(nb, 1)
         return {"loss_common": lc / nb, "loss_heads": [v / nb for v in lh]}
+
+    def _batches(self, n: int, batch_size: int) -> Iterable[torch.Tensor]:
+        if self.dp is None:
+            return shuffled_batches(n, batch_size, self.gen)
+        step, gen = self.dp
+        return [poisson_batch(n, step.sampling_rate, gen) for _ in range(math.ceil(n / batch_size))]
+
+    def _common_step(self, bc: torch.Tensor, by: torch.Tensor, n: int) -> float:
+        """One Adam step of the common column (a DP-SGD gradient with ``self.dp``); returns the batch loss."""
+        self.opt_common.zero_grad(set_to_none=True)
+        if self.dp is None:
+            loss_c = F.cross_entropy(self.common(bc), by)
+            loss_c.backward()
+            self.opt_common.step()
+            return float(loss_c.detach())
+        step, gen = self.dp
+        g = module_clipped_grads(self.common, F.cross_entropy, bc, by, step.clip)
+        for k, p in self.common.named_parameters():
+            noise = torch.normal(0.0, step.noise_multiplier * step.clip, size=p.shape, generator=gen,
+                                 dtype=p.dtype).to(p.device)
+            p.grad = (g[k] + noise) / (step.sampling_rate * n)
+        self.opt_common.step()
+        with torch.no_grad():
+            return float(F.cross_entropy(self.common(bc), by)) if len(bc) else 0.0
 
     @torch.no_grad()
     def evaluate(self, part: str) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fedhet.algorithms.chfl.settings import AGGREGATION_DEFAULTS, Settings
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
-from fedhet.protocols import aggregation
+from fedhet.protocols import aggregation, dp_settings, secagg
 
 
 class Kind:
@@ -39,4 +39,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
                                        "theta": sch.ListOf(sch.Arr("<f4", ("P_c",)), length="G")}),
                    protects="derived")
     P = s.common_params
-    return [glob, result] + aggregation.declarations(P, P, s.agg, AGGREGATION_DEFAULTS)
+    updates = aggregation.declarations(P, P, s.agg, AGGREGATION_DEFAULTS)
+    # dp = "record": theta_c comes out of DP-SGD (the declaration says so; fedhet messages shows it)
+    updates = dp_settings.annotate(updates, s.dp, (aggregation.Kind.PLAIN, secagg.Kind.MASKED), "record")
+    return [glob, result] + updates

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.chfl import model
+from fedhet.algorithms.chfl import privacy
 from fedhet.algorithms.chfl.core import CHFLClient, ClientData, LocalClient, select_per_client
 from fedhet.algorithms.chfl.data import ClientRows, own_client_data
 from fedhet.algorithms.chfl.messages import Kind
@@ -267,6 +268,11 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     agg = aggregation.make_aggregator(s.agg, aggregation_defaults(s, data.n_clients))
     start, saved = party.restore()
     st = ClientState.restored(s, cd, data.index, saved)
+    ledger = privacy.record_ledger(s, cd.n_train, party.name) if s.dp.dp == "record" else None
+    if ledger is not None:
+        privacy.use_dp(st.federated, s, cd.n_train, ledger)
+        if "dp_rounds" in saved:
+            ledger.rounds, ledger.steps = list(saved["dp_rounds"]), int(saved["dp_steps"])
     for r in range(start, s.rounds + 1):
         party.round = r
         if s.method != "local":
@@ -277,10 +283,13 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
             st.report_round(party, s, r)
         if r == s.rounds:
             break
+        if ledger is not None:  # charged before the steps: the run stops rather than pass its budget
+            party.metric(dp_epsilon=ledger.charge(r))
         st.train(s, party.device)
         if s.method != "local":
             st.submit(party, s, agg, server_name, r, cd.n_train)
-        party.checkpoint(r + 1, st.state())
+        party.checkpoint(r + 1, {**st.state(), **({"dp_rounds": ledger.rounds, "dp_steps": ledger.steps}
+                                                  if ledger is not None else {})})
     if st.clipped_rounds and agg.method == "secure":
         party.log.warning("chfl: |theta_c| reached %.3g > secagg_clip %g in %d submissions: clipped",
                           st.max_abs, s.secagg_clip, st.clipped_rounds)
@@ -291,7 +300,8 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
             "n_val": int(cd.y["val"].shape[0]), "n_common": cd.d_common, "n_unique": cd.d_unique,
             "common_params": s.common_params if s.method != "local" else 0, "max_abs_common": st.max_abs,
             "clipped_submissions": st.clipped_rounds, "aggregation": agg.method if s.G else None,
-            "device": party.device, **traffic_totals(party)}
+            "device": party.device, **traffic_totals(party),
+            **({"privacy": ledger.as_dict()} if ledger is not None else {})}
 
 
 # ------------------------------------------------------------------------------ the server

@@ -14,6 +14,7 @@ from fedhet.algorithms.chfl.models import HIDDEN, column_params
 from fedhet.algorithms.partition import split_samples
 from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
+from fedhet.protocols.dp_settings import DPSettings
 
 NAME = "chfl"
 METHODS = ("chfl", "common", "local")
@@ -77,12 +78,18 @@ class Settings:
     return_weights: bool = setting(False, "the server returns the final common vector(s) (tests)")
     seed: int = setting(0, "splits the rows, seeds the models and batches", lo=0)
     agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
+    dp: DPSettings = setting(DPSettings(), flatten=True)   # record level: DP-SGD of the common column
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", self.dataset.strip().lower())
 
     def validate(self) -> None:
         """The checks that span keys (the parser has checked each key's type and range)."""
+        if self.dp.dp == "client":
+            raise ValueError("chfl: dp = 'client' is not offered; dp = 'record' runs DP-SGD on the common column")
+        if self.dp.dp == "record" and self.method == "local":
+            raise ValueError("chfl: dp = 'record' with method 'local': the Local baseline sends nothing to protect")
+        self.dp.check()
         if not self.common_ratio < 1:
             raise ValueError(f"chfl: common_ratio must be in (0, 1), got {self.common_ratio!r}")
         for key, values in (("mu", _distinct(self.mu)), ("lr", _distinct(self.lr))):

@@ -31,6 +31,10 @@ class Kind:
     RSS_PREFIX = "f3/rss"       # mpc: f3/rss/share (owner -> holder), f3/rss/key and f3/rss/round (holder <-> holder)
     MPC_LOGITS = "f3/mpc/logits"  # mpc: a holder's pair of a batch's logits, to the coordinator
     MPC_GRAD = "f3/mpc/grad"      # mpc: a holder's pair of the batch-summed dC and dW_1, to the coordinator
+    Y_PREFIX = "f3/y"             # shares: f3/y/share, the coordinator's replicated sharing of the one-hot labels
+    SHARES_HITS = "f3/shares/hits"            # shares: a holder's pair of a batch's count of correct predictions
+    SHARES_CONFUSION = "f3/shares/confusion"  # shares: a holder's pair of a split's summed confusion matrix
+    SHARES_MODEL = "f3/shares/model"          # shares, open_model only: a holder's pair of the trained weights
 
 
 def _op_schema(s: Settings) -> sch.Spec:
@@ -60,6 +64,40 @@ def _mpc_op_schema(s: Settings) -> sch.Spec:
         sch.Fields({"op": sch.Str(choices=("epoch",)), "checkpoint": sch.Int(lo=2)}),
         sch.Fields({"op": sch.Str(choices=("stop",))}),
     ))
+
+
+def _shares_op_schema(s: Settings) -> sch.Spec:
+    step = {"step": sch.Int(lo=0), "rows": sch.Arr("<u4", (None,), max_elems=1 << 24),
+            "A": sch.Arr("<f4", (None, None))}
+    return sch.OneOf((
+        sch.Fields({"op": sch.Str(choices=("train",)), **step}),
+        sch.Fields({"op": sch.Str(choices=("eval",)), **step}),
+        sch.Fields({"op": sch.Str(choices=("epoch",)), "checkpoint": sch.Int(lo=2), "best": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("final",)), "open": sch.Bool()}),
+        sch.Fields({"op": sch.Str(choices=("stop",))}),
+    ))
+
+
+def _shares_declarations(s: Settings, total: int, width: int | None, classes: int | None) -> list[MessageDecl]:
+    def pair(shape: tuple, max_elems: int) -> sch.Spec:
+        return sch.Fields({"step": sch.Int(lo=0), "a": sch.Arr("<u8", shape, max_elems=max_elems),
+                           "b": sch.Arr("<u8", shape, max_elems=max_elems)})
+    labels = rsh.declarations(Kind.Y_PREFIX, COORDINATOR, HOLDER, (total, classes))[0]
+    return [*rsh.declarations(Kind.RSS_PREFIX, OWNER, HOLDER, (total, width)), labels,
+            declare(Kind.SHARES_HITS, HOLDER, COORDINATOR, "shares: a holder's pair of ONE number per training batch, "
+                    "the count of its samples whose true class has the largest logit (uint64, an integer): nothing per "
+                    "sample, nothing per owner", payload=pair((1,), 1), protects="derived"),
+            declare(Kind.SHARES_CONFUSION, HOLDER, COORDINATOR, "shares: a holder's pair of the confusion matrix "
+                    "(true x predicted class counts, 20 fractional bits) SUMMED over a whole validation or test split: "
+                    "what the macro F1 needs, nothing per sample or per owner",
+                    payload=pair((classes, classes), 1 << 16), protects="derived"),
+            *([declare(Kind.SHARES_MODEL, HOLDER, COORDINATOR, "shares, open_model = true only: a holder's pair of "
+                       "the trained weights (P, W_0, W_1 flattened, 20 fractional bits), once at the end",
+                       payload=pair((None,), 1 << 26), protects="derived")] if s.open_model else []),
+            declare(Kind.OP, COORDINATOR, HOLDER, "shares: one step on shares: train (the batch's rows and the public "
+                    "Â float32) or eval (a split's rows), the end of a global epoch (its checkpoint step; whether its "
+                    "model is the best so far), the final model (opened or not), or stop; no model value",
+                    payload=_shares_op_schema(s), protects="control")]
 
 
 def _mpc_declarations(s: Settings, total: int, width: int | None) -> list[MessageDecl]:
@@ -109,6 +147,9 @@ def declarations(s: Settings) -> list[MessageDecl]:
                         payload=sch.Fields({"h": sch.Arr("<f8", (total, width))}), protects="derived")]
     if s.fusion == "mpc":
         return [labels, *_epoch_declarations(), *_mpc_declarations(s, total, width)]
+    if s.fusion == "shares":
+        classes = None if s.dataset == "vowels" else 2   # vowels: 9 or more (the labels say)
+        return [labels, *_epoch_declarations(), *_shares_declarations(s, total, width, classes)]
     share_decl, _ = ss.declarations(Kind.SHARE_PREFIX, OWNER, HOLDER, COORDINATOR,
                                     share_shape=(total, width))
     results = [ss.declarations(prefix, OWNER, HOLDER, COORDINATOR, result_shape=shape)[1]

@@ -45,6 +45,15 @@ REP = "f3/predict_rep"               # trusted: an owner's h of the common rows 
 PREDICTIONS = "f3/predictions"       # coordinator -> first owner: the class probabilities
 
 
+def _not_on_shares(s: Settings) -> None:
+    """fusion "shares" keeps the trained model on the holders' shares, which a prediction job does not have yet."""
+    if s.fusion == "shares":
+        from fedhet.parties.settings import SettingsError
+        raise SettingsError("f3: fedhet predict is not offered with fusion = 'shares' yet (the model stays shared "
+                            "among the training run's holders, which save no part); train with open_model = true "
+                            "and predict from the opened coordinator part under fusion 'trusted' or 'mpc'")
+
+
 def _h(data: PartData, rows: Rows) -> np.ndarray:
     if data.part is None:
         raise PartyError("f3: no trained part loaded")
@@ -52,6 +61,7 @@ def _h(data: PartData, rows: Rows) -> np.ndarray:
 
 
 def _upload(party: PartyLike, s: Settings, h: np.ndarray) -> None:
+    _not_on_shares(s)
     if s.fusion == "mpc":
         rsh.share_to_holders(party, rs.encode(h, mpc.H_BITS, "h").view(np.uint64), party.peers_with_role(HOLDER),
                              RSS_PREFIX + "/share", mpc.H_BITS)
@@ -85,6 +95,7 @@ def probabilities(module: Any, meta: Mapping[str, Any], rows: Rows, received: di
 def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
     """Eq. (8) with the coordinator's part on every owner's h of the common rows (shamir: the first layer
     from the holders, a batch of at most MAX_BATCH rows per request); the probabilities to the first owner."""
+    _not_on_shares(s)
     if data.part is None:
         raise PartyError("f3: the coordinator has no trained part loaded")
     scorer, meta = data.module, data.part.meta
@@ -120,6 +131,7 @@ def coordinator(party: PartyLike, s: Settings, data: PartData) -> dict:
 
 def holder(party: PartyLike, s: Settings, data: PartData) -> dict:
     """The first layer on this holder's shares of the owners' new h, one forward request at a time."""
+    _not_on_shares(s)
     if s.fusion == "trusted":
         return {"role": HOLDER, "steps": 0}
     order = role_members(party, OWNER)
@@ -190,6 +202,8 @@ def declarations(s: Settings) -> list[MessageDecl]:
         return out + [declare(REP, OWNER, COORDINATOR, "trusted fusion: an owner's representations h of the common "
                               "new rows IN THE CLEAR (as training's f3/rep); float32 (n_common, d_i)",
                               payload=sch.Fields({"h": sch.Arr("<f4", (None, width))}), protects="derived")]
+    if s.fusion == "shares":      # not offered (_not_on_shares): the common messages only
+        return out
     train = {d.kind: d for d in training_declarations(s)}
     if s.fusion == "mpc":
         return out + [*rsh.declarations(RSS_PREFIX, OWNER, HOLDER, (None, width)), train[Kind.OP],

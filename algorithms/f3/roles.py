@@ -57,7 +57,7 @@ from fedhet.algorithms.toolkit import Phases, role_members, traffic_totals
 from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.settings import SettingsError
-from fedhet.algorithms.f3 import mpc
+from fedhet.algorithms.f3 import mpc, shares_roles
 from fedhet.protocols import replicated as rs
 from fedhet.protocols import replicated_share as rsh
 from fedhet.protocols import shamir_share as ss
@@ -128,7 +128,7 @@ def _pretrain_and_upload(party: PartyLike, s: Settings, data: dict, order: list[
 def upload_representations(party: PartyLike, s: Settings, reps: np.ndarray, coord: str) -> None:
     """Algorithm 1 line 5 at an owner: its h for every sample as replicated shares to the three holders (fusion
     "mpc"), t-of-m Shamir shares to the holders ("shamir_linear") or in the clear to the coordinator ("trusted")."""
-    if s.fusion == "mpc":
+    if s.fusion in ("mpc", "shares"):
         rsh.share_to_holders(party, rs.encode(reps, mpc.H_BITS, "h").view(np.uint64), party.peers_with_role(HOLDER),
                              Kind.RSS_PREFIX + "/share", mpc.H_BITS)
     elif s.fusion != "trusted":
@@ -181,6 +181,8 @@ def holder(party: PartyLike, s: Settings, data: dict) -> dict:
     coord = party.peer_with_role(COORDINATOR)
     total = sum(n_rows(s))
     widths = owner_widths(s, len(order))
+    if s.fusion == "shares":
+        return shares_roles.holder(party, s, order, total, widths)
     state = holder_state(party, s, order, total, widths)
     ops: ShamirHolderOps | MpcHolderOps
     if s.fusion == "mpc":
@@ -204,7 +206,7 @@ def holder_state(party: PartyLike, s: Settings, order: list[str], total: int, wi
 def receive_holder_shares(party: PartyLike, s: Settings, order: list[str], total: int, widths: list[int]) -> list:
     """Algorithm 1 line 5 at a holder: its shares of every owner's h, checked against the settings' shapes, as a
     checkpoint keeps them."""
-    if s.fusion == "mpc":
+    if s.fusion in ("mpc", "shares"):
         got = rsh.receive_shares(party, order, Kind.RSS_PREFIX + "/share", {o: (total, w) for o, w in zip(order, widths)},
                                  mpc.H_BITS)
         return [{"a": got[o].a, "b": got[o].b} for o in order]
@@ -481,6 +483,8 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
     order = role_members(party, OWNER)
     widths = owner_widths(s, len(order))
     check_alignable(s, widths)
+    if s.fusion == "shares":
+        return shares_roles.coordinator(party, s, data, order, widths)
     state = coordinator_state(party, s, order, widths)
     n_classes = class_count(s, state.y)
     gcfg = global_config(s, party.device)

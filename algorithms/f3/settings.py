@@ -29,8 +29,13 @@ class Settings:
     split_seed: int = setting(123, "seed of the train/validation split (traffic: the reference 70/10/20)", lo=0)
     val_fraction: float = setting(0.2, "vowels: part of the TRAIN file held out for validation", lo=0, hi=1,
                                   lo_open=True)
-    fusion: Literal["mpc", "shamir_linear", "trusted", "shamir"] = setting(
-        "shamir_linear", "mpc: representations secret-shared (2-of-3 replicated) to three holders, which compute the "
+    fusion: Literal["shares", "mpc", "shamir_linear", "trusted", "shamir"] = setting(
+        "shamir_linear", "shares: the model trained on 2-of-3 replicated shares end to end (the owners' h, the labels "
+                         "the coordinator shares, every weight and the SGD-with-momentum update; algorithms/f3/shares.py): "
+                         "the coordinator opens per batch only the number of correct predictions, per evaluation a "
+                         "confusion matrix summed over the split, and the model only if open_model; named for what "
+                         "stays on shares (everything), beside mpc, which opens per-sample logits and per-owner "
+                         "gradients; mpc: representations secret-shared (2-of-3 replicated) to three holders, which compute the "
                          "first layer, ReLU and pooling on shares; the coordinator receives only pooled vectors and "
                          "batch-summed gradients; shamir_linear: Shamir-shared to the holders, which compute the "
                          "linear first layer only: the coordinator reconstructs it and RECOVERS the representations; "
@@ -61,6 +66,20 @@ class Settings:
     public_frac_bits: int = setting(14, "fractional bits of the public operands C_i and Â", lo=1, hi=30)
     grad_frac_bits: int = setting(18, "fractional bits of the public backward operands (batch x δ, E)", lo=1,
                                   hi=30)
+    optimizer: Literal["sgd", "lion"] = setting(
+        "lion", "fusion shares: the optimiser on shares: SGD with momentum (sgd_lr, momentum) or Lion (lion_lr; "
+               "betas 0.9 / 0.99: the update is lr times a sign, one comparison on shares, and per-coordinate "
+               "normalised like Adam, whose reciprocal square root of a value of unknown range is not offered)")
+    lion_lr: float = setting(1e-2, "fusion shares: Lion's learning rate", lo=0, lo_open=True)
+    sgd_lr: float = setting(0.5, "fusion shares, optimizer sgd: the learning rate (of the batch-mean loss; 0.5 matched Adam at lr 1e-2 on "
+                                    "f3_grid, but oscillated on Japanese Vowels: benchmarks/f3_shares.py)", lo=0, lo_open=True)
+    momentum: float = setting(0.9, "fusion shares: SGD momentum", lo=0, hi=0.999)
+    open_model: bool = setting(False, "fusion shares: open the trained weights to the coordinator at the end (false: "
+                                      "the model stays shared among the holders, and the coordinator saves no part)")
+    init_seed: int | None = setting(None, "fusion shares: None draws each holder's term of the initial weights from "
+                                          "the OS (no party knows them); an integer seeds every holder's term from it "
+                                          "(reproducible runs and tests: whoever knows it knows the initial weights)",
+                                    lo=0)
     seed: int = setting(0, "seeds the local models (seed + owner index) and the global model", lo=0)
     torch_threads: int = setting(1, "torch.set_num_threads (and numpy's BLAS threads) in every role (1: results do not depend on how the "
                                     "parties share a process; 0: leave torch's default)", lo=0)
@@ -70,12 +89,16 @@ class Settings:
             raise ValueError("f3: fusion 'shamir' is now called 'shamir_linear' (the holders compute the linear "
                              "first layer and the coordinator reconstructs it, which reveals the representations to "
                              "the coordinator); 'mpc' also computes ReLU and pooling on shares and hides them")
-        if self.fusion == "mpc" and self.graph not in ("given", "none"):
-            raise ValueError(f"f3: fusion 'mpc' needs a public fixed graph (graph 'given' or 'none'), got graph "
-                             f"{self.graph!r}: the learned graph's gradient is not computed on shares")
-        if self.fusion == "mpc" and self.t != 2:
-            raise ValueError(f"f3: fusion 'mpc' is 2-of-3 replicated sharing among exactly three holders: t must "
-                             f"be 2, got {self.t}")
+        if self.fusion == "shares" and self.align not in ("soft", "none"):
+            raise ValueError(f"f3: fusion 'shares' trains align 'soft' or 'none' on shares, got align {self.align!r}")
+        if self.fusion == "shares" and self.owner_hidden is not None and len(set(self.owner_hidden)) > 1:
+            raise ValueError("f3: fusion 'shares' needs every owner's width d_i equal (owner_hidden differs)")
+        if self.fusion in ("mpc", "shares") and self.graph not in ("given", "none"):
+            raise ValueError(f"f3: fusion {self.fusion!r} needs a public fixed graph (graph 'given' or 'none'), got "
+                             f"graph {self.graph!r}: the learned graph's gradient is not computed on shares")
+        if self.fusion in ("mpc", "shares") and self.t != 2:
+            raise ValueError(f"f3: fusion {self.fusion!r} is 2-of-3 replicated sharing among exactly three holders: "
+                             f"t must be 2, got {self.t}")
         if (self.speeds_file is None) != (self.labels_file is None):
             raise ValueError("f3: speeds_file and labels_file go together (real speeds need the user's labels)")
         if self.speeds_file is not None and self.dataset not in ("metr_la", "pems_bay"):

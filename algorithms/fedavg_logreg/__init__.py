@@ -5,7 +5,8 @@ McMahan et al.'s FedAvg with a logistic-regression model on scikit-learn's breas
 "secure"`` (the default; Bonawitz et al.'s secure aggregation, the server sees only masked
 vectors) or ``"plain"``.  Deterministic: the same seed gives bit-identical weights on every
 transport (secure aggregation's unmasked sum is exact in the ring and its quantisation
-deterministic).
+deterministic) -- except under differential privacy (``dp = "record"`` or ``"client"``, :mod:`.privacy`),
+whose noise comes from each party's operating system, never from the shared seed.
 """
 from __future__ import annotations
 

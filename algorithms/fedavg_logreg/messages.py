@@ -4,7 +4,9 @@ from __future__ import annotations
 from fedhet.algorithms.fedavg_logreg.settings import AGGREGATION_DEFAULTS, Settings
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
-from fedhet.protocols import aggregation
+from fedhet.protocols import aggregation, dp_settings
+from fedhet.protocols.aggregation import Kind as AggKind
+from fedhet.protocols.secagg import Kind as SecAggKind
 
 
 class Kind:
@@ -19,6 +21,8 @@ def sizes(s: Settings) -> dict[str, int]:
 def declarations(s: Settings) -> list[MessageDecl]:
     n = s.n_params
     updates = aggregation.declarations(n, n, s.agg, AGGREGATION_DEFAULTS)
+    # under DP the clients' updates carry noise (record level: DP-SGD; client level: clipped and noised)
+    updates = dp_settings.annotate(updates, s.dp, (AggKind.PLAIN, SecAggKind.MASKED), s.dp.dp)
     return [
         declare(Kind.MODEL, "server", "client", "global weights (d+1 floats)",
                 payload=sch.Fields({"w": sch.Arr("<f8", ("n_params",))}), protects="derived"),

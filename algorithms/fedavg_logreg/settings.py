@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
+from fedhet.protocols.dp_settings import DPSettings
 
 NAME = "fedavg_logreg"
 
@@ -23,6 +24,7 @@ class Settings:
     n_features: int = setting(30, "feature count of the data (breast cancer: 30)", lo=1)
     seed: int = setting(0, "shuffles the rows before they are dealt to the clients", lo=0)
     agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
+    dp: DPSettings = setting(DPSettings(), flatten=True)
 
     @property
     def n_params(self) -> int:

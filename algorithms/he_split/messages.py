@@ -23,7 +23,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
     batch = sch.Fields({"pos": sch.Arr("<u4", (None,), max_elems=s.batch_size), "train": sch.Bool(),
                         "stop": sch.Bool(), "round": sch.Int(lo=0)})
     return (
-        psi.declarations(HOST, GUEST)
+        psi.declarations(HOST, GUEST, backend=s.psi_backend)
         + [declare(Kind.BATCH, HOST, GUEST, "positions, in the PSI common list, of the next batch's rows "
                    "(uint32, <= batch_size), train/eval flag, or stop",
                    payload=sch.OneOf((batch, sch.Fields({"stop": sch.Bool()}))), protects="control"),

@@ -55,7 +55,7 @@ def align_by_psi(party: PartyLike, s: Settings, data: HostData, guests: list[str
     order; refused when training on them would take more batches than the HE layer is sized for."""
     t0 = time.perf_counter()
     ids = np.concatenate([data.ids_train, data.ids_test])
-    res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=s.psi_timeout)
+    res = psi.psi_label_owner(party, ids.tolist(), guests, timeout=s.psi_timeout, backend=s.psi_backend)
     if res.rows is None:
         raise PartyError("PSI gave the label owner no common rows")
     hd = align_host_rows(res.rows, data.x_train, data.y_train, data.x_test, data.y_test, order="common")
@@ -110,7 +110,7 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict[str, Any]:
                 "he": s.he, "key_bits": s.key_bits, "slot_bits": layers[0].spec.slot_bits,
                 "slot_bits_setting": s.slot_bits, "he_max_steps": s.max_steps,
                 "mask_bits": s.mask_bits, "interactive_width": s.interactive_width,
-                "guest_widths": widths, "dataset": s.dataset, "psi_s": psi_s, "setup_s": setup_s,
+                "guest_widths": widths, "dataset": s.dataset, "psi_backend": res.stats["backend"], "psi_s": psi_s, "setup_s": setup_s,
                 "bytes": traffic(party), "layer_stats": {g: ly.stats.as_dict() for g, ly in zip(guests, layers)}})
     if s.return_params:
         out["params"] = {k: v.tolist() for k, v in model.state_dict().items()}
@@ -125,7 +125,8 @@ def guest(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
     torch.set_num_threads(s.torch_threads)
     host_name = party.peer_with_role(HOST)
     start, saved = party.restore()
-    res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host_name, timeout=s.psi_timeout)
+    res = psi.psi_feature_party(party, list(np.asarray(data.ids).tolist()), host_name, timeout=s.psi_timeout,
+                                 backend=s.psi_backend)
     if res.rows is None:
         raise PartyError("PSI result was not revealed to the guest")
     rows = align_guest_rows(data.x, res.rows)
@@ -147,7 +148,7 @@ def guest(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
                               checkpoint)["train_batches"]
     finally:
         layer.close()
-    out: dict[str, Any] = {"n_common": int(len(res.rows)), "batches": batches, "he": s.he, "bytes": traffic(party),
+    out: dict[str, Any] = {"n_common": int(len(res.rows)), "psi_backend": res.stats["backend"], "batches": batches, "he": s.he, "bytes": traffic(party),
            "layer_stats": layer.stats.as_dict()}
     if s.return_params:
         out["params"] = {k: v.tolist() for k, v in bottom.model.state_dict().items()}

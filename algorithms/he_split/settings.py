@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedhet.algorithms.toolkit import ACTIVATIONS
+from fedhet.algorithms.toolkit import ACTIVATIONS, PSIBackend, psi_backend_setting
 from fedhet.parties.settings import setting
 from fedhet.protocols.he_interactive import LayerSpec
 
@@ -67,6 +67,7 @@ class Settings:
         _SPEC.obfuscation, "Paillier obfuscators: DJN short exponent h**x (fast) or standard r**n")
     torch_threads: int = setting(1, "torch.set_num_threads per party", lo=0)
     psi_timeout: float | None = setting(None, "seconds to wait for any one PSI message", lo=0, lo_open=True)
+    psi_backend: PSIBackend = psi_backend_setting()
     evaluate: bool = setting(True, "evaluate on the test rows after training (false: test_accuracy is None)")
     return_params: bool = setting(False, "return the trained parameters (tests)")
     seed: int = setting(0, "seeds the split, the models, the batches", lo=0)

@@ -67,6 +67,7 @@ The optimizer starts fresh each round.  Batches are drawn from a generator seede
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -74,6 +75,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from fedhet.algorithms.dp_sgd import DPStep, module_clipped_grads, poisson_batch
 from fedhet.algorithms.hyfem.matching import Assignment, MatchResult, MatchSettings, matched_averaging, project
 from fedhet.algorithms.hyfem.models import (HyFEMModelSpec, InferenceMLP, Layers, extractor_from_flat, get_flat,
                                             get_layers, init_extractor, init_inference)
@@ -212,18 +214,42 @@ def _optimizer(params, cfg: HyFEMConfig, lr: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr)
 
 
+class _Joint(torch.nn.Module):
+    """The client's whole network (its views' extractors, then the inference MLP) as one module of the
+    views' inputs flattened side by side: what DP-SGD's per-sample gradients are taken of."""
+
+    def __init__(self, extractors: Mapping[int, torch.nn.Module], model: torch.nn.Module, views: Sequence[int],
+                 shapes: Mapping[int, tuple[int, ...]]):
+        super().__init__()
+        self.ext = torch.nn.ModuleDict({str(d): extractors[d] for d in views})
+        self.model = model
+        self.views, self.shapes = list(views), {d: tuple(shapes[d]) for d in views}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts, at = [], 0
+        for d in self.views:
+            w = math.prod(self.shapes[d])
+            parts.append(self.ext[str(d)](x[:, at:at + w].reshape(-1, *self.shapes[d])))
+            at += w
+        return self.model(torch.cat(parts, dim=1))
+
+
 def local_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec,
-                 cfg: HyFEMConfig, round_index: int, client_id: int = 0) -> tuple[ClientModels, dict]:
+                 cfg: HyFEMConfig, round_index: int, client_id: int = 0,
+                 dp: tuple[DPStep, torch.Generator] | None = None) -> tuple[ClientModels, dict]:
     """Q local steps of Eq. (9) (method "avg") or Eq. (6) (method "prox") from ``received``
     (Pi_m theta_0 and theta_{0,d}, which are also the Prox anchors).  Returns the trained models
     (numpy, CPU) and {"loss": mean cross-entropy over the steps, "objective": mean penalised
-    loss, "lr", "steps", "n_train"}."""
-    who = f"client {client_id}"
-    views = _check_models(received, spec, who)
-    if data.n < 1:
-        raise ValueError(f"{who}: no training rows")
-    dev = resolve_device(cfg.device)
-    xs, y = _data_tensors(data, views, spec, dev, who)
+    loss, "lr", "steps", "n_train"}.
+
+    ``dp`` (a :class:`~fedhet.algorithms.dp_sgd.DPStep` and the private noise generator): every step is
+    DP-SGD (record level; everything the client sends comes out of these steps): a Poisson-sampled batch
+    (rate ``sampling_rate``), per-sample gradients of the data term clipped jointly over the extractors and
+    the inference MLP, Gaussian noise, divided by the expected batch (times n for ``loss_reduction =
+    "sum"``); the Prox penalty's gradient (no data) is added after the noise."""
+    if dp is not None:
+        return _local_update_dp(received, data, spec, cfg, round_index, client_id, dp)
+    who, views, dev, xs, y = _prepare_update(received, data, spec, cfg, client_id)
     extractors = {d: extractor_from_flat(spec.extractors[d], received.extractors[d], dev)
                   for d in views}
     model = InferenceMLP.from_layers(received.inference, dev)
@@ -447,3 +473,51 @@ def average_metrics(results: Sequence[dict]) -> dict:
         raise ValueError("no results to average")
     return {"accuracy": float(np.mean([r["accuracy"] for r in results])),
             "loss": float(np.mean([r["loss"] for r in results])), "n_clients": len(results)}
+
+
+def _prepare_update(received: ClientModels, data: ClientData, spec: HyFEMModelSpec, cfg: HyFEMConfig,
+                    client_id: int) -> tuple:
+    """A local update's checked inputs: (who, views, device, view tensors, labels)."""
+    who = f"client {client_id}"
+    views = _check_models(received, spec, who)
+    if data.n < 1:
+        raise ValueError(f"{who}: no training rows")
+    dev = resolve_device(cfg.device)
+    xs, y = _data_tensors(data, views, spec, dev, who)
+    return who, views, dev, xs, y
+
+
+def _local_update_dp(received: ClientModels, data: ClientData, spec: HyFEMModelSpec, cfg: HyFEMConfig,
+                     round_index: int, client_id: int, dp: tuple[DPStep, torch.Generator]) -> tuple[ClientModels, dict]:
+    step, gen = dp
+    who, views, dev, xs, y = _prepare_update(received, data, spec, cfg, client_id)
+    extractors = {d: extractor_from_flat(spec.extractors[d], received.extractors[d], dev) for d in views}
+    inference = InferenceMLP.from_layers(received.inference, dev)
+    joint = _Joint(extractors, inference, views,
+                   {d: tuple(xs[d].shape[1:]) for d in views})
+    x = torch.cat([xs[d].reshape(len(y), -1) for d in views], dim=1)
+    params = list(joint.parameters())
+    anchor = {k: p.detach().clone() for k, p in joint.named_parameters()} if cfg.method == "prox" else None
+    lr = learning_rate(cfg, round_index)
+    opt = _optimizer(params, cfg, lr)
+    n = data.n
+    scale = n if cfg.loss_reduction == "sum" else 1.0
+    ce_sum = 0.0
+    for _ in range(cfg.local_steps):
+        idx = poisson_batch(n, step.sampling_rate, gen).to(dev)
+        g = module_clipped_grads(joint, F.cross_entropy, x[idx], y[idx], step.clip)
+        opt.zero_grad(set_to_none=True)
+        for k, p in joint.named_parameters():
+            noise = torch.normal(0.0, step.noise_multiplier * step.clip, size=p.shape, generator=gen).to(p)
+            grad = (g[k] + noise) / (step.sampling_rate * n) * scale
+            if anchor is not None:   # the Prox penalties' gradients (data-independent)
+                w = cfg.extractor_weight if k.startswith("ext.") else cfg.mu
+                grad = grad + 2 * w * (p.detach() - anchor[k])
+            p.grad = grad
+        opt.step()
+        if len(idx):
+            with torch.no_grad():
+                ce_sum += float(F.cross_entropy(joint(x[idx]), y[idx]))
+    out = ClientModels(views, {d: get_flat(extractors[d]) for d in views}, get_layers(inference))
+    q = cfg.local_steps
+    return out, {"loss": ce_sum / q, "objective": ce_sum / q, "lr": lr, "steps": q, "n_train": n}

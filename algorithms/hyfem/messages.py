@@ -11,7 +11,7 @@ from __future__ import annotations
 from fedhet.algorithms.hyfem.settings import AGGREGATION_DEFAULTS, Settings, extractor_size, model_spec
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
-from fedhet.protocols import aggregation
+from fedhet.protocols import aggregation, dp_settings, secagg
 
 
 class Kind:
@@ -61,4 +61,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
                                 "theta": sized[0] if len(sized) == 1 else sch.OneOf(sized)}),
             protects="derived"))
     # per-view extractors, lengths ext<d> (views differ): bounded by the longest
-    return decls + aggregation.declarations(None, max(lengths), s.agg, AGGREGATION_DEFAULTS)
+    decls = decls + aggregation.declarations(None, max(lengths), s.agg, AGGREGATION_DEFAULTS)
+    # dp = "record": everything a client sends comes out of DP-SGD steps (the declarations say so)
+    return dp_settings.annotate(decls, s.dp, (Kind.INFERENCE, Kind.PLAIN_VIEW, aggregation.Kind.PLAIN,
+                                              secagg.Kind.MASKED), "record")

@@ -61,7 +61,8 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.hyfem import core as H
-from fedhet.algorithms.hyfem import model
+from fedhet.algorithms.dp_sgd import DPStep
+from fedhet.algorithms.hyfem import model, privacy
 from fedhet.algorithms.hyfem.messages import Kind
 from fedhet.algorithms.hyfem.models import HyFEMModelSpec
 from fedhet.algorithms.hyfem.settings import AGGREGATION_DEFAULTS, Settings, model_spec
@@ -144,6 +145,7 @@ class ClientState:
     phases: Phases = field(default_factory=lambda: Phases({"train": []}))
     max_abs: float = 0.0
     clipped: int = 0
+    dp: tuple[DPStep, torch.Generator] | None = None   # record-level DP-SGD (not checkpointed: private noise)
 
     @classmethod
     def restored(cls, saved: dict) -> "ClientState":
@@ -173,7 +175,7 @@ class ClientState:
               r: int, m: int) -> H.ClientModels:
         """Q local steps from the received models, Eq. (9) (Avg) or Eq. (6) (Prox): ``local_update``."""
         with self.phases.timed("train"):
-            trained, info = H.local_update(received, train, spec, cfg, r, m)
+            trained, info = H.local_update(received, train, spec, cfg, r, m, dp=self.dp)
         self.train_loss.append(info["loss"])
         return trained
 
@@ -222,16 +224,24 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
     if not start:   # (a resumed run's server kept the indices and views it was told)
         party.send(srv, Kind.HELLO, {"index": m, "views": list(views)})
     st = ClientState.restored(saved)
+    ledger = None
+    if s.dp.dp == "record":   # every local step is DP-SGD; charged per round before the steps
+        ledger, st.dp = privacy.record_plan(s, train.n, party.name)
+        if "dp_rounds" in saved:
+            ledger.rounds, ledger.steps = list(saved["dp_rounds"]), int(saved["dp_steps"])
     for r in range(start, s.rounds + 1):
         party.round = r
         received = receive_models(party, srv, views, spec.inference_widths(views), r)
         st.report(party, srv, received, spec, data, r)
         if r == s.rounds:
             break
+        if ledger is not None:
+            party.metric(dp_epsilon=ledger.charge(r))
         trained = st.train(received, train, spec, cfg, r, m)
         st.send_updates(party, srv, s, spec, agg, trained, in_clear, r)
         party.progress(r + 1, s.rounds, loss=round(st.train_loss[-1], 4))
-        party.checkpoint(r + 1, st.state())
+        party.checkpoint(r + 1, {**st.state(), **({"dp_rounds": ledger.rounds, "dp_steps": ledger.steps}
+                                                  if ledger is not None else {})})
     # the model it would deploy: the global extractors of its views and w_m, as received last
     party.save_model(*model.part("client", spec, views, received.extractors, received.inference, data["scalers"],
                                  data["x_test_raw"], data["x_test"], dataset=s.dataset))
@@ -240,7 +250,8 @@ def client(party: PartyLike, s: Settings, data: dict) -> dict:
                           st.max_abs, s.secagg_clip(), st.clipped)
     return {"index": m, "views": list(views), "n_train": train.n, "local_curve": st.curve,
             "train_loss": st.train_loss, "max_abs_extractor": st.max_abs, "clipped_submissions": st.clipped,
-            **st.phases.result(), **traffic_totals(party)}
+            **st.phases.result(), **traffic_totals(party),
+            **({"privacy": ledger.as_dict()} if ledger is not None else {})}
 
 
 # ------------------------------------------------------------------------------ the server

@@ -11,6 +11,7 @@ from fedhet.algorithms.hyfem.core import HyFEMConfig
 from fedhet.algorithms.hyfem.models import ExtractorSpec, HyFEMModelSpec
 from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
+from fedhet.protocols.dp_settings import DPSettings
 
 # Extractor weights of these small nets stay well inside [-8, 8]; each client's Eq. (7) weight is 1.
 DEFAULT_AGGREGATION: Literal["secure", "plain"] = "secure"
@@ -69,6 +70,7 @@ class Settings:
     torch_threads: int = setting(1, "torch.set_num_threads per party (0: torch's default)", lo=0)
     seed: int = setting(0, "split, partition, initialisation, batches and matching", lo=0)
     agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
+    dp: DPSettings = setting(DPSettings(), flatten=True)   # record level: DP-SGD of every local step
 
     def partition(self) -> tuple[int, int, float, float]:
         """(n_views D, views per client, classes per client, unused fraction): the scenario's,
@@ -84,6 +86,9 @@ class Settings:
         return n_views, per_client, classes, unused
 
     def validate(self) -> None:
+        if self.dp.dp == "client":
+            raise ValueError("hyfem: dp = 'client' is not offered; dp = 'record' runs DP-SGD in every local step")
+        self.dp.check()
         d, v, c, _ = self.partition()
         if self.dataset in VIEW_DIMS and d > len(VIEW_DIMS[self.dataset]):
             raise ValueError(f"n_views = {d}: {self.dataset} has {len(VIEW_DIMS[self.dataset])} views")

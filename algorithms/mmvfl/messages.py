@@ -63,4 +63,4 @@ def declarations(s: Settings) -> list[MessageDecl]:
                 payload=sch.Fields({"accuracy": sch.ListOf(sch.Float(), length="n_percents"),
                                     "inner_iterations": sch.Int(lo=0), "n_features": sch.Int(lo=1),
                                     "solver": sch.Str(max_len=16)}), protects="derived"),
-    ] + psi.declarations(PARTICIPANT, PARTICIPANT) + [_as_participant(d, vector) for d in agg]
+    ] + psi.declarations(PARTICIPANT, PARTICIPANT, backend=s.psi_backend) + [_as_participant(d, vector) for d in agg]

@@ -269,7 +269,7 @@ def participant(party: PartyLike, s: Settings, data: ParticipantData) -> dict[st
     out = {"index": index, "label_holder": index == 0, "view": data.view, "data_kind": data.kind,
            "n_rows": sizes(s)["n_rows"], "n_features": int(view.X.shape[1]), "rounds": run.rounds,
            "solver": run.step.system.solver, "percents": list(s.percents), "accuracy": acc,
-           **run.phases.result(), "psi_s": psi_time.last("psi"), **traffic_totals(party)}
+           **run.phases.result(), "psi_backend": res.stats["backend"], "psi_s": psi_time.last("psi"), **traffic_totals(party)}
     if s.report_model:
         out.update({"W": run.step.W.tolist(), "Z_k": np.asarray(run.step.Z_k).tolist(),
                     "ids": [int(i) for i in res.ids or []]})
@@ -293,8 +293,8 @@ def align_rows(party: PartyLike, s: Settings, data: ParticipantData, order: list
     if data.y_train is not None:
         others = [p for p in order if p != party.name]
         return psi.psi_label_owner(party, data.ids, others, reveal_to_all=True, order="sorted",
-                                   workers=0, timeout=s.psi_timeout)
-    return psi.psi_feature_party(party, data.ids, order[0], workers=0, timeout=s.psi_timeout)
+                                   workers=0, timeout=s.psi_timeout, backend=s.psi_backend)
+    return psi.psi_feature_party(party, data.ids, order[0], workers=0, timeout=s.psi_timeout, backend=s.psi_backend)
 
 
 def selection_accuracies(s: Settings, data: ParticipantData, view: CommonView, W: np.ndarray,

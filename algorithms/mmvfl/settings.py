@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fedhet.algorithms.data_multiview import TABLE2_SPLITS
+from fedhet.algorithms.toolkit import PSIBackend, psi_backend_setting
 from fedhet.parties.settings import setting
 from fedhet.protocols.aggregation_settings import AggregationSettings
 
@@ -49,6 +50,7 @@ class Settings:
     report_model: bool = setting(False, "participants put W_k, Z_k (and the server Z) in their OWN result "
                                         "files (tests; nothing more is sent)")
     psi_timeout: float | None = setting(None, "seconds to wait for any one PSI message", lo=0, lo_open=True)
+    psi_backend: PSIBackend = psi_backend_setting()
     seed: int = setting(0, "seeds W_k^0 and which rows each participant lacks", lo=0)
     agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
 

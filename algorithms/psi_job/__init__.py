@@ -22,7 +22,8 @@ list so a run shows that every party ended with the same list.
 
 Other keys: ``psi_backend`` ("ecdh", the default; "kkrt": OT-extension PSI,
 ``fedhet.protocols.psi.kkrt``; "rr22": OKVS + silent VOLE,
-``fedhet.protocols.psi.rr22``), ``reveal``, ``order``, ``chunk``, ``workers`` (see
+``fedhet.protocols.psi.rr22``; "auto": the label owner's choice by its size,
+``fedhet.protocols.psi.choose_backend``, the result's ``psi_backend`` names it), ``reveal``, ``order``, ``chunk``, ``workers`` (see
 ``fedhet.protocols.psi``) and ``psi_timeout`` (seconds to wait for any one
 PSI message; default the federation's timeout; the waits include the peer's
 computation, so raise it for sets of millions of IDs on a busy machine).
@@ -39,6 +40,6 @@ from fedhet.parties.contract import Algorithm
 __all__ = ["ALGORITHM", "FEATURE", "Kind", "LABEL_OWNER", "Settings", "declarations", "expected_common", "ids_digest",
            "load_data"]
 
-ALGORITHM = Algorithm(name=NAME, summary="private set intersection of synthetic ID sets (ECDH-PSI or KKRT16)",
+ALGORITHM = Algorithm(name=NAME, summary="private set intersection of synthetic ID sets (ECDH, KKRT16 or RR22 PSI)",
                       roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings,
                       headline=("size", "correct"))

@@ -33,7 +33,7 @@ def _once(party: PartyLike, backend: str, run: Callable[[], psi.PSIResult]) -> p
 
 
 def _report(party: PartyLike, s: Settings, res: psi.PSIResult, data: dict, n_features: int) -> dict:
-    out = {"revealed": res.revealed, "stats": res.stats}
+    out = {"revealed": res.revealed, "psi_backend": res.stats["backend"], "stats": res.stats}
     if res.ids is not None:
         assert res.rows is not None   # the rows of the common IDs come with them
         exp = expected_common(s, n_features)

@@ -18,8 +18,9 @@ class Settings:
                                   lo=0, hi=1)
     duplicates: float = setting(0.02, "extra rows repeating IDs, as a fraction of n", lo=0, hi=1)
     id_type: Literal["str", "int"] = setting("str", "IDs as keyed-hash strings or integers")
-    psi_backend: Literal["ecdh", "kkrt", "rr22"] = setting("ecdh", "PSI protocol: ECDH (X25519), KKRT16 (OT "
-                                                         "extension) or RR22 (OKVS + silent VOLE)")
+    psi_backend: Literal["auto", "ecdh", "kkrt", "rr22"] = setting(
+        "ecdh", "PSI protocol: ECDH (X25519), KKRT16 (OT extension), RR22 (OKVS + silent VOLE) or auto (the label "
+        f"owner runs rr22 from {psi.AUTO_RR22_FROM} IDs, ecdh below; the feature parties follow)")
     reveal: bool = setting(True, "false: only the label owner learns the intersection")
     order: Literal["sorted", "label_owner"] = setting("sorted", "order of the common list")
     chunk: int = setting(psi.DEFAULT_CHUNK, "points per PSI message", lo=1)

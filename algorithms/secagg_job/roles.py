@@ -50,11 +50,12 @@ def server(party: PartyLike, s: Settings, data: dict) -> list:
     for r in range(start, s.bench_rounds + 1):
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         party.broadcast(Kind.GO, r, to=clients)
+        go_s = time.perf_counter() - t0
         res = (timed if r else warmup).aggregate(party, clients, r)
         wall, cpu, pcpu = time.perf_counter() - t0, time.thread_time() - c0, time.process_time() - p0
         done = party.gather(Kind.DONE, frm=clients)
         total, weight = exact_sum(data["xs"], data["ws"], res.contributors)  # over the clients counted
-        out.append({"wall": wall, "server_cpu": cpu, "server_pcpu": pcpu, "clients": done,
+        out.append({"wall": wall, "go_s": go_s, "server_cpu": cpu, "server_pcpu": pcpu, "clients": done,
                     "steps_s": {k: v["seconds"] for k, v in res.details.get("steps", {}).items()},
                     "max_err": float(np.max(np.abs(res.mean - total / weight))),
                     "bound": float(res.mean_error_bound), "contributors": len(res.contributors),

@@ -208,10 +208,10 @@ def _check_aligned(v: Views) -> None:
             raise ValueError(f"guest {i}'s rows are not aligned with the host's")
 
 
-def stfl(v: Views, c: Model = Model(), device: Device = "cpu") -> dict:
-    """Self-taught VAEs on the guests, latents to the host, host MLP; test accuracy + timings."""
+def stfl_latents(v: Views, c: Model = Model(), device: Device = "cpu") -> dict:
+    """The guests' half of STFL: each guest's self-taught VAE and the latent means of its train and test rows
+    (what it sends once), with timings."""
     _check_aligned(v)
-    t0 = time.perf_counter()
     vae_s, enc_s, z_tr, z_te, vae_hist = [], [], [], [], []
     for i, g in enumerate(v.guests):
         fit = fit_vae(g.x_unlabeled, c, seed=frozen_seed(c.seed, "guest", i), device=device)
@@ -221,15 +221,28 @@ def stfl(v: Views, c: Model = Model(), device: Device = "cpu") -> dict:
         z_tr.append(encode(fit.encoder, g.x_train))
         z_te.append(encode(fit.encoder, g.x_test))
         enc_s.append(time.perf_counter() - t1)
+    return {"z_train": z_tr, "z_test": z_te, "vae_s": vae_s, "encode_s": enc_s, "vae_hist": vae_hist}
+
+
+def stfl_host(v: Views, z_tr: list[np.ndarray], z_te: list[np.ndarray], c: Model = Model(),
+              device: Device = "cpu") -> tuple[float, float]:
+    """The host's half: its MLP on its features and the guests' latents; (test accuracy, seconds)."""
     h = v.host
     hf = train_host(h.x_train, z_tr, h.y_train, h.n_classes, c, seed=frozen_seed(c.seed, "host"), device=device)
-    acc = accuracy(predict_host(hf, h.x_test, z_te), h.y_test)
+    return accuracy(predict_host(hf, h.x_test, z_te), h.y_test), hf.seconds
+
+
+def stfl(v: Views, c: Model = Model(), device: Device = "cpu") -> dict:
+    """Self-taught VAEs on the guests, latents to the host, host MLP; test accuracy + timings."""
+    t0 = time.perf_counter()
+    lat = stfl_latents(v, c, device)
+    acc, host_s = stfl_host(v, lat["z_train"], lat["z_test"], c, device)
     return {"method": "stfl", "accuracy": acc, "total_s": time.perf_counter() - t0,
-            "vae_s": vae_s, "encode_s": enc_s, "host_s": hf.seconds,
-            "vae_neg_elbo_first_last": vae_hist,
-            "latent_dims": [int(z.shape[1]) for z in z_tr],
+            "vae_s": lat["vae_s"], "encode_s": lat["encode_s"], "host_s": host_s,
+            "vae_neg_elbo_first_last": lat["vae_hist"],
+            "latent_dims": [int(z.shape[1]) for z in lat["z_train"]],
             "n_selftaught": int(len(v.guests[0].x_unlabeled)) if v.guests else 0,
-            "n_train": int(len(h.y_train)), "n_test": int(len(h.y_test))}
+            "n_train": int(len(v.host.y_train)), "n_test": int(len(v.host.y_test))}
 
 
 def _train_rows(v: Views, all_data: bool) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:

@@ -11,7 +11,7 @@ from fedhet.algorithms.split_driver import SplitKinds
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
-from fedhet.protocols import psi
+from fedhet.protocols import dp_settings, psi
 
 
 class Kind:
@@ -35,14 +35,17 @@ def _f32_rows(s: Settings, rows: int | None, max_rows: int | None = None) -> sch
 def declarations(s: Settings) -> list[MessageDecl]:
     guest_index = sch.Int(lo=0, hi=s.n_guests - 1)
     if s.variant == "stfl":
-        return psi.declarations(HOST, GUEST) + [
+        decls = psi.declarations(HOST, GUEST, backend=s.psi_backend) + [
             declare(Kind.LATENT, GUEST, HOST, "STFL: a guest's frozen-encoder latent means of exactly the "
                     "intersected rows, once: float32 (n_common, d_latent = guest input width * latent_frac)",
                     payload=sch.Fields({"z": _f32_rows(s, s.expected_common()), "guest_index": guest_index}),
                     protects="derived"),
         ]
+        if s.release.on:  # each latent row clipped and noised once (one Gaussian release per row)
+            decls = dp_settings.annotate(decls, s.release.as_dp(), (Kind.LATENT,), "row")
+        return decls
     bs = s.model.batch_size
-    return psi.declarations(HOST, GUEST) + [
+    return psi.declarations(HOST, GUEST, backend=s.psi_backend) + [
         declare(Kind.READY, GUEST, HOST, "hierarchical: a guest's index among the guests; no arrays",
                 payload=sch.Fields({"guest_index": guest_index}), protects="control"),
         declare(Kind.BATCH, HOST, GUEST, "hierarchical: op (train/eval/stop) and the batch's positions in the "

@@ -38,6 +38,7 @@ from fedhet.algorithms.stfl.core import (encode, fit_vae, guest_net, host_net, o
 from fedhet.algorithms.stfl.data import GuestData, HostData
 from fedhet.algorithms.stfl.messages import SPLIT_KINDS, Kind
 from fedhet.algorithms.stfl.models import latent_width
+from fedhet.protocols.dp_settings import release_rows
 from fedhet.algorithms.stfl.settings import GUEST, HOST, Settings
 from fedhet.algorithms.toolkit import (GuestRows, HostRows, accuracy, align_guest_rows, align_host_rows, frozen_seed,
                                        resolve_device)
@@ -70,7 +71,8 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
     ids = np.concatenate([data.ids_train, data.ids_test]).tolist()
     run = _psi_or_restore(party, t0 + warm, "PSI returned no rows to the label owner",
                           lambda: psi.psi_label_owner(party, ids, guests, reveal_to_all=True, order=s.psi_order,
-                                                      workers=s.psi_workers, timeout=s.recv_timeout))
+                                                      workers=s.psi_workers, timeout=s.recv_timeout,
+                                                      backend=s.psi_backend))
     t_psi, common, psi_s = time.perf_counter(), run.common, run.psi_s
     # Our rows some guest lacks are dropped; the rest keep our order, each with its common position.
     rows = align_host_rows(common, data.x_train, data.y_train, data.x_test, data.y_test, order="own")
@@ -92,7 +94,7 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
     t_end = time.perf_counter()
     out.update({"variant": s.variant, "dataset": s.dataset, "role": HOST, "epochs": c.epochs,
                 "train_s": out["t_trained"] - t_psi, "s_per_epoch": (out["t_trained"] - t_psi) / c.epochs,
-                "psi_s": psi_s, "warmup_s": warm, "total_s": t_end - t0,
+                "psi_backend": run.backend, "psi_s": psi_s, "warmup_s": warm, "total_s": t_end - t0,
                 "n_common": sizes["n_common"], "sizes": sizes,
                 "bytes_sent": sum(party.bytes_sent.values()),
                 "bytes_received": sum(party.bytes_received.values())})
@@ -104,17 +106,18 @@ def host(party: PartyLike, s: Settings, data: HostData) -> dict:
 
 @dataclasses.dataclass
 class _Resume:
-    """A role's ``party.restore()`` (``start``, ``saved``) and the PSI rows and time, which every
-    checkpoint of it keeps (``keep``)."""
+    """A role's ``party.restore()`` (``start``, ``saved``) and the PSI rows, time and backend in force,
+    which every checkpoint of it keeps (``keep``)."""
 
     start: int
     saved: dict
     common: np.ndarray
     psi_s: float
+    backend: str
 
     @property
     def keep(self) -> dict:
-        return {"common": self.common, "psi_s": self.psi_s}
+        return {"common": self.common, "psi_s": self.psi_s, "psi_backend": self.backend}
 
 
 def _psi_or_restore(party: PartyLike, t_start: float, none: str, run_psi: Callable[[], psi.PSIResult]) -> _Resume:
@@ -122,11 +125,11 @@ def _psi_or_restore(party: PartyLike, t_start: float, none: str, run_psi: Callab
     (``none``: the error if it gives no rows; ``t_start``: when PSI began)."""
     start, saved = party.restore()
     if start:
-        return _Resume(start, saved, saved["common"], saved["psi_s"])
+        return _Resume(start, saved, saved["common"], saved["psi_s"], saved["psi_backend"])
     res = run_psi()
     if res.rows is None:
         raise PartyError(f"stfl: {none}")
-    return _Resume(0, saved, res.rows, time.perf_counter() - t_start)
+    return _Resume(0, saved, res.rows, time.perf_counter() - t_start, res.stats["backend"])
 
 
 def _by_index(msgs: dict, what: str) -> list[str]:
@@ -249,7 +252,7 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
     h = party.peer_with_role(HOST)
     run = _psi_or_restore(party, t0 + warm, "the host did not reveal the intersection",
                           lambda: psi.psi_feature_party(party, data.ids, h, workers=s.psi_workers,
-                                                        timeout=s.recv_timeout))
+                                                        timeout=s.recv_timeout, backend=s.psi_backend))
     t_psi, common, psi_s = time.perf_counter(), run.common, run.psi_s
     # Self-taught rows: every row the host has no label for; the scaling uses only them (only the
     # guest's own knowledge, as in data_fate.guest_view).
@@ -262,7 +265,7 @@ def guest(party: PartyLike, s: Settings, data: GuestData) -> dict:
            "test_accuracy": None, "epochs": c.epochs, "n_common": int(len(common)),
            "n_selftaught": int(rows.rest.sum()), "n_rows": int(len(rows.rest)),
            "input_width": int(rows.x_common.shape[1]),
-           "psi_s": psi_s, "warmup_s": warm}
+           "psi_backend": run.backend, "psi_s": psi_s, "warmup_s": warm}
     if s.variant == "stfl":
         out.update(_guest_stfl(party, s, h, data, rows, common, run))
     else:
@@ -299,8 +302,13 @@ def _guest_stfl(party: PartyLike, s: Settings, h: str, data: GuestData, rows: Gu
         t1 = time.perf_counter()
         z = encode(fit.encoder, rows.x_common)
         enc_s = time.perf_counter() - t1
+        privacy = {}
+        if s.release.on:  # each latent row clipped and noised once, before the one send (one release per row)
+            z, ledger = release_rows(s.release, z, party.name)
+            privacy = {"privacy": ledger.as_dict()}
+            party.metric(dp_epsilon=ledger.spent)
         party.send(h, Kind.LATENT, {"z": z, "guest_index": idx})
-        done = {"part": _guest_part(s, data, rows, common, model.encoder_mean_net(fit.encoder)),
+        done = {**privacy, "part": _guest_part(s, data, rows, common, model.encoder_mean_net(fit.encoder)),
                 "vae_s": fit.seconds, "encode_s": enc_s, "latent_dim": int(z.shape[1]),
                 "vae_neg_elbo_first_last": [fit.history[0], fit.history[-1]]}
         party.checkpoint(1, {**run.keep, "stfl": done})

@@ -12,8 +12,9 @@ from typing import Literal
 import numpy as np
 
 from fedhet.algorithms.stfl.models import latent_width
-from fedhet.algorithms.toolkit import ACTIVATIONS
+from fedhet.algorithms.toolkit import ACTIVATIONS, PSIBackend, psi_backend_setting
 from fedhet.parties.settings import setting
+from fedhet.protocols.dp_settings import ReleaseDPSettings
 
 HOST, GUEST = "host", "guest"
 ALIASES = {"breast_sklearn": "breast_sk"}
@@ -68,12 +69,15 @@ class Settings:
     guest_features: tuple[int, ...] | None = setting(None, "dataset 'files': each guest's feature count", lo=1)
     n_classes: int | None = setting(None, "dataset 'files': the host's number of classes", lo=2)
     psi_order: Literal["sorted", "label_owner"] = setting("sorted", "order of the common ID list")
+    psi_backend: PSIBackend = psi_backend_setting()
     psi_workers: int | None = setting(None, "PSI worker processes (None: automatic, 0: inline)", lo=0)
     recv_timeout: float | None = setting(None, "seconds to wait for one message (None: the federation's)",
                                          lo=0, lo_open=True)
     torch_threads: int = setting(1, "torch.set_num_threads per party (0: torch's default)", lo=0)
     return_weights: bool = setting(False, "hierarchical: return the trained weights (tests)")
     model: Model = setting(Model(), flatten=True)
+    # STFL: DP on the latents each guest sends once (protocols/dp_settings.ReleaseDPSettings)
+    release: ReleaseDPSettings = setting(ReleaseDPSettings(), flatten=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", ALIASES.get(self.dataset, self.dataset))

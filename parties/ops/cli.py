@@ -112,7 +112,7 @@ def _algorithm_of(spec: str):
 def _describe_settings(spec: str) -> int:
     from rich.table import Table
 
-    algo, _ = _algorithm_of(spec)
+    algo, fed = _algorithm_of(spec)
     rows = algo.describe_settings()
     console.print(f"[bold]{escape(algo.name)}[/bold]: {escape(algo.summary)}", highlight=False)
     if not rows:
@@ -124,7 +124,24 @@ def _describe_settings(spec: str) -> int:
     for r in rows:
         t.add_row(*(Text(str(v)) for v in (r["key"], r["type"], json.dumps(r["default"]), r["range"], r["doc"])))
     console.print(t)
+    for line in psi_backend_lines(rows, fed.algorithm_cfg() if fed is not None else None):
+        console.print(escape(line), highlight=False)
     return 0
+
+
+def psi_backend_lines(rows: list[dict], table: dict | None) -> list[str]:
+    """For an algorithm with a PSI backend key: which backend a preset (its ``[algorithm]`` ``table``; None: the
+    algorithm's defaults) runs, and why (:func:`fedhet.protocols.psi.describe_backend`)."""
+    from fedhet.protocols import psi
+
+    out = []
+    for r in rows:
+        if r["key"] in ("psi_backend", "predict_psi_backend"):
+            given = table is not None and r["key"] in table
+            value = table[r["key"]] if table is not None and given else r["default"]
+            out.append(f"PSI ({r['key']}, {'set by this preset' if given else 'the default'}): "
+                       f"{psi.describe_backend(value, r['key'])}")
+    return out
 
 
 def cmd_messages(args) -> int:

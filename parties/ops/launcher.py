@@ -110,15 +110,38 @@ AUTO_HOSTS = (4, 16)     # at least, at most: more hosts than this only add star
 
 def default_hosts(fed: Federation) -> tuple[Federation, str | None]:
     """``fed`` with ``hosts`` chosen for many parties when the file sets none, and the line that says so
-    (None when the file's own choice stands: ``hosts`` set, or at most AUTO_HOSTS_ABOVE unhosted parties)."""
+    (None when the file's own choice stands: ``hosts`` set, or at most AUTO_HOSTS_ABOVE unhosted parties).
+
+    A hub, the one party of its role among many (a server, a coordinator), gets a process of its own
+    (:func:`hubs`): in a host it would share one interpreter lock with a hundred parties, while its work
+    grows with all of them (a SecAgg server's key lists and relays: K messages of k entries each).
+    """
     free = sum(1 for p in fed.parties if not p.host)
     if fed.hosts > 0 or free <= AUTO_HOSTS_ABOVE:
         return fed, None
+    lone = hubs(fed)
+    free -= len(lone)
     lo, hi = AUTO_HOSTS
     n = min(hi, max(lo, -(-free // PARTIES_PER_HOST)))
-    return replace(fed, hosts=n), (
+    parties = [replace(p, host=f"{HUB_HOST_PREFIX}{i}") if p.name in lone else p for i, p in enumerate(fed.parties)]
+    alone = f"; {', '.join(sorted(lone))} in a process of its own (the one party of its role)" if lone else ""
+    return replace(fed, hosts=n, parties=parties), (
         f"{free} parties name no host and [federation] hosts is not set: running them in {n} host processes "
-        f"(about {-(-free // n)} parties each, round-robin in file order); set hosts to choose")
+        f"(about {-(-free // n)} parties each, round-robin in file order){alone}; set hosts to choose")
+
+
+HUB_HOST_PREFIX = "hub"   # a host of one party: a process of its own (Federation.host_groups lists none)
+
+
+def hubs(fed: Federation) -> set[str]:
+    """Unhosted parties that are the only one of their role while another role has more than
+    AUTO_HOSTS_ABOVE parties: the server of a thousand clients, not one of two peers."""
+    count: dict[str, int] = {}
+    for p in fed.parties:
+        count[p.role] = count.get(p.role, 0) + 1
+    if max(count.values(), default=0) <= AUTO_HOSTS_ABOVE:
+        return set()
+    return {p.name for p in fed.parties if not p.host and count[p.role] == 1}
 
 
 def launch(fed: Federation, run_dir: str | os.PathLike | None = None, insecure: bool = False,

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from fedhet.algorithms.predict import JobKeys
 from fedhet.parties import runfolder as rf
 from fedhet.parties.contract import PREDICT_SUFFIX
 from fedhet.parties.federation import Federation
-from fedhet.parties.settings import known_keys
+
+FOLDER_KEYS = ("trained_run", "predictions_out")   # JobKeys that fedhet predict sets itself
 
 
 def job_federation(fed: Federation, trained_run: str | Path, out: str | Path) -> Federation:
@@ -23,8 +23,10 @@ def job_federation(fed: Federation, trained_run: str | Path, out: str | Path) ->
         raise ValueError(f"--model {trained_run}: not a run folder (no parties/ in it)")
     again = fed.algorithm_name.endswith(PREDICT_SUFFIX)
     name = fed.algorithm_name[:-len(PREDICT_SUFFIX)] if again else fed.algorithm_name
-    table = {k: v for k, v in fed.algorithm.items() if k != "name" and not (again and k in known_keys(JobKeys))}
-    clash = [k for k in known_keys(JobKeys) if k in table]
+    # the folders are fedhet predict's to set; the job's other keys (its PSI's backend and workers) a job's
+    # own federation file may set, and they carry over
+    table = {k: v for k, v in fed.algorithm.items() if k != "name" and not (again and k in FOLDER_KEYS)}
+    clash = [k for k in FOLDER_KEYS if k in table]
     if clash:
         raise ValueError(f"{fed.source}: [algorithm] sets {clash}: fedhet predict sets these itself")
     algo = {"name": name + PREDICT_SUFFIX, **table,

@@ -268,7 +268,10 @@ def _parties(config: dict, result: dict, st: dict, headline: tuple) -> list[dict
             "state": s.get("state", live.get(p["name"], {}).get("state")),
             "wall_s": number(s.get("wall_s")), "error": s.get("error"),
             "bytes_sent": number(tr.get("bytes_sent_total")), "bytes_received": number(tr.get("bytes_received_total")),
-            "headline": {name: v for k in headline if k in res for name, v in flatten(k, res[k])},
+            "headline": {**{name: v for k in headline if k in res for name, v in flatten(k, res[k])},
+                         # a party's DP ledger (result.json "privacy"): the epsilon it spent
+                         **({"privacy.epsilon": res["privacy"]["epsilon"]} if isinstance(res.get("privacy"), dict)
+                            and number(res["privacy"].get("epsilon")) is not None else {})},
             "results": {k: v for k, v in res.items() if number(v) is not None or isinstance(v, str)},
         })
     return out

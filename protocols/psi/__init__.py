@@ -9,6 +9,10 @@ Three backends with one API and one result (:class:`PSIResult`):
 :mod:`.rr22`        RR22 class (OKVS + silent VOLE): the fewest bytes on the wire
 ==================  ==================================================================
 
+``backend="auto"`` (the vertical algorithms' default): the label owner picks by its own number of IDs
+(:func:`choose_backend`: rr22 from :data:`AUTO_RR22_FROM` IDs, ecdh below) and its first message, which
+names the backend and its version, tells every feature party on ``"auto"`` which one to run.
+
 :func:`psi_label_owner` and :func:`psi_feature_party` check their arguments
 and hand the run to the backend every party of one intersection must name
 alike; what each party learns is the same with all three (see the backends'
@@ -21,13 +25,15 @@ from typing import Any, Iterable, Sequence
 from fedhet.parties.contract import PartyLike
 
 from . import ecdh, kkrt, rr22
-from .common import (BACKENDS, DEFAULT_CHUNK, MAX_CHUNK, ORDERS, Kind, PSIResult, check_backend, check_chunk,
-                     declarations, feature_args, label_owner_args)
+from .common import (AUTO, AUTO_BACKENDS, AUTO_RR22_FROM, BACKENDS, CHOICES, DEFAULT_CHUNK, MAX_CHUNK, ORDERS, Kind,
+                     PSIResult, as_id_list, check_backend, check_chunk, choose_backend, declarations, describe_backend,
+                     feature_args, first_message, label_owner_args)
 from .ecdh import match_rows
 
 __all__ = ["psi_label_owner", "psi_feature_party", "prepare", "PSIResult", "Kind", "declarations", "DECLARATIONS",
            "BACKENDS", "ORDERS", "DEFAULT_CHUNK", "MAX_CHUNK", "check_backend", "check_chunk", "match_rows",
-           "ecdh", "kkrt", "rr22"]
+           "ecdh", "kkrt", "rr22", "AUTO", "AUTO_BACKENDS", "AUTO_RR22_FROM", "CHOICES", "choose_backend",
+           "describe_backend"]
 
 
 def psi_label_owner(party: PartyLike, ids: Iterable[Any], peers: Sequence[str], reveal_to_all: bool = True, *,
@@ -43,10 +49,18 @@ def psi_label_owner(party: PartyLike, ids: Iterable[Any], peers: Sequence[str], 
     hash domain from others (e.g. the ID namespace); sent to the peers.
     ``timeout``: seconds to wait for any one message (default: the party's);
     the waits include the peers' computation.  ``backend``: ``"ecdh"``,
-    ``"kkrt"`` or ``"rr22"``; every party of one intersection must use the same.
+    ``"kkrt"`` or ``"rr22"``; every party of one intersection must use the same, or ``"auto"``
+    (:func:`choose_backend` of our number of IDs; feature parties on ``"auto"`` follow our first
+    message).  The backend in force is the result's ``stats["backend"]``.
     """
-    check_backend(backend)
+    check_backend(backend, auto=True)
     peers, chunk, context = label_owner_args(party, peers, order, chunk, context)
+    if backend == AUTO:
+        ids = as_id_list(ids, f"label owner {party.name!r}")
+        res = psi_label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, workers=workers,
+                              context=context, timeout=timeout, backend=choose_backend(len(ids)))
+        res.stats["backend_setting"] = AUTO
+        return res
     if backend == "kkrt":
         return kkrt.label_owner(party, ids, peers, reveal_to_all, order=order, chunk=chunk, context=context,
                                 timeout=timeout)
@@ -63,7 +77,7 @@ def prepare(backend: str) -> float:
     For ``"rr22"`` that is numba's one-time start and its cached kernels (about half a second in a
     fresh process, which would otherwise count in the first run's time); the others need nothing.
     """
-    check_backend(backend)
+    check_backend(backend, auto=True)
     return rr22.warm_up() if backend == "rr22" else 0.0
 
 
@@ -73,15 +87,24 @@ def psi_feature_party(party: PartyLike, ids: Iterable[Any], label_owner: str, *,
 
     Returns the common IDs (in the label owner's agreed order) and this
     party's rows for them, or ``ids=None`` when the label owner keeps the
-    result to itself.
+    result to itself.  ``"auto"``: run the backend the label owner's first message names (one of
+    :data:`AUTO_BACKENDS`).
     """
-    check_backend(backend)
+    check_backend(backend, auto=True)
     chunk = feature_args(party, label_owner, chunk)
+    first = None
+    if backend == AUTO:
+        first = first_message(party, label_owner, AUTO, timeout)
+        backend = first[0]
     if backend == "kkrt":
-        return kkrt.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
-    if backend == "rr22":
-        return rr22.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
-    return ecdh.feature_party(party, ids, label_owner, chunk=chunk, workers=workers, timeout=timeout)
+        res = kkrt.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout)
+    elif backend == "rr22":
+        res = rr22.feature_party(party, ids, label_owner, chunk=chunk, timeout=timeout, first=first)
+    else:
+        res = ecdh.feature_party(party, ids, label_owner, chunk=chunk, workers=workers, timeout=timeout, first=first)
+    if first is not None:
+        res.stats["backend_setting"] = AUTO
+    return res
 
 
 DECLARATIONS = declarations()

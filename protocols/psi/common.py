@@ -24,7 +24,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from numba import njit
@@ -38,7 +38,7 @@ from fedhet.parties.declare import MessageDecl, declare
 
 ECDH_VERSION = 1
 KKRT_VERSION = 1
-RR22_VERSION = 1
+RR22_VERSION = 2           # 2: IDs digested by a keyed PRF under the setup's key dk (1: SHA-256)
 SIGMA = 40                 # statistical security (bits) of the OT-based backends' OPRF outputs
 DIGEST_BYTES = 16
 MAX_CHUNK = 1 << 16        # rows per point message (ECDH) / items per OPRF message (KKRT)
@@ -50,6 +50,15 @@ RR22_MAX_ITEMS = 1 << 28   # items per party (the OKVS failure bound is stated u
 MAX_OKVS_ROWS = 1 << 18    # RR22: OKVS elements per message (4 MiB)
 ORDERS = ("sorted", "label_owner")
 BACKENDS = ("ecdh", "kkrt", "rr22")
+AUTO = "auto"
+CHOICES = (AUTO,) + BACKENDS   # what a psi_backend setting may say
+AUTO_BACKENDS = ("ecdh", "rr22")
+# "auto": the label owner runs RR22 from this many IDs (input rows) up to RR22_MAX_ITEMS, ECDH below (where
+# RR22's fixed costs, its base OTs, the VOLE's 256+ GGM trees and numba's start in a fresh process, outweigh
+# ECDH's per-ID curve work) and above (RR22's OKVS failure bound is stated only up to 2^28).  Measured by
+# benchmarks/psi_speed.py (results/psi_speed.json, two party processes, RR22 with its start in a fresh
+# process): RR22 was faster from 2^13 IDs per side at every size measured above it (ECDH 1.6 s, RR22 1.3 s).
+AUTO_RR22_FROM = 8192
 
 
 class Kind:
@@ -141,9 +150,12 @@ def _rr22(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
     oprf = sch.OneOf(tuple(sch.Arr("|u1", (None, ell), max_elems=MAX_CHUNK * ell) for ell in range(8, 17)))
     return [
         declare(Kind.RR22_SETUP, lo, fe, "protocol version, reveal mode, hash context, the Chou-Orlandi sender "
-                "point A (sent first: the base OTs need no IDs); no arrays",
+                "point A (sent first: the base OTs need no IDs), the key dk of the ID digests (fresh, public to "
+                "the parties: a PRF key drawn after the IDs are fixed); no arrays",
                 payload=sch.Fields({"v": sch.Int(), "reveal": sch.Bool(), "ctx": _CTX,
-                                    "A": sch.Bytes(length=ot.POINT_BYTES)}), protects="control"),
+                                    "A": sch.Bytes(length=ot.POINT_BYTES), "dk": sch.Bytes(length=16)},
+                                   optional=("dk",)),   # absent in version 1: the version check names it
+                protects="control"),
         declare(Kind.RR22_REPLY, fe, lo, "the feature party's 128 Chou-Orlandi receiver points (hiding its choice "
                 "bits, the VOLE's secret Δ): uint8 (128, 32)",
                 payload=sch.Fields({"B": sch.Arr("|u1", (ot.KAPPA, ot.POINT_BYTES))}), protects="control"),
@@ -179,14 +191,18 @@ def _rr22(lo: tuple[str, ...], fe: tuple[str, ...]) -> list[MessageDecl]:
 
 def declarations(label_owner: str | Sequence[str] = "label_owner", feature: str | Sequence[str] = "feature",
                  backend: str | None = "ecdh") -> list[MessageDecl]:
-    """The PSI message kinds of ``backend`` (None: all), for an algorithm whose roles have these names."""
+    """The PSI message kinds of ``backend`` (None: all), for an algorithm whose roles have these names.
+
+    ``"auto"``: the kinds of the backends it may choose (:data:`AUTO_BACKENDS`); the label owner's first
+    message names the one in force and the other's kinds are never sent."""
     lo = (label_owner,) if isinstance(label_owner, str) else tuple(label_owner)
     fe = (feature,) if isinstance(feature, str) else tuple(feature)
     if backend is not None:
-        check_backend(backend)
-    return ((_ecdh(lo, fe) if backend in (None, "ecdh") else [])
-            + (_kkrt(lo, fe) if backend in (None, "kkrt") else [])
-            + (_rr22(lo, fe) if backend in (None, "rr22") else []))
+        check_backend(backend, auto=True)
+    some = AUTO_BACKENDS if backend == AUTO else BACKENDS if backend is None else (backend,)
+    return ((_ecdh(lo, fe) if "ecdh" in some else [])
+            + (_kkrt(lo, fe) if "kkrt" in some else [])
+            + (_rr22(lo, fe) if "rr22" in some else []))
 
 
 # ------------------------------------------------------------------- results
@@ -210,10 +226,33 @@ class PSIResult:
 
 
 # ------------------------------------------------------------------ preamble
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"PSI backend must be one of {BACKENDS}, got {backend!r}")
+def check_backend(backend: str, auto: bool = False) -> str:
+    """``backend`` if it names a backend (or, with ``auto``, is ``"auto"``)."""
+    allowed = CHOICES if auto else BACKENDS
+    if backend not in allowed:
+        raise ValueError(f"PSI backend must be one of {allowed}, got {backend!r}")
     return backend
+
+
+def choose_backend(n_label_owner: int) -> str:
+    """``"auto"``'s choice, made by the label owner alone from its number of input IDs and sent to every
+    feature party in its first message (so every party of one intersection runs the same): RR22 from
+    :data:`AUTO_RR22_FROM` up to :data:`RR22_MAX_ITEMS` IDs, ECDH below and above."""
+    return "rr22" if AUTO_RR22_FROM <= n_label_owner <= RR22_MAX_ITEMS else "ecdh"
+
+
+def describe_backend(backend: str, key: str = "psi_backend") -> str:
+    """One sentence: which PSI backend a setting ``key`` = ``backend`` runs, and why."""
+    check_backend(backend, auto=True)
+    if backend == AUTO:
+        return (f"{key} = \"auto\": the label owner picks by its own number of IDs and names the backend in "
+                f"its first message: rr22 (OKVS + silent VOLE, the fastest and fewest bytes) from {AUTO_RR22_FROM} "
+                f"IDs up to 2^28, ecdh below {AUTO_RR22_FROM} (rr22's fixed costs outweigh ECDH's per-ID work "
+                f"there) and above 2^28 (rr22's OKVS bound ends there); feature parties follow")
+    why = {"ecdh": "X25519 blinding: the fewest assumptions (DDH), slowest at large sizes",
+           "kkrt": "KKRT16 OT-extension PSI: less CPU than ECDH at large sizes, most bytes",
+           "rr22": "RR22 OKVS + silent VOLE: the fastest at large sizes, fewest bytes"}[backend]
+    return f"{key} = \"{backend}\" at every size: {why}; every party must set the same"
 
 
 def check_chunk(chunk: int) -> int:
@@ -274,8 +313,11 @@ def dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[byte
     return uniq, rows
 
 
-def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[list[bytes], np.ndarray, np.ndarray]:
-    """:func:`dedupe` with the 128-bit digests of the unique IDs (:func:`item_digests`), for the OT backends.
+def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS,
+                  digests_of: Callable[[list[bytes]], np.ndarray] | None = None
+                  ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """:func:`dedupe` with the 128-bit digests of the unique IDs (``digests_of`` the encodings, default
+    :func:`item_digests`), for the OT backends.
 
     The digests of all IDs are computed first; when their first 8 bytes are all distinct (one sort),
     so are the IDs and no dictionary is needed; otherwise :func:`dedupe` decides exactly.
@@ -284,7 +326,7 @@ def digest_dedupe(items: list, who: str, max_items: int = MAX_ITEMS) -> tuple[li
         enc = grp.encode_items(items)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{who}: {e}") from None
-    digests = item_digests(enc)
+    digests = (digests_of or item_digests)(enc)
     prefix = np.sort(np.ascontiguousarray(digests[:, :8]).view("<u8").ravel())
     if len(prefix) < 2 or (prefix[1:] != prefix[:-1]).all():
         if len(enc) > max_items:
@@ -322,10 +364,30 @@ class OTPeer:
 SETUP_KINDS = {Kind.SETUP: "ecdh", Kind.KKRT_SETUP: "kkrt", Kind.RR22_SETUP: "rr22"}   # each backend's first message
 
 
-def setup_from(party: PartyLike, lo: str, backend: str, timeout: float | None) -> dict:
-    """F's first message: the label owner's setup for ``backend``.  A label owner on another backend
-    fails this at once, naming both backends (ProtocolMismatch: which side is wrong is not provable),
+def first_message(party: PartyLike, lo: str, backend: str, timeout: float | None) -> tuple[str, dict]:
+    """F's first message, for ``backend`` or, for ``"auto"``, whichever of :data:`AUTO_BACKENDS` the label
+    owner chose: (the backend in force, the setup).  A label owner on another backend fails this at once,
+    naming both (ProtocolMismatch: which side is wrong is not provable), instead of each side waiting out
+    its timeout for the other."""
+    kind, setup = party.recv_any(lo, SETUP_KINDS, timeout=timeout)
+    got = SETUP_KINDS[kind]
+    if backend == AUTO and got not in AUTO_BACKENDS:
+        raise ProtocolMismatch(party.name, lo, "PSI backend", f"auto ({' or '.join(AUTO_BACKENDS)})", got,
+                               "set psi_backend the same for every party")
+    return (got if backend == AUTO else backend), setup
+
+
+def setup_from(party: PartyLike, lo: str, backend: str, timeout: float | None,
+               first: tuple[str, dict] | None = None) -> dict:
+    """F's first message: the label owner's setup for ``backend`` (``first``: the backend and setup
+    :func:`first_message` received already).  A label owner on another backend fails this at once,
+    naming both backends (ProtocolMismatch: which side is wrong is not provable),
     instead of each side waiting out its timeout for the other."""
+    if first is not None:
+        got, setup = first
+        if got != backend:
+            raise ProtocolMismatch(party.name, lo, "PSI backend", backend, got, "set psi_backend the same for every party")
+        return setup
     kind, setup = party.recv_any(lo, SETUP_KINDS, timeout=timeout)
     if SETUP_KINDS[kind] != backend:
         raise ProtocolMismatch(party.name, lo, "PSI backend", backend, SETUP_KINDS[kind],
@@ -488,7 +550,7 @@ def agreed_order(enc: Sequence[bytes], uniq: np.ndarray, order: str) -> np.ndarr
     """The permutation that puts the common de-duplicated IDs ``uniq`` (indices into ``enc``) in the
     agreed ``order``: canonical for ``"sorted"``, first occurrence for ``"label_owner"``."""
     if order == "sorted":
-        return np.array(grp.canonical_order([enc[u] for u in uniq.tolist()]), dtype=np.int64)
+        return grp.canonical_order([enc[u] for u in uniq.tolist()])
     return np.argsort(uniq)  # de-duplicated order = order of first occurrence
 
 
@@ -523,14 +585,15 @@ def common_to_all(party: PartyLike, peers: Sequence[str], kind: str, where: dict
     return uniq
 
 
-def feature_inputs(party: PartyLike, ids: Iterable[Any], lo: str,
-                   max_items: int) -> tuple[list, tuple[int, int], list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+def feature_inputs(party: PartyLike, ids: Iterable[Any], lo: str, max_items: int,
+                   digests_of: Callable[[list[bytes]], np.ndarray] | None = None
+                   ) -> tuple[list, tuple[int, int], list[bytes], np.ndarray, np.ndarray, np.ndarray]:
     """A feature party's start in an OT backend: (items, traffic so far, unique encodings, their first
-    rows, their digests in a fresh secret order, that order)."""
+    rows, their digests (``digests_of``, default :func:`item_digests`) in a fresh secret order, that order)."""
     who = f"feature party {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, [lo])
-    enc, first_rows, digests = digest_dedupe(items, who, max_items)
+    enc, first_rows, digests = digest_dedupe(items, who, max_items, digests_of)
     perm = secure_permutation(len(enc))
     return items, start, enc, first_rows, digests[perm], perm
 

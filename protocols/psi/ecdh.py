@@ -231,9 +231,11 @@ def exchange_sizes(party: PartyLike, peers: Sequence[str], n: int, reveal: bool,
     return {p: _recv(party, p, Kind.SIZE, timeout, ())["n"] for p in peers}
 
 
-def answer_setup(party: PartyLike, lo: str, m: int, timeout: float | None) -> tuple[int, bool, bytes]:
-    """F: the label owner's (|X|, reveal mode, hash context), after answering |Y| = ``m``."""
-    setup = setup_from(party, lo, "ecdh", timeout)
+def answer_setup(party: PartyLike, lo: str, m: int, timeout: float | None,
+                 first: tuple[str, dict] | None = None) -> tuple[int, bool, bytes]:
+    """F: the label owner's (|X|, reveal mode, hash context), after answering |Y| = ``m`` (``first``: the
+    setup already received, :func:`~fedhet.protocols.psi.common.first_message`)."""
+    setup = setup_from(party, lo, "ecdh", timeout, first)
     if setup["v"] != ECDH_VERSION:
         raise ProtocolMismatch(party.name, lo, "PSI (ecdh) version", ECDH_VERSION, setup["v"])
     party.send(lo, Kind.SIZE, {"n": m})
@@ -338,7 +340,7 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     rows = first_rows[uniq]
     t_end = time.perf_counter()
     stats = {
-        "n_input": len(items), "n_unique": n, "peer_sizes": sizes, "pair_sizes": pair_sizes,
+        "backend": "ecdh", "n_input": len(items), "n_unique": n, "peer_sizes": sizes, "pair_sizes": pair_sizes,
         "size": int(len(rows)), "workers": nworkers, "chunk": chunk, "scalar_mults": n + sum(sizes.values()),
         "total_s": t_end - t0, "blind_s": t_blind - t_start, "match_s": t_end - t_blind,
         **traffic_stats(party, peers, start),
@@ -347,7 +349,7 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
 
 
 def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, workers: int | None,
-                  timeout: float | None) -> PSIResult:
+                  timeout: float | None, first: tuple[str, dict] | None = None) -> PSIResult:
     """F's side of :func:`label_owner` (arguments checked by :func:`fedhet.protocols.psi.psi_feature_party`)."""
     t0 = time.perf_counter()
     who = f"feature party {party.name!r}"
@@ -358,7 +360,7 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
         pool.start()
         enc, first_rows = dedupe(items, who)
         m = len(enc)
-        n, reveal, context = answer_setup(party, lo, m, timeout)
+        n, reveal, context = answer_setup(party, lo, m, timeout, first)
         b = grp.new_scalar()
         perm = secure_permutation(m)
         prog = _Progress(party, m + n)
@@ -372,7 +374,7 @@ def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, 
         if reveal else None
     t_end = time.perf_counter()
     stats = {
-        "n_input": len(items), "n_unique": m, "label_owner_size": n, "size": None if rows is None else len(rows),
+        "backend": "ecdh", "n_input": len(items), "n_unique": m, "label_owner_size": n, "size": None if rows is None else len(rows),
         "workers": nworkers, "chunk": chunk, "scalar_mults": m + n, "total_s": t_end - t0,
         "blind_s": t_blind - t_start, "wait_result_s": t_end - t_blind,
         **traffic_stats(party, [lo], start),

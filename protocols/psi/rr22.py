@@ -9,11 +9,16 @@ Vector-OLE" (Eurocrypt 2021, ePrint 2021/266) and Raghuraman, Rindal,
 Seo, Yeo (USENIX Security 2023).
 
 Two-party core, label owner L (PSI receiver, items X, |X| = n) and feature
-party F (PSI sender, items Y); every ID is first a 128-bit digest (SHA-256 truncated,
-:func:`~fedhet.protocols.psi.common.item_digests`); all
+party F (PSI sender, items Y); every ID is first a 128-bit digest: the keyed PRF
+:func:`fedhet.crypto.id_prf.cbc_mac_many` (AES-128 CBC-MAC of the length-prepended encoding)
+under a key dk that L draws fresh for the run and sends in its first message, so every party's IDs
+are fixed before it is drawn and two distinct IDs share a digest with probability about
+N^2 / 2^128 (N IDs in all) plus AES's PRP advantage (version 1 used SHA-256, one Python call
+per ID; this hashes all IDs in a few AES-NI calls); all
 arithmetic is in GF(2^128) (:mod:`fedhet.crypto.gf128`)::
 
-    L -> F   psi_rr22/setup   reveal mode, hash context, Chou–Orlandi point A (first thing: no IDs needed)
+    L -> F   psi_rr22/setup   reveal mode, hash context, Chou–Orlandi point A, the digest key dk (first
+                              thing: no IDs needed)
     F -> L   psi_rr22/reply   128 Chou–Orlandi points B_j (F's choice bits are Δ)
              (both parties now encode, de-duplicate and digest their IDs)
     L -> F   psi_rr22/u       n, m = OKVS columns, the OKVS hash key, the IKNP matrix U of the VOLE's
@@ -76,7 +81,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from fedhet.crypto import gf128, okvs, ot, vole
+from fedhet.crypto import gf128, id_prf, okvs, ot, vole
 from fedhet.crypto.ot import aes_ecb
 from fedhet.parties.api import PartyError, PeerFault, ProtocolMismatch
 from fedhet.parties.contract import PartyLike
@@ -148,6 +153,7 @@ def warm_up() -> float:
     """Run every compiled kernel once on tiny inputs (numba's one-time start and the load of the cached
     machine code, about half a second in a fresh process); returns the seconds it took."""
     t0 = time.perf_counter()
+    id_prf.cbc_mac_many(bytes(16), [b"a"])
     keys = np.arange(64, dtype=np.uint8).reshape(4, 16)
     m = okvs.columns(len(keys))
     rows = Rows(keys, bytes(16), b"", m)
@@ -172,12 +178,20 @@ class PeerRun(OTPeer):
         self.receiver: vole.Receiver | None = None
 
 
-def send_setup(party: PartyLike, peers: Sequence[str], reveal: bool, context: bytes) -> dict[str, PeerRun]:
-    """L, first thing: the mode, the hash context and one base-OT sender point per feature party (the
-    base OTs need no IDs, so they run while both sides prepare theirs)."""
+def digester(dk: bytes):
+    """The ID digests of a run whose digest key is ``dk``: encodings -> (n, 16) uint8."""
+    return lambda enc: id_prf.cbc_mac_many(dk, enc)
+
+
+def send_setup(party: PartyLike, peers: Sequence[str], reveal: bool, context: bytes,
+               dk: bytes) -> dict[str, PeerRun]:
+    """L, first thing: the mode, the hash context, one base-OT sender point per feature party (the
+    base OTs need no IDs, so they run while both sides prepare theirs) and the digest key ``dk`` (the
+    same for every feature party: our digests serve them all)."""
     runs = {p: PeerRun(p) for p in peers}
     for p, r in runs.items():
-        party.send(p, Kind.RR22_SETUP, {"v": RR22_VERSION, "reveal": bool(reveal), "ctx": context, "A": r.A})
+        party.send(p, Kind.RR22_SETUP, {"v": RR22_VERSION, "reveal": bool(reveal), "ctx": context, "A": r.A,
+                                        "dk": dk})
     return runs
 
 
@@ -240,11 +254,16 @@ def match_peer(party: PartyLike, r: PeerRun, n: int, timeout: float | None) -> n
     return w
 
 
-def answer_setup(party: PartyLike, lo: str, timeout: float | None) -> tuple[dict, vole.Sender]:
-    """F, first thing: the label owner's setup (checked), answered with base-OT points (choices Δ)."""
-    setup = setup_from(party, lo, "rr22", timeout)
+def answer_setup(party: PartyLike, lo: str, timeout: float | None,
+                 first: tuple[str, dict] | None = None) -> tuple[dict, vole.Sender]:
+    """F, first thing: the label owner's setup (checked; ``first``: already received), answered with
+    base-OT points (choices Δ)."""
+    setup = setup_from(party, lo, "rr22", timeout, first)
     if setup["v"] != RR22_VERSION:
         raise ProtocolMismatch(party.name, lo, "PSI (rr22) version", RR22_VERSION, setup["v"])
+    if "dk" not in setup:
+        raise PeerFault(party.name, lo, Kind.RR22_SETUP, f"PSI-RR22: a version {RR22_VERSION} setup without the "
+                        "digest key dk")
     delta_bits = vole.Sender.new_delta_bits()
     try:
         B, ks = ot.co_receiver_choose(setup["A"], delta_bits)
@@ -311,8 +330,9 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     who = f"label owner {party.name!r}"
     items = as_id_list(ids, who)
     start = traffic(party, peers)
-    runs = send_setup(party, peers, reveal_to_all, context)
-    enc, first_rows, digests = digest_dedupe(items, who, RR22_MAX_ITEMS)
+    dk = os.urandom(16)
+    runs = send_setup(party, peers, reveal_to_all, context, dk)
+    enc, first_rows, digests = digest_dedupe(items, who, RR22_MAX_ITEMS, digester(dk))
     n = len(enc)
     m = okvs.columns(n)
     t_hash = time.perf_counter()
@@ -350,12 +370,14 @@ def label_owner(party: PartyLike, ids: Iterable[Any], peers: list[str], reveal_t
     return label_owner_result(items, out_rows, stats)
 
 
-def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None) -> PSIResult:
+def feature_party(party: PartyLike, ids: Iterable[Any], lo: str, *, chunk: int, timeout: float | None,
+                  first: tuple[str, dict] | None = None) -> PSIResult:
     """F's side of :func:`label_owner` (arguments checked by :func:`fedhet.protocols.psi.psi_feature_party`)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    items, start, enc, first_rows, digests, perm = feature_inputs(party, ids, lo, RR22_MAX_ITEMS)
-    mine = len(enc)   # before anything of L's is needed; from here on our IDs are in a secret random order
-    setup, sender = answer_setup(party, lo, timeout)
+    start = traffic(party, [lo])
+    setup, sender = answer_setup(party, lo, timeout, first)   # the digest key first, then our IDs
+    items, _, enc, first_rows, digests, perm = feature_inputs(party, ids, lo, RR22_MAX_ITEMS, digester(setup["dk"]))
+    mine = len(enc)   # from here on our IDs are in a secret random order
     t_setup = time.perf_counter()
     msg, b = answer_vole(party, lo, sender, mine, timeout)
     n, m = msg["n"], msg["cols"]
