@@ -545,6 +545,45 @@ def loaded_demo(d: dict) -> list[str]:
          "rounds with exclusions"], rows)
 
 
+def network_matrix(d: dict) -> list[str]:
+    rows: Rows = []
+    for r in d["rows"]:
+        label = f"{r['algorithm']}: {r['protection']} ({r['data']})"
+        if "error" in r:
+            rows.append([label, "failed: " + r["error"], "", "", "", "", "", ""])
+        for net in ("loopback", "lan", "wan"):
+            m = r["runs"].get(net)
+            if m is None:
+                continue
+            pred = r["predicted"].get(net) or {}
+            share = pred["added_s"] / pred["span_s"] if pred.get("span_s") else None
+            err = m.get("model_error")
+            rows.append([label, net, f(m["wall_s"], 2), f(m["span_s"], 2), f(pred.get("span_s"), 2),
+                         "-" if err is None else f"{err:+.0%}", pct(share, 0), f(m["bytes"] / 1e6, 3),
+                         str(m["messages"]), f(m["loadavg"][0], 1)])
+    errs = [abs(m["model_error"]) for r in d["rows"] for m in r["runs"].values() if m.get("model_error") is not None]
+    head = ([f"The model's error against the emulator: at most {max(errs):.0%} over {len(errs)} cells "
+             f"(median {sorted(errs)[len(errs) // 2]:.0%}).", ""] if errs else [])
+    skipped = ["", "Cells not run: " + ", ".join(d["not_run"]) + "."] if d.get("not_run") else []
+    return head + table(["cell (data)", "network", "wall s", "span s", "model's span s", "model error",
+                         "network share (model)", "MB", "messages", "load"], rows) + skipped
+
+
+def network_kernel(d: dict) -> list[str]:
+    rows = [[f"{r['bytes'] / 2**20:g}", f(r["model_s"], 3), f(r.get("kernel_s"), 3), f(r["emulator_s"], 3),
+             "-" if r.get("kernel_s") is None else f"{(r['emulator_s'] - r['kernel_s']) / r['kernel_s']:+.1%}"]
+            for r in d["bandwidth"]]
+    base = (d.get("loopback_rtt_ms") or {}).get("median_ms", 0.0)
+    rtts = [[f"{r['rtt_ms']:g}", f(r["median_ms"], 2), f"{(r['median_ms'] - r['rtt_ms']) / r['rtt_ms']:+.1%}",
+             f"{(r['median_ms'] - base - r['rtt_ms']) / r['rtt_ms']:+.1%}"] for r in d["rtt"]]
+    skipped = [f"Kernel rows not run: {d['kernel_not_run']}.", ""] if d.get("kernel_not_run") else []
+    return skipped + table([f"MB at {d['mbit']} Mbit/s", "model s", "kernel (tbf) s", "emulator s",
+                            "emulator vs kernel"], rows) + [
+        "", f"Ping-pong round trips under the emulator (no `netem` here: no kernel row); without a simulated link "
+        f"the same ping-pong takes {f(base, 2)} ms (the parties' own cost; added = median - that):", ""] + table(
+        ["configured RTT ms", "median ms", "median vs configured", "added vs configured"], rtts)
+
+
 def dp(d: dict) -> list[str]:
     acc = d["accuracy"]
     rows = [[k, f"{r['seeds']}", pm(r["mean"], r["std"], 4),
@@ -725,6 +764,22 @@ SECTIONS = (
             loaded_demo, "Every party is its own process over CURVE. A connection cut by a party's own guard would "
             "show in the cut columns (issue 43: none of a listed peer's may be). The five run folders also passed "
             "`fedhet audit --trust-folder-keys`, run apart from the benchmark."),
+    Section("Encrypted against plaintext on simulated networks", "python -m benchmarks.network_matrix",
+            ("network_matrix",), f"{REAL} (scikit-learn's breast-cancer set) and {SYNTHETIC} (PSI's IDs), as each "
+            "row says", network_matrix,
+            "Each smoke federation runs as processes over CURVE on loopback, then with `[federation] network = "
+            "\"lan\"` (0.5 ms round trip, 1 Gbit/s) and `\"wan\"` (50 ms, 100 Mbit/s): every message crosses an "
+            "emulated link (`fedhet.parties.netlink`). The model (`fedhet.parties.ops.netmodel`) replays the "
+            "loopback run's transcripts with the link's delays. span: from the moment every party's role ran to the "
+            "last party's end (wall adds process start-up, which no link changes); error = (model - measured) / "
+            "measured span; network share: the model's added time over its span. The compute inside a span moves "
+            "with the shared machine's load as much as a LAN moves it."),
+    Section("The link emulator against the kernel", "python -m benchmarks.network_kernel (root: network "
+            "namespaces)", ("network_kernel",), f"{SYNTHETIC}: zero-filled messages", network_kernel,
+            "Two CURVE parties; a message from a to b timed to b's 1-byte answer. kernel: two network namespaces "
+            "over a veth pair shaped by `tbf` on both ends; emulator: loopback with `network = \"0,100\"`. The "
+            "kernel also carries TCP/IP headers (about 4 % at a 1500-byte MTU), which the emulator does not count. "
+            "Each ping-pong hop through the emulator costs one more thread wake-up, which shows at 1 ms."),
     Section("Prediction throughput (vertical, as processes)", "python -m benchmarks.predict_throughput "
             "--rows 131072 1000 --psi-backends ecdh auto",
             ("predict_throughput",), f"{SYNTHETIC}: new rows drawn around each smoke model's check rows",

@@ -62,6 +62,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from .netlink import parse_network
 from .settings import SettingsError, describe_settings, known_keys, parse_settings, setting, settings_dict
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
@@ -86,8 +87,12 @@ class SharedSettings:
                                  "party has given up on it and exited", lo=0, lo_open=True)
     restart_grace_s: float = setting(0.0, "seconds the others wait for a dead party to restart alone with "
                                      "--resume (0 = off)", lo=0)
+    network: str = setting("loopback", "the simulated link between every pair of parties: loopback (none), lan "
+                           "(0.5 ms round trip, 1 Gbit/s), wan (50 ms, 100 Mbit/s) or \"RTT_MS,MBIT\" "
+                           "(fedhet.parties.netlink)")
 
     def validate(self) -> None:
+        parse_network(self.network)   # its ValueError names the key, the value and what is accepted
         if self.restart_grace_s > self.timeout:
             raise ValueError(f"restart_grace_s = {self.restart_grace_s:g} must be between 0 (off) and the timeout "
                              f"({self.timeout:g}s): a party waits for any one message at most the timeout")
@@ -244,6 +249,7 @@ class Federation:
     peer_lost_s: float = 10.0  # a peer whose up connection broke and stays down is gone; exited by then
     checkpoint_every: int = 1  # each party checkpoints every N-th step (round or epoch); 0: never
     restart_grace_s: float = 0.0  # > 0: a dead party may restart alone; its peers wait this long for it
+    network: str = "loopback"  # the simulated link between every pair of parties (fedhet.parties.netlink)
     engine: str = "local"  # `fedhet run`: local processes, or "ray" (parties/ops/engines/ray.py)
     ray_address: str = ""  # engine = "ray": the cluster ("": Ray's own look-up)
     placement: str = "spread"  # engine = "ray": spread or pack the hosts over the nodes
@@ -335,6 +341,8 @@ class Federation:
             fed["checkpoint_every"] = self.checkpoint_every
         if self.restart_grace_s:
             fed["restart_grace_s"] = self.restart_grace_s
+        if self.network != "loopback":
+            fed["network"] = self.network
         fed.update(self.launch_items())
         if self.key_dir is not None and not public_only:
             fed["key_dir"] = str(self.key_dir)

@@ -48,6 +48,7 @@ from .identity import PartyIdentity
 from .federation import Federation, check_keys_present
 from .progress import LOG_LEVELS, LinePrinter
 from .model_store import write_part
+from .netlink import describe as describe_network, parse_network
 from .role import run_role, trained_part
 from .transcript import Transcript, chain_prefix
 
@@ -228,6 +229,7 @@ def config_record(fed: Federation, run_id: str, insecure: bool) -> dict:
     d = fed.to_dict(public_only=True)
     d["run_id"] = run_id
     d["insecure"] = insecure
+    d["network"] = describe_network(parse_network(fed.network))   # the simulated link (loopback: none)
     d["algorithm_cfg"] = fed.algorithm_cfg()
     return d
 
@@ -473,6 +475,7 @@ class PartyRun:
             transcript=self.transcript, logger=self.log, metrics_path=self.pdir / rf.METRICS, status_cb=self.status,
             declarations=declared, sizes=sizes, fingerprint=fed.fingerprint(),
             lost_s=give_up_after(fed), incarnation=incarnation, restarted=self.restarted,
+            network=parse_network(fed.network),
             identity=PartyIdentity(signing, {p.name: keyfiles.verify_key(p.sign_key) for p in fed.parties if p.sign_key}),
             **extra,
         )
@@ -504,7 +507,10 @@ class PartyRun:
             "result": result, "traffic": party.traffic(), "wall_s": wall,
             "exclusions": party.exclusions, "rounds_with_exclusions": party.exclusion_count,
             "role_wall_s": time.perf_counter() - self.stage_at["data loaded"], "device": party.device,
-            "insecure": self.insecure,
+            "insecure": self.insecure, "network": describe_network(parse_network(self.fed.network)),
+            # epoch seconds, the transcripts' clock: when the role began (its data loaded) and the party
+            # ended (the network cost model's span: fedhet.parties.ops.netmodel)
+            "started_at": time.time() - (time.perf_counter() - self.stage_at["data loaded"]), "ended_at": time.time(),
         })
         self.status({"state": "done", "done": 1, "total": 1, "wall_s": wall})
         self.log.info("party %s finished in %.2fs", self.name, wall)

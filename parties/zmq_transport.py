@@ -86,6 +86,7 @@ from zmq.utils.monitor import parse_monitor_message
 from . import codec
 from .api import Party, PartyError, PeerTimeout
 from .codec import MalformedMessage, MessageTooLarge, short
+from .netlink import LinkProfile, LinkShaper
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = "fedhet"
@@ -894,7 +895,7 @@ class _Streams:
             return
         if st is not None:
             self._drop(rid, st, "interrupted by another message")
-        self.party._deliver([f.buffer for f in frames], authenticated=user)
+        self.party._arrived([f.buffer for f in frames], authenticated=user)
 
     def _start(self, rid: bytes, user: str | None, header) -> None:
         p = self.party
@@ -911,7 +912,7 @@ class _Streams:
             if why is not None:
                 p._reject(why)
             else:
-                p._deliver([header.buffer], authenticated=user)
+                p._arrived([header.buffer], authenticated=user)
             return
         key = user if user is not None else rid
         old = self.by_user.get(key)
@@ -935,7 +936,7 @@ class _Streams:
         if st.seen == len(sizes):
             self._close(rid, st)
             if not st.skip:
-                self.party._deliver([st.header.buffer] + st.frames, authenticated=st.user)
+                self.party._arrived([st.header.buffer] + st.frames, authenticated=st.user)
 
     def _close(self, rid: bytes, st: _Stream) -> None:
         self.open.pop(rid, None)
@@ -970,6 +971,7 @@ class ZmqParty(Party):
         identify_s: float = IDENTIFY_S,
         min_rate: float = MIN_RATE,
         conns_per_peer: int = CONNS_PER_PEER,
+        network: LinkProfile | None = None,
         **kw: Any,
     ) -> None:
         """``diagnose_s``: a dialled link bad this long is logged and put into the status, and a
@@ -977,8 +979,10 @@ class ZmqParty(Party):
         ``unreachable_s``: a recv waiting on a peer with no TCP connection for that long fails too
         (None: it waits out its timeout, as parties started by hand may come up minutes apart).
         ``identify_s``, ``min_rate``, ``conns_per_peer``: the bounds on accepted connections
-        (module docstring)."""
+        (module docstring).  ``network``: the simulated link each message from a peer crosses
+        (:mod:`fedhet.parties.netlink`; None: loopback, delivered as the socket hands it over)."""
         super().__init__(name, roles, **kw)
+        self._shaper = None if network is None else LinkShaper(network, self._checked, name)
         missing = [p for p in roles if p not in endpoints]
         if missing:
             raise ValueError(f"no endpoint for parties {missing}")
@@ -1313,7 +1317,30 @@ class ZmqParty(Party):
             return
         if len(frames) == 1 and len(frames[0]) == len(HELLO) and frames[0].bytes == HELLO:
             return  # a new connection named its key (the guard counted it); nothing to deliver
+        if self._shaper is not None:
+            self._shaper.heard(user)
         self._streams.feed(parts[0].bytes, user, frames)
+
+    def _arrived(self, frames: list, authenticated: str | None) -> None:
+        """A whole message the sockets handed over: to the checks now, or after its simulated link."""
+        if self._shaper is None:
+            self._deliver(frames, authenticated)
+            return
+        peer = authenticated
+        if peer is None:   # --insecure: the link is the one the header names (the checks judge the claim)
+            try:
+                peer = codec.plan(frames[0], self.max_message_bytes).frm
+            except Exception:
+                self._deliver(frames, authenticated)   # refused there, at once
+                return
+        self._shaper.put(peer, frames, authenticated)
+
+    def _checked(self, frames: list, authenticated: str | None) -> None:
+        """The link's delivery (its own thread): the checks, which never raise (as in the receive loop)."""
+        try:
+            self._deliver(frames, authenticated)
+        except Exception as e:  # belt and braces
+            self._reject(f"link delivery: {type(e).__name__}: {short(str(e))}")
 
     def _stream_refusal(self, plan: codec.Plan, user: str | None) -> str | None:
         """Why a streamed message is refused from its header alone (None: keep its data).
@@ -1394,6 +1421,8 @@ class ZmqParty(Party):
             retries = {p: link.retries for p, link in self._links.items() if link.retries}
             t["dialled"] = len(self._links)
         t["handshake_retries"] = {"total": sum(retries.values()), "by_peer": retries}
+        if self._shaper is not None:   # the simulated link: messages held and seconds they waited on it
+            t["link"] = self._shaper.stats()
         return t
 
     def metric(self, **values: Any) -> None:
@@ -1407,6 +1436,8 @@ class ZmqParty(Party):
     # ----------------------------------------------------------------- closing
     def _transport_close(self, linger_s: float | None = None) -> None:
         self._halt.set()
+        if self._shaper is not None:
+            self._shaper.close()
         try:
             os.write(self._wake_w, b"\0")
         except OSError:

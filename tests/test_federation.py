@@ -89,7 +89,7 @@ def test_the_fingerprint_covers_every_shared_key_and_no_local_or_launch_key():
     fed = from_dict(GOOD, source="f.toml")
     base = fed.fingerprint()["federation"]
     changed = {"name": "other", "timeout": 99.0, "seed": 7, "max_message_mb": 8, "peer_lost_s": 3.0,
-               "restart_grace_s": 5.0}
+               "restart_grace_s": 5.0, "network": "wan"}
     assert set(changed) == set(known_keys(SharedSettings))
     for k, v in changed.items():
         assert replace(fed, **{k: v}).fingerprint()["federation"] != base, k

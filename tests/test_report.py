@@ -90,6 +90,20 @@ def test_view_lists_exactly_the_transcripts_kinds_with_their_counts(runs):
     assert bytes_sent == sum(k["bytes"] for k in v["kinds"])
 
 
+def test_view_shows_the_network_and_the_models_lan_and_wan_times(runs):
+    """A loopback run: its profile from config.json, and the network cost model's wall time at LAN and
+    WAN from its transcripts, never below the measured wall (a link only adds time) and WAN's never
+    below LAN's; the page shows both."""
+    he, _ = runs
+    v = view(he, get_algorithm)
+    net = v["network"]
+    assert net["profile"] == "loopback" and json.loads((he / "config.json").read_text())["network"]["network"] == "loopback"
+    assert set(net["predicted"]) == {"lan", "wan"} and not net["why_not"]
+    assert v["wall_s"] <= net["predicted"]["lan"] <= net["predicted"]["wan"]
+    page = render(he, lookup=get_algorithm)
+    assert "predicted wall time at WAN (s)" in page and 'data-key="predicted_wan_s"' in page
+
+
 def test_tampered_record_is_marked_where_it_is(runs, tmp_path):
     he, _ = runs
     kind, _ = _tamper(he, tmp_path / "bad")

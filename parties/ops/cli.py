@@ -36,6 +36,7 @@ from rich.text import Text
 
 from fedhet.parties import runfolder as rf
 from fedhet.parties import entry
+from fedhet.parties.netlink import parse_network
 from fedhet.parties.progress import LOG_LEVELS
 
 console = Console(stderr=False)
@@ -255,9 +256,9 @@ def cmd_run(args) -> int:
     from fedhet.parties.ops.launcher import RunFailed, launch, resume_federation
 
     if args.resume:
-        if args.federation or args.out or args.set:
+        if args.federation or args.out or args.set or args.network:
             console.print("error: --resume RUN goes on with RUN's own federation, settings and folder: give no "
-                          "federation file, --out or --set with it", markup=False)
+                          "federation file, --out, --set or --network with it", markup=False)
             return 2
         args.out = args.resume
         fed = entry.with_data_dir(resume_federation(args.resume), args.data_dir)
@@ -268,6 +269,13 @@ def cmd_run(args) -> int:
         fed = entry.with_data_dir(_load_federation(args.federation), args.data_dir)
     if args.engine:
         fed = dataclasses.replace(fed, engine=args.engine)
+    if args.network:
+        try:
+            parse_network(args.network)
+        except ValueError as e:
+            console.print(f"error: --network: {e}", markup=False)
+            return 2
+        fed = dataclasses.replace(fed, network=args.network.strip().lower())
     if args.address:
         if fed.engine != "ray":
             console.print("error: --address is the Ray cluster's: give it with --engine ray (or [federation] "
@@ -400,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="go on with the killed or failed run in folder RUN from the newest checkpoint every party holds")
     p.add_argument("--out", help="run folder (default runs/ALGORITHM-TIME-ID)")
     p.add_argument("--insecure", action="store_true", help="plain TCP, no CURVE: only to measure its cost")
+    p.add_argument("--network", metavar="PROFILE", help="a simulated link between every pair of parties: loopback, "
+                   "lan, wan or RTT_MS,MBIT (overrides [federation] network)")
     p.add_argument("--timeout", type=float, help="fail the run if it takes longer (seconds)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="what each party's log.txt records")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an [algorithm] parameter")

@@ -360,7 +360,7 @@ def _write_summary(fed: Federation, run_dir: Path, wall: float, ok: bool,
     write_atomic(run_dir / rf.METRICS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
     summary = {
         "ok": ok, "run_id": fed.run_id, "algorithm": fed.algorithm_name, "federation": fed.name,
-        "wall_s": wall, "parties": parties,
+        "wall_s": wall, "parties": parties, "network": fed.network,
         "bytes_total": sum(v.get("traffic", {}).get("bytes_sent_total", 0) for v in parties.values()),
     }
     if hosts:

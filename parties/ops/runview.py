@@ -206,7 +206,32 @@ def view(run_dir: str | Path, lookup: Callable[[str], Any] | None = None,
         "flow": _flow(messages),
         "curves": _curves(run_dir / rf.METRICS),
         "phases": _phases(result, messages),
+        "network": _network(run_dir, config, finished and result.get("ok") is True),
     }
+
+
+def _network(run_dir: Path, config: dict, done: bool) -> dict:
+    """The run's simulated link (config.json) and, for a finished loopback run, the network cost
+    model's wall time at LAN and WAN (:mod:`fedhet.parties.ops.netmodel`)."""
+    from fedhet.parties.ops import netmodel
+
+    rec = config.get("network")
+    rec = rec if isinstance(rec, dict) else {}
+    fed = config.get("federation")
+    fed = fed if isinstance(fed, dict) else {}
+    out: dict = {"profile": str(rec.get("network") or fed.get("network") or "loopback"),
+                 "rtt_ms": number(rec.get("rtt_ms")), "mbit_s": number(rec.get("mbit_s")), "predicted": {},
+                 "why_not": ""}
+    if out["profile"] != "loopback":
+        out["why_not"] = "the model replays loopback runs"
+    elif not done:
+        out["why_not"] = "the run did not finish"
+    else:
+        try:
+            out["predicted"] = {n: p.wall_s for n, p in netmodel.predict_run(run_dir).items()}
+        except (netmodel.ModelError, OSError, KeyError, TypeError, ValueError) as e:
+            out["why_not"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def _verdict(rep: Any, finished: bool, trusted: bool) -> str:
