@@ -76,7 +76,7 @@ def train_shares(s: f3.Settings, reps, y, A, classes: int, hidden: int, record: 
     t0 = time.perf_counter()
     for epoch in range(s.epochs):
         te0 = time.perf_counter()
-        for b in T._batches(tr, s.batch, gen):
+        for b in T.batches(tr, s.batch, gen):
             hits = m.step(pos[:tr][b], s.lion_lr if optimizer == "lion" else s.sgd_lr, s.momentum, optimizer)
             steps.append({"rows": pos[:tr][b], "hits": hits, "epoch": epoch})
         conf = m.confusion(pos[tr:tr + va], s.batch)

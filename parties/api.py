@@ -804,8 +804,10 @@ class Party:
     def _transport_send(self, to: str, frames: list) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _transport_close(self, linger_s: float | None = None) -> None:
-        pass
+    def _transport_close(self, linger_s: float | None = None, unreached_s: float | None = None) -> None:
+        """Close the transport: queued messages get ``linger_s`` (None: as long as they need) to leave;
+        with ``unreached_s``, a party that has heard from no peer yet gives those for a peer it never
+        reached at least that long (a failure notice for a peer that may still be starting)."""
 
     def _restart_judge(self, peer: str) -> str:
         """What this party can tell of ``peer``'s restart since this incarnation began: "seen" (one

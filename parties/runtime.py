@@ -61,6 +61,9 @@ LAUNCHER_PID_ENV = "FEDHET_LAUNCHER_PID"  # set by `fedhet run` for the parties 
 
 # A failed party gives queued messages this long to leave before it exits (not the whole timeout).
 FAILED_LINGER_S = 2.0
+# ... and its failure notice to a peer it never reached this long: a peer started by hand seconds later
+# (a loaded machine) gets the notice instead of waiting out its timeout.
+UNREACHED_LINGER_S = 20.0
 
 # ``[federation] peer_lost_s`` is when a party that lost a peer has exited, not when it starts to:
 # its waits give up this much earlier (a quarter of peer_lost_s at most), the time its own records,
@@ -398,7 +401,7 @@ class PartyRun:
         try:
             bare.notify_failure(f"{name}: {reason}")
         finally:
-            bare._transport_close(linger_s=FAILED_LINGER_S)
+            bare._transport_close(linger_s=FAILED_LINGER_S, unreached_s=UNREACHED_LINGER_S)
 
     def run(self) -> int:
         """Run the role function to completion; returns the exit code (0 = success, 1 = failed,
@@ -541,6 +544,6 @@ class PartyRun:
         if self.transcript is not None:
             _quietly(self.transcript.close)
         if party is not None:
-            _quietly(lambda: party._transport_close(linger_s=FAILED_LINGER_S))
+            _quietly(lambda: party._transport_close(linger_s=FAILED_LINGER_S, unreached_s=UNREACHED_LINGER_S))
         self.code = 130 if isinstance(e, KeyboardInterrupt) else 143 if isinstance(e, Stopped) else 1
         return self.code

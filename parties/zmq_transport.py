@@ -367,9 +367,6 @@ class SharedContext:
 
 
 RX_IDLE_MS = 5000  # the receive loop's backstop wake-up; messages and closing wake it at once
-# A party closing with a short linger (it failed) still waits this long for a peer it never reached:
-# a peer started by hand seconds later gets the failure notice instead of waiting out its timeout.
-FIRST_CONTACT_LINGER_S = 30.0
 
 
 def _wire_bytes(n: int, curve: bool) -> int:
@@ -1434,7 +1431,7 @@ class ZmqParty(Party):
             self.log.warning("metrics line not written: %s", e)
 
     # ----------------------------------------------------------------- closing
-    def _transport_close(self, linger_s: float | None = None) -> None:
+    def _transport_close(self, linger_s: float | None = None, unreached_s: float | None = None) -> None:
         self._halt.set()
         if self._shaper is not None:
             self._shaper.close()
@@ -1454,15 +1451,18 @@ class ZmqParty(Party):
             self._guard.close()
         with self._links_lock:
             gone = {p for p, link in self._links.items() if link.lost_at is not None and link.state != UP}
+        starting = unreached_s is not None and not any(self.messages_received.values())
         for peer, s in self.dealers.items():
             # a clean close lingers until queued messages reach the peer; a failed party passes a short
             # linger so messages queued for a dead peer do not hold its exit for the whole timeout, and
             # so does a peer whose connection broke and is down now (it finished, or it is gone)
             linger = 0.0 if peer in gone else linger_s
-            if linger is not None and peer not in gone and self._guard is not None and not self._guard.joined[peer]:
-                # never connected: the peer may still be starting (parties started by hand, a loaded
-                # machine); its failure notice waits for it longer, and leaves as soon as it is up
-                linger = max(linger, FIRST_CONTACT_LINGER_S)
+            if (starting and linger is not None and peer not in gone and self._guard is not None
+                    and not self._guard.joined[peer]):
+                # this party failed before it heard from anyone, and never reached this peer: the
+                # peer may still be starting (parties started by hand, a loaded machine); the failure
+                # notice waits for it longer, and leaves as soon as it is up
+                linger = max(linger, float(unreached_s or 0.0))
             s.close(linger=None if linger is None else int(max(0.0, linger) * 1000))
         self.router.close(linger=0)
         if self._zap is not None:

@@ -291,15 +291,15 @@ def test_atomic_writes_honour_the_umask_unless_told_a_mode(tmp_path):
 
 
 @pytest.mark.unit
-def test_listening_ports_are_drawn_below_the_kernels_ephemeral_range():
+def test_listening_ports_are_drawn_below_the_kernelsephemeral_range():
     """A party could not bind the port the launcher had found free ("Address already in use"): a port
     the kernel hands out to outgoing connections was taken again before the party started, under load
     with thousands of connections open.  Listening ports now come from below that range."""
     import socket
 
-    from fedhet.parties.ops.engines.local import LISTEN_PORTS_FROM, _ephemeral_range, free_port
+    from fedhet.parties.ops.engines.local import LISTEN_PORTS_FROM, ephemeral_range, free_port
 
-    lo, _ = _ephemeral_range()
+    lo, _ = ephemeral_range()
     ports = [free_port() for _ in range(50)]
     assert all(LISTEN_PORTS_FROM <= p < lo for p in ports), ports
     for p in ports[:5]:

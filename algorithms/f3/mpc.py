@@ -44,7 +44,13 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.f3.core import LayerOnShares, first_layer_grads
+from fedhet.algorithms.f3.messages import Kind
+from fedhet.algorithms.f3.settings import Settings
+from fedhet.parties.api import PeerFault
+from fedhet.parties.contract import PartyLike
 from fedhet.protocols import replicated as rs
+from fedhet.protocols import replicated_share as rsh
+from fedhet.protocols import shamir_share as ss
 
 H_BITS, C_BITS, A_BITS, NA_BITS, W1_BITS, G_BITS_MAX = 14, 14, 12, 10, 14, 16
 U_BITS = H_BITS + C_BITS + A_BITS        # 40
@@ -274,3 +280,18 @@ class SharedLogits(LayerOnShares):
             return _LogitsOnShares.apply(self, np.asarray(rows), keep, A, W, self.model.W1.weight, *self.alignments())
         logits.logits = True   # type: ignore[attr-defined]
         return logits
+
+
+def receive_holder_shares(party: PartyLike, s: Settings, order: list[str], total: int, widths: list[int]) -> list:
+    """Algorithm 1 line 5 at a holder: its shares of every owner's h, checked against the settings' shapes, as a
+    checkpoint keeps them."""
+    if s.fusion in ("mpc", "shares"):
+        got = rsh.receive_shares(party, order, Kind.RSS_PREFIX + "/share", {o: (total, w) for o, w in zip(order, widths)},
+                                 H_BITS)
+        return [{"a": got[o].a, "b": got[o].b} for o in order]
+    shamir = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
+    for o, w in zip(order, widths):
+        if shamir[o].shape != (total, w):
+            raise PeerFault(party.name, o, Kind.SHARE_PREFIX, f"shared an array of shape {shamir[o].shape}, the "
+                            f"settings say ({total}, {w})")
+    return [ss.share_state(shamir[o]) for o in order]

@@ -51,13 +51,15 @@ from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
 from fedhet.algorithms.f3.model import coordinator_part, owner_part
 from fedhet.algorithms.f3.models import GlobalGCN
 from fedhet.algorithms.f3.settings import Settings, n_rows, owner_widths
-from fedhet.algorithms.f3.training import FirstLayerFor, GlobalConfig, build_global, entropy, plain_first_layer, predict, \
+from fedhet.algorithms.f3.training import FirstLayerFor, build_global, entropy, plain_first_layer, predict, \
     pretrain_owner, scores, train_global
 from fedhet.algorithms.toolkit import Phases, role_members, traffic_totals
 from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.parties.settings import SettingsError
 from fedhet.algorithms.f3 import mpc, shares_roles
+from fedhet.algorithms.f3.mpc import receive_holder_shares
+from fedhet.algorithms.f3.training import class_count, global_config, sample_positions
 from fedhet.protocols import replicated as rs
 from fedhet.protocols import replicated_share as rsh
 from fedhet.protocols import shamir_share as ss
@@ -201,21 +203,6 @@ def holder_state(party: PartyLike, s: Settings, order: list[str], total: int, wi
     state = HolderState(receive_holder_shares(party, s, order, total, widths))
     party.checkpoint(1, state.state())
     return state
-
-
-def receive_holder_shares(party: PartyLike, s: Settings, order: list[str], total: int, widths: list[int]) -> list:
-    """Algorithm 1 line 5 at a holder: its shares of every owner's h, checked against the settings' shapes, as a
-    checkpoint keeps them."""
-    if s.fusion in ("mpc", "shares"):
-        got = rsh.receive_shares(party, order, Kind.RSS_PREFIX + "/share", {o: (total, w) for o, w in zip(order, widths)},
-                                 mpc.H_BITS)
-        return [{"a": got[o].a, "b": got[o].b} for o in order]
-    shamir = ss.receive_shares(party, order, Kind.SHARE_PREFIX, t=s.t, tag="h")
-    for o, w in zip(order, widths):
-        if shamir[o].shape != (total, w):
-            raise PeerFault(party.name, o, Kind.SHARE_PREFIX, f"shared an array of shape {shamir[o].shape}, the "
-                            f"settings say ({total}, {w})")
-    return [ss.share_state(shamir[o]) for o in order]
 
 
 def serve_ops(party: PartyLike, coord: str, state: HolderState, ops: ShamirHolderOps | MpcHolderOps) -> None:
@@ -541,23 +528,6 @@ def receive_uploads(party: PartyLike, s: Settings, order: list[str],
         if h.shape[1] != w:
             raise PeerFault(party.name, o, Kind.REP, f"shape {h.shape}, expected ({sum(n_rows(s))}, {w})")
     return y, reps
-
-
-def class_count(s: Settings, y: np.ndarray) -> int:
-    """Vowels: its 9 speakers (more if the labels say so); the traffic data sets: an incident or none."""
-    return max(int(y.max()) + 1, 9) if s.dataset == "vowels" else 2
-
-
-def global_config(s: Settings, device: str) -> GlobalConfig:
-    return GlobalConfig(d=s.d, hidden=s.hidden, align=s.align, graph=s.graph, tau=s.tau, test_samples=s.test_samples,
-                        epochs=s.epochs, patience=s.patience, lr=s.lr, batch=s.batch, seed=s.seed, device=device)
-
-
-def sample_positions(s: Settings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The training, validation and test samples' positions in the shared arrays (in that order)."""
-    tr, va, te = n_rows(s)
-    pos = np.arange(tr + va + te)
-    return pos[:tr], pos[tr:tr + va], pos[tr + va:]
 
 
 def first_layer(party: PartyLike, s: Settings, model: GlobalGCN, widths: list[int],

@@ -60,7 +60,7 @@ ICDF_NOTE = ("the learned ICDF graph's gradient dÂ_b = δ_b G_bᵀ needs a per-
              "128-bit ring or a truncation of B n² products per step")
 
 
-def _cat(xs: list[rs.Rss]) -> tuple[rs.Rss, list[tuple]]:
+def cat(xs: list[rs.Rss]) -> tuple[rs.Rss, list[tuple]]:
     """Several pairs flattened into one (one truncation for all), with their shapes to split them again."""
     return (rs.Rss(np.concatenate([x.a.reshape(-1) for x in xs]), np.concatenate([x.b.reshape(-1) for x in xs])),
             [x.shape for x in xs])
@@ -77,7 +77,7 @@ def _split(x: rs.Rss, shapes: list[tuple]) -> list[rs.Rss]:
 
 def trunc_all(h: rs.Holder, xs: list[rs.Rss], d: int) -> list[rs.Rss]:
     """:func:`~fedhet.protocols.replicated.trunc` of several arrays in one call (10 rounds for all)."""
-    flat, shapes = _cat(xs)
+    flat, shapes = cat(xs)
     return _split(rs.trunc(h, flat, d), shapes)
 
 
@@ -252,7 +252,7 @@ def lion(h: rs.Holder, model: SharedModel, grads: dict[str, rs.Rss], lr: float) 
     names = sorted(grads)
     b1, b2 = LION_BETAS
     c1, c2 = (int(round(b1 * 2 ** COEF_BITS)), int(round((1 - b1) * 2 ** COEF_BITS)))
-    z, shapes = _cat([rs.add(_scale(model.v[k], c1), _scale(grads[k], c2)) for k in names])
+    z, shapes = cat([rs.add(_scale(model.v[k], c1), _scale(grads[k], c2)) for k in names])
     neg = rs.ltz(h, z)                                                        # [z < 0]
     step = np.int64(rs.encode(lr, F, "lr"))
     if step < 1:

@@ -29,7 +29,8 @@ from fedhet.algorithms.f3.data import provenance
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
 from fedhet.algorithms.f3.model import coordinator_part
 from fedhet.algorithms.f3.settings import Settings
-from fedhet.algorithms.f3.training import _batches
+from fedhet.algorithms.f3.mpc import receive_holder_shares
+from fedhet.algorithms.f3.training import batches, build_global, class_count, global_config, sample_positions
 from fedhet.algorithms.toolkit import Phases, traffic_totals
 from fedhet.parties.api import PeerFault
 from fedhet.parties.contract import PartyLike
@@ -77,7 +78,6 @@ def shape_of(s: Settings, n: int, width: int, classes: int) -> S.Shape:
 
 def holder(party: PartyLike, s: Settings, order: list[str], total: int, widths: list[int]) -> dict:
     """The holder role with fusion "shares"."""
-    from fedhet.algorithms.f3.roles import receive_holder_shares
     coord = party.peer_with_role(COORDINATOR)
     holders = [p for p, r in party.roles.items() if r == HOLDER]
     start, saved = party.restore()
@@ -160,7 +160,7 @@ class SharesHolderOps:
             if msg["open"]:
                 if not self.s.open_model:
                     raise PeerFault(party.name, coord, Kind.OP, "asked to open the model, but open_model = false")
-                flat, _ = S._cat([self.model.w[k] for k in sorted(self.model.w)])
+                flat, _ = S.cat([self.model.w[k] for k in sorted(self.model.w)])
                 rsh.send_open(party, coord, Kind.SHARES_MODEL, flat, 0)
 
     def counters(self) -> dict[str, int]:
@@ -208,8 +208,6 @@ class SharesLink:
 
 def coordinator(party: PartyLike, s: Settings, data: dict, order: list[str], widths: list[int]) -> dict:
     """The coordinator role with fusion "shares"."""
-    from fedhet.algorithms.f3.roles import class_count, global_config, sample_positions
-    from fedhet.algorithms.f3.training import build_global
     holders = party.peers_with_role(HOLDER)
     start, saved = party.restore()
     if start:
@@ -241,7 +239,7 @@ def coordinator(party: PartyLike, s: Settings, data: dict, order: list[str], wid
     stop = training.get("stop", False)
     while not stop and len(history) < s.epochs:
         t0 = time.perf_counter()
-        hits = sum(link.train(train_pos[b]) for b in _batches(len(train_pos), s.batch, gen))
+        hits = sum(link.train(train_pos[b]) for b in batches(len(train_pos), s.batch, gen))
         conf = link.confusion(val_pos)
         f1 = S.macro_f1(conf)
         rec = {"epoch": len(history) + 1, "train_accuracy": hits / len(train_pos), "val_f1": f1,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.f3.models import GlobalGCN, LocalLSTM
-from fedhet.algorithms.f3.settings import Settings, owner_seed, owner_widths
+from fedhet.algorithms.f3.settings import Settings, n_rows, owner_seed, owner_widths
 from fedhet.algorithms.toolkit import as_tensor, resolve_device, seeded
 
 __all__ = ["EarlyStop", "LocalConfig", "GlobalConfig", "train_local", "represent", "local_probabilities", "build_global",
@@ -71,7 +71,7 @@ def entropy(probs: np.ndarray) -> np.ndarray:
     return -(p * np.log(p)).sum(1)
 
 
-def _batches(n: int, batch: int, gen: torch.Generator | None) -> list[np.ndarray]:
+def batches(n: int, batch: int, gen: torch.Generator | None) -> list[np.ndarray]:
     order = torch.randperm(n, generator=gen).numpy() if gen is not None else np.arange(n)
     return [order[i:i + batch] for i in range(0, n, batch)]
 
@@ -112,7 +112,7 @@ def train_local(x: np.ndarray, lengths: np.ndarray | None, y: np.ndarray, x_val:
     stopper, epochs = EarlyStop(model, cfg.patience), 0
     for ep in range(cfg.epochs):
         model.train()
-        for b in _batches(len(y), cfg.batch, gen):
+        for b in batches(len(y), cfg.batch, gen):
             opt.zero_grad()
             logits = model(xt[b], None if lt is None else lt[b])
             torch.nn.functional.cross_entropy(logits, yt[b]).backward()
@@ -218,7 +218,7 @@ def train_global(model: GlobalGCN, first_layer_for: FirstLayerFor, y: np.ndarray
         t0 = time.perf_counter()
         model.train()
         total, count = 0.0, 0
-        for b in _batches(len(train_pos), cfg.batch, gen):
+        for b in batches(len(train_pos), cfg.batch, gen):
             rows = train_pos[b]
             opt.zero_grad()
             probs = model.fuse(first_layer_for(rows), len(rows))
@@ -292,3 +292,20 @@ def pretrain_owner(s: Settings, data: dict, index: int, n_owners: int, device: s
     pt = local_probabilities(model, xt, lt, device)
     return LocalStage(reps, np.concatenate([y, yv, yt]).astype(np.int64), pt, {**info, "width": width},
                       time.perf_counter() - t0, model)
+
+
+def class_count(s: Settings, y: np.ndarray) -> int:
+    """Vowels: its 9 speakers (more if the labels say so); the traffic data sets: an incident or none."""
+    return max(int(y.max()) + 1, 9) if s.dataset == "vowels" else 2
+
+
+def global_config(s: Settings, device: str) -> GlobalConfig:
+    return GlobalConfig(d=s.d, hidden=s.hidden, align=s.align, graph=s.graph, tau=s.tau, test_samples=s.test_samples,
+                        epochs=s.epochs, patience=s.patience, lr=s.lr, batch=s.batch, seed=s.seed, device=device)
+
+
+def sample_positions(s: Settings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The training, validation and test samples' positions in the shared arrays (in that order)."""
+    tr, va, te = n_rows(s)
+    pos = np.arange(tr + va + te)
+    return pos[:tr], pos[tr:tr + va], pos[tr + va:]

@@ -35,7 +35,7 @@ from fedhet.parties.runtime import LAUNCHER_PID_ENV, group_alive, raise_open_fil
 MAX_RESTARTS = 3   # per party process, with [federation] restart_grace_s > 0
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def ephemeral_range() -> tuple[int, int]:
     """The kernel's range of ports for outgoing connections (Linux; elsewhere the IANA range)."""
     try:
         lo, hi = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
@@ -55,7 +55,7 @@ def free_port() -> int:
     by the time the party binds it, as happened under load with thousands of connections open.
     Falls back to a kernel-chosen port when no port below the range is free after many draws.
     """
-    lo, _hi = _ephemeral_range()
+    lo, _hi = ephemeral_range()
     top = max(LISTEN_PORTS_FROM + 1, lo)
     rng = random.SystemRandom()
     for _ in range(200):
