@@ -455,9 +455,9 @@ class _ConnectionGuard(threading.Thread):
         self.cut = 0  # connections shut down
         self.cut_by_reason: collections.Counter = collections.Counter()  # "limit", "silent", "slow", "budget"
         self.cut_users: collections.Counter = collections.Counter()  # listed party -> its connections cut
-        # listed party -> unidentified connections cut that may have been its own: the handshake under
-        # its key passed (ZAP) after the cut connection was accepted, and no connection of it had
-        # identified itself since.  A gap in its sequence after such a cut is a possible local loss.
+        # listed party -> unidentified connections cut that may have been its own: a handshake under its
+        # key passed (ZAP) and had not identified itself when the cut came.  A gap in its sequence after
+        # such a cut is a possible local loss.
         self.maybe_cut: collections.Counter = collections.Counter()
         self.breaks: collections.Counter = collections.Counter()  # listed party -> its connections that ended
         self.joined: collections.Counter = collections.Counter()  # listed party -> its connections made (either way)
@@ -642,10 +642,12 @@ class _ConnectionGuard(threading.Thread):
             self._forget(fd)
             return
         if user is None and c.get("in"):
-            since = c.get("t", 0.0)
+            # Any listed key with a handshake admitted and not yet identified may own it: the times do
+            # not tell (this thread takes in a connection's ACCEPTED after its handshake when it is
+            # busy), and counting one key too many only makes a later gap of its inconclusive.
             with self._lock:
                 for u, q in self._pending.items():
-                    if any(t >= since for t in q):
+                    if q:
                         self.maybe_cut[u] += 1
         self._forget(fd)
         if self.cut <= REJECTS_KEPT or self.cut % 100 == 0:
@@ -766,6 +768,11 @@ class _ConnectionGuard(threading.Thread):
                 continue
             got = self._received(fd)
             if got is not None and got[1] > 0:  # bytes still wait in the kernel: let libzmq read them first
+                due = self.TICK_S
+                continue
+            with self._lock:
+                just = fd in self._credited   # it delivered a message since check() took the credits
+            if just:
                 due = self.TICK_S
                 continue
             drained = self.drained_at

@@ -621,9 +621,13 @@ def test_a_first_message_waiting_behind_a_busy_receiver_is_not_called_silent():
         assert server.recv("client2", "k") == "waiting"
         assert guard.cut == 0
         # A connection that completes its handshake under client2's key and then says nothing is
-        # still cut once the loop has caught up ...
+        # still cut once the loop has caught up (judged only once the handshake passed: before, on a
+        # loaded machine, nothing would tie the cut connection to a key) ...
+        guard.identify_s = 60.0
         ctx, c = curve_dealer(keys, eps["server"], client="client2")
         contexts.append(ctx)
+        wait_for(lambda: guard._pending.get("client2"), timeout=60, what="the handshake under client2's key")
+        guard.identify_s = 1.0
         wait_for(lambda: guard.cut_by_reason["silent"] == 1, timeout=60, what="the silent connection to be cut")
         assert guard.maybe_cut["client2"] == 1 and guard.maybe_cut["client1"] == 0
         # ... and client2's next gap may be what it carried: a local loss that names nobody.
