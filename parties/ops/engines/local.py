@@ -44,7 +44,7 @@ def ephemeral_range() -> tuple[int, int]:
         return 49152, 65535
 
 
-LISTEN_PORTS_FROM = 10000   # listening ports are drawn from here up to the ephemeral range
+LISTEN_PORTS_FROM = 20000   # up to the ephemeral range; below 20000 lie Ray's worker ports (10002-19999) and other services
 
 
 def free_port() -> int:
