@@ -575,6 +575,11 @@ class Party:
                 self.after_checkpoint(step)
 
         self.checkpoints.submit(step, {"role": dict(state), "party": mine}, header, written)
+        if self.after_checkpoint is not None:
+            # a fault cued at a step (faults.kill_hook, raise_at) fires before the role goes on: with the
+            # write left to the writer thread, a kill "after step 2" could land rounds later (or after
+            # the run ended), under load
+            self.checkpoints.flush()
         st["seconds"] += time.perf_counter() - t0   # what the role waited for
 
     def begin_restart(self, cause: PeerRestarted) -> dict[int, str]:

@@ -5,7 +5,18 @@ import time
 
 import zmq
 
-from fedhet.parties.ops.engines.local import free_port  # noqa: F401  (the one definition; tests import it from here)
+from fedhet.parties.ops.engines.local import free_port  # the one definition; tests import it from here
+
+
+def loopback_endpoints(names) -> dict[str, str]:
+    """A distinct free loopback endpoint per name (drawn at random: two separate draws can meet)."""
+    taken: set[int] = set()
+    out = {}
+    for n in names:
+        port = free_port(taken)
+        taken.add(port)
+        out[n] = f"tcp://127.0.0.1:{port}"
+    return out
 
 
 def wait_for(pred, timeout=60.0, what="condition", poll=0.005):

@@ -16,7 +16,7 @@ import zmq
 from fedhet.parties.api import PeerTimeout
 from fedhet.parties.zmq_transport import PeerUnreachable, ZmqParty
 
-from net_tools import free_port, wait_for  # a helper module of tests/
+from net_tools import free_port, loopback_endpoints, wait_for  # a helper module of tests/
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -46,7 +46,7 @@ def logger(name: str) -> tuple[logging.Logger, Records]:
 @pytest.fixture
 def world():
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    eps = loopback_endpoints(ROLES)
     made: list[ZmqParty] = []
 
     def party(name, public=None, endpoints=None, **kw):
@@ -66,7 +66,8 @@ def world():
 
 def test_wrong_port_is_named_no_tcp_connection(world):
     keys, eps, party = world
-    wrong = dict(eps, b=f"tcp://127.0.0.1:{free_port()}")  # nothing listens there
+    listened = {int(e.rsplit(":", 1)[1]) for e in eps.values()}
+    wrong = dict(eps, b=f"tcp://127.0.0.1:{free_port(listened)}")  # nothing listens there
     statuses: list[dict] = []
     a = party("a", endpoints=wrong, status_cb=statuses.append, diagnose_s=0.2, unreachable_s=0.3)
     b = party("b")  # up, at the port the federation should have named

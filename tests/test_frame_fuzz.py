@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from fedhet.parties import codec
 from fedhet.parties.zmq_transport import ZmqParty
 
-from net_tools import curve_dealer, free_port  # a helper module of tests/
+from net_tools import curve_dealer, loopback_endpoints  # a helper module of tests/
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -203,7 +203,7 @@ def _decisions(party) -> int:
 @pytest.fixture(scope="module")
 def live():
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    eps = loopback_endpoints(ROLES)
     party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
                      secret_key=keys["server"][1], run_id=RUN, timeout=5.0, max_message_bytes=LIMIT,
                      logger=QUIET)

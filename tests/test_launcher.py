@@ -305,3 +305,45 @@ def test_listening_ports_are_drawn_below_the_kernelsephemeral_range():
     for p in ports[:5]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", p))   # free, as promised
+
+
+@pytest.mark.unit
+def test_ports_stay_distinct_when_the_ephemeral_range_starts_low(monkeypatch, tmp_path):
+    """A kernel whose outgoing range starts at or below LISTEN_PORTS_FROM (ip_local_port_range 1024 ...)
+    left no port below it to draw from: every draw was the same port, and the launcher asked again
+    for a port not handed out yet, forever.  Now the kernel picks, and no port is handed out twice."""
+    from fedhet.parties.ops.engines import local
+
+    monkeypatch.setattr(local, "ephemeral_range", lambda: (local.LISTEN_PORTS_FROM - 1000, 65535))
+    taken: set[int] = set()
+    for _ in range(20):
+        taken.add(local.free_port(taken))
+    assert len(taken) == 20
+    fed, _ = local.prepare_local(load(presets.path("demo")), tmp_path / "run", key_dir=tmp_path / "keys")
+    ports = [int(p.endpoint.rsplit(":", 1)[1]) for p in fed.parties]
+    assert len(set(ports)) == len(ports) == len(fed.parties)
+
+
+@pytest.mark.unit
+def test_a_party_killed_after_every_other_ended_is_not_restarted(monkeypatch):
+    """With restart_grace_s a killed party comes back with --resume, but only while another unit
+    still runs: after the others ended there is nobody to resume with, and a restart would only
+    wait out the timeout and then blame a party that had finished."""
+    from fedhet.parties.ops.engines import local
+
+    class Proc:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    started: list[str] = []
+    monkeypatch.setattr(local, "start_process", lambda cmd, *a, **k: started.append(cmd[-1]) or Proc(None))
+    eng = local.LocalProcesses()
+    eng.fed = replace(load(presets.path("demo")), restart_grace_s=30.0)
+    eng.commands = {n: ([n], Path("log"), {}) for n in ("a", "b")}
+    eng.procs = {"a": Proc(-9), "b": Proc(0)}
+    assert eng.poll() == {"a": -9, "b": 0} and started == []
+    eng.procs = {"a": Proc(-9), "b": Proc(None)}
+    assert eng.poll() == {"a": None, "b": None} and started == ["--resume"] and eng.restarts == {"a": 1}

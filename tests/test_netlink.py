@@ -17,7 +17,7 @@ from fedhet.parties.federation import FederationError, from_dict
 from fedhet.parties.netlink import LinkProfile, LinkSchedule, parse_network
 from fedhet.parties.zmq_transport import ZmqParty
 
-from net_tools import free_port  # a helper module of tests/
+from net_tools import loopback_endpoints  # a helper module of tests/
 
 WAN = LinkProfile("wan", 0.050, 100e6)
 
@@ -88,7 +88,7 @@ def test_messages_on_one_link_are_serialised_and_keep_their_order():
 def test_a_ping_pong_under_a_20ms_profile_takes_at_least_20ms_a_round_trip():
     roles = {"a": "server", "b": "client"}
     keys = {n: zmq.curve_keypair() for n in roles}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in roles}
+    eps = loopback_endpoints(roles)
     pub = {n: k[0] for n, k in keys.items()}
     quiet = logging.getLogger("fedhet.test.netlink")
     prof = parse_network("20,100")

@@ -103,6 +103,36 @@ def test_a_damaged_or_replaced_checkpoint_is_refused_naming_the_file(tmp_path):
     assert store.offer([{"type": "checkpoint", "step": 1, "sha256": digest}]) == {}
 
 
+@pytest.mark.federation
+def test_a_fault_cued_at_a_step_fires_before_the_role_goes_on(tmp_path, monkeypatch):
+    """The kill cued "after checkpoint 2" ran on the checkpoint writer's thread: under load the write
+    lagged and the party ran on, once to the end of the run, so its peers had finished and gone
+    when it came back (CI: "waited 60s for a '_resume' message").  The cue now fires before
+    ``checkpoint`` returns, however slow the write."""
+    from fedhet.parties.inmemory import InMemoryHub
+
+    hub = InMemoryHub({"a": "x", "b": "x"}, "run")
+    party = hub.party("a", seed=0, device="cpu", timeout=5.0)
+    party.checkpoints = Checkpoints(tmp_path / "a", background=True)
+    party.checkpoint_every = 1
+    store = party.checkpoints._store
+
+    def slow_store(step, raw):
+        time.sleep(0.3)   # a loaded disk
+        return store(step, raw)
+
+    monkeypatch.setattr(party.checkpoints, "_store", slow_store)
+    fired: list[int] = []
+    party.after_checkpoint = fired.append
+    party.checkpoint(1, {"w": np.ones(3)})
+    assert fired == [1]
+    party.after_checkpoint = None   # no cue: the write stays in the background
+    party.checkpoint(2, {"w": np.ones(3)})
+    assert party.checkpoints.steps() == [1]
+    party.flush_checkpoints()
+    assert party.checkpoints.steps() == [1, 2] and fired == [1]
+
+
 def test_kill_specs_are_checked():
     assert parse("client1:3") == ("client1", 3, "self")
     assert parse("server:2:launcher") == ("server", 2, "launcher")

@@ -37,7 +37,7 @@ from fedhet.parties import codec, failure
 from fedhet.parties.api import MessageLost, PeerFault, RestartedWithoutResume
 from fedhet.parties.zmq_transport import REJECTS_KEPT, STREAM_START, ZmqParty
 
-from net_tools import curve_dealer, free_port, wait_for  # a helper module of tests/
+from net_tools import curve_dealer, loopback_endpoints, wait_for  # a helper module of tests/
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -149,7 +149,7 @@ class Attacker(threading.Thread):
 
 def run_flood(budget: int, chunk: int, rounds: int, messages: int, monkeypatch):
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    endpoints = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    endpoints = loopback_endpoints(ROLES)
     cfg = {"roles": ROLES, "endpoints": endpoints, "public": {n: k[0].decode() for n, k in keys.items()},
            "secret": keys["server"][1].decode(), "run": RUN, "budget": budget, "chunk": chunk,
            "messages": messages}
@@ -221,7 +221,7 @@ def test_streamed_message_over_the_budget_is_refused_from_its_header():
 @pytest.fixture
 def live(tmp_path):
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    eps = loopback_endpoints(ROLES)
     log = logging.getLogger(f"fedhet.test.reflect.{os.getpid()}.{tmp_path.name}")
     log.propagate = False
     log.setLevel(logging.INFO)
@@ -295,7 +295,7 @@ def test_torch_tagged_frame_does_not_import_torch_in_a_numpy_receiver():
 def loopback_federation():
     """Fresh CURVE keys and free loopback endpoints for ROLES, and a party maker with a quiet log."""
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    eps = loopback_endpoints(ROLES)
     quiet = logging.getLogger("fedhet.test.transport")
     quiet.setLevel(logging.CRITICAL)
 
@@ -329,7 +329,7 @@ def test_idle_unauthenticated_connections_are_dropped_after_the_handshake_interv
 # ------------------------------------------- the guard costs nothing on idle connections (issue 12, scale)
 def test_connection_guard_measures_only_connections_that_get_bytes():
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    eps = loopback_endpoints(ROLES)
     quiet = logging.getLogger("fedhet.test.guard")
     quiet.setLevel(logging.CRITICAL)
     parties = {n: ZmqParty(n, ROLES, eps, public_keys={k: v[0] for k, v in keys.items()},
@@ -377,7 +377,7 @@ def test_a_listed_key_cannot_pin_descriptors_with_idle_connections():
     nothing, half send one message and then idle.  The server keeps at most its budget per key
     (2 identified + 2 not yet identified here), and client1's traffic goes on."""
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+    eps = loopback_endpoints(ROLES)
     quiet = logging.getLogger("fedhet.test.budget")
     quiet.setLevel(logging.CRITICAL)
     budget = 2
@@ -765,7 +765,7 @@ def test_a_party_of_its_own_dials_more_peers_than_libzmqs_default_socket_limit()
     n = 600
     roles = {"server": "server", **{f"c{i}": "client" for i in range(n)}}
     keys = {name: zmq.curve_keypair() for name in roles}
-    eps = {name: f"tcp://127.0.0.1:{free_port()}" for name in roles}
+    eps = loopback_endpoints(roles)
     quiet = logging.getLogger("fedhet.test.sockets")
     quiet.setLevel(logging.CRITICAL)
     server = ZmqParty("server", roles, eps, public_keys={k: v[0] for k, v in keys.items()},

@@ -20,7 +20,7 @@ from fedhet.parties import codec
 from fedhet.parties.api import PeerFault, PeerTimeout
 from fedhet.parties.zmq_transport import WIRE_OVERHEAD, InsecureTransportWarning, ZmqParty
 
-from net_tools import free_port, wait_for  # a helper module of tests/
+from net_tools import loopback_endpoints, wait_for  # a helper module of tests/
 
 pytestmark = pytest.mark.federation   # the tier (tests/conftest.py)
 
@@ -35,7 +35,7 @@ class Live:
 
     def __init__(self, max_message_bytes=codec.DEFAULT_MAX_MESSAGE_BYTES):
         self.keys = {n: zmq.curve_keypair() for n in ROLES}  # name -> (public, secret)
-        self.endpoints = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}
+        self.endpoints = loopback_endpoints(ROLES)
         self.party = ZmqParty(
             "server", ROLES, self.endpoints, public_keys={n: k[0] for n, k in self.keys.items()},
             secret_key=self.keys["server"][1], run_id=RUN, timeout=2.0,
@@ -205,7 +205,7 @@ def test_decoder_limit_counts_all_frames():
 
 def test_insecure_mode_works_and_warns():
     roles = {"a": "x", "b": "x"}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in roles}
+    eps = loopback_endpoints(roles)
     with pytest.warns(InsecureTransportWarning, match="CURVE is OFF"):
         a = ZmqParty("a", roles, eps, insecure=True, run_id=RUN, timeout=5, logger=QUIET)
     with warnings.catch_warnings():
@@ -235,7 +235,7 @@ def test_failed_party_does_not_linger_on_messages_for_a_dead_peer():
     """Messages queued for a peer that never answers hold a clean close for the
     linger time (the federation timeout); a failed party's short linger does not."""
     keys = {n: zmq.curve_keypair() for n in ROLES}
-    eps = {n: f"tcp://127.0.0.1:{free_port()}" for n in ROLES}  # nobody listens at client1's
+    eps = loopback_endpoints(ROLES)  # nobody listens at client1's
     party = ZmqParty("server", ROLES, eps, public_keys={n: k[0] for n, k in keys.items()},
                      secret_key=keys["server"][1], run_id=RUN, timeout=30.0, logger=QUIET)
     party.send("client1", "data", {"x": np.zeros(1000)})

@@ -47,28 +47,33 @@ def ephemeral_range() -> tuple[int, int]:
 LISTEN_PORTS_FROM = 20000   # up to the ephemeral range; below 20000 lie Ray's worker ports (10002-19999) and other services
 
 
-def free_port() -> int:
+def free_port(taken: set[int] | frozenset[int] = frozenset()) -> int:
     """A loopback port free now, for a party to listen on later.
 
     Drawn at random below the kernel's ephemeral range: a port the kernel hands out (an outgoing
     connection's own port, another program's bind to port 0) would be free now and might be taken
     by the time the party binds it, as happened under load with thousands of connections open.
-    Falls back to a kernel-chosen port when no port below the range is free after many draws.
+    Falls back to a kernel-chosen port when no port below the range is free after many draws (or
+    the range starts at or below ``LISTEN_PORTS_FROM``).  ``taken``: ports already handed out.
     """
     lo, _hi = ephemeral_range()
-    top = max(LISTEN_PORTS_FROM + 1, lo)
     rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(LISTEN_PORTS_FROM, top)
+    for _ in range(200 if lo > LISTEN_PORTS_FROM else 0):
+        port = rng.randrange(LISTEN_PORTS_FROM, lo)
+        if port in taken:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | None = None,
@@ -90,9 +95,7 @@ def prepare_local(fed: Federation, run_dir: Path, overrides: dict[str, Any] | No
     for p in fed.parties:
         pub = (temporary.generate(p.name) if temporary is not None
                else keyfiles.generate(key_dir, p.name, overwrite=True))
-        port = free_port()
-        while port in used:
-            port = free_port()
+        port = free_port(used)
         used.add(port)
         parties.append(replace(p, endpoint=f"tcp://127.0.0.1:{port}", public_key=pub.curve, sign_key=pub.sign,
                                data=absolute_data(p.data, fed.base_dir)))
@@ -200,7 +203,10 @@ class LocalProcesses:
         assert self.fed is not None
         codes = {n: pr.poll() for n, pr in self.procs.items()}
         for n, c in codes.items():   # with restart_grace_s, a process killed by a signal comes back
-            if (c is not None and c < 0 and self.fed.restart_grace_s > 0
+            # ... while another unit still runs: killed after every other party had ended, it would
+            # find nobody to resume with (the run's failure names the kill instead of a 60 s wait)
+            others = any(o is None for m, o in codes.items() if m != n)
+            if (c is not None and c < 0 and self.fed.restart_grace_s > 0 and others
                     and self.restarts.get(n, 0) < MAX_RESTARTS and not self.insecure):
                 self.restarts[n] = self.restarts.get(n, 0) + 1
                 cmd, log_file, proc_env = self.commands[n]
