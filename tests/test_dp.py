@@ -351,8 +351,58 @@ def test_chfl_record_level_dp_accounts_every_step_of_the_common_column():
         assert p["epsilon"] <= 8.0 and p["epsilon"] == pytest.approx(8.0, rel=1e-3)
     s = parse_settings(CHFLSettings, cfg, "chfl")
     assert "with DP noise (record level" in {d.kind: d.what for d in CHFL.declarations(s)}["secagg/masked"]
-    with pytest.raises(Exception, match="dp = 'client' is not offered"):
-        parse_settings(CHFLSettings, {**cfg, "dp": "client"}, "chfl").validate()
+    with pytest.raises(Exception, match="dp = 'record' with method 'local'"):
+        parse_settings(CHFLSettings, {**cfg, "method": "local"}, "chfl").validate()
+
+
+@pytest.mark.federation
+def test_chfl_client_level_dp_moves_the_global_column_by_the_mean_clipped_update():
+    """dp = "client": each client's update of the common column, clipped to dp_clip, weight 1; the server
+    adds the noised mean.  With almost no noise the global column moves by exactly the mean of the
+    clipped updates: within dp_clip of where it was, and (clip out of reach) to the clients' plain mean."""
+    from fedhet.algorithms.chfl import ALGORITHM as CHFL
+    from fedhet.algorithms.chfl.models import init_common_flat
+    from fedhet.algorithms.chfl.settings import Settings as CHFLSettings
+    from fedhet.algorithms.toolkit import derive_seed
+
+    parties = [("server", "server")] + [(f"c{i}", "client") for i in range(2)]
+    base = {"dataset": "digits", "hidden": [16], "local_epochs": 1, "rounds": 1, "aggregation": "plain",
+            "return_weights": True, "mu": 0.5}
+    s = parse_settings(CHFLSettings, base, "chfl")
+    theta0 = init_common_flat(s.n_common, s.class_count, s.hidden, derive_seed(s.seed, "theta0")).astype(np.float64)
+    moved = {}
+    for clip in (0.05, 100.0):   # noise std: 1e-12 * clip
+        cfg = {**base, "dp": "client", "dp_noise": "central", "noise_multiplier": 1e-12, "dp_clip": clip}
+        out = run_inmemory(CHFL, parties, cfg=cfg, timeout=300)
+        moved[clip] = np.asarray(out["server"]["theta"][0]) - theta0
+        for n in ("server", "c0", "c1"):
+            p = out[n]["privacy"]
+            assert p["unit"] == "client" and p["steps"] == 1 and p["noise_multiplier"] == 1e-12
+    assert np.linalg.norm(moved[0.05]) <= 0.05 * (1 + 1e-5)
+    # no clip in reach: the unweighted mean of the clients' own columns; the plain run's mean weighs them
+    # by their row counts (nearly equal: the digits split), so the two agree closely, not exactly
+    plain = run_inmemory(CHFL, parties, cfg=base, timeout=300)
+    step = np.asarray(plain["server"]["theta"][0]) - theta0
+    assert np.linalg.norm(moved[100.0]) > 0.05
+    assert np.allclose(moved[100.0], step, rtol=0.01, atol=0.005 * np.abs(step).max())
+
+
+@pytest.mark.federation
+def test_chfl_client_level_dp_under_secure_aggregation_is_distributed_and_accounted_per_column():
+    from fedhet.algorithms.chfl import ALGORITHM as CHFL
+    from fedhet.algorithms.chfl.settings import Settings as CHFLSettings
+
+    cfg = {"dataset": "digits", "hidden": [16], "local_epochs": 1, "rounds": 2, "lr": [1e-3, 3e-3],
+           "dp": "client", "dp_epsilon": 3.0}
+    parties = [("server", "server")] + [(f"c{i}", "client") for i in range(3)]
+    out = run_inmemory(CHFL, parties, cfg=cfg, timeout=300)
+    for n in ("c0", "c1", "c2", "server"):
+        p = out[n]["privacy"]
+        assert p["mechanism"] == "skellam" and p["unit"] == "client"
+        assert p["steps"] == 2 * 2 and len(p["rounds"]) == 4   # rounds x G columns
+        assert p["epsilon"] <= 3.0 and (n == "server" or p["epsilon"] == pytest.approx(3.0, rel=1e-4))
+    s = parse_settings(CHFLSettings, cfg, "chfl")
+    assert "with DP noise (client level" in {d.kind: d.what for d in CHFL.declarations(s)}["secagg/masked"]
 
 
 # ------------------------------------------------------------------ as processes: result.json, audit, report view

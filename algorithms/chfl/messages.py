@@ -40,6 +40,7 @@ def declarations(s: Settings) -> list[MessageDecl]:
                    protects="derived")
     P = s.common_params
     updates = aggregation.declarations(P, P, s.agg, AGGREGATION_DEFAULTS)
-    # dp = "record": theta_c comes out of DP-SGD (the declaration says so; fedhet messages shows it)
-    updates = dp_settings.annotate(updates, s.dp, (aggregation.Kind.PLAIN, secagg.Kind.MASKED), "record")
+    # dp = "record": theta_c comes out of DP-SGD; "client": the update of theta_c, clipped and noised (the
+    # declaration says so; fedhet messages shows it)
+    updates = dp_settings.annotate(updates, s.dp, (aggregation.Kind.PLAIN, secagg.Kind.MASKED), s.dp.dp)
     return [glob, result] + updates

@@ -65,6 +65,7 @@ from fedhet.algorithms.toolkit import Phases, derive_seed, traffic_totals
 from fedhet.parties.api import PartyError, PeerFault
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import aggregation
+from fedhet.protocols.dp_aggregation import DPAggregator
 
 Candidate = tuple[int, str, dict]   # (lr index, curve label, config)
 Curves = dict[str, dict[str, list[float]]]   # curve label -> "val"/"test" -> one accuracy per round
@@ -201,16 +202,21 @@ class ClientState:
         self.losses.append([o["loss"] if s.method == "local" else o["loss_common"] for o in outs])
 
     def submit(self, party: PartyLike, s: Settings, agg: aggregation.Aggregator, server: str, r: int,
-               n_train: int) -> None:
-        """Each lr's theta_c, weighted by the training-row count, into aggregation round r*G + j (Eq. (1))."""
+               n_train: int, sent: list[np.ndarray] | None = None) -> None:
+        """Each lr's theta_c, weighted by the training-row count, into aggregation round r*G + j (Eq. (1));
+        ``sent`` (client-level DP): the global columns of this round, so that the update theta_c - sent
+        goes in instead, with weight 1 (the DP aggregator clips and noises it)."""
         with self.phases.timed("submit"):
             for j, fm in enumerate(self.federated):
                 vec = fm.get_common()
                 if vec.shape != (s.common_params,):  # never send anything but the common column
                     raise AssertionError(f"common vector has {vec.shape}, expected ({s.common_params},)")
-                a = float(np.abs(vec).max())
-                self.max_abs = max(self.max_abs, a)
-                self.clipped_rounds += int(a > s.secagg_clip)
+                if sent is not None:   # the DP aggregator clips its L2 norm to dp_clip
+                    vec, n_train = vec.astype(np.float64) - sent[j], 1
+                else:
+                    a = float(np.abs(vec).max())
+                    self.max_abs = max(self.max_abs, a)
+                    self.clipped_rounds += int(a > s.secagg_clip)
                 res = agg.submit(party, server, vec, weight=n_train, round=r * s.G + j)
                 if res.status != "ok":
                     party.log.warning("chfl round %d: aggregation %s (%s)", r, res.status, res.reason)
@@ -265,29 +271,36 @@ def client(party: PartyLike, s: Settings, data: ClientRows) -> dict:
     server_name = party.peer_with_role("server")
     check_split(party, data)
     cd = own_client_data(data, s, party.device)
-    agg = aggregation.make_aggregator(s.agg, aggregation_defaults(s, data.n_clients))
+    dpa = privacy.client_aggregator(s, data.n_clients, party.name) if s.dp.dp == "client" else None
+    agg = dpa or aggregation.make_aggregator(s.agg, aggregation_defaults(s, data.n_clients))
     start, saved = party.restore()
     st = ClientState.restored(s, cd, data.index, saved)
-    ledger = privacy.record_ledger(s, cd.n_train, party.name) if s.dp.dp == "record" else None
+    ledger = dpa.ledger if dpa is not None else \
+        privacy.record_ledger(s, cd.n_train, party.name) if s.dp.dp == "record" else None
     if ledger is not None:
-        privacy.use_dp(st.federated, s, cd.n_train, ledger)
+        if dpa is None:
+            privacy.use_dp(st.federated, s, cd.n_train, ledger)
         if "dp_rounds" in saved:
             ledger.rounds, ledger.steps = list(saved["dp_rounds"]), int(saved["dp_steps"])
+    sent: list[np.ndarray] | None = None
     for r in range(start, s.rounds + 1):
         party.round = r
         if s.method != "local":
-            st.set_global(receive_global(party, s, server_name, r))
+            sent = receive_global(party, s, server_name, r)
+            st.set_global(sent)
         if r > 0:  # Theta_k^(r-1) = (theta_c^(r), theta_u,k, U_k)
             st.evaluate(s)
             st.keep(s, r)
             st.report_round(party, s, r)
         if r == s.rounds:
             break
-        if ledger is not None:  # charged before the steps: the run stops rather than pass its budget
+        if ledger is not None and dpa is None:  # charged before the steps: the run stops rather than pass it
             party.metric(dp_epsilon=ledger.charge(r))
         st.train(s, party.device)
-        if s.method != "local":
-            st.submit(party, s, agg, server_name, r, cd.n_train)
+        if s.method != "local":   # client level: the DP aggregator charges each release before it leaves
+            st.submit(party, s, agg, server_name, r, cd.n_train, sent if dpa is not None else None)
+            if dpa is not None:
+                party.metric(dp_epsilon=dpa.ledger.spent)
         party.checkpoint(r + 1, {**st.state(), **({"dp_rounds": ledger.rounds, "dp_steps": ledger.steps}
                                                   if ledger is not None else {})})
     if st.clipped_rounds and agg.method == "secure":
@@ -331,12 +344,14 @@ class ServerState:
 
     def average(self, party: PartyLike, s: Settings, agg: aggregation.Aggregator, clients: list[str],
                 r: int) -> None:
-        """Eq. (1): each lr's weighted mean of the clients' theta_c (aggregation round r*G + j)."""
+        """Eq. (1): each lr's weighted mean of the clients' theta_c (aggregation round r*G + j); under
+        client-level DP the clients sent updates: the global column plus their noised mean."""
         new = []
         with self.phases.timed("aggregate"):
             for j in range(s.G):
                 res = agg.aggregate(party, clients, round=r * s.G + j, length=s.common_params)
-                new.append(res.mean.astype(np.float32))
+                mean = self.thetas[j] + res.mean if isinstance(agg, DPAggregator) else res.mean
+                new.append(mean.astype(np.float32))
                 self.bound = max(self.bound, float(res.mean_error_bound))
                 if res.dropped:
                     self.dropped[r] = sorted(set(self.dropped.get(r, [])) | set(res.dropped))
@@ -380,9 +395,12 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
     _threads(s)
     clients = federation_clients(party, s)
     t_start = time.perf_counter()
-    agg = aggregation.make_aggregator(s.agg, aggregation_defaults(s, len(clients)))
+    dpa = privacy.client_aggregator(s, len(clients), party.name) if s.dp.dp == "client" else None
+    agg = dpa or aggregation.make_aggregator(s.agg, aggregation_defaults(s, len(clients)))
     start, saved = party.restore()
     st = ServerState.restored(s, saved)
+    if dpa is not None and "dp_rounds" in saved:
+        dpa.ledger.rounds, dpa.ledger.steps = list(saved["dp_rounds"]), int(saved["dp_steps"])
     if s.method == "local":
         # The server takes part in no round of local training: its state is the same at every step,
         # so it holds steps 1..T from the start (the last two kept: a local run resumes from step
@@ -398,9 +416,11 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
                 break
             st.average(party, s, agg, clients, r)
             st.phases.add("round", time.perf_counter() - t0)
-            party.metric(round=r, round_s=st.phases.last("round"), aggregate_s=st.phases.last("aggregate"))
-            party.progress(r + 1, s.rounds)
-            party.checkpoint(r + 1, st.state())
+            eps = {"dp_epsilon": dpa.ledger.spent} if dpa is not None else {}
+            party.metric(round=r, round_s=st.phases.last("round"), aggregate_s=st.phases.last("aggregate"), **eps)
+            party.progress(r + 1, s.rounds, **{k: round(v, 4) for k, v in eps.items()})
+            party.checkpoint(r + 1, {**st.state(), **({"dp_rounds": dpa.ledger.rounds, "dp_steps": dpa.ledger.steps}
+                                                      if dpa is not None else {})})
     reports = gather_reports(party, s, clients)
     round_s = st.phases.seconds["round"]
     out = {
@@ -412,6 +432,7 @@ def server(party: PartyLike, s: Settings, data: None) -> dict:
         **st.phases.result(), "mean_round_s": float(np.mean(round_s)) if round_s else None,
         "max_mean_error_bound": st.bound, "dropped": {str(k): v for k, v in st.dropped.items()},
         "wall_s": time.perf_counter() - t_start, **traffic_totals(party),
+        **({"privacy": dpa.ledger.as_dict()} if dpa is not None else {}),
     }
     if s.return_weights:
         out["theta"] = [t.tolist() for t in st.thetas]

@@ -78,17 +78,17 @@ class Settings:
     return_weights: bool = setting(False, "the server returns the final common vector(s) (tests)")
     seed: int = setting(0, "splits the rows, seeds the models and batches", lo=0)
     agg: AggregationSettings = setting(AggregationSettings(), flatten=True)
-    dp: DPSettings = setting(DPSettings(), flatten=True)   # record level: DP-SGD of the common column
+    # record level: DP-SGD of the common column; client level: each client's clipped update of it, noised
+    dp: DPSettings = setting(DPSettings(), flatten=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", self.dataset.strip().lower())
 
     def validate(self) -> None:
         """The checks that span keys (the parser has checked each key's type and range)."""
-        if self.dp.dp == "client":
-            raise ValueError("chfl: dp = 'client' is not offered; dp = 'record' runs DP-SGD on the common column")
-        if self.dp.dp == "record" and self.method == "local":
-            raise ValueError("chfl: dp = 'record' with method 'local': the Local baseline sends nothing to protect")
+        if self.dp.on and self.method == "local":
+            raise ValueError(f"chfl: dp = {self.dp.dp!r} with method 'local': the Local baseline sends nothing "
+                             "to protect")
         self.dp.check()
         if not self.common_ratio < 1:
             raise ValueError(f"chfl: common_ratio must be in (0, 1), got {self.common_ratio!r}")
