@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["DPStep", "private_generator", "per_sample_clipped_sum", "dp_sgd_step", "module_clipped_grads",
+__all__ = ["noised_release", "DPStep", "private_generator", "per_sample_clipped_sum", "dp_sgd_step", "module_clipped_grads",
            "dp_sgd_module_step", "poisson_batch"]
 
 
@@ -99,3 +99,19 @@ def dp_sgd_module_step(model: torch.nn.Module, loss_fn: Callable[[torch.Tensor, 
 def poisson_batch(n: int, rate: float, generator: torch.Generator) -> torch.Tensor:
     """Indices of a Poisson-sampled batch: each of ``n`` rows independently with probability ``rate``."""
     return torch.nonzero(torch.rand(n, generator=generator, dtype=torch.float64) < rate).flatten()
+
+
+def noised_release(releases) -> Callable[[object, torch.Tensor], torch.Tensor]:
+    """``(rows, out) -> out`` clipped per row and noised by ``releases``
+    (:class:`fedhet.protocols.dp_settings.RowReleases`), for a split network's bottom output before it
+    leaves the party.  The clip factor is a constant of the backward pass (the gradient flows through
+    the scaled output); the noise is drawn from the OS-seeded generator, never the run seed."""
+
+    def release(rows, out: torch.Tensor) -> torch.Tensor:
+        norms = torch.linalg.vector_norm(out.detach(), dim=1).cpu().numpy()
+        factor, std = releases.prepare(rows, norms)
+        scale = torch.as_tensor(factor, dtype=out.dtype, device=out.device)[:, None]
+        noise = torch.as_tensor(releases.noise(tuple(out.shape), std), dtype=out.dtype, device=out.device)
+        return out * scale + noise
+
+    return release

@@ -141,6 +141,8 @@ class GuestBottom:
         dev = next(model.parameters()).device
         self.x = as_tensor(x, dev)
         self._out: torch.Tensor | None = None
+        # (rows, output) -> what leaves the party (DP: clipped and noised per row); None: the output itself
+        self.release: Callable[[np.ndarray, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def n_rows(self) -> int:
@@ -151,11 +153,13 @@ class GuestBottom:
         idx = torch.as_tensor(np.asarray(rows), dtype=torch.long, device=self.x.device)
         if train:
             self.model.train()
-            self._out = self.model(self.x[idx])
+            out = self.model(self.x[idx])
+            self._out = out if self.release is None else self.release(np.asarray(rows), out)
             return self._out
         self.model.eval()
         with torch.no_grad():
-            return self.model(self.x[idx])
+            out = self.model(self.x[idx])
+            return out if self.release is None else self.release(np.asarray(rows), out)
 
     def backward(self, grad: np.ndarray | torch.Tensor) -> None:
         """One optimiser step from d loss / d output of the last training ``forward``."""

@@ -19,7 +19,7 @@ from fedhet.parties.settings import setting
 
 from .dp_ledger import Ledger, Mechanism, calibrate
 
-__all__ = ["DPSettings", "ReleaseDPSettings", "release_rows", "plan", "describe", "annotate"]
+__all__ = ["DPSettings", "ReleaseDPSettings", "RowReleases", "release_rows", "plan", "describe", "annotate"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,62 @@ def release_rows(s: ReleaseDPSettings, x, who: str = "", rng=None):
     xc = clip_rows_l2(np.asarray(x, dtype=np.float64), s.row_dp_clip)
     noised = xc + gaussian_noise(xc.shape, ledger.mechanism.noise * s.row_dp_clip, rng)
     return noised.astype(np.asarray(x).dtype), ledger
+
+
+class RowReleases:
+    """Rows of one table released more than once (the HE split network's guest activations: a row's
+    bottom-model output each time a batch holds it), each release clipped to ``row_dp_clip`` and noised.
+
+    The ledger is planned for ``passes`` releases of any one row and charged whenever a row is released
+    more often than any row before, so it holds the worst row's epsilon; a request to release a row
+    beyond the plan stops the run (:class:`~fedhet.protocols.dp_ledger.PrivacyBudgetExceeded`) before
+    anything is computed for it.  :meth:`state` / :meth:`load` carry the counts across a resume."""
+
+    def __init__(self, s: ReleaseDPSettings, n_rows: int, passes: int, who: str = "", rng=None):
+        import numpy as np
+
+        from .dp_noise import private_rng
+
+        self.clip = float(s.row_dp_clip)
+        self.passes = int(passes)
+        self.ledger = plan(s.as_dp(), Mechanism("gaussian", "row", 1.0, note=f"each row clipped and noised at "
+                                                f"each of at most {passes} releases"), self.passes, who)
+        self.counts = np.zeros(int(n_rows), dtype=np.int64)
+        self.rng = rng or private_rng()
+
+    def prepare(self, rows, norms):
+        """For a release of rows ``rows`` (positions) whose values have L2 norms ``norms``: the factor
+        that clips each (float64, (n,)) and the std of the noise to add (:meth:`noise`), after charging it."""
+        import numpy as np
+
+        rows = np.asarray(rows, dtype=np.int64)
+        counts = self.counts.copy()
+        np.add.at(counts, rows, 1)
+        worst = int(counts.max(initial=0))
+        if worst > self.passes:
+            from .dp_ledger import PrivacyBudgetExceeded
+
+            raise PrivacyBudgetExceeded(f"{self.ledger.who}: row {int(np.argmax(counts))} would be released "
+                                        f"{worst} times, the plan allows {self.passes}: stopped before it")
+        while self.ledger.steps < worst:
+            self.ledger.charge(self.ledger.steps)
+        self.counts = counts
+        factor = np.minimum(1.0, self.clip / np.maximum(np.asarray(norms, dtype=np.float64), 1e-300))
+        return factor, self.ledger.mechanism.noise * self.clip
+
+    def noise(self, shape, std: float):
+        from .dp_noise import gaussian_noise
+
+        return gaussian_noise(shape, std, self.rng)
+
+    def state(self) -> dict:
+        return {"counts": self.counts, "rounds": list(self.ledger.rounds), "steps": int(self.ledger.steps)}
+
+    def load(self, saved: dict) -> None:
+        import numpy as np
+
+        self.counts = np.asarray(saved["counts"], dtype=np.int64).copy()
+        self.ledger.rounds, self.ledger.steps = list(saved["rounds"]), int(saved["steps"])
 
 
 def plan(s: DPSettings, mechanism: Mechanism, rounds: int, who: str = "") -> Ledger:

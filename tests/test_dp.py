@@ -21,6 +21,7 @@ from fedhet.algorithms.fedavg_logreg import ALGORITHM as FEDAVG  # noqa: E402
 from fedhet.algorithms.fedavg_logreg.settings import Settings as FedAvgSettings  # noqa: E402
 from fedhet.parties.inmemory import run_inmemory  # noqa: E402
 from fedhet.parties.settings import parse_settings  # noqa: E402
+from fedhet.protocols import he_interactive as hei  # noqa: E402
 from fedhet.protocols import secagg  # noqa: E402
 from fedhet.protocols.aggregation_settings import AggregationSettings  # noqa: E402
 from fedhet.protocols.dp_aggregation import make_dp_aggregator  # noqa: E402
@@ -476,3 +477,55 @@ def test_hyfem_record_level_dp_accounts_every_local_step():
         assert p["epsilon"] <= 8.0 and p["epsilon"] == pytest.approx(8.0, rel=1e-3)
     whats = {d.kind: d.what for d in HYFEM.declarations(parse_settings(HyFEMSettings, cfg, "hyfem"))}
     assert "with DP noise (record level" in whats["hyfem/inference"]
+
+
+# ------------------------------------------------------------------ HE split: DP on the guest's activations
+
+def test_row_releases_clip_charge_the_worst_row_and_stop_before_the_plan_is_passed():
+    from fedhet.protocols.dp_settings import ReleaseDPSettings, RowReleases
+
+    s = ReleaseDPSettings(row_dp_epsilon=4.0, row_dp_clip=2.0)
+    rel = RowReleases(s, n_rows=10, passes=3, who="guest1")
+    z = rel.ledger.mechanism.noise
+    # three releases of one Gaussian mechanism: the calibrated noise spends exactly the budget
+    assert library_epsilon(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 3), 1e-5) == pytest.approx(4.0, rel=1e-3)
+    factor, std = rel.prepare([0, 1, 2], [1.0, 4.0, 0.0])
+    assert np.allclose(factor, [1.0, 0.5, 1.0]) and std == pytest.approx(z * 2.0)
+    assert rel.ledger.steps == 1
+    rel.prepare([3, 4], [1.0, 1.0])   # other rows: the worst row is still released once
+    assert rel.ledger.steps == 1 and rel.ledger.spent == pytest.approx(
+        library_epsilon(dpa.GaussianDpEvent(z), 1e-5), rel=1e-6)
+    rel.prepare([0, 0], [1.0, 1.0])   # row 0 twice more: three releases
+    assert rel.ledger.steps == 3 and rel.ledger.spent == pytest.approx(4.0, rel=1e-3)
+    before = rel.state()
+    with pytest.raises(PrivacyBudgetExceeded, match="row 1 would be released 4 times, the plan allows 3"):
+        rel.prepare([1, 1, 1], [1.0] * 3)   # row 1 has one release: three more pass the plan
+    assert np.array_equal(rel.counts, before["counts"]) and rel.ledger.steps == 3   # nothing charged
+    again = RowReleases(s, n_rows=10, passes=3)
+    again.load(rel.state())
+    assert np.array_equal(again.counts, rel.counts) and again.ledger.spent == rel.ledger.spent
+
+
+@pytest.mark.federation
+def test_he_split_guest_noises_its_activations_and_accounts_each_row():
+    """row_dp_epsilon in the HE split network: the guest's bottom output is clipped and noised per row before
+    it is encrypted; with noise out of reach the run is the plain one; with a budget each guest writes the
+    worst row's ledger and the declarations say what the activations reveal."""
+    from fedhet.algorithms import he_split
+
+    base = dict(dataset="breast_sklearn", he="paillier", key_bits=1024, slot_bits=128, mask_bits=32, pool=False,
+                lr=0.05, interactive_lr=0.5, epochs=2, max_batches=3, batch_size=64, guest_bottom_width=3,
+                interactive_width=2, seed=1)
+    parties = [("host", "host"), ("guest1", "guest")]
+    plain = run_inmemory(he_split, parties, cfg=base)
+    quiet = run_inmemory(he_split, parties, cfg={**base, "row_noise": 1e-12, "row_dp_clip": 1e6})
+    np.testing.assert_allclose(quiet["host"]["losses"], plain["host"]["losses"], atol=1e-6)
+    assert quiet["guest1"]["privacy"]["noise_multiplier"] == 1e-12
+    out = run_inmemory(he_split, parties, cfg={**base, "row_dp_epsilon": 4.0})
+    p = out["guest1"]["privacy"]
+    # 3 batches of 64 rows from one epoch, then the test pass: every row released once
+    assert p["unit"] == "row" and p["steps"] == 1 and p["epsilon"] < 4.0
+    assert out["host"]["test_accuracy"] is not None
+    s = he_split.ALGORITHM.parse({**base, "row_dp_epsilon": 4.0})
+    whats = {d.kind: d.what for d in he_split.declarations(s)}
+    assert "with DP noise (row level" in whats[hei.Kind.ACTS]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fedhet.parties import schema as sch
 from fedhet.parties.declare import MessageDecl, declare
+from fedhet.protocols import dp_settings
 from fedhet.protocols import he_interactive as hei
 from fedhet.protocols import psi
 
@@ -22,6 +23,9 @@ def declarations(s: Settings) -> list[MessageDecl]:
     has the guest width ``guest_bottom_width`` and the interactive width)."""
     batch = sch.Fields({"pos": sch.Arr("<u4", (None,), max_elems=s.batch_size), "train": sch.Bool(),
                         "stop": sch.Bool(), "round": sch.Int(lo=0)})
+    layer = hei.declarations(s.layer, s.guest_bottom_width, s.interactive_width, HOST, GUEST)
+    if s.release.on:  # the guest's activations clipped and noised per row before they are encrypted
+        layer = dp_settings.annotate(layer, s.release.as_dp(), (hei.Kind.ACTS,), "row")
     return (
         psi.declarations(HOST, GUEST, backend=s.psi_backend)
         + [declare(Kind.BATCH, HOST, GUEST, "positions, in the PSI common list, of the next batch's rows "
@@ -29,5 +33,5 @@ def declarations(s: Settings) -> list[MessageDecl]:
                    payload=sch.OneOf((batch, sch.Fields({"stop": sch.Bool()}))), protects="control"),
            declare(Kind.WIDTH, GUEST, HOST, "the guest's bottom-model output width; no arrays",
                    payload=sch.Fields({"width": sch.Int(lo=1)}), protects="control")]
-        + hei.declarations(s.layer, s.guest_bottom_width, s.interactive_width, HOST, GUEST)
+        + layer
     )

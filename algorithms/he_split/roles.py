@@ -23,12 +23,14 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.data_fate import PartyTable
+from fedhet.algorithms.dp_sgd import noised_release
 from fedhet.algorithms.split_driver import HEGuestLink, HEHostLink, serve_guest
 from fedhet.algorithms.toolkit import align_guest_rows, align_host_rows
 from fedhet.parties.api import PartyError
 from fedhet.parties.contract import PartyLike
 from fedhet.protocols import he_interactive as hei
 from fedhet.protocols import psi
+from fedhet.protocols.dp_settings import RowReleases
 
 from . import model as part
 from .core import build_host, guest_bottom
@@ -132,6 +134,11 @@ def guest(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
     rows = align_guest_rows(data.x, res.rows)
     x_common = rows.x_common
     bottom = guest_bottom(s, x_common, party.name)
+    releases = RowReleases(s.release, len(x_common), s.dp_passes, party.name) if s.release.on else None
+    if releases is not None:
+        bottom.release = noised_release(releases)
+        if start:
+            releases.load(saved["dp"])
     party.send(host_name, Kind.WIDTH, {"width": s.guest_bottom_width})
     layer = hei.guest_layer(party, host_name, s.layer, s.guest_bottom_width, s.interactive_width)
     if start:   # the share eps the run had when it was stopped
@@ -141,7 +148,8 @@ def guest(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
     layer.setup()
 
     def checkpoint(k: int, driver: dict[str, Any]) -> None:
-        party.checkpoint(k, {"driver": driver, "share": part.share_tensors("share", layer.eps)})
+        party.checkpoint(k, {"driver": driver, "share": part.share_tensors("share", layer.eps),
+                             **({"dp": releases.state()} if releases is not None else {})})
 
     try:
         batches = serve_guest(bottom, HEGuestLink(party, host_name, layer, Kind.BATCH, len(x_common)), saved.get("driver"),
@@ -150,6 +158,9 @@ def guest(party: PartyLike, s: Settings, data: PartyTable) -> dict[str, Any]:
         layer.close()
     out: dict[str, Any] = {"n_common": int(len(res.rows)), "psi_backend": res.stats["backend"], "batches": batches, "he": s.he, "bytes": traffic(party),
            "layer_stats": layer.stats.as_dict()}
+    if releases is not None:
+        out["privacy"] = releases.ledger.as_dict()
+        party.metric(dp_epsilon=releases.ledger.spent)
     if s.return_params:
         out["params"] = {k: v.tolist() for k, v in bottom.model.state_dict().items()}
         out["eps"] = exact(layer.eps)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from fedhet.algorithms.toolkit import ACTIVATIONS, PSIBackend, psi_backend_setting
 from fedhet.parties.settings import setting
+from fedhet.protocols.dp_settings import ReleaseDPSettings
 from fedhet.protocols.he_interactive import LayerSpec
 
 NAME = "he_split"
@@ -68,6 +69,9 @@ class Settings:
     torch_threads: int = setting(1, "torch.set_num_threads per party", lo=0)
     psi_timeout: float | None = setting(None, "seconds to wait for any one PSI message", lo=0, lo_open=True)
     psi_backend: PSIBackend = psi_backend_setting()
+    # DP on each guest's bottom-model output (protocols/dp_settings.RowReleases): every row clipped and
+    # noised each time it is released, at most dp_passes times; the epsilon is per row over the run
+    release: ReleaseDPSettings = setting(ReleaseDPSettings(), flatten=True)
     evaluate: bool = setting(True, "evaluate on the test rows after training (false: test_accuracy is None)")
     return_params: bool = setting(False, "return the trained parameters (tests)")
     seed: int = setting(0, "seeds the split, the models, the batches", lo=0)
@@ -84,6 +88,12 @@ class Settings:
         if self.he_max_steps is not None:
             return self.he_max_steps
         return default_max_steps(self.epochs, self.batch_size, self.max_batches)
+
+    @property
+    def dp_passes(self) -> int:
+        """The most times a guest releases one row's activation: once per epoch, and once more for the
+        test pass (the guest cannot tell training rows from test rows, so it plans for both)."""
+        return self.epochs + int(self.evaluate)
 
     def planned_steps(self, n_train: int) -> int:
         """Training batches this run takes with ``n_train`` training rows."""
