@@ -396,6 +396,7 @@ class Party:
         self._metrics_path = metrics_path
         self._status_cb = status_cb
         self._last_status = 0.0
+        self._spent: float | None = None   # the last dp_epsilon metric: progress shows it (the board's "spent")
         self._t0 = time.monotonic()
         self.clock = clock or RealClock()
         self._mailbox = _Mailbox(name, self.clock)
@@ -534,6 +535,8 @@ class Party:
         if self._status_cb is None or (now - self._last_status < 0.2 and done < total):
             return
         self._last_status = now
+        if self._spent is not None and "dp_epsilon" not in metrics:   # every DP run's board shows epsilon spent
+            metrics = {**metrics, "dp_epsilon": round(self._spent, 4)}
         self._status_cb({"done": done, "total": total, "metrics": _jsonable(metrics),
                          "elapsed_s": now - self._t0})
 
@@ -710,6 +713,8 @@ class Party:
                "bytes_sent": sum(self.bytes_sent.values()),
                "bytes_received": sum(self.bytes_received.values())}
         rec.update(_jsonable(values))
+        if isinstance(values.get("dp_epsilon"), (int, float)):
+            self._spent = float(values["dp_epsilon"])
         if self._metrics_path is not None:
             with open(self._metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")

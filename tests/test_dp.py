@@ -529,3 +529,21 @@ def test_he_split_guest_noises_its_activations_and_accounts_each_row():
     s = he_split.ALGORITHM.parse({**base, "row_dp_epsilon": 4.0})
     whats = {d.kind: d.what for d in he_split.declarations(s)}
     assert "with DP noise (row level" in whats[hei.Kind.ACTS]
+
+
+@pytest.mark.federation
+def test_progress_shows_the_epsilon_spent_so_far_for_any_algorithm():
+    """The board shows each party's status metrics while a run goes on: a party that recorded a dp_epsilon
+    metric shows the last one with every progress report, whatever its algorithm passes to progress."""
+    from fedhet.parties.inmemory import InMemoryHub
+
+    shown: list[dict] = []
+    party = InMemoryHub({"a": "x", "b": "x"}, "run").party("a", seed=0, device="cpu", timeout=5.0,
+                                                          status_cb=shown.append)
+    party.progress(1, 3, val=0.5)
+    assert "dp_epsilon" not in shown[-1]["metrics"]   # no DP: nothing claimed
+    party.metric(dp_epsilon=1.23456)
+    party.progress(3, 3, val=0.7)
+    assert shown[-1]["metrics"] == {"val": 0.7, "dp_epsilon": 1.2346}
+    party.progress(3, 3, dp_epsilon=2.0)   # an algorithm's own figure stands
+    assert shown[-1]["metrics"] == {"dp_epsilon": 2.0}
