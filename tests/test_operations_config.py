@@ -90,6 +90,17 @@ def test_end_of_run_table_shows_the_headline_in_full(monkeypatch, console, capsy
     assert "final_local_accuracy=0.7012" in out
 
 
+def test_end_of_run_table_shows_the_epsilon_a_dp_run_spent(monkeypatch, console, capsys, tmp_path):
+    summary = _hyfem_summary()
+    summary["parties"]["client1"]["result"]["privacy"] = {"epsilon": 2.3861, "delta": 1e-5, "unit": "record"}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launcher, "launch", lambda *a, **kw: summary)
+    assert main(["run", "hyfem", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon=2.39 (delta 1e-05, record)" in out
+    assert out.count("epsilon=") == 1   # the server ran without a ledger: nothing claimed for it
+
+
 # ---------------------------------------------------------------- item 9: strict federation file
 
 @pytest.mark.parametrize("change,where,bad,near", [

@@ -226,9 +226,13 @@ def _print_summary(summary: dict, title: str, headline: tuple[str, ...] = ()) ->
         res = p.get("result")
         res = res if isinstance(res, dict) else {}
         tr = p.get("traffic", {})
+        head = [f"{k}={_show_value(res[k])}" for k in headline if res.get(k) is not None]
+        priv = res.get("privacy")
+        if isinstance(priv, dict) and isinstance(priv.get("epsilon"), (int, float)):   # a DP ledger: its spend
+            head.append(f"epsilon={priv['epsilon']:.3g} (delta {priv.get('delta', '?')}, {priv.get('unit', '?')})")
         rows.append({
             "party (role)": f"{name} ({p.get('role', '?')})",
-            "headline": "\n".join(f"{k}={_show_value(res[k])}" for k in headline if res.get(k) is not None) or "-",
+            "headline": "\n".join(head) or "-",
             "other results": ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
                                        if k not in headline and isinstance(v, (int, float, str))
                                        and not isinstance(v, bool)) or str(p.get("error") or ""),
