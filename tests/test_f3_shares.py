@@ -64,6 +64,33 @@ def test_steps_on_shares_follow_float64_training_within_the_fixed_point(align, o
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("align", ["soft", "none"])
+def test_predictions_on_shares_are_the_opened_models_classes_and_open_nothing_else(align):
+    """Prediction on shares (training's forward, then the predicted class) gives each new row the class the same
+    trained model gives opened in float64, wherever its two best logits differ by more than the fixed point's
+    error; only the one-hot classes are opened."""
+    reps, y, A = _problem(rows=200)
+    d = 6 if align == "none" else 5
+    m = S.InProcessShares([r[:120] for r in reps], y[:120], 3, A, d=d, hidden=4, align=align, seed=1)
+    for epoch in range(3):
+        for lo in range(0, 120, 40):
+            m.step(np.arange(lo, lo + 40), 0.3, 0.9)
+    w = {k: torch.tensor(x) for k, x in m.open_model().items()}
+    new = [r[120:] for r in reps]
+    m.opened.clear()
+    got = m.predict(new, batch=32)
+    H = np.stack([S.rs.decode(S.rs.encode(r, S.H_BITS), S.H_BITS) for r in new])
+    logits = S.plain_logits(w, H, A, align).numpy()
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-3
+    assert got.shape == (80, 3) and set(np.unique(got)) <= {0, 1} and (got.sum(1) >= 1).all()
+    assert clear.mean() >= 0.9                       # the comparison below covers most rows
+    assert np.array_equal(got[clear], np.eye(3, dtype=np.int64)[logits[clear].argmax(1)])
+    assert (logits.argmax(1) == y[120:]).mean() > 0.5   # a trained model, not a constant one
+    assert m.opened == [("class", 32 * 3), ("class", 32 * 3), ("class", 16 * 3)]
+
+
+@pytest.mark.unit
 def test_initial_weights_come_from_every_holder_and_no_public_seed():
     reps, y, A = _problem()
     a = S.InProcessShares(reps, y, 3, A, d=5, hidden=4).open_model()
