@@ -9,10 +9,19 @@ clear to the coordinator (``f3/predict_rep``).  The first owner tells the coordi
 (``f3/predict_rows``); the coordinator finishes Eq. (8) with its part (:meth:`FusionScorer.fused`) and sends
 the class probabilities to the first owner only (``f3/predictions``), which writes them.
 
+With ``fusion = "shares"`` the model is on the holders' shares (each holder's part,
+:func:`~fedhet.algorithms.f3.model.holder_part`; the coordinator holds none and takes no part): the owners share h
+as with mpc (``f3p/rss/share``), the holders run training's forward on shares
+(:func:`~fedhet.algorithms.f3.shares.class_batches`, ``batch`` rows at a time, their rounds ``f3p/rss/round``) and
+send their pairs of each row's predicted class (0/1 per class) to the first owner only (``f3p/shares/class``),
+which opens them and writes 1 on the class, 0 elsewhere: it learns the class of each row, no logit; a holder,
+uniform words; the coordinator, nothing.
+
 Numbers: "trusted" gives exactly the coordinator part's output on the owners' h.  "shamir_linear" reconstructs the
 first layer from fixed-point shares (``frac_bits`` / ``public_frac_bits``), so its probabilities differ from
 the part's on h in the clear by the fixed-point error (the run's ``max_fixed_point_err`` bounds the first
-layer; the tests check the probabilities to 1e-4).
+layer; the tests check the probabilities to 1e-4).  "shares" gives the class of the opened model's largest logit
+wherever the two largest differ by more than the forward's fixed-point error (the tests: 1e-3).
 """
 from __future__ import annotations
 

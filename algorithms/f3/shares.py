@@ -33,6 +33,8 @@ graph, or "none"), as in mpc: the learned ICDF graph is not offered (see :data:`
 What each party learns (semi-honest, one holder at most corrupt): a holder sees uniform words only (shares,
 reshared products, the comparison rounds); the coordinator, the counts it opens (batch accuracy, per-split
 confusion matrices) and, if ``open_model``, the trained weights at the end.  The labels it shared it knew.
+Each holder keeps its pair of the trained weights as its part; ``fedhet predict`` runs :func:`forward` on them
+(:func:`class_batches`) and opens each new row's class to the label party (the first owner) only.
 """
 from __future__ import annotations
 
