@@ -265,6 +265,8 @@ def test_a_shares_run_leaves_each_holder_its_shares_of_the_weights_and_predicts_
     assert all(np.array_equal(w["P"][i].astype(np.float32), coord[f"gcn.P.{i}"]) for i in range(len(r.owners)))
     one = r.models[r.holders[0]].tensors["w.W0.a"]
     assert not np.allclose(S.rs.decode(one, S.F), w["W0"], atol=1e-2)
+    from fedhet.parties.ops.export import export_run     # fedhet export rebuilds and copies a holder's shares too
+    assert set(r.holders) <= set(export_run(r.run, tmp_path / "export", registry.get_algorithm, onnx=False))
     job = registry.get_algorithm("f3.predict")
     cfg = {**r.fed.algorithm_cfg(), "trained_run": str(r.run), "predictions_out": str(tmp_path / "pred")}
     res = run_inmemory(job, [(p.name, p.role) for p in r.fed.parties], cfg, seed=r.fed.seed, party_data=r.spec,
