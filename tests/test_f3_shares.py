@@ -81,6 +81,11 @@ def test_predictions_on_shares_are_the_opened_models_classes_and_open_nothing_el
     got = m.predict(new, batch=32)
     H = np.stack([S.rs.decode(S.rs.encode(r, S.H_BITS), S.H_BITS) for r in new])
     logits = S.plain_logits(w, H, A, align).numpy()
+    # the forward's fixed-point error on these logits (opened here, in the test only): well inside the margin
+    Xn = m._deal(np.stack([S.rs.encode(r, S.H_BITS, "h") for r in new]))
+    shared = S.rs.in_process(lambda h: S.forward(h, m.models[h.i], m.shape, Xn[h.i], A)[0], m.holders)
+    err = np.abs(S.rs.decode(S.rs.open_pairs([(x.a, x.b) for x in shared]), S.F) - logits).max()
+    assert err < 5e-4, err                            # so a margin above 2 x 5e-4 cannot flip the class
     top2 = np.sort(logits, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 1e-3
     assert got.shape == (80, 3) and set(np.unique(got)) <= {0, 1} and (got.sum(1) >= 1).all()
