@@ -278,6 +278,17 @@ def test_a_shares_run_leaves_each_holder_its_shares_of_the_weights_and_predicts_
                        base_dir=tmp_path, timeout=120)
     r.check(tmp_path / "pred")
     assert res[r.owners[0]]["n_predicted"] == 39 and res["coordinator"]["n_predicted"] == 0
+    # a holder's part that is not one sharing with the others' (one word changed) stops the job before any row
+    from fedhet.algorithms.f3.predict import PART
+    from fedhet.parties.model_store import read_part, write_part
+    folder = r.run / "parties" / r.holders[1] / "model"
+    part = read_part(folder)
+    part.tensors["w.W1.a"][0, 0] += np.uint64(1)
+    write_part(folder, part, part.header)
+    with pytest.raises(FederationFailed, match=PART):
+        run_inmemory(job, [(p.name, p.role) for p in r.fed.parties], {**cfg, "predictions_out": str(tmp_path / "p2")},
+                     seed=r.fed.seed, party_data=r.spec, base_dir=tmp_path, timeout=120)
+    assert not (tmp_path / "p2" / "parties" / r.owners[0] / "predictions.csv").exists()
 
 
 @pytest.mark.processes

@@ -26,6 +26,7 @@ holder       fusion "shares" only: :func:`holder_part` -> :class:`SharedPart`: I
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -226,6 +227,17 @@ class SharedPart:
     model: SharedModel
     shape: Shape
     A: np.ndarray
+
+    def digest(self, component: str) -> bytes:
+        """SHA-256 of one component (``"a"`` or ``"b"``) of every weight, with Â and the shapes: holder i's ``"b"``
+        is holder i+1's ``"a"`` (the same words), so two holders compare their parts without revealing anything
+        the receiver does not hold."""
+        d = hashlib.sha256(np.asarray(self.A, dtype=np.float64).tobytes())
+        for k in sorted(self.model.w):
+            x = np.ascontiguousarray(getattr(self.model.w[k], component), dtype=np.uint64)
+            d.update(f"{k}{x.shape}".encode())
+            d.update(x.tobytes())
+        return d.digest()
 
 
 def holder_part(model: SharedModel, shape: Shape, A: np.ndarray, *, owners: Sequence[str], holder: int,

@@ -55,6 +55,7 @@ ROWS = "f3/predict_rows"             # first owner -> coordinator: how many comm
 REP = "f3/predict_rep"               # trusted: an owner's h of the common rows in the clear
 PREDICTIONS = "f3/predictions"       # coordinator -> first owner: the class probabilities
 CLASS = "f3p/shares/class"           # shares: holder -> first owner, its pair of a batch's predicted classes
+PART = "f3p/shares/part"             # shares: holder -> next holder, the digest of the component both hold
 
 
 def _h(data: PartData, rows: Rows) -> np.ndarray:
@@ -215,11 +216,26 @@ def _shares_holder(party: PartyLike, s: Settings, data: PartData, order: list[st
     X = rs.Rss(np.stack([g.a for g in got]), np.stack([g.b for g in got]))
     holders = [p for p, r in party.roles.items() if r == HOLDER]
     h = rsh.connect(party, holders, RSS_PREFIX)
+    _same_model(party, holders, part)
     steps = 0
     for step, q in S.class_batches(h, part.model, part.shape, X, part.A, s.batch):
         rsh.send_open(party, order[0], CLASS, q, step)
         steps += 1
     return {"role": HOLDER, "steps": steps, "rounds": h.rounds, "words_sent": h.words_sent}
+
+
+def _same_model(party: PartyLike, holders: list[str], part: SharedPart) -> None:
+    """The three parts are one sharing of one model: each holder sends the next the digest of the component they
+    both hold (its "b", the next's "a") and checks its predecessor's against its own "a"; parts of different runs,
+    or an altered one, stop the job before any row is computed."""
+    names = sorted(holders)
+    i = names.index(party.name)
+    nxt, prv = names[(i + 1) % 3], names[(i - 1) % 3]
+    party.send(nxt, PART, {"digest": part.digest("b")})
+    if party.recv(prv, PART)["digest"] != part.digest("a"):
+        raise PeersDisagree(party.name, [prv, party.name], PART, "their trained parts' common component of the "
+                            "weight shares (or Â) differs: parts of different training runs, or one altered (the check "
+                            "cannot tell which)")
 
 
 def _mpc_holder(party: PartyLike, s: Settings, order: list[str], coord: str) -> dict:
@@ -262,6 +278,10 @@ def declarations(s: Settings) -> list[MessageDecl]:
         classes = None if s.dataset == "vowels" else 2
         pair = sch.Arr("<u8", (None, classes), max_elems=MAX_BATCH * 4096)
         return [*rsh.declarations(RSS_PREFIX, OWNER, HOLDER, (None, width)),
+                declare(PART, HOLDER, HOLDER, "shares: the SHA-256 of the component of the trained weights' shares "
+                        "(and of Â) that this holder and the next both hold, once, to check the three parts are one "
+                        "sharing of one model: a function of words the receiver holds already",
+                        payload=sch.Fields({"digest": sch.Bytes(length=32)}), protects="shares"),
                 declare(CLASS, HOLDER, OWNER, "shares: a holder's pair of each new row's predicted class, one batch "
                         "(the training batch size) per message, to the first owner (the label party) only, which "
                         "opens them: a 0/1 integer per class, 1 on the row's largest logit (every tied class on a "
