@@ -123,7 +123,7 @@ class Vertical:
     exchange: Exchange | None = None
     # roles that hold a part but no rows (they load it, checked, without a data file) and the role
     # functions of the parties that neither label nor align (``fn(party, train_settings, data)``)
-    part_roles: tuple[str, ...] = ()
+    part_roles: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()     # or a function of the training settings
     others: Mapping[str, Callable[[PartyLike, Any, "PartData"], dict]] | None = None
 
 
@@ -219,7 +219,8 @@ def own_rows(meta: Mapping[str, Any], table: PartyTable) -> dict[str, np.ndarray
 def open_part(training: Algorithm, layout: Layout, s: Any, ctx: PartyContext) -> PartData:
     """The job's ``load_data``: a scoring party's part (read, checked against the federation, rebuilt,
     proven to score as trained) and its new rows (checked against the part's feature names)."""
-    if ctx.role not in scoring_roles(layout) and not (isinstance(layout, Vertical) and ctx.role in layout.part_roles):
+    if ctx.role not in scoring_roles(layout) and not (isinstance(layout, Vertical) and
+                                                      ctx.role in part_roles(layout, s.train)):
         return PartData()
     for key in ("trained_run", "predictions_out"):
         if not getattr(s.job, key):
@@ -263,6 +264,11 @@ def check_federation(party: PartyLike, data: PartData) -> None:
     if fp.get("parties") != here:
         raise PredictError(f"{data.folder / META}: field 'fingerprint.parties' is {fp.get('parties')!r}, but this "
                            f"federation's parties and roles give {here!r}: the part was trained by another federation")
+
+
+def part_roles(layout: Vertical, train: Any) -> tuple[str, ...]:
+    """The roles that load a part but hold no rows, under the training settings ``train``."""
+    return layout.part_roles(train) if callable(layout.part_roles) else layout.part_roles
 
 
 def scoring_roles(layout: Layout) -> tuple[str, ...]:

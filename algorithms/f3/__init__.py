@@ -6,7 +6,7 @@ Roles: ``owner`` (n; the first in federation order is the label owner), ``holder
 loops), :mod:`.core` (the first layer on shares), :mod:`.messages` (kinds and schemas), :mod:`.roles`,
 :mod:`.baselines` (Tables 2 and 3, plaintext), :mod:`.model` (the trained parts as they leave the run: an owner's
 frozen LSTM with its scaler, raw series -> h; the coordinator's fusion model taking every owner's h; a holder
-saves none, it holds shares only).
+saves none, it holds shares of h only, but with fusion "shares" its pair of the trained weights).
 
 Paper -> functions
   Eq. (3), Alg. 1 lines 1-4   owner: :func:`~fedhet.algorithms.f3.training.train_local` on its own series
@@ -70,4 +70,4 @@ ALGORITHM = Algorithm(
     roles=ROLES, load_data=load_data, declarations=declarations, settings=Settings, headline=("test",),
     load_model=load_model)
 ALGORITHM = with_prediction(ALGORITHM, predict.LAYOUT, "F³ prediction: training's inference path on the owners' "
-                            "PSI-aligned new series, probabilities at the first owner")
+                            "PSI-aligned new series, probabilities (fusion shares: the class) at the first owner")

@@ -17,17 +17,26 @@ coordinator  :func:`coordinator_part` -> :class:`FusionScorer`: the global model
              model must answer the same for the same row, so the part carries ``test_samples`` graphs drawn
              once from the learned θ (a seeded generator of its own, ``graph_seed``) and normalised (Â), and
              averages over those; θ is in the part as well.  Graph "none" / "given": the one Â the run used.
-holder       saves no part: it holds Shamir shares only, no trained weights.
+holder       fusion "shares" only: :func:`holder_part` -> :class:`SharedPart`: ITS pair of the 2-of-3 replicated
+             shares of the trained weights (P, W_0, W_1 as uint64 words, 20 fractional bits; never the opened
+             weights) and the public Â the run used.  It cannot score alone: ``fedhet predict`` runs the training
+             forward on shares with the two other holders' parts (:mod:`fedhet.algorithms.f3.predict`).  With the
+             other fusions a holder saves no part: it holds shares of the owners' h only, no trained weights.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedhet.protocols import replicated as rs
+
+from fedhet.algorithms.f3.shares import F, Shape, SharedModel
 from fedhet.algorithms.f3.models import GlobalGCN, LocalLSTM, gumbel_sample, icdf_sample, normalise_adj
 
 CHECK_ROWS = 8     # rows whose outputs a part carries, so a reload can show it scores the same
@@ -208,11 +217,77 @@ def load_coordinator(meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray])
     return FusionScorer(gcn, torch.as_tensor(np.array(tensors["graphs"]))).eval()
 
 
-def load_model(meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> nn.Module:
-    """The scoring module of an F³ part (``meta["model"]``: "f3/owner" or "f3/coordinator")."""
+# ------------------------------------------------------------------------------ holder (fusion "shares")
+HOLDER_PART = "f3/holder-shares"
+
+
+@dataclass(frozen=True)
+class SharedPart:
+    """A holder's trained part with fusion "shares": its pairs of the weights, the model's public sizes, Â."""
+    model: SharedModel
+    shape: Shape
+    A: np.ndarray
+
+    def digest(self, component: str) -> bytes:
+        """SHA-256 of one component (``"a"`` or ``"b"``) of every weight, with Â and the shapes: holder i's ``"b"``
+        is holder i+1's ``"a"`` (the same words), so two holders compare their parts without revealing anything
+        the receiver does not hold."""
+        d = hashlib.sha256(np.asarray(self.A, dtype=np.float64).tobytes())
+        for k in sorted(self.model.w):
+            x = np.ascontiguousarray(getattr(self.model.w[k], component), dtype=np.uint64)
+            d.update(f"{k}{x.shape}".encode())
+            d.update(x.tobytes())
+        return d.digest()
+
+
+def holder_part(model: SharedModel, shape: Shape, A: np.ndarray, *, owners: Sequence[str], holder: int,
+                dataset: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A holder's part: its pair (``w.<name>.a``, ``w.<name>.b``, uint64) of every trained weight, and the public
+    Â (``graph``, float64); no momentum (prediction needs none), no check rows (it scores only with the two
+    other holders)."""
+    tensors: dict[str, np.ndarray] = {}
+    for k, x in model.w.items():
+        tensors[f"w.{k}.a"], tensors[f"w.{k}.b"] = x.a.astype(np.uint64), x.b.astype(np.uint64)
+    tensors["graph"] = np.asarray(A, dtype=np.float64)
+    meta: dict[str, Any] = {
+        "model": HOLDER_PART, "dataset": dataset, "owners": list(owners), "holder": int(holder),
+        "widths": [shape.width] * shape.n, "d": shape.d, "hidden": shape.hidden, "n_classes": shape.classes,
+        "classes": list(range(shape.classes)), "align": shape.align, "frac_bits": F,
+        "weights": sorted(model.w),
+        "holds": "this holder's pair of a 2-of-3 replicated sharing over Z_2^64 of each trained weight (uniform "
+                 "words alone: never the opened weights) and the public normalised graph Â",
+        "needs": "the two other holders' parts and the owners' h as replicated shares (fedhet predict)"}
+    return tensors, meta
+
+
+def load_holder(meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> SharedPart:
+    widths = [int(w) for w in meta["widths"]]
+    shape = Shape(len(widths), widths[0], int(meta["d"]), int(meta["hidden"]), int(meta["n_classes"]),
+                  str(meta["align"]))
+    want = shape.params()
+    w = {}
+    for k in meta["weights"]:
+        a, b = np.asarray(tensors[f"w.{k}.a"]), np.asarray(tensors[f"w.{k}.b"])
+        if k not in want or a.shape != want[k][0] or b.shape != a.shape or a.dtype != np.uint64:
+            raise ValueError(f"f3: holder part's weight {k!r}: {a.dtype} {a.shape}, expected uint64 "
+                             f"{want[k][0] if k in want else 'no such weight'}")
+        w[k] = rs.Rss(a, b)
+    if set(w) != set(want):
+        raise ValueError(f"f3: holder part holds weights {sorted(w)}, the model needs {sorted(want)}")
+    A = np.asarray(tensors["graph"], dtype=np.float64)
+    if A.shape != (shape.n, shape.n):
+        raise ValueError(f"f3: holder part's graph {A.shape}, expected ({shape.n}, {shape.n})")
+    return SharedPart(SharedModel(w, {}), shape, A)
+
+
+def load_model(meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Any:
+    """The scoring module of an F³ part (``meta["model"]``: "f3/owner", "f3/coordinator"; or "f3/holder-shares",
+    a holder's shares, which score only on shares with the other holders')."""
     kind = meta.get("model")
     if kind == "f3/owner":
         return load_owner(meta, tensors)
     if kind == "f3/coordinator":
         return load_coordinator(meta, tensors)
-    raise ValueError(f"f3: unknown part {kind!r} (f3/owner, f3/coordinator)")
+    if kind == HOLDER_PART:
+        return load_holder(meta, tensors)
+    raise ValueError(f"f3: unknown part {kind!r} (f3/owner, f3/coordinator, {HOLDER_PART})")

@@ -485,7 +485,8 @@ def coordinator(party: PartyLike, s: Settings, data: dict) -> dict:
         p_test = predict(model, first, test_pos, s.batch)
     if link is not None:
         link.stop()
-    # its part: the global model taking the owners' h as inputs (a holder saves none: it holds shares only)
+    # its part: the global model taking the owners' h as inputs (a holder saves none: it holds shares of h only; with
+    # fusion "shares" it saves its shares of the weights, shares_roles.holder)
     party.save_model(*coordinator_part(model, owners=order, widths=widths, n_classes=n_classes,
                                        fusion=s.fusion, dataset=s.dataset))
     out = {"fusion": s.fusion, "dataset": s.dataset, "provenance": provenance(s), "n_owners": len(order),

@@ -75,7 +75,8 @@ class Settings:
                                     "f3_grid, but oscillated on Japanese Vowels: benchmarks/f3_shares.py)", lo=0, lo_open=True)
     momentum: float = setting(0.9, "fusion shares: SGD momentum", lo=0, hi=0.999)
     open_model: bool = setting(False, "fusion shares: open the trained weights to the coordinator at the end (false: "
-                                      "the model stays shared among the holders, and the coordinator saves no part)")
+                                      "the model stays shared among the holders, each saving its shares as its part, fedhet predict "
+                                      "runs on them, and the coordinator saves no part)")
     init_seed: int | None = setting(None, "fusion shares: None draws each holder's term of the initial weights from "
                                           "the OS (no party knows them); an integer seeds every holder's term from it "
                                           "(reproducible runs and tests: whoever knows it knows the initial weights)",

@@ -33,12 +33,14 @@ graph, or "none"), as in mpc: the learned ICDF graph is not offered (see :data:`
 What each party learns (semi-honest, one holder at most corrupt): a holder sees uniform words only (shares,
 reshared products, the comparison rounds); the coordinator, the counts it opens (batch accuracy, per-split
 confusion matrices) and, if ``open_model``, the trained weights at the end.  The labels it shared it knew.
+Each holder keeps its pair of the trained weights as its part; ``fedhet predict`` runs :func:`forward` on them
+(:func:`class_batches`) and opens each new row's class to the label party (the first owner) only.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -303,6 +305,17 @@ def predicted(h: rs.Holder, logits: rs.Rss) -> rs.Rss:
     return _one_minus(h, rs.ltz(h, rs.sub(logits, _bcast(m, logits.shape))))
 
 
+def class_batches(h: rs.Holder, model: SharedModel, shape: Shape, X: rs.Rss, A: np.ndarray,
+                  batch: int) -> Iterator[tuple[int, rs.Rss]]:
+    """Prediction on shares: the training :func:`forward` on the rows of ``X`` (n, rows, d_i; H_BITS), ``batch``
+    rows at a time, and each row's predicted class (:func:`predicted`: a 0/1 integer per class, one-hot but for
+    ties) as a pair to open to the label party only: (batch index, pair).  Nothing else leaves the holders."""
+    rows = X.shape[1]
+    for step, lo in enumerate(range(0, rows, batch)):
+        logits, _ = forward(h, model, shape, X[:, lo:lo + batch], A)
+        yield step, predicted(h, logits)
+
+
 def confusion(h: rs.Holder, logits: rs.Rss, Y: rs.Rss) -> rs.Rss:
     """Σ_b y_b ⊗ predicted_b, (classes, classes), F bits: the batch's confusion matrix (true x predicted)."""
     return rs.bilinear(h, Y, predicted(h, logits), lambda y, q: y.T @ q)
@@ -379,6 +392,15 @@ class InProcessShares:
             return acc
         return rs.decode(self._open(self._run(fn), "confusion").view(np.uint64), F)
 
+    def predict(self, reps: list[np.ndarray], batch: int) -> np.ndarray:
+        """New rows' classes on shares (the owners' new h ``reps``, dealt as the owners deal them): each row's
+        predicted class as 0/1 per class (int64, (rows, classes)), the only value opened (to the label party)."""
+        X = self._deal(np.stack([rs.encode(r, H_BITS, "h") for r in reps]))
+        got = rs.in_process(lambda h: [q for _, q in class_batches(h, self.models[h.i], self.shape, X[h.i], self.A,
+                                                                   batch)], self.holders)
+        outs = [self._open([got[i][j] for i in range(3)], "class") for j in range(len(got[0]))]
+        return np.concatenate(outs) if outs else np.zeros((0, self.classes), np.int64)
+
     def open_model(self) -> dict[str, np.ndarray]:
         """The trained weights (``open_model = true``), float64."""
         return {k: rs.decode(self._open([m.w[k] for m in self.models], f"model/{k}").view(np.uint64), F)
@@ -398,12 +420,7 @@ def plain_step(w: dict[str, np.ndarray], v: dict[str, np.ndarray], H: np.ndarray
     """The same step in float64 (torch autograd), the reference of the shares: H (n, B, d_i), Y one-hot (B, k);
     updates ``w`` and ``v`` in place, returns the hit count."""
     tw = {k: torch.tensor(x, requires_grad=True) for k, x in w.items()}
-    Ht, At = torch.tensor(H), torch.tensor(A)
-    C = (tw["P"].transpose(1, 2) @ tw["W0"].T) if align == "soft" else tw["W0"].T.expand(H.shape[0], -1, -1)
-    G = torch.bmm(Ht, C).transpose(0, 1)
-    Z = torch.relu(At @ G)
-    p = At.mean(-2) @ Z
-    logits = p @ tw["W1"].T
+    logits = plain_logits(tw, H, A, align)
     yt = torch.tensor(Y)
     loss = -(yt * torch.log_softmax(logits, -1)).sum()
     loss.backward()
@@ -422,3 +439,12 @@ def plain_step(w: dict[str, np.ndarray], v: dict[str, np.ndarray], H: np.ndarray
             w[k] = w[k] - lrs[k] * v[k]
     lg = logits.detach().numpy()
     return int((lg[np.arange(B), Y.argmax(1)] >= lg.max(1)).sum())
+
+
+def plain_logits(w: dict[str, torch.Tensor], H: np.ndarray, A: np.ndarray, align: str) -> torch.Tensor:
+    """The logits of :func:`forward` in float64 (torch), the reference of the shares: H (n, B, d_i)."""
+    Ht, At = torch.as_tensor(H, dtype=torch.float64), torch.as_tensor(A, dtype=torch.float64)
+    C = (w["P"].transpose(1, 2) @ w["W0"].T) if align == "soft" else w["W0"].T.expand(H.shape[0], -1, -1)
+    G = torch.bmm(Ht, C).transpose(0, 1)
+    Z = torch.relu(At @ G)
+    return (At.mean(-2) @ Z) @ w["W1"].T

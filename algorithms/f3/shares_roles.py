@@ -6,7 +6,8 @@ holder       step 1: every owner's pairs (``f3/rss/share``) and the coordinator'
              weights drawn jointly (:func:`~fedhet.algorithms.f3.shares.init_model`); then ``f3/op`` requests:
              train (one SGD step, its hit count to the coordinator, ``f3/shares/hits``), eval (a split's summed
              confusion matrix, ``f3/shares/confusion``), epoch (a checkpoint: shares only; the weights kept as the
-             best when told), final (the best weights back, opened with ``open_model``: ``f3/shares/model``), stop
+             best when told), final (the best weights back, opened with ``open_model``: ``f3/shares/model``), stop;
+             its trained part (:func:`~fedhet.algorithms.f3.model.holder_part`): its pairs of those weights and Â
 coordinator  step 1: the labels from the label owner, shared to the holders; every epoch: the batches (the trusted
              loop's order, :func:`~fedhet.algorithms.f3.training.train_global`'s generator), the train accuracy
              from the opened counts, the validation confusion matrix -> macro F1 (early stopping on it); at the
@@ -27,7 +28,7 @@ import torch
 from fedhet.algorithms.f3 import shares as S
 from fedhet.algorithms.f3.data import provenance
 from fedhet.algorithms.f3.messages import COORDINATOR, HOLDER, OWNER, Kind
-from fedhet.algorithms.f3.model import coordinator_part
+from fedhet.algorithms.f3.model import coordinator_part, holder_part
 from fedhet.algorithms.f3.settings import Settings
 from fedhet.algorithms.f3.mpc import receive_holder_shares
 from fedhet.algorithms.f3.training import batches, build_global, class_count, global_config, sample_positions
@@ -103,6 +104,11 @@ def holder(party: PartyLike, s: Settings, order: list[str], total: int, widths: 
         if msg["op"] in ("train", "eval"):
             st.steps += 1
             st.compute_s += time.perf_counter() - t0
+    # its trained part: its pairs of the final (best) weights and the public Â, never the opened weights
+    if ops.A is None:
+        raise PeerFault(party.name, coord, Kind.OP, "stopped before any step that sends Â")
+    party.save_model(*holder_part(ops.model, ops.shape, ops.A, owners=order,
+                                  holder=rsh.holder_index(holders)[party.name], dataset=s.dataset))
     return {"steps": st.steps, "compute_s": st.compute_s, **ops.counters(), **traffic_totals(party)}
 
 
@@ -117,6 +123,7 @@ class SharesHolderOps:
         self.model = S.SharedModel.restored(st.model)
         self.shape = shape_of(s, n, self.X.shape[2], self.Y.shape[1])
         self.before = dict(st.counters)
+        self.A: np.ndarray | None = None    # the public Â of the last step (for the trained part)
 
     def _rows_A(self, msg: dict) -> tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(msg["rows"], dtype=np.int64)
@@ -127,6 +134,7 @@ class SharesHolderOps:
         if A.shape != (self.n, self.n):
             raise PeerFault(self.party.name, self.coord, Kind.OP, f"{msg['op']} step {msg['step']}: Â {A.shape}, "
                             f"expected ({self.n}, {self.n})")
+        self.A = A
         return rows, A
 
     def serve(self, msg: dict) -> None:
