@@ -57,7 +57,10 @@ def rebuild(algo: Algorithm, part: TrainedPart, where: str | Path) -> Any:
     trained part did; an :class:`ExportError` naming ``where`` otherwise."""
     if algo.load_model is None:
         raise ExportError(f"{where}: algorithm {algo.name!r} has no loader for its trained parts")
-    module = algo.load_model(part.meta, part.tensors)
+    try:
+        module = algo.load_model(part.meta, part.tensors)
+    except (ValueError, KeyError, TypeError, IndexError) as e:   # a malformed part: say which file
+        raise ExportError(f"{where}: {algo.name!r} cannot rebuild this part: {type(e).__name__}: {e}") from None
     problem = check_part(module, part.meta)
     if problem:
         raise ExportError(f"{where}: the rebuilt part does not score as the trained one: {problem}")

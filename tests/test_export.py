@@ -60,6 +60,18 @@ def test_a_changed_weight_fails_the_round_trip_check():
     assert "differ" in check_part(algo.load_model(part.meta, bad), part.meta)
 
 
+def test_a_part_its_loader_cannot_read_is_refused_naming_the_file():
+    from fedhet.algorithms.scoring import rebuild
+
+    _, models = _fedavg_parts()
+    part = models["c1"]
+    algo = registry.get_algorithm("fedavg_logreg")
+    broken = replace(part, tensors={k: v for k, v in part.tensors.items() if k != "bias"})
+    with pytest.raises(ExportError, match=r"parties/c1/model/model\.json: 'fedavg_logreg' cannot rebuild this part: "
+                                          r"KeyError: 'bias'"):
+        rebuild(algo, broken, "parties/c1/model/model.json")
+
+
 @pytest.mark.unit
 def test_part_files_are_checked_and_errors_name_the_file(tmp_path):
     part = make_part({"w": np.arange(3.0)}, {"model": "x"})
