@@ -373,6 +373,8 @@ def figure(doc: dict):
         ax.set_title(f"{title}: the model's sweep")
         if ax.get_lines():
             ax.legend(fontsize="x-small")
+        else:
+            ax.set_visible(False)
     for ax in flat[n:]:
         ax.set_visible(False)
     fig.suptitle("Span measured (bars) and predicted by the model (black marks) per algorithm; the sweep per task")
