@@ -1,20 +1,36 @@
 """Encrypted against plaintext on simulated networks (issue 48): smoke federations at loopback, LAN
 and WAN as processes, and the network cost model's prediction from the loopback run.
 
-Each cell (an algorithm with one protection) runs three times through the real launcher: on
-loopback, then with ``[federation] network = "lan"`` (0.5 ms round trip, 1 Gbit/s) and ``"wan"``
-(50 ms, 100 Mbit/s), every message crossing the emulated link after CURVE
-(:mod:`fedhet.parties.netlink`).  The loopback run's transcripts go through the cost model
-(:mod:`fedhet.parties.ops.netmodel`), whose predicted times stand next to the measured ones.
+Each cell (an algorithm's smoke federation, ``algorithms/*/smoke.toml``, with one of its protections:
+:data:`CELLS`) runs three times through the real launcher: on loopback, then with ``[federation] network
+= "lan"`` (0.5 ms round trip, 1 Gbit/s) and ``"wan"`` (50 ms, 100 Mbit/s), every message crossing the
+emulated link after CURVE (:mod:`fedhet.parties.netlink`); every run must pass the audit.  The loopback
+run's transcripts go through the cost model (:mod:`fedhet.parties.ops.netmodel`), whose predicted times
+stand next to the measured ones.  Every algorithm is in: FedAvg, CHFL and HyFEM with plain and secure
+aggregation, STFL, the HE split network with Paillier and with CKKS, MMVFL (secure aggregation of Z),
+F³ with fusion "mpc" and "shares", PSI with the ECDH, KKRT16 and RR22 backends, the Shamir job and the
+secure-aggregation job.  Left out: F³'s "shamir_linear" and "trusted" fusions (not protections the issue
+lists), HE split's "naive" Paillier (the same protection as "paillier", unpacked), MMVFL with plain
+aggregation (its smoke's protection is secure aggregation).
 
 Each profile runs ``--repeats`` times, interleaved, and the run of the least span is kept (the noise
-of a shared machine only adds time); the model predicts from the loopback run kept.  Two times per run: ``wall`` (the launcher's, process start to the last exit: includes start-up, which
-no network changes) and ``span`` (from the moment every party's role ran to the last party's end:
-``netmodel.Trace.span_s``).  The model's error is on the span.  The machine is shared: its load is recorded per run, and
-the compute inside a span varies with it as much as the network does at LAN.
+of a shared machine only adds time); the model predicts from the loopback run kept.  Two times per run:
+``wall`` (the launcher's, process start to the last exit: includes start-up, which no network changes)
+and ``span`` (from the moment every party's role ran to the last party's end: ``netmodel.Trace.span_s``).
+The model's error is on the span.  The machine is shared: its load is recorded per run, and the compute
+inside a span varies with it as much as the network does at LAN.
+
+"What to pick" (:func:`pick`): the model also replays each cell's loopback run over a grid of round
+trips (0..1000 ms) and bandwidths (1..10,000 Mbit/s) (:func:`fedhet.parties.ops.netmodel.sweep`), stored
+per cell as ``sweep_span_s``; per task (:data:`TASKS`) the tables say which cell is cheapest measured at
+each profile and along the sweep, and where one cell overtakes another (or beats it by a factor:
+:data:`FACTORS`), all computed from the stored spans (:func:`fedhet.parties.ops.netmodel.crossover`).
+The figure (``network_matrix.png``) has a panel per algorithm (span measured and predicted) and one per
+task (the model's span against the round trip).
 
     python -m benchmarks.network_matrix            # every cell
     python -m benchmarks.network_matrix --cells fedavg_plain psi_ecdh
+    python -m benchmarks.network_matrix --render-only   # the markdown and the figure from the JSON
 """
 from __future__ import annotations
 
@@ -111,7 +127,7 @@ def measure(cell: str, repeats: int = 1) -> dict:
     fed = smoke(algorithm)
     fed = replace(fed, algorithm={**fed.algorithm, **keys})
     row: dict = {"cell": cell, "algorithm": algorithm, "protection": protection, "data": DATA.get(algorithm, ""),
-                 "overrides": keys, "runs": {}, "predicted": {}}
+                 "overrides": keys, "repeats": repeats, "runs": {}, "predicted": {}}
     try:
         # interleaved repeats; per profile the run of the least span (a loaded machine only adds time)
         best: dict[str, tuple[dict, netmodel.Trace]] = {}
@@ -137,6 +153,30 @@ def measure(cell: str, repeats: int = 1) -> dict:
     except Exception as e:   # noqa: BLE001 - one cell's failure is a row, not the end of the table
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return row
+
+
+def over_bound_line(doc: dict, bound: float = 0.15) -> str:
+    """Which cells' model error exceeds the issue's bound (15 %), as one sentence."""
+    over = [f"{r['cell']} at {net} ({m['model_error']:+.0%})" for r in doc["rows"] for net, m in r["runs"].items()
+            if m.get("model_error") is not None and abs(m["model_error"]) > bound]
+    n = sum(1 for r in doc["rows"] for m in r["runs"].values() if m.get("model_error") is not None)
+    return (f"Cells whose model error exceeds {bound:.0%}: {len(over)} of {n}" + (": " + ", ".join(over) if over else "")
+            + ".")
+
+
+def remeasured_line(doc: dict) -> str:
+    """The cells measured apart from the run that wrote the file, with the errors of the rows they replaced."""
+    parts = []
+    for r in doc["rows"]:
+        if not r.get("earlier"):
+            continue
+        e = r["earlier"][-1]
+        errs = ", ".join(f"{n} {x:+.0%}" for n, x in e["model_error"].items() if x is not None)
+        load = max((x[0] for x in e["loadavg"].values() if x and x[0] is not None), default=None)
+        parts.append(f"{r['cell']} ({r.get('repeats')} repeats, started {(r.get('measured') or {}).get('started')}; "
+                     f"the row it replaced, {e.get('repeats')} repeats at load up to {harness.dash(load)}: model error "
+                     f"{errs or '-'})")
+    return ("Cells re-measured apart from the others: " + "; ".join(parts) + ".") if parts else ""
 
 
 def markdown(doc: dict) -> str:
@@ -168,7 +208,9 @@ def markdown(doc: dict) -> str:
                 f"{m['loadavg'][0]:.1f} |")
     if doc.get("not_run"):
         lines += ["", "Cells not run: " + ", ".join(doc["not_run"]) + "."]
-    lines += ["", f"![span per algorithm, measured and predicted]({NAME}.png)", "", *pick_lines(doc)]
+    lines += ["", over_bound_line(doc), *(["", remeasured_line(doc)] if remeasured_line(doc) else [])]
+    lines += ["", f"![span per algorithm, measured and predicted]({NAME}.png)", "", "## What to pick", "",
+              *pick_lines(doc)]
     return "\n".join(lines + ["", harness.environment_line(doc.get("environment"))]) + "\n"
 
 
@@ -196,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
                                       "dirty": env.get("git_dirty")})
     for cell in cells:
         row = dict(measure(cell, args.repeats), measured={"started": harness._now(), **harness.git_commit()})
+        old = [r for r in doc["rows"] if r["cell"] == cell]
+        if old:   # what the row replaced stays on record: a re-measured cell shows its earlier errors too
+            row["earlier"] = [*old[0].get("earlier", []), {
+                "measured": old[0].get("measured"), "repeats": old[0].get("repeats", doc.get("repeats")),
+                "model_error": {n: m.get("model_error") for n, m in old[0].get("runs", {}).items()},
+                "span_s": {n: m.get("span_s") for n, m in old[0].get("runs", {}).items()},
+                "loadavg": {n: m.get("loadavg") for n, m in old[0].get("runs", {}).items()}}]
         doc["rows"] = [r for r in doc["rows"] if r["cell"] != cell] + [row]
         doc["rows"].sort(key=lambda r: list(CELLS).index(r["cell"]))
         doc["not_run"] = [c for c in CELLS if c not in {r["cell"] for r in doc["rows"]}]
@@ -289,8 +338,9 @@ def _where(c: dict | None, kw: dict) -> str:
     return ("from " if "mbit" in kw else "below ") + c["at"]
 
 
-def pick_lines(doc: dict) -> list[str]:
-    """The "what to pick" tables as markdown lines."""
+def pick_lines(doc: dict, only_crossing: bool = False) -> list[str]:
+    """The "what to pick" tables as markdown lines (``only_crossing``: of the pairs, only those that cross
+    somewhere on the sweep's lines)."""
     if "sweep" not in doc:
         return []
     p = pick(doc)
@@ -301,24 +351,27 @@ def pick_lines(doc: dict) -> list[str]:
         cells = [t["task"]]
         for net in PROFILES:
             m = t["measured"][net]
-            nxt = f"; next {m['next']} x{m['next_ratio']:.2g}" if m["next"] else ""
+            nxt = f"; next {m['next']} x{m['next_ratio']:.2f}" if m["next"] else ""
             cells.append(f"{m['cell']} ({m['span_s']:.2f} s{nxt})")
         for title, kw in lines:
             stretch = t["cheapest"][title]
             cells.append("; ".join([stretch[0]["cell"]] + [
                 f"{s['cell']} {'from' if 'mbit' in kw else 'below'} {s['at']}" for s in stretch[1:]]))
         rows.append(cells)
-    out = ["## What to pick", "",
-           "Per task: the cell of least span measured at each profile (and how much dearer the next one was), then "
+    shown = [x for x in p["pairs"] if not only_crossing or any(
+        c is not None and not c["from_start"] for c in x["crossover"].values())]
+    out = ["Per task: the cell of least span measured at each profile (and how much dearer the next one was), then "
            "the model's cheapest cell along the sweep (the loopback run's transcripts replayed at round trips of "
            "0..1000 ms and bandwidths of 1..10,000 Mbit/s), with the points where the cheapest changes. Cells of "
            "one task can differ in data and model (see each row above): the comparison is of the smoke runs.", "",
            *_md_table(head, rows), "",
            "Crossovers (model): where the cell dearer at loopback (a) becomes no dearer than b, along each line "
-           "(b / a: the span ratio at the line's two ends).", ""]
+           "(b / a: the span ratio at the line's two ends)"
+           + (f"; pairs that never cross: {len(p['pairs']) - len(shown)} (in `network_matrix.md`)" if only_crossing
+              else "") + ".", ""]
     head2 = ["task", "a", "b", *(t for t, _ in lines), *(f"b / a along {t}" for t, _ in lines)]
     rows2 = [[x["task"], x["a"], x["b"], *(_where(x["crossover"][t], kw) for t, kw in lines),
-              *(f"{x['ratio_ends'][t][0]:.2g} .. {x['ratio_ends'][t][1]:.2g}" for t, _ in lines)] for x in p["pairs"]]
+              *(f"{x['ratio_ends'][t][0]:.2g} .. {x['ratio_ends'][t][1]:.2g}" for t, _ in lines)] for x in shown]
     out += _md_table(head2, rows2)
     if p["factors"]:
         head3 = ["a beats b by", "a", "b", *(t for t, _ in lines), *(f"b / a along {t}" for t, _ in lines)]
