@@ -121,3 +121,13 @@ def test_the_benchmark_reads_its_crossovers_from_the_stored_sweep():
     assert math.isclose(task["cheapest"]["RTT at 100 Mbit/s"][1]["x"], c["x"])
     assert task["measured"]["loopback"]["cell"] == "psi_rr22"
     assert any("psi_ecdh from 37.8 ms" in line for line in nm.pick_lines(_doc(one_shot(), chatty())))
+
+
+def test_a_row_without_a_sweep_is_left_out_and_errors_over_the_bound_are_named():
+    doc = _doc(one_shot(), chatty())
+    doc["rows"].append({"cell": "psi_kkrt", "runs": {}, "error": "RuntimeError: lan: the audit failed"})
+    assert [t["cells"] for t in nm.pick(doc)["tasks"]] == [["psi_ecdh", "psi_rr22"]]
+    doc["rows"][0]["runs"]["lan"]["model_error"] = 0.2
+    doc["rows"][1]["runs"]["wan"]["model_error"] = -0.1
+    line = nm.over_bound_line(doc)
+    assert "1 of 2" in line and "psi_ecdh at lan (+20%)" in line and "psi_rr22" not in line
