@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks import harness
+from benchmarks import network_matrix as network_matrix_bench
 from fedhet.parties.atomic import write_atomic
 
 DOC = harness.REPO / "docs" / "results.md"
@@ -563,10 +564,14 @@ def network_matrix(d: dict) -> list[str]:
                          str(m["messages"]), f(m["loadavg"][0], 1)])
     errs = [abs(m["model_error"]) for r in d["rows"] for m in r["runs"].values() if m.get("model_error") is not None]
     head = ([f"The model's error against the emulator: at most {max(errs):.0%} over {len(errs)} cells "
-             f"(median {sorted(errs)[len(errs) // 2]:.0%}).", ""] if errs else [])
+             f"(median {sorted(errs)[len(errs) // 2]:.0%}). " + network_matrix_bench.over_bound_line(d), ""]
+            if errs else [])
     skipped = ["", "Cells not run: " + ", ".join(d["not_run"]) + "."] if d.get("not_run") else []
+    pick = ["", "#### What to pick", "", *network_matrix_bench.pick_lines(d, only_crossing=True)] if d.get("sweep") else []
     return head + table(["cell (data)", "network", "wall s", "span s", "model's span s", "model error",
-                         "network share (model)", "MB", "messages", "load"], rows) + skipped
+                         "network share (model)", "MB", "messages", "load"], rows) + skipped + [
+        "", "![span per algorithm at loopback, LAN and WAN: measured (bars) and the model's (black marks); the "
+        "model's sweep per task](../benchmarks/results/network_matrix.png)"] + pick
 
 
 def network_kernel(d: dict) -> list[str]:
@@ -765,15 +770,20 @@ SECTIONS = (
             "show in the cut columns (issue 43: none of a listed peer's may be). The five run folders also passed "
             "`fedhet audit --trust-folder-keys`, run apart from the benchmark."),
     Section("Encrypted against plaintext on simulated networks", "python -m benchmarks.network_matrix",
-            ("network_matrix",), f"{REAL} (scikit-learn's breast-cancer set) and {SYNTHETIC} (PSI's IDs), as each "
-            "row says", network_matrix,
+            ("network_matrix",), f"{REAL} (scikit-learn's breast-cancer set), {STAND_IN} (scikit-learn's digits for "
+            f"CHFL, HyFEM and MMVFL) and {SYNTHETIC} (PSI's IDs, F³'s simulated traffic, the Shamir and secure-aggregation "
+            "jobs' random inputs), as each row says", network_matrix,
             "Each smoke federation runs as processes over CURVE on loopback, then with `[federation] network = "
             "\"lan\"` (0.5 ms round trip, 1 Gbit/s) and `\"wan\"` (50 ms, 100 Mbit/s): every message crosses an "
             "emulated link (`fedhet.parties.netlink`). The model (`fedhet.parties.ops.netmodel`) replays the "
             "loopback run's transcripts with the link's delays. span: from the moment every party's role ran to the "
             "last party's end (wall adds process start-up, which no link changes); error = (model - measured) / "
             "measured span; network share: the model's added time over its span. The compute inside a span moves "
-            "with the shared machine's load as much as a LAN moves it."),
+            "with the shared machine's load as much as a LAN moves it. What to pick: every crossover is computed "
+            "from the model's spans over a grid of round trips and bandwidths stored per cell in the JSON "
+            "(`sweep_span_s`; `netmodel.sweep`, `netmodel.crossover`), linear between grid points; the smoke "
+            "federations are small, so a protection whose cost grows with the data (PSI at 2^20 IDs, the HE split "
+            "network over many batches) ranks differently at full size."),
     Section("The link emulator against the kernel", "python -m benchmarks.network_kernel (root: network "
             "namespaces)", ("network_kernel",), f"{SYNTHETIC}: zero-filled messages", network_kernel,
             "Two CURVE parties; a message from a to b timed to b's 1-byte answer. kernel: two network namespaces "

@@ -166,3 +166,51 @@ def predict_run(run_dir: str | Path, networks: tuple[str, ...] = ("lan", "wan"))
     """The run in ``run_dir`` predicted at each of ``networks``."""
     trace = load(run_dir)
     return {n: predict(trace, n) for n in networks}
+
+
+# ------------------------------------------------------------------ sweeps and crossovers
+
+# The grids a sweep replays by default: round trips 0 and 0.1 ms .. 1 s (1, 1.5, 2, 3, 5, 7 per decade),
+# bandwidths 1 Mbit/s .. 10 Gbit/s (1, 2, 5 per decade).  LAN (0.5 ms, 1 Gbit/s) and WAN (50 ms,
+# 100 Mbit/s) lie on the grid.
+SWEEP_RTT_MS = (0.0, *(round(m * 10.0 ** e, 6) for e in range(-1, 3) for m in (1, 1.5, 2, 3, 5, 7)), 1000.0)
+SWEEP_MBIT = tuple(float(m * 10 ** e) for e in range(0, 4) for m in (1, 2, 5)) + (10000.0,)
+
+
+def sweep(trace: Trace, rtts_ms=SWEEP_RTT_MS, mbits=SWEEP_MBIT) -> list[list[float]]:
+    """The span (:attr:`Trace.span_s`) the model predicts for ``trace`` at every round trip of ``rtts_ms``
+    and bandwidth of ``mbits``: ``[i][j]`` is at ``rtts_ms[i]``, ``mbits[j]``."""
+    return [[trace.span_s + predict(trace, LinkProfile(f"{rtt:g},{mbit:g}", rtt / 1e3, mbit * 1e6)).added_s
+             for mbit in mbits] for rtt in rtts_ms]
+
+
+def crossover(xs, a, b, factor: float = 1.0) -> float | None:
+    """The first ``x`` at which ``factor * a <= b`` holds, for curves ``a`` and ``b`` sampled at ``xs``
+    (in the order given; linear between samples, so exact where both are linear between the two samples
+    around it): ``xs[0]`` when it holds at the first sample, None when it holds at none."""
+    if not len(xs) == len(a) == len(b) or not len(xs):
+        raise ValueError(f"crossover: xs, a and b must be of one length > 0, got {len(xs)}, {len(a)}, {len(b)}")
+    g = [y_b - factor * y_a for y_a, y_b in zip(a, b)]      # >= 0 where a (times factor) is no dearer
+    if g[0] >= 0:
+        return float(xs[0])
+    for i in range(1, len(xs)):
+        if g[i] >= 0:    # g went from < 0 at i - 1 to >= 0 at i
+            return float(xs[i - 1] + (xs[i] - xs[i - 1]) * (-g[i - 1]) / (g[i] - g[i - 1]))
+    return None
+
+
+def cheapest(xs, curves: dict[str, list[float]]) -> list[tuple[float, str]]:
+    """Which curve is least along ``xs``: ``(x where it becomes least, name)`` per stretch, in the order of
+    ``xs``, the first at ``xs[0]``; a boundary is where the two stretches' curves cross (:func:`crossover`
+    between the samples around it)."""
+    names = list(curves)
+    if not names:
+        return []
+    best = [min(names, key=lambda n: curves[n][i]) for i in range(len(xs))]
+    out = [(float(xs[0]), best[0])]
+    for i in range(1, len(xs)):
+        if best[i] != best[i - 1]:
+            p, q = best[i - 1], best[i]
+            x = crossover(xs[i - 1:i + 1], curves[q][i - 1:i + 1], curves[p][i - 1:i + 1])
+            out.append((float(xs[i]) if x is None else x, q))
+    return out
