@@ -192,19 +192,26 @@ def _version(dist: str) -> str | None:
         return None
 
 
+# What benchmarks write (results files, the page generated from them): a change there is not a change of the
+# code that ran, so it does not mark a run "(modified)"
+OUTPUTS = ("benchmarks/results/", "docs/results.md")
+
+
 def git_commit() -> dict:
-    """The repository's HEAD and whether the tree has uncommitted changes (None outside git)."""
+    """The repository's HEAD, whether the code has uncommitted changes (results files aside) and which
+    files (None outside git)."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
 
     try:
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
-            return {"commit": None, "dirty": None}
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+            return {"commit": None, "dirty": None, "dirty_files": None}
+        status = git("status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+        changed = sorted(line[3:] for line in status if line[3:] and not line[3:].startswith(OUTPUTS))
+        return {"commit": head.stdout.strip(), "dirty": bool(changed), "dirty_files": changed}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return {"commit": None, "dirty": None, "dirty_files": None}
 
 
 def machine_info() -> dict:
@@ -217,7 +224,7 @@ def machine_info() -> dict:
         "memory_gib": None if mem is None else round(mem / 2**30, 1),
         "python": platform.python_version(),
         "versions": {d: _version(d) for d in VERSIONED},
-        "git_commit": g["commit"], "git_dirty": g["dirty"],
+        "git_commit": g["commit"], "git_dirty": g["dirty"], "git_dirty_files": g["dirty_files"],
     }
 
 

@@ -186,3 +186,28 @@ def test_role_functions_run_in_memory():
                             data={"s": None, "c1": 1, "c2": 2}, timeout=30)
     assert run.results == {"s": 23, "c1": 1, "c2": 2}
     assert run.wall_s >= 0 and run.cpu_s >= 0
+
+
+@pytest.mark.processes   # it runs git
+def test_a_run_is_modified_by_code_changes_only_and_names_them(tmp_path, monkeypatch):
+    """A results file written meanwhile (by another benchmark) is not a change of the code that ran; a
+    changed source file is, and the record names it."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    for name in ("benchmarks/results/x.json", "docs/results.md", "code.py"):
+        (tmp_path / name).write_text("a\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(harness, "REPO", tmp_path)
+    (tmp_path / "benchmarks/results/x.json").write_text("b\n")
+    (tmp_path / "docs/results.md").write_text("b\n")
+    assert harness.git_commit()["dirty"] is False
+    (tmp_path / "code.py").write_text("b\n")
+    g = harness.git_commit()
+    assert g["dirty"] is True and g["dirty_files"] == ["code.py"]
