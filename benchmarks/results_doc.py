@@ -740,7 +740,7 @@ SECTIONS = (
             "confusion matrix summed over the split; its attacks are measured against the label-only bound. The "
             "holders run in threads of one process here (the cost as processes is not measured). \"within 0.02\" "
             "asks it of every seed's ΔF1 (the initial weights on shares are drawn from the OS, so a seed pairs the "
-            "data split, not the start); the mean over the seeds is the column before."),
+            "data split, not the start); the mean over the seeds is the \"mean ΔF1\" column."),
     Section("F³ scale (learned graph) and field products", "python -m benchmarks.f3_scale; "
             "python -m benchmarks.field_matmul", ("f3_scale", "field_matmul"),
             f"{SYNTHETIC} (simulated traffic) for the scale; random matrices for the products", f3_scale_products,
