@@ -38,8 +38,10 @@ def one(preset: str, cfg: dict, seed: int) -> dict:
 
 def markdown(doc: dict) -> str:
     cols = list(next(iter(doc["rows"].values()))["runs"][0]["final_test"])
+    png = (NAME if doc["preset"] == PRESET else f"{NAME}_{doc['preset']}") + ".png"
     lines = [f"# CHFL with record-level DP ({doc['preset']}: {doc.get('data', 'digits, real')}; "
              f"rounds: {doc.get('rounds') or 'the preset'}; {doc['seeds']} seed(s), delta 1e-5)", "",
+             f"![test accuracy against epsilon]({png})", "",
              "| privacy | " + " | ".join(f"{c} (test, last round)" for c in cols) + " | noise multiplier per client "
              "| run wall s |", "|---|" + "---|" * (len(cols) + 2)]
     for k, r in doc["rows"].items():
@@ -51,6 +53,31 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines + ["", harness.environment_line(doc.get("environment"))]) + "\n"
 
 
+def figure(doc: dict):
+    """Test accuracy against epsilon per network (mean ± std over the seeds), the non-private runs dashed."""
+    plt = harness.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    rows = doc["rows"]
+    cols = list(next(iter(rows.values()))["runs"][0]["final_test"])
+    eps = [float(k.split("=")[1]) for k in rows if k != "non-private"]
+    for i, c in enumerate(cols):
+        acc = [[x["final_test"][c] for x in rows[f"epsilon={e:g}"]["runs"]] for e in eps]
+        line = ax.errorbar(eps, [statistics.fmean(a) for a in acc], yerr=[statistics.pstdev(a) for a in acc],
+                           marker="o", capsize=3, label=f"{c}, DP-SGD")
+        if "non-private" in rows:
+            base = statistics.fmean(x["final_test"][c] for x in rows["non-private"]["runs"])
+            ax.axhline(base, color=line[0].get_color(), ls="--", lw=1, label=f"{c}, non-private")
+    ax.set_xscale("log")
+    ax.set_xticks(eps, [f"{e:g}" for e in eps])
+    ax.minorticks_off()
+    ax.set_xlabel("epsilon (delta = 1e-5, record level)")
+    ax.set_ylabel("test accuracy (last round)")
+    ax.set_title(f"CHFL, {doc['preset']} ({doc.get('data', 'digits, real')}), {doc['seeds']} seed(s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), render_only=True)
     ap.add_argument("--seeds", type=int, default=2)
@@ -59,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = harness.Output(NAME if args.preset == PRESET else f"{NAME}_{args.preset}", args.quick, args.out)
     if args.render_only:
-        harness.render_only(out, markdown)
+        doc = out.read()
+        out.write(doc, markdown(doc), figure(doc) if len(doc["rows"]) > 1 else None)
         return 0
     logging.getLogger("absl").setLevel(logging.ERROR)
     torch.set_num_threads(1)
@@ -76,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(label, doc["rows"][label]["runs"][-1]["final_test"], flush=True)
         doc["environment"] = session.finish()
         out.write(doc, markdown(doc))   # after every row: a run cut short keeps what it measured
-    return harness.publish(out, doc, markdown, session)
+    harness.publish(out, doc, markdown, session)
+    out.write(doc, markdown(doc), figure(doc))   # the same files, with the figure
+    return 0
 
 
 if __name__ == "__main__":

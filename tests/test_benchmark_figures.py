@@ -132,3 +132,21 @@ def test_every_fixed_figure_can_be_redrawn_without_running(module, capsys):
     with pytest.raises(SystemExit) as e:
         module.main(["--help"])
     assert e.value.code == 0 and "--render-only" in capsys.readouterr().out
+
+
+def test_chfl_dp_render_only_draws_accuracy_against_epsilon_from_the_json(tmp_path):
+    from benchmarks import chfl_dp
+
+    def run(acc):
+        return {"final_test": {"common": acc, "chfl_mu=0.5": acc + 0.1}, "wall_s": 1.0, "epsilon": [],
+                "noise_multiplier": []}
+
+    rows = {"non-private": {"runs": [run(0.8), run(0.82)]}}
+    rows.update({f"epsilon={e:g}": {"runs": [run(0.3 + 0.05 * e), run(0.31 + 0.05 * e)]} for e in (1, 3, 8)})
+    doc = {"preset": "chfl", "seeds": 2, "delta": 1e-5, "rounds": 10, "rows": rows, "data": "covertype, real"}
+    (tmp_path / "chfl_dp_chfl.json").write_text(json.dumps(doc))
+    assert chfl_dp.main(["--preset", "chfl", "--render-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "chfl_dp_chfl.png").read_bytes()[:8] == PNG
+    md = (tmp_path / "chfl_dp_chfl.md").read_text()
+    assert "![test accuracy against epsilon](chfl_dp_chfl.png)" in md and "| epsilon=3 | 0.4550 | 0.5550 |" in md
+    assert json.loads((tmp_path / "chfl_dp_chfl.json").read_text()) == doc
