@@ -54,7 +54,10 @@ def markdown(doc: dict) -> str:
 
 
 def figure(doc: dict):
-    """Test accuracy against epsilon per network (mean ± std over the seeds), the non-private runs dashed."""
+    """Test accuracy against epsilon per network (mean ± std over the seeds), the non-private runs dashed
+    (None before any private row is in)."""
+    if all(k == "non-private" for k in doc["rows"]):
+        return None
     plt = harness.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     rows = doc["rows"]
@@ -86,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = harness.Output(NAME if args.preset == PRESET else f"{NAME}_{args.preset}", args.quick, args.out)
     if args.render_only:
-        doc = out.read()
-        out.write(doc, markdown(doc), figure(doc) if len(doc["rows"]) > 1 else None)
+        harness.render_only(out, markdown, figure)
         return 0
     logging.getLogger("absl").setLevel(logging.ERROR)
     torch.set_num_threads(1)
@@ -104,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(label, doc["rows"][label]["runs"][-1]["final_test"], flush=True)
         doc["environment"] = session.finish()
         out.write(doc, markdown(doc))   # after every row: a run cut short keeps what it measured
-    harness.publish(out, doc, markdown, session)
-    out.write(doc, markdown(doc), figure(doc))   # the same files, with the figure
-    return 0
+    return harness.publish(out, doc, markdown, session, figure=figure)
 
 
 if __name__ == "__main__":

@@ -222,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = harness.Output(NAME, args.quick, args.out)
     if args.render_only:
-        doc = out.read()
-        out.write(doc, markdown(doc), figure(doc))
+        harness.render_only(out, markdown, figure)
         return 0
     logging.getLogger("absl").setLevel(logging.ERROR)
     logging.getLogger("fedhet").setLevel(logging.ERROR)
@@ -236,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     print(doc["cost"], flush=True)
     doc["accuracy"] = accuracy_section(seeds, rounds)
     doc["distributed"] = distributed_section(seeds, rounds, args.ks, args.client_epsilon)
-    harness.publish(out, doc, markdown, session)
-    out.write(doc, markdown(doc), figure(doc))   # the same files, with the figure
-    return 0
+    return harness.publish(out, doc, markdown, session, figure=figure)
 
 
 if __name__ == "__main__":

@@ -261,21 +261,22 @@ class Session:
 
 
 def publish(out: Output, doc: dict, markdown: Callable[[Any], str], session: Session,
-            into: dict | None = None) -> int:
+            into: dict | None = None, figure: Callable[[Any], Any] | None = None) -> int:
     """A script's last step: the session's end under ``environment`` of ``into`` (default ``doc``),
-    then the JSON and its markdown written and the markdown printed; returns exit status 0."""
+    then the JSON, its markdown (and ``figure(doc)``'s PNG) written and the markdown printed; returns
+    exit status 0."""
     (doc if into is None else into)["environment"] = session.finish()
     md = markdown(doc)
-    out.write(doc, md)
+    out.write(doc, md, None if figure is None else figure(doc))
     print(md)
     return 0
 
 
-def render_only(out: Output, markdown: Callable[[Any], str]) -> None:
-    """``--render-only``: re-write (and print) the markdown of the results already on disk."""
+def render_only(out: Output, markdown: Callable[[Any], str], figure: Callable[[Any], Any] | None = None) -> None:
+    """``--render-only``: re-write (and print) the markdown (and ``figure``'s PNG) of the results already on disk."""
     doc = out.read()
     md = markdown(doc)
-    out.write(doc, md)
+    out.write(doc, md, None if figure is None else figure(doc))
     print(md)
 
 

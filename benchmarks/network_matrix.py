@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = harness.Output(NAME, args.quick, args.out)
     if args.render_only:
-        doc = out.read()
-        out.write(doc, markdown(doc), figure(doc))
+        harness.render_only(out, markdown, figure)
         return 0
     session = harness.Session(NAME, __file__, argv)
     cells = args.cells or list(CELLS)
